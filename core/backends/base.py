@@ -1,0 +1,138 @@
+"""The backend contract: the short list of primitives every backend implements.
+
+Storage is whatever the backend likes (a numpy array, an array.array, a GPU
+buffer). Inputs arrive as (storage, Layout) pairs -- any strides, including 0
+for broadcast dims -- and every op returns new *contiguous* storage holding
+`layout.numel()` elements of the result in row-major order. The tensor front
+end does all shape checking, broadcasting and dtype promotion before calling
+here, so a backend only computes. Anything a backend does not implement
+raises UnsupportedError naming the backend and the op: never a silent fallback.
+
+Unary op names:  neg abs exp log sqrt rsqrt sin cos tanh sigmoid relu gelu
+                 gelu_tanh silu square reciprocal floor ceil round sign
+                 logical_not, and with an argument: clamp (lo, hi; either
+                 may be None), pow_scalar (exponent), affine (mul, add).
+Binary op names: add sub mul div pow maximum minimum (operands same dtype)
+Compare op names: eq ne lt le gt ge (result dtype bool)
+Reduce op names: sum prod max min (result dtype as input, except sum/prod of
+                 bool/ints -> i64) and argmax argmin (single dim, result i64).
+"""
+from ..errors import UnsupportedError
+
+
+class Backend:
+    name = "base"
+
+    def _missing(self, op):
+        raise UnsupportedError(f"the {self.name} backend does not implement {op}")
+
+    def features(self):
+        """Dict describing the device (adapter name, f16 support, ...), shown by `tallow devices`."""
+        return {}
+
+    # ---- memory -----------------------------------------------------------
+    def from_bytes(self, data, dtype):
+        """Storage from raw little-endian bytes (bytes/bytearray/memoryview). For
+        quantised dtypes the bytes are the GGUF blocks, kept as they are."""
+        self._missing("from_bytes")
+
+    def to_bytes(self, storage, layout, dtype):
+        """Raw little-endian bytes of the layout's elements in row-major order."""
+        self._missing("to_bytes")
+
+    def from_list(self, values, dtype):
+        """Storage from a flat list of Python numbers."""
+        self._missing("from_list")
+
+    def to_list(self, storage, layout, dtype):
+        """Flat list of Python numbers (float/int/bool) in row-major order."""
+        self._missing("to_list")
+
+    def full(self, numel, value, dtype):
+        self._missing("full")
+
+    def arange(self, start, step, numel, dtype):
+        self._missing("arange")
+
+    # ---- element-wise -----------------------------------------------------
+    def copy(self, storage, layout, dtype):
+        self._missing("copy")
+
+    def cast(self, storage, layout, src_dtype, dst_dtype):
+        self._missing("cast")
+
+    def unary(self, op, storage, layout, dtype, arg=None):
+        self._missing(f"unary {op}")
+
+    def binary(self, op, a, la, b, lb, dtype):
+        self._missing(f"binary {op}")
+
+    def compare(self, op, a, la, b, lb, dtype):
+        self._missing(f"compare {op}")
+
+    def where(self, cond, lc, a, la, b, lb, dtype):
+        self._missing("where")
+
+    # ---- reductions and scans ---------------------------------------------
+    def reduce(self, op, storage, layout, dtype, dims):
+        """Reduce over `dims` (a sorted tuple); the result has those dims removed."""
+        self._missing(f"reduce {op}")
+
+    def cumsum(self, storage, layout, dtype, dim):
+        self._missing("cumsum")
+
+    # ---- linear algebra and indexing --------------------------------------
+    def matmul(self, a, la, b, lb, dtype):
+        """la: (*batch, m, k), lb: (*batch, k, n) with identical batch dims -> (*batch, m, n)."""
+        self._missing("matmul")
+
+    def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
+        """x (..., k) float times the transpose of quantised w (n rows of k) -> (..., n)."""
+        self._missing(f"quantised matmul ({wdtype.name})")
+
+    def dequantize(self, w, wdtype, numel, dtype):
+        """Contiguous float storage from quantised blocks."""
+        self._missing(f"dequantize {wdtype.name}")
+
+    def index_select(self, storage, layout, dtype, ids, lids, dim):
+        """Pick entries along dim with a 1-D integer index. For a quantised dtype
+        (layout contiguous, dim 0) the picked rows come back dequantised to f32."""
+        self._missing("index_select")
+
+    def gather(self, storage, layout, dtype, ids, lids, dim):
+        """out[i][j][k] = src[i][ids[i][j][k]][k] (for dim 1); ids has the output's shape."""
+        self._missing("gather")
+
+    def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
+        """A copy of dst with src added at ids along dim (ids has src's shape)."""
+        self._missing("scatter_add")
+
+    def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+        """x (b, cin, l), w (cout, cin/groups, kl) -> (b, cout, lout); padding is zeros on both ends."""
+        self._missing("conv1d")
+
+    def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+        """x (b, cin, h, w), w (cout, cin/groups, kh, kw); stride/padding/dilation are pairs."""
+        self._missing("conv2d")
+
+    # ---- fused ops --------------------------------------------------------
+    def softmax(self, storage, layout, dtype, log=False):
+        """(log-)softmax over the last dim, computed in at least f32."""
+        self._missing("softmax")
+
+    def layer_norm(self, x, lx, w, lw, b, lb, dtype, eps):
+        """Normalise over the last dim; w and b (shape (d,)) may be None."""
+        self._missing("layer_norm")
+
+    def rms_norm(self, x, lx, w, lw, dtype, eps):
+        self._missing("rms_norm")
+
+    def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
+        """x (b, h, t, d); cos/sin (t, d/2). Half-split form rotates (x[:d/2], x[d/2:]);
+        interleaved rotates (x[0::2], x[1::2])."""
+        self._missing("rope")
+
+    def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        """softmax(q k^T * scale + mask) v. q (b, h, tq, d), k/v (b, h, tk, d[v]); mask is
+        additive, already broadcast to (b, h, tq, tk), or None. causal masks key j > i + (tk - tq)."""
+        self._missing("attention")

@@ -1,0 +1,25 @@
+"""Errors raised by tallow. Every failure a user can cause is one of these."""
+
+
+class Error(Exception):
+    """Base class of every tallow error."""
+
+
+class ShapeError(Error, ValueError):
+    """Shapes that do not fit the op; the message names the op and the shapes."""
+
+
+class DTypeError(Error, TypeError):
+    """A dtype the op cannot take, or two dtypes that do not mix."""
+
+
+class DeviceError(Error, RuntimeError):
+    """A device that is missing, or tensors on two different devices."""
+
+
+class UnsupportedError(Error, NotImplementedError):
+    """An op or dtype a backend does not implement."""
+
+
+class FormatError(Error, ValueError):
+    """A weights, audio or tokenizer file that is corrupt, truncated or unsupported."""

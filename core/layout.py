@@ -1,0 +1,121 @@
+"""Layout: shape, strides (in elements) and offset over a flat storage.
+
+Views (transpose, narrow, broadcast, squeeze, ...) only make a new Layout.
+Backends receive (storage, layout) pairs and always return contiguous storage.
+"""
+from .errors import ShapeError
+
+
+def contiguous_strides(shape):
+    strides = [1] * len(shape)
+    acc = 1
+    for i in range(len(shape) - 1, -1, -1):
+        strides[i] = acc
+        acc *= shape[i]
+    return tuple(strides)
+
+
+def numel_of(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def broadcast_shapes(a, b, op="broadcast"):
+    if a == b:
+        return a
+    n = max(len(a), len(b))
+    pa = (1,) * (n - len(a)) + tuple(a)
+    pb = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(pa, pb):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise ShapeError(f"{op}: shapes {tuple(a)} and {tuple(b)} do not broadcast (size {x} vs {y})")
+    return tuple(out)
+
+
+class Layout:
+    __slots__ = ("shape", "strides", "offset")
+
+    def __init__(self, shape, strides=None, offset=0):
+        self.shape = tuple(shape)
+        self.strides = contiguous_strides(self.shape) if strides is None else tuple(strides)
+        self.offset = offset
+
+    def numel(self):
+        return numel_of(self.shape)
+
+    def is_contiguous(self):
+        acc = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if size != 1 and stride != acc:
+                return False
+            acc *= size
+        return True
+
+    def __repr__(self):
+        return f"Layout({self.shape}, {self.strides}, {self.offset})"
+
+    def broadcast_to(self, shape, op="broadcast_to"):
+        shape = tuple(shape)
+        extra = len(shape) - len(self.shape)
+        if extra < 0:
+            raise ShapeError(f"{op}: cannot broadcast shape {self.shape} to fewer dims {shape}")
+        strides = [0] * extra
+        for i, (size, stride) in enumerate(zip(self.shape, self.strides)):
+            target = shape[extra + i]
+            if size == target:
+                strides.append(stride)
+            elif size == 1:
+                strides.append(0)
+            else:
+                raise ShapeError(f"{op}: cannot broadcast shape {self.shape} to {shape}")
+        return Layout(shape, strides, self.offset)
+
+    def permute(self, dims):
+        return Layout([self.shape[d] for d in dims], [self.strides[d] for d in dims], self.offset)
+
+    def narrow(self, dim, start, length):
+        shape = list(self.shape)
+        shape[dim] = length
+        return Layout(shape, self.strides, self.offset + start * self.strides[dim])
+
+    def reshaped(self, shape):
+        """Layout for a reshape without a copy, or None if the data must be copied first."""
+        if self.is_contiguous():
+            return Layout(shape, None, self.offset)
+        # Group the old dims into runs that are contiguous among themselves and
+        # map each new dim onto one run (as torch's view does).
+        old = [(s, st) for s, st in zip(self.shape, self.strides) if s != 1]
+        new_strides = []
+        i = 0
+        for size in shape:
+            if size == 1:
+                new_strides.append(1)
+                continue
+            if i >= len(old):
+                return None
+            acc = 1
+            while acc < size and i < len(old):
+                s, st = old[i]
+                if acc > 1 and old[i - 1][1] != s * st:
+                    return None
+                acc *= s
+                i += 1
+            if acc != size:
+                return None
+            new_strides.append(old[i - 1][1])
+        return Layout(shape, new_strides, self.offset)
+
+    def offsets(self):
+        """Flat storage offsets of every element in row-major order (pure-Python backend helper)."""
+        idx = [self.offset]
+        for size, stride in zip(self.shape, self.strides):
+            steps = [k * stride for k in range(size)]
+            idx = [base + s for base in idx for s in steps]
+        return idx

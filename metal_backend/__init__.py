@@ -1,0 +1,1 @@
+"""Metal backend for tallow (not yet implemented)."""

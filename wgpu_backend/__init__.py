@@ -1,0 +1,1 @@
+"""WebGPU backend for tallow (WGSL kernels; native and browser drivers)."""
