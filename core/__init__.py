@@ -1,2 +1,31 @@
-"""tallow: a minimalist ML framework for the browser and edge boxes."""
+"""tallow: a minimalist ML framework for inference in the browser and on edge boxes."""
 __version__ = "0.1.0"
+
+from . import dtypes, functional  # noqa: F401
+from .creation import (  # noqa: F401
+    arange, cat, chunk, eye, from_buffer, from_numpy, full, full_like, linspace, manual_seed, ones, ones_like,
+    pad, rand, randint, randn, split, stack, tensor, where, zeros, zeros_like,
+)
+from .device import Device, default_device, devices, set_default_device  # noqa: F401
+from .dtypes import bf16, bool_, f16, f32, f64, i8, i32, i64, u8, u32, DType, get_dtype, promote  # noqa: F401
+from .errors import DeviceError, DTypeError, Error, FormatError, ShapeError, UnsupportedError  # noqa: F401
+from .functional import (  # noqa: F401
+    conv1d, conv2d, gelu, layer_norm, linear, log_softmax, relu, rms_norm, rotary_emb, scaled_dot_product_attention,
+    sigmoid, silu, softmax,
+)
+from .tensor import Tensor  # noqa: F401
+
+
+def __getattr__(name):
+    # Heavier parts load on first use so `import tallow` stays fast (Pyodide).
+    import importlib
+    lazy = {"io": ".io", "quant": ".quant", "nn": ".nn", "audio": ".audio", "models": ".models", "hub": ".hub"}
+    if name in lazy:
+        return importlib.import_module(lazy[name], __name__)
+    if name == "Tokenizer":
+        from .tokenizer import Tokenizer
+        return Tokenizer
+    if name == "load_model":
+        from .models import load_model
+        return load_model
+    raise AttributeError(f"module 'tallow' has no attribute {name!r}")

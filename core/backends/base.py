@@ -58,6 +58,11 @@ class Backend:
     def copy(self, storage, layout, dtype):
         self._missing("copy")
 
+    def assign(self, dst, ld, src, ls, dtype):
+        """In place: write src (layout ls) into dst at layout ld (same shape). The one
+        mutating primitive: cat, pad and the preallocated KV cache are built on it."""
+        self._missing("assign")
+
     def cast(self, storage, layout, src_dtype, dst_dtype):
         self._missing("cast")
 

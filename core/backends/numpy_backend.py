@@ -1,0 +1,299 @@
+"""The numpy backend: storage is a flat numpy array; layouts become strided views.
+
+f16 and bf16 are stored in two bytes (bf16 as its uint16 bit pattern) and
+computed in f32, rounding back after every op (round-to-nearest-even).
+"""
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ..dtypes import bf16, bool_, f16, f32, i64
+from ..errors import ShapeError
+from .base import Backend
+
+
+def _bf16_to_f32(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(x):
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    u = x.view(np.uint32)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
+def _erf(x):
+    # Vectorised erf with float64 accuracy (math.erf per element is too slow).
+    try:
+        from scipy.special import erf
+        return erf(x)
+    except ImportError:
+        return np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)).astype(x.dtype)
+
+
+_UNARY = {
+    "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+    "sigmoid": lambda x: np.exp(-np.logaddexp(0, -x)).astype(x.dtype),
+    "relu": lambda x: np.maximum(x, 0), "square": np.square,
+    "reciprocal": lambda x: 1.0 / x, "floor": np.floor, "ceil": np.ceil, "round": np.round,
+    "sign": np.sign, "logical_not": np.logical_not,
+    "gelu": lambda x: (0.5 * x * (1.0 + _erf(x * np.float32(1 / math.sqrt(2))))).astype(x.dtype),
+    "gelu_tanh": lambda x: (0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x)))).astype(x.dtype),
+    "silu": lambda x: (x / (1.0 + np.exp(-x))).astype(x.dtype),
+}
+_BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+    "pow": np.power, "maximum": np.maximum, "minimum": np.minimum,
+}
+_COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal}
+
+
+class NumpyBackend(Backend):
+    name = "cpu"
+
+    def features(self):
+        return {"backend": "numpy", "numpy": np.__version__, "f16": True, "bf16": True}
+
+    # ---- views and conversion ----------------------------------------------
+    @staticmethod
+    def view(st, layout):
+        """The layout as a numpy view of the storage (no copy)."""
+        n = layout.numel()
+        off = layout.offset
+        if layout.is_contiguous():
+            return st[off:off + n].reshape(layout.shape)
+        if n == 0:
+            return np.empty(layout.shape, st.dtype)
+        return as_strided(st[off:], layout.shape, [s * st.itemsize for s in layout.strides], writeable=False)
+
+    def load(self, st, layout, dtype):
+        """A view in compute precision: f16/bf16 -> f32."""
+        v = self.view(st, layout)
+        if dtype is bf16:
+            return _bf16_to_f32(v)
+        if dtype is f16:
+            return v.astype(np.float32)
+        return v
+
+    @staticmethod
+    def store(x, dtype):
+        """Flat contiguous storage of x in dtype."""
+        if dtype is bf16:
+            return _f32_to_bf16(x).reshape(-1)
+        return np.ascontiguousarray(x, dtype=dtype.np_name).reshape(-1)
+
+    # ---- memory -------------------------------------------------------------
+    def from_bytes(self, data, dtype):
+        if dtype.is_quantized:
+            return np.frombuffer(data, dtype=np.uint8)
+        return np.frombuffer(data, dtype=np.dtype(dtype.np_name).newbyteorder("<")).astype(dtype.np_name, copy=False)
+
+    def to_bytes(self, st, layout, dtype):
+        if dtype.is_quantized:
+            return st.tobytes()
+        return np.ascontiguousarray(self.view(st, layout)).astype(np.dtype(dtype.np_name).newbyteorder("<"), copy=False).tobytes()
+
+    def from_list(self, values, dtype):
+        if dtype is bf16:
+            return _f32_to_bf16(np.asarray(values, dtype=np.float32))
+        return np.asarray(values, dtype=dtype.np_name).reshape(-1)
+
+    def to_list(self, st, layout, dtype):
+        return self.load(st, layout, dtype).reshape(-1).tolist()
+
+    def full(self, numel, value, dtype):
+        if dtype is bf16:
+            return np.full(numel, _f32_to_bf16(np.float32(value)).item(), np.uint16)
+        return np.full(numel, value, dtype.np_name)
+
+    def arange(self, start, step, numel, dtype):
+        if dtype.is_float:
+            return self.store(start + step * np.arange(numel, dtype=np.float64), dtype)
+        return (start + step * np.arange(numel, dtype=np.int64)).astype(dtype.np_name)
+
+    # ---- element-wise -------------------------------------------------------
+    def copy(self, st, layout, dtype):
+        return np.ascontiguousarray(self.view(st, layout)).reshape(-1).copy()
+
+    def assign(self, dst, ld, src, ls, dtype):
+        n = ld.numel()
+        if n == 0:
+            return
+        if ld.is_contiguous():
+            target = dst[ld.offset:ld.offset + n].reshape(ld.shape)
+        else:
+            target = as_strided(dst[ld.offset:], ld.shape, [s * dst.itemsize for s in ld.strides])
+        target[...] = self.view(src, ls)
+
+    def cast(self, st, layout, src, dst):
+        x = self.load(st, layout, src)
+        if dst.kind in "iu" and src.is_float:
+            x = np.trunc(x)
+        if dst is bool_:
+            x = x != 0
+        return self.store(x, dst)
+
+    def unary(self, op, st, layout, dtype, arg=None):
+        x = self.load(st, layout, dtype)
+        if op == "clamp":
+            lo, hi = arg
+            y = np.clip(x, lo, hi) if lo is not None or hi is not None else x
+        elif op == "pow_scalar":
+            y = np.power(x, arg)
+        elif op == "affine":
+            y = x * arg[0] + arg[1]
+        else:
+            y = _UNARY[op](x)
+        return self.store(y, bool_ if op == "logical_not" else dtype)
+
+    def binary(self, op, a, la, b, lb, dtype):
+        x, y = self.load(a, la, dtype), self.load(b, lb, dtype)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return self.store(_BINARY[op](x, y), dtype)
+
+    def compare(self, op, a, la, b, lb, dtype):
+        return self.store(_COMPARE[op](self.load(a, la, dtype), self.load(b, lb, dtype)), bool_)
+
+    def where(self, c, lc, a, la, b, lb, dtype):
+        return self.store(np.where(self.view(c, lc), self.load(a, la, dtype), self.load(b, lb, dtype)), dtype)
+
+    # ---- reductions -----------------------------------------------------------
+    def reduce(self, op, st, layout, dtype, dims):
+        x = self.load(st, layout, dtype)
+        if op in ("argmax", "argmin"):
+            (d,) = dims
+            if x.shape[d] == 0:
+                raise ShapeError(f"{op} over an empty dim {d} of shape {x.shape}")
+            return self.store((np.argmax if op == "argmax" else np.argmin)(x, axis=d), i64)
+        if op in ("max", "min"):
+            if any(x.shape[d] == 0 for d in dims):
+                raise ShapeError(f"{op} over an empty dim of shape {x.shape}")
+            return self.store((np.max if op == "max" else np.min)(x, axis=dims), dtype)
+        out = i64 if dtype.kind in "iub" else dtype
+        fn = np.sum if op == "sum" else np.prod
+        return self.store(fn(x, axis=dims, dtype=np.int64 if out is i64 else None), out)
+
+    def cumsum(self, st, layout, dtype, dim):
+        out = i64 if dtype.kind in "iub" else dtype
+        return self.store(np.cumsum(self.load(st, layout, dtype), axis=dim), out)
+
+    # ---- linear algebra and indexing ------------------------------------------
+    def matmul(self, a, la, b, lb, dtype):
+        return self.store(np.matmul(self.load(a, la, dtype), self.load(b, lb, dtype)), dtype)
+
+    def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
+        from ..quant import qmatmul_numpy
+        return self.store(qmatmul_numpy(self.load(x, lx, dtype).astype(np.float32, copy=False), w, wdtype, n, k), dtype)
+
+    def dequantize(self, w, wdtype, numel, dtype):
+        from ..quant import dequantize_numpy
+        return self.store(dequantize_numpy(w, wdtype, numel), dtype)
+
+    def index_select(self, st, layout, dtype, ids, lids, dim):
+        idx = self.view(ids, lids)
+        if dtype.is_quantized:
+            from ..quant import dequantize_rows_numpy
+            return self.store(dequantize_rows_numpy(st, dtype, layout.shape[1], idx), f32)
+        return self.store(np.take(self.view(st, layout), idx, axis=dim), dtype)
+
+    def gather(self, st, layout, dtype, ids, lids, dim):
+        return self.store(np.take_along_axis(self.view(st, layout), self.view(ids, lids).astype(np.int64), axis=dim), dtype)
+
+    def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
+        out = np.array(self.load(dst, ld, dtype), copy=True)
+        idx = self.view(ids, lids).astype(np.int64)
+        values = self.load(src, ls, dtype)
+        # Full open-mesh index so repeated indices accumulate (np.add.at).
+        grid = list(np.indices(idx.shape, sparse=True))
+        grid[dim] = idx
+        np.add.at(out, tuple(grid), values)
+        return self.store(out, dtype)
+
+    def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+        return self._conv(self.load(x, lx, dtype), self.load(w, lw, dtype), dtype, (stride,), (padding,), (dilation,), groups)
+
+    def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+        return self._conv(self.load(x, lx, dtype), self.load(w, lw, dtype), dtype, stride, padding, dilation, groups)
+
+    def _conv(self, x, w, dtype, stride, padding, dilation, groups):
+        # im2col over any number of spatial dims, then one matmul per group.
+        nd = len(stride)
+        x = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+        b, cin = x.shape[:2]
+        cout, cin_g = w.shape[:2]
+        ks = w.shape[2:]
+        outs = [(x.shape[2 + i] - dilation[i] * (ks[i] - 1) - 1) // stride[i] + 1 for i in range(nd)]
+        xs = x.strides
+        view = as_strided(
+            x, (b, cin, *outs, *ks),
+            (xs[0], xs[1], *[xs[2 + i] * stride[i] for i in range(nd)], *[xs[2 + i] * dilation[i] for i in range(nd)]),
+            writeable=False,
+        )
+        view = view.reshape(b, groups, cin_g, *outs, *ks)
+        wg = w.reshape(groups, cout // groups, cin_g, *ks)
+        letters = "uvw"[:nd]
+        kl = "xyz"[:nd]
+        spec = f"bgc{letters}{kl},goc{kl}->bgo{letters}"
+        y = np.einsum(spec, view, wg, optimize=True)
+        return self.store(y.reshape(b, cout, *outs), dtype)
+
+    # ---- fused ------------------------------------------------------------------
+    def softmax(self, st, layout, dtype, log=False):
+        x = self.load(st, layout, dtype)
+        m = np.max(x, axis=-1, keepdims=True) if x.shape[-1] else x
+        z = x - m
+        if log:
+            y = z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+        else:
+            e = np.exp(z)
+            y = e / np.sum(e, axis=-1, keepdims=True)
+        return self.store(y, dtype)
+
+    def layer_norm(self, x, lx, w, lw, b, lb, dtype, eps):
+        v = self.load(x, lx, dtype)
+        mean = v.mean(axis=-1, keepdims=True)
+        c = v - mean
+        y = c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
+        if w is not None:
+            y = y * self.load(w, lw, dtype)
+        if b is not None:
+            y = y + self.load(b, lb, dtype)
+        return self.store(y, dtype)
+
+    def rms_norm(self, x, lx, w, lw, dtype, eps):
+        v = self.load(x, lx, dtype)
+        y = v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps)
+        if w is not None:
+            y = y * self.load(w, lw, dtype)
+        return self.store(y, dtype)
+
+    def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
+        v = self.load(x, lx, dtype)
+        c, s = self.load(cos, lcos, dtype), self.load(sin, lsin, dtype)
+        if interleaved:
+            x1, x2 = v[..., 0::2], v[..., 1::2]
+            out = np.empty_like(v)
+            out[..., 0::2] = x1 * c - x2 * s
+            out[..., 1::2] = x1 * s + x2 * c
+        else:
+            h = v.shape[-1] // 2
+            x1, x2 = v[..., :h], v[..., h:]
+            out = np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+        return self.store(out, dtype)
+
+    def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        qv, kv, vv = self.load(q, lq, dtype), self.load(k, lk, dtype), self.load(v, lv, dtype)
+        scores = np.matmul(qv, np.swapaxes(kv, -1, -2)) * np.float32(scale)
+        if mask is not None:
+            scores = scores + self.load(mask, lmask, dtype)
+        tq, tk = scores.shape[-2], scores.shape[-1]
+        if causal:
+            banned = np.arange(tk)[None, :] > np.arange(tq)[:, None] + (tk - tq)
+            scores = np.where(banned, -np.inf, scores)
+        m = np.max(scores, axis=-1, keepdims=True) if tk else scores
+        e = np.exp(scores - m)
+        p = e / np.sum(e, axis=-1, keepdims=True)
+        return self.store(np.matmul(p, vv), dtype)

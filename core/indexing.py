@@ -1,0 +1,112 @@
+"""t[key] and t[key] = value: ints, slices (with steps), None, Ellipsis, one
+integer-tensor/list index, or a boolean mask."""
+from . import dtypes as D
+from .errors import DeviceError, ShapeError, UnsupportedError
+from .layout import Layout
+
+
+def _expand_key(t, key):
+    if not isinstance(key, tuple):
+        key = (key,)
+    used = sum(1 for k in key if k is not None and k is not Ellipsis and not _is_mask(k)) + sum(k.ndim for k in key if _is_mask(k))
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise ShapeError("an index can hold only one Ellipsis (...)")
+    if used > t.ndim:
+        raise ShapeError(f"too many indices ({used}) for a tensor of shape {t.shape}")
+    out = []
+    for k in key:
+        if k is Ellipsis:
+            out.extend([slice(None)] * (t.ndim - used))
+        else:
+            out.append(k)
+    return out
+
+
+def _is_mask(k):
+    from .tensor import Tensor
+    return isinstance(k, Tensor) and k.dtype is D.bool_
+
+
+def _basic(t, key):
+    """Apply ints/slices/None as a view. Returns the view and, for an advanced
+    index, (its position in the view, the index)."""
+    from .tensor import Tensor
+    lay = t._layout
+    shape, strides, offset = [], [], lay.offset
+    advanced = None
+    d = 0
+    for k in key:
+        if k is None:
+            shape.append(1)
+            strides.append(0)
+            continue
+        size, stride = lay.shape[d], lay.strides[d]
+        if isinstance(k, bool):
+            raise UnsupportedError("indexing with a Python bool")
+        if isinstance(k, int) or (hasattr(k, "__index__") and not isinstance(k, (Tensor, list, tuple))):
+            i = k.__index__()
+            if not -size <= i < size:
+                raise ShapeError(f"index {i} is out of range for dim {d} of size {size} (shape {t.shape})")
+            offset += (i % size) * stride
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(size)
+            if step <= 0:
+                raise UnsupportedError("negative slice steps are not supported; use flip via index_select")
+            n = max(0, (stop - start + step - 1) // step)
+            shape.append(n)
+            strides.append(stride * step)
+            if n:
+                offset += start * stride
+        else:
+            if advanced is not None:
+                raise UnsupportedError("only one integer-tensor index per indexing expression is supported")
+            advanced = (len(shape), k)
+            shape.append(size)
+            strides.append(stride)
+        d += 1
+    shape.extend(lay.shape[d:])
+    strides.extend(lay.strides[d:])
+    return t._view(Layout(shape, strides, offset)), advanced
+
+
+def getitem(t, key):
+    from .creation import as_index
+    from .tensor import Tensor
+    if _is_mask(key):
+        if key.shape != t.shape[:key.ndim]:
+            raise ShapeError(f"boolean mask of shape {key.shape} does not match the tensor's leading dims {t.shape}")
+        rows = [i for i, m in enumerate(key.reshape(-1).tolist()) if m]
+        flat = t.reshape((-1,) + t.shape[key.ndim:])
+        return flat.index_select(0, as_index(rows, t.device, "mask"))
+    view, advanced = _basic(t, _expand_key(t, key))
+    if advanced is None:
+        return view
+    pos, index = advanced
+    if not isinstance(index, Tensor):
+        index = as_index(index, t.device, "indexing")
+    size = view.shape[pos]
+    flat_index = index.reshape(-1)
+    ids = flat_index.tolist()
+    if any(not -size <= i < size for i in ids):
+        raise ShapeError(f"an index in {ids[:8]}... is out of range for a dim of size {size}")
+    if any(i < 0 for i in ids):
+        flat_index = as_index([i % size for i in ids], t.device, "indexing")
+    picked = view.index_select(pos, flat_index)
+    return picked.reshape(view.shape[:pos] + index.shape + view.shape[pos + 1:])
+
+
+def setitem(t, key, value):
+    """In-place write through a basic-index view (the KV cache uses this)."""
+    from .creation import full
+    from .tensor import Tensor
+    view, advanced = _basic(t, _expand_key(t, key))
+    if advanced is not None:
+        raise UnsupportedError("assignment through an integer-tensor index; use scatter_add or where")
+    if not isinstance(value, Tensor):
+        value = full((), value, t.dtype, t.device)
+    if value.device is not t.device:
+        raise DeviceError(f"assignment: value is on {value.device}, the tensor on {t.device}")
+    value = value.to(t.dtype)
+    src = value._layout.broadcast_to(view.shape, "setitem")
+    if view.numel():
+        t.device.backend.assign(t._storage, view._layout, value._storage, src, t.dtype)
