@@ -1,0 +1,129 @@
+"""tallow inside Pyodide (CPython 3.14 compiled to WebAssembly) under Node.
+
+One Pyodide process serves the whole session (tests/pyodide/run.mjs); the
+tallow wheel is built from this tree and installed into it, so packaging is
+tested too. Results come back as JSON and are compared here with numpy.
+Needs node and scripts/pyodide_setup.sh; skips without them (fails with
+TALLOW_REQUIRE_PYODIDE=1).
+"""
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_fixture_module():
+    # By path and once per session: tests/ is not a package, and "pyodide" is Pyodide's own module name.
+    name = "tallow_tests_pyodide_fixture"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "pyodide", "fixture.py"))
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_fixture = _load_fixture_module()
+node_runner = _fixture.node_runner
+pyodide_runner = _fixture.pyodide_runner
+pyodide_run = _fixture.pyodide_run
+pytestmark = pytest.mark.pyodide
+
+
+# ---- the runner itself -----------------------------------------------------
+def test_boots_the_pinned_pyodide(pyodide_runner):
+    with open(os.path.join(HERE, "pyodide", "package-lock.json")) as f:
+        locked = json.load(f)["packages"]["node_modules/pyodide"]["version"]
+    assert pyodide_runner.info["pyodide"] == locked
+    assert pyodide_runner.info["python"].startswith("3.14")
+    assert pyodide_runner.info["boot_s"] < 30
+
+
+def test_numpy_is_absent_inside_pyodide(pyodide_run):
+    # Proves that whatever tallow computes in these tests ran on pure Python.
+    with pytest.raises(node_runner.PyodideCodeError, match="ModuleNotFoundError: No module named 'numpy'"):
+        pyodide_run("import numpy")
+
+
+def test_tallow_imports_from_the_installed_wheel(pyodide_run, pyodide_runner):
+    import tallow
+
+    found = pyodide_run("import sys, tallow\n[tallow.__file__, tallow.__version__, 'numpy' in sys.modules]")
+    assert found[0] == "/lib/python3.14/site-packages/tallow/__init__.py"
+    assert found[1] == tallow.__version__
+    assert found[2] is False, "import tallow must not import numpy"
+    assert os.path.basename(pyodide_runner.wheel_path).startswith(f"tallow-{tallow.__version__}-py3-none-any")
+
+
+def test_every_packaged_module_is_in_the_wheel(pyodide_run, pyodide_runner):
+    # The pyproject mapping (core/ -> tallow, wgpu_backend/ -> tallow_wgpu, ...) must ship
+    # every module of the source the wheel was built from.
+    expected = node_runner.python_modules(pyodide_runner.wheel_source)
+    assert "tallow" in expected and "tallow.dtypes" in expected
+    missing = pyodide_run(
+        "import importlib.util\n"
+        f"names = {expected!r}\n"
+        "[n for n in names if importlib.util.find_spec(n) is None]"
+    )
+    assert missing == [], f"modules missing from the wheel: {missing}"
+
+
+def test_result_stdout_and_stderr_come_back(pyodide_runner):
+    reply = pyodide_runner.call("import sys\nprint('out', 1)\nprint('err', file=sys.stderr)\n{'a': [1, 2.5, None, True]}")
+    assert reply["ok"] is True
+    assert reply["result"] == {"a": [1, 2.5, None, True]}
+    assert reply["stdout"] == "out 1\n"
+    assert reply["stderr"] == "err\n"
+
+
+def test_non_finite_floats_survive_the_trip(pyodide_run):
+    values = pyodide_run("[float('nan'), float('inf'), -float('inf'), 1e-45]")
+    assert math.isnan(values[0]) and values[1:] == [math.inf, -math.inf, 1e-45]
+
+
+def test_errors_come_back_with_the_traceback(pyodide_run):
+    code = "def inner(x):\n    raise ValueError(f'bad value {x}')\n\ninner(41 + 1)\n"
+    with pytest.raises(node_runner.PyodideCodeError) as info:
+        pyodide_run(code)
+    text = info.value.traceback
+    assert "ValueError: bad value 42" in text
+    assert "raise ValueError(f'bad value {x}')" in text  # the source line, not just a line number
+    assert "line 2, in inner" in text
+    assert "harness" not in text and "_pyodide" not in text  # the runner's own frames are dropped
+
+
+def test_syntax_errors_and_unserialisable_results_are_reported(pyodide_run):
+    with pytest.raises(node_runner.PyodideCodeError, match="SyntaxError"):
+        pyodide_run("1 +")
+    with pytest.raises(node_runner.PyodideCodeError, match="not JSON-serialisable"):
+        pyodide_run("object()")
+
+
+def test_each_request_gets_a_fresh_namespace(pyodide_run):
+    pyodide_run("leftover = 1")
+    with pytest.raises(node_runner.PyodideCodeError, match="NameError"):
+        pyodide_run("leftover")
+
+
+def test_a_hung_call_is_killed_and_the_runner_recovers(pyodide_runner):
+    boots = pyodide_runner.boots
+    started = time.perf_counter()
+    with pytest.raises(node_runner.PyodideTimeout, match="took more than 2 s"):
+        pyodide_runner.run("while True:\n    pass", timeout=2)
+    assert time.perf_counter() - started < 10
+    # The next call boots a fresh Pyodide and reinstalls the wheel.
+    assert pyodide_runner.run("import tallow\ntallow.__file__").startswith("/lib/python3.14/site-packages/")
+    assert pyodide_runner.boots == boots + 1
+
+
+def test_a_missing_runtime_is_a_clear_error(tmp_path):
+    if not node_runner.find_node():
+        pytest.skip("node is not on PATH")
+    runner = node_runner.PyodideRunner(pyodide_dir=str(tmp_path))
+    with pytest.raises(node_runner.PyodideRunnerError, match="no Pyodide at .*pyodide_setup.sh"):
+        runner.start()
