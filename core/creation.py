@@ -79,7 +79,8 @@ def from_numpy(array, device=None):
             raise DTypeError(f"from_numpy: numpy dtype {array.dtype} has no tallow equivalent") from None
     else:
         raise DTypeError(f"from_numpy: numpy dtype {array.dtype} has no tallow equivalent")
-    return from_buffer(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes(), dtype, array.shape, device)
+    data = np.array(array, dtype=array.dtype.newbyteorder("<"), order="C", copy=True).reshape(-1)
+    return from_buffer(memoryview(data.view(np.uint8)), dtype, array.shape, device)
 
 
 def from_buffer(data, dtype, shape, device=None):

@@ -17,6 +17,10 @@ def _float(x, op):
     return x if x.dtype.is_float else x.to(D.f32)
 
 
+def _parts(t):
+    return (None, None) if t is None else (t._storage, t._layout)
+
+
 def _check_device(op, *ts):
     dev = ts[0].device
     for t in ts[1:]:
@@ -56,7 +60,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     _check_device("layer_norm", x, weight, bias)
     w = weight.to(x.dtype) if weight is not None else None
     b = bias.to(x.dtype) if bias is not None else None
-    st = x.device.backend.layer_norm(x._storage, x._layout, w and w._storage, w and w._layout, b and b._storage, b and b._layout, x.dtype, eps)
+    st = x.device.backend.layer_norm(x._storage, x._layout, *_parts(w), *_parts(b), x.dtype, eps)
     return x._new(st, x.shape)
 
 
@@ -65,7 +69,7 @@ def rms_norm(x, weight=None, eps=1e-6):
     _check_affine("rms_norm", x, weight)
     _check_device("rms_norm", x, weight)
     w = weight.to(x.dtype) if weight is not None else None
-    return x._new(x.device.backend.rms_norm(x._storage, x._layout, w and w._storage, w and w._layout, x.dtype, eps), x.shape)
+    return x._new(x.device.backend.rms_norm(x._storage, x._layout, *_parts(w), x.dtype, eps), x.shape)
 
 
 def linear(x, weight, bias=None):
@@ -185,5 +189,5 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None
         lmask = mask._layout.broadcast_to((b, h, tq, tk), "attention mask")
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     st = q.device.backend.attention(q._storage, q._layout, k._storage, k._layout, v._storage, v._layout,
-                                    mask and mask._storage, lmask, dtype, scale, is_causal)
+                                    None if mask is None else mask._storage, lmask, dtype, scale, is_causal)
     return Tensor(st, Layout((b, h, tq, v.shape[3])), dtype, q.device)

@@ -9,7 +9,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..dtypes import bf16, bool_, f16, f32, i64
-from ..errors import ShapeError
+from ..errors import ShapeError, UnsupportedError
 from .base import Backend
 
 
@@ -87,9 +87,13 @@ class NumpyBackend(Backend):
 
     # ---- memory -------------------------------------------------------------
     def from_bytes(self, data, dtype):
+        # Zero-copy over memoryviews (memory-mapped weights stay in the page cache);
+        # immutable bytes are copied so the tensor can be written to.
         if dtype.is_quantized:
-            return np.frombuffer(data, dtype=np.uint8)
-        return np.frombuffer(data, dtype=np.dtype(dtype.np_name).newbyteorder("<")).astype(dtype.np_name, copy=False)
+            arr = np.frombuffer(data, dtype=np.uint8)
+        else:
+            arr = np.frombuffer(data, dtype=np.dtype(dtype.np_name).newbyteorder("<")).astype(dtype.np_name, copy=False)
+        return arr.copy() if isinstance(data, bytes) else arr
 
     def to_bytes(self, st, layout, dtype):
         if dtype.is_quantized:
@@ -122,6 +126,8 @@ class NumpyBackend(Backend):
         n = ld.numel()
         if n == 0:
             return
+        if not dst.flags.writeable:
+            raise UnsupportedError("this tensor's memory is read-only (memory-mapped from a file); clone() it before writing")
         if ld.is_contiguous():
             target = dst[ld.offset:ld.offset + n].reshape(ld.shape)
         else:
