@@ -1,0 +1,117 @@
+"""GGUF tokenizer metadata -> the equivalent tokenizer.json description.
+
+Both backends then run the same description: the `tokenizers` library via
+`Tokenizer.from_str`, the pure-Python one directly. The pre-tokenizer is
+chosen by `tokenizer.ggml.pre`, following llama.cpp's table (llama-vocab.cpp)
+written as the tokenizer.json components the original Hugging Face
+tokenizers use.
+"""
+from ..errors import FormatError, UnsupportedError
+
+_LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _byte_level(use_regex):
+    return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
+
+
+def _split_then_bytes(pattern):
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+        _byte_level(False),
+    ]}
+
+
+_GPT2 = _byte_level(True)
+_DIGITS_GPT2 = {"type": "Sequence", "pretokenizers": [
+    {"type": "Digits", "individual_digits": True}, _byte_level(True)]}
+_LLAMA3 = _split_then_bytes(_LLAMA3_PATTERN)
+_QWEN2 = _split_then_bytes(_QWEN2_PATTERN)
+
+# tokenizer.ggml.pre -> (pre_tokenizer, normalizer, ignore_merges, default add_bos)
+PRE_TOKENIZERS = {
+    "gpt2": (_GPT2, None, False, False),
+    "mpt": (_GPT2, None, False, False),
+    "olmo": (_GPT2, None, False, False),
+    "jais": (_GPT2, None, False, False),
+    "smollm": (_DIGITS_GPT2, None, False, False),
+    "starcoder": (_DIGITS_GPT2, None, False, False),
+    "refact": (_DIGITS_GPT2, None, False, False),
+    "codeshell": (_DIGITS_GPT2, None, False, False),
+    "llama-bpe": (_LLAMA3, None, True, True),
+    "llama3": (_LLAMA3, None, True, True),
+    "llama-v3": (_LLAMA3, None, True, True),
+    "qwen2": (_QWEN2, {"type": "NFC"}, False, False),
+}
+
+_SPECIAL_KEYS = ("bos", "eos", "unknown", "padding", "eot", "eom", "sep", "cls", "mask")
+_CONTROL, _USER_DEFINED, _UNKNOWN = 3, 4, 2
+
+
+def special_token_ids(meta):
+    """{"bos": id, "eos": id, "unk": id, "pad": id, ...} from GGUF keys that are present."""
+    out = {}
+    for key in _SPECIAL_KEYS:
+        v = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if v is not None:
+            out[{"unknown": "unk", "padding": "pad"}.get(key, key)] = int(v)
+    return out
+
+
+def to_tokenizer_json(meta, source="GGUF metadata"):
+    """GGUF metadata dict -> (tokenizer.json dict, {"bos": id, ...}, chat_template or None)."""
+    model = meta.get("tokenizer.ggml.model")
+    if model is None:
+        raise FormatError(f"{source}: no tokenizer.ggml.model key, so it holds no tokenizer")
+    if model != "gpt2":
+        raise UnsupportedError(f"{source}: GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    merges = meta.get("tokenizer.ggml.merges")
+    if not isinstance(tokens, list) or not isinstance(merges, list):
+        raise FormatError(f"{source}: tokenizer.ggml.tokens and tokenizer.ggml.merges must both be arrays")
+    pre = meta.get("tokenizer.ggml.pre", "gpt2")
+    if pre not in PRE_TOKENIZERS:
+        raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(PRE_TOKENIZERS))})")
+    pre_tokenizer, normalizer, ignore_merges, default_bos = PRE_TOKENIZERS[pre]
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise FormatError(f"{source}: {len(types)} token types for {len(tokens)} tokens")
+
+    vocab = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)  # a duplicated string keeps its first id, like llama.cpp
+    added = [
+        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": ty != _USER_DEFINED}
+        for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (_CONTROL, _USER_DEFINED, _UNKNOWN)
+    ]
+    special = special_token_ids(meta)
+    template = []
+    if meta.get("tokenizer.ggml.add_bos_token", default_bos) and "bos" in special:
+        template.append({"SpecialToken": {"id": tokens[special["bos"]], "type_id": 0}})
+    template.append({"Sequence": {"id": "A", "type_id": 0}})
+    if meta.get("tokenizer.ggml.add_eos_token", False) and "eos" in special:
+        template.append({"SpecialToken": {"id": tokens[special["eos"]], "type_id": 0}})
+    special_map = {
+        tokens[special[k]]: {"id": tokens[special[k]], "ids": [special[k]], "tokens": [tokens[special[k]]]}
+        for k in ("bos", "eos") if k in special
+    }
+    spec = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": {"type": "TemplateProcessing", "single": template,
+                           "pair": template + [{"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": special_map},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
+    }
+    return spec, special, meta.get("tokenizer.chat_template")

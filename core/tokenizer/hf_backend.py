@@ -1,0 +1,47 @@
+"""The `tokenizers` library (Rust) behind tallow's tokenizer interface."""
+import json
+
+from ..errors import FormatError, UnsupportedError
+
+
+def available():
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class LibraryTokenizer:
+    name = "tokenizers"
+
+    def __init__(self, spec, source="tokenizer.json"):
+        try:
+            import tokenizers
+        except ImportError:
+            raise UnsupportedError("backend='tokenizers' needs the `tokenizers` package (pip install tokenizers)") from None
+        try:
+            self.tok = tokenizers.Tokenizer.from_str(json.dumps(spec))
+        except Exception as e:  # the library raises plain Exception on bad JSON
+            raise FormatError(f"{source}: the tokenizers library refused it: {e}") from None
+        self.size = self.tok.get_vocab_size(with_added_tokens=True)
+        self.special_ids = {d["id"] for d in spec.get("added_tokens") or [] if d.get("special")}
+
+    def token_to_id(self, token):
+        return self.tok.token_to_id(token)
+
+    def id_to_token(self, tid):
+        return self.tok.id_to_token(tid)
+
+    def encode(self, text, add_special_tokens=True):
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def _check(self, ids):
+        for tid in ids:
+            if not 0 <= tid < self.size:
+                raise FormatError(f"token id {tid} is outside the vocabulary (size {self.size})")
+
+    def decode(self, ids, skip_special_tokens=False):
+        ids = list(ids)
+        self._check(ids)
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,164 @@
+"""tallow.Tokenizer: one interface over the `tokenizers` library and the
+pure-Python byte-level BPE, loaded from tokenizer.json or GGUF metadata."""
+import json
+import os
+
+from ..errors import FormatError, UnsupportedError
+from . import chat_template, hf_backend
+from .gguf_vocab import to_tokenizer_json
+from .python_backend import PythonTokenizer
+from .stream import StreamDecoder
+
+BACKENDS = ("tokenizers", "python")
+_ROLES = ("bos", "eos", "unk", "pad")
+# Used only when no tokenizer_config.json names the special tokens.
+_FALLBACK_NAMES = {"bos": ("<|begin_of_text|>", "<s>"), "eos": ("<|endoftext|>", "</s>", "<|end_of_text|>")}
+
+
+def _make_backend(spec, backend, source):
+    if backend in (None, "auto"):
+        backend = "tokenizers" if hf_backend.available() else "python"
+    if backend == "tokenizers":
+        return hf_backend.LibraryTokenizer(spec, source)
+    if backend == "python":
+        return PythonTokenizer(spec, source)
+    raise UnsupportedError(f"unknown tokenizer backend {backend!r} (expected one of {', '.join(BACKENDS)} or None)")
+
+
+def _config_token(value):
+    """tokenizer_config.json stores a token as a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class Tokenizer:
+    """Text <-> token ids. Build with `from_file`, `from_gguf` or `from_dict`."""
+
+    def __init__(self, spec, backend=None, special_ids=None, chat_template=None, source="tokenizer.json"):
+        self.source = source
+        self._impl = _make_backend(spec, backend, source)
+        self.special_tokens = {d["content"]: d["id"] for d in spec.get("added_tokens") or [] if d.get("special")}
+        self._special_ids = dict(special_ids or {})
+        self.chat_template = chat_template
+
+    # construction -------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, spec, backend=None, config=None, source="tokenizer.json"):
+        """A parsed tokenizer.json; `config` is an optional parsed tokenizer_config.json."""
+        if not isinstance(spec, dict) or "model" not in spec:
+            raise FormatError(f"{source}: not a tokenizer.json (no 'model' object)")
+        config = config or {}
+        vocab = spec["model"].get("vocab") or {}
+        added = {d["content"]: d["id"] for d in spec.get("added_tokens") or []}
+
+        def lookup(token):
+            return added.get(token, vocab.get(token) if isinstance(vocab, dict) else None)
+
+        special_ids = {}
+        for role in _ROLES:
+            name = _config_token(config.get(f"{role}_token"))
+            candidates = (name,) if name else _FALLBACK_NAMES.get(role, ())
+            for c in candidates:
+                tid = lookup(c)
+                if tid is not None:
+                    special_ids[role] = tid
+                    break
+        template = config.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        return cls(spec, backend, special_ids, template, source)
+
+    @classmethod
+    def from_file(cls, path, backend=None):
+        """tokenizer.json (or a folder holding one); a tokenizer_config.json
+        beside it supplies the chat template and bos/eos/pad names."""
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                spec = json.load(f)
+        except FileNotFoundError:
+            raise FormatError(f"{path}: no such tokenizer file") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise FormatError(f"{path}: not valid JSON: {e}") from None
+        config = None
+        config_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+        if os.path.exists(config_path):
+            with open(config_path, encoding="utf-8") as f:
+                config = json.load(f)
+        return cls.from_dict(spec, backend, config, source=path)
+
+    @classmethod
+    def from_gguf(cls, gguf, backend=None):
+        """A .gguf path, or its metadata as a dict (key -> value, arrays as lists)."""
+        if isinstance(gguf, dict):
+            meta, source = gguf, "GGUF metadata"
+        else:
+            from .gguf_metadata import read_metadata
+            source = os.fspath(gguf)
+            try:
+                meta = read_metadata(source)
+            except FileNotFoundError:
+                raise FormatError(f"{source}: no such GGUF file") from None
+        spec, special_ids, template = to_tokenizer_json(meta, source)
+        return cls(spec, backend, special_ids, template, source)
+
+    # the interface ------------------------------------------------------
+
+    @property
+    def backend(self):
+        """'tokenizers' or 'python': which implementation runs."""
+        return self._impl.name
+
+    @property
+    def vocab_size(self):
+        return self._impl.size
+
+    def encode(self, text, add_special_tokens=True):
+        if not isinstance(text, str):
+            raise FormatError(f"encode expects a str, got {type(text).__name__}")
+        return self._impl.encode(text, add_special_tokens)
+
+    def decode(self, ids, skip_special_tokens=False):
+        return self._impl.decode([int(i) for i in ids], skip_special_tokens)
+
+    def token_to_id(self, token):
+        """The id of a token string, or None."""
+        return self._impl.token_to_id(token)
+
+    def id_to_token(self, token_id):
+        """The token string of an id, or None."""
+        return self._impl.id_to_token(int(token_id))
+
+    def stream_decoder(self, skip_special_tokens=False):
+        """A StreamDecoder: `.step(id) -> str` of newly completed text, `.flush()`."""
+        return StreamDecoder(self, skip_special_tokens)
+
+    def _role_token(self, role):
+        tid = self._special_ids.get(role)
+        return None if tid is None else self.id_to_token(tid)
+
+    bos_id = property(lambda self: self._special_ids.get("bos"))
+    eos_id = property(lambda self: self._special_ids.get("eos"))
+    pad_id = property(lambda self: self._special_ids.get("pad"))
+    unk_id = property(lambda self: self._special_ids.get("unk"))
+    bos_token = property(lambda self: self._role_token("bos"))
+    eos_token = property(lambda self: self._role_token("eos"))
+    pad_token = property(lambda self: self._role_token("pad"))
+    unk_token = property(lambda self: self._role_token("unk"))
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, template=None, **kwargs):
+        """Render the conversation with the model's chat template (jinja2)."""
+        source = template or self.chat_template
+        if source is None:
+            raise FormatError(f"{self.source}: has no chat template; pass template=...")
+        names = {f"{role}_token": self._role_token(role) for role in _ROLES}
+        names = {k: v for k, v in names.items() if v is not None}
+        return chat_template.render(source, messages, add_generation_prompt, names, **kwargs)
+
+    def __repr__(self):
+        return f"Tokenizer({self.source!r}, backend={self.backend!r}, vocab_size={self.vocab_size})"
