@@ -40,10 +40,12 @@ def broadcast_shapes(a, b, op="broadcast"):
 
 
 class Layout:
-    __slots__ = ("shape", "strides", "offset")
+    __slots__ = ("shape", "strides", "offset", "_contiguous")
 
     def __init__(self, shape, strides=None, offset=0):
         self.shape = tuple(shape)
+        # A layout made without strides is contiguous by construction; skip the check (hot path).
+        self._contiguous = True if strides is None else None
         self.strides = contiguous_strides(self.shape) if strides is None else tuple(strides)
         self.offset = offset
 
@@ -51,6 +53,11 @@ class Layout:
         return numel_of(self.shape)
 
     def is_contiguous(self):
+        if self._contiguous is None:
+            self._contiguous = self._check_contiguous()
+        return self._contiguous
+
+    def _check_contiguous(self):
         acc = 1
         for size, stride in zip(reversed(self.shape), reversed(self.strides)):
             if size != 1 and stride != acc:

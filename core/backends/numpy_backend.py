@@ -10,6 +10,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..dtypes import bf16, bool_, f16, f32, i64
 from ..errors import ShapeError, UnsupportedError
+from ..layout import numel_of
 from .base import Backend
 
 
@@ -48,6 +49,7 @@ _BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
     "pow": np.power, "maximum": np.maximum, "minimum": np.minimum,
 }
+_NP_DTYPES = {}
 _COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal}
 
 
@@ -61,10 +63,12 @@ class NumpyBackend(Backend):
     @staticmethod
     def view(st, layout):
         """The layout as a numpy view of the storage (no copy)."""
-        n = layout.numel()
         off = layout.offset
         if layout.is_contiguous():
-            return st[off:off + n].reshape(layout.shape)
+            if off == 0 and len(st) == numel_of(layout.shape):
+                return st.reshape(layout.shape)
+            return st[off:off + numel_of(layout.shape)].reshape(layout.shape)
+        n = layout.numel()
         if n == 0:
             return np.empty(layout.shape, st.dtype)
         return as_strided(st[off:], layout.shape, [s * st.itemsize for s in layout.strides], writeable=False)
@@ -83,7 +87,10 @@ class NumpyBackend(Backend):
         """Flat contiguous storage of x in dtype."""
         if dtype is bf16:
             return _f32_to_bf16(x).reshape(-1)
-        return np.ascontiguousarray(x, dtype=dtype.np_name).reshape(-1)
+        npdt = _NP_DTYPES.get(dtype.np_name) or _NP_DTYPES.setdefault(dtype.np_name, np.dtype(dtype.np_name))
+        if type(x) is np.ndarray and x.dtype == npdt and x.flags.c_contiguous:
+            return x.reshape(-1)
+        return np.ascontiguousarray(x, dtype=npdt).reshape(-1)
 
     # ---- memory -------------------------------------------------------------
     def from_bytes(self, data, dtype):
@@ -157,8 +164,10 @@ class NumpyBackend(Backend):
 
     def binary(self, op, a, la, b, lb, dtype):
         x, y = self.load(a, la, dtype), self.load(b, lb, dtype)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return self.store(_BINARY[op](x, y), dtype)
+        if op in ("div", "pow"):  # inf/nan results are the answer, not a warning
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                return self.store(_BINARY[op](x, y), dtype)
+        return self.store(_BINARY[op](x, y), dtype)
 
     def compare(self, op, a, la, b, lb, dtype):
         return self.store(_COMPARE[op](self.load(a, la, dtype), self.load(b, lb, dtype)), bool_)
