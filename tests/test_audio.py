@@ -1,0 +1,315 @@
+"""tallow.audio: WAV decoding, resampling, Whisper's log-mel spectrogram.
+
+References: Python's `wave` module and hand-written headers for the files,
+scipy.io.wavfile for decoding, scipy.signal.resample_poly for resampling, and
+openai-whisper's log_mel_spectrogram (transcribed below, run on torch) for the
+spectrogram. Each check runs on the numpy path and the pure-Python path.
+"""
+import io
+import shutil
+import struct
+import subprocess
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tallow.audio as A
+from tallow.errors import Error, FormatError
+
+DATA = Path(__file__).parent / "data"
+JFK = DATA / "jfk.wav"
+PATHS = [pytest.param(True, id="numpy"), pytest.param(False, id="python")]
+
+
+# ---- building WAV files ------------------------------------------------------
+def _chunk(cid, body):
+    return cid + struct.pack("<I", len(body)) + body + (b"\0" if len(body) % 2 else b"")
+
+
+def _fmt(code, channels, rate, bits, extensible=False):
+    block = channels * bits // 8
+    base = struct.pack("<HHIIHH", 0xFFFE if extensible else code, channels, rate, rate * block, block, bits)
+    if extensible:
+        guid = struct.pack("<H", code) + b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
+        base += struct.pack("<HHI", 22, bits, 0) + guid
+    return base
+
+
+def make_wav(data_bytes, code=1, channels=1, rate=16000, bits=16, extensible=False, chunks_before=(), fmt_last=False):
+    fmt = _chunk(b"fmt ", _fmt(code, channels, rate, bits, extensible))
+    data = _chunk(b"data", data_bytes)
+    extra = b"".join(_chunk(cid, body) for cid, body in chunks_before)
+    body = b"WAVE" + extra + (data + fmt if fmt_last else fmt + data)
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def _signal(n=1000, channels=1, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(-0.99, 0.99, size=(n, channels))
+
+
+def _pcm_with_wave_module(x, bits):
+    """Integer PCM through Python's own `wave` writer; returns (bytes, exact floats)."""
+    if bits == 8:
+        ints = np.round(x * 127).astype(np.int64) + 128
+        raw = ints.astype(np.uint8).tobytes()
+        expected = (ints - 128) / 128.0
+    else:
+        scale = 2 ** (bits - 1)
+        ints = np.round(x * (scale - 1)).astype(np.int64)
+        raw = b"".join(int(v).to_bytes(bits // 8, "little", signed=True) for v in ints.ravel())
+        expected = ints / scale
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(x.shape[1])
+        w.setsampwidth(bits // 8)
+        w.setframerate(16000)
+        w.writeframes(raw)
+    return buf.getvalue(), expected.mean(axis=1)
+
+
+# ---- decoding ----------------------------------------------------------------
+@pytest.mark.parametrize("use_numpy", PATHS)
+@pytest.mark.parametrize("bits", [8, 16, 24, 32])
+@pytest.mark.parametrize("channels", [1, 2, 3])
+def test_pcm_formats_decode_and_mix_down(bits, channels, use_numpy):
+    x = _signal(777, channels, seed=bits)
+    blob, expected = _pcm_with_wave_module(x, bits)
+    samples, info = A.decode_wav(blob, "t.wav", use_numpy=use_numpy)
+    assert (info.bits, info.channels, info.sample_rate) == (bits, channels, 16000)
+    np.testing.assert_allclose(np.asarray(samples, np.float64), expected, atol=1e-6, rtol=0)
+    # scipy's reader (another implementation) agrees on the integer values
+    wavfile = pytest.importorskip("scipy.io.wavfile")
+    _, ref = wavfile.read(io.BytesIO(blob))
+    ref = ref.reshape(len(x), channels).astype(np.float64)
+    # scipy returns 24-bit samples left-justified in int32
+    ref = (ref - 128) / 128 if bits == 8 else ref / 2.0 ** (31 if bits == 24 else bits - 1)
+    np.testing.assert_allclose(ref.mean(axis=1), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("use_numpy", PATHS)
+@pytest.mark.parametrize("bits,np_type", [(32, "<f4"), (64, "<f8")])
+@pytest.mark.parametrize("extensible", [False, True])
+def test_float_and_extensible_formats(bits, np_type, extensible, use_numpy):
+    x = _signal(500, 2, seed=3).astype(np_type)
+    blob = make_wav(x.tobytes(), code=3, channels=2, rate=16000, bits=bits, extensible=extensible)
+    samples, info = A.decode_wav(blob, "f.wav", use_numpy=use_numpy)
+    assert info.bits == bits and info.channels == 2
+    np.testing.assert_allclose(np.asarray(samples), x.astype(np.float64).mean(axis=1), atol=1e-6)
+    wavfile = pytest.importorskip("scipy.io.wavfile")
+    _, ref = wavfile.read(io.BytesIO(blob))
+    np.testing.assert_allclose(np.asarray(samples), ref.astype(np.float64).mean(axis=1), atol=1e-6)
+
+
+@pytest.mark.parametrize("use_numpy", PATHS)
+def test_extensible_24bit_pcm(use_numpy):
+    x = _signal(300, 1, seed=9)[:, 0]
+    ints = np.round(x * (2**23 - 1)).astype(np.int64)
+    raw = b"".join(int(v).to_bytes(3, "little", signed=True) for v in ints)
+    blob = make_wav(raw, code=1, bits=24, extensible=True)
+    samples, _ = A.decode_wav(blob, "e.wav", use_numpy=use_numpy)
+    np.testing.assert_allclose(np.asarray(samples), ints / 2**23, atol=1e-7)
+
+
+@pytest.mark.parametrize("use_numpy", PATHS)
+def test_chunk_order_and_odd_sized_chunks(use_numpy):
+    ints = np.arange(-50, 51, dtype="<i2") * 300
+    blob = make_wav(ints.tobytes(), chunks_before=[(b"LIST", b"odd"), (b"junk", b"12345")], fmt_last=True)
+    samples, _ = A.decode_wav(blob, "o.wav", use_numpy=use_numpy)
+    np.testing.assert_allclose(np.asarray(samples), ints / 32768.0, atol=1e-7)
+    # Python's `wave` module (which needs fmt first) reads the odd chunks the same way
+    fmt_first = make_wav(ints.tobytes(), chunks_before=[(b"LIST", b"odd"), (b"junk", b"12345")])
+    with wave.open(io.BytesIO(fmt_first)) as w:
+        assert np.array_equal(np.frombuffer(w.readframes(w.getnframes()), "<i2"), ints)
+    assert np.array_equal(A.decode_wav(fmt_first, use_numpy=use_numpy)[0], samples)
+
+
+def _bad_files():
+    good = make_wav(np.zeros(10, "<i2").tobytes())
+    truncated = good[:-6]
+    return [
+        ("not-riff.wav", b"ID3\x03" + bytes(40), "not a RIFF/WAVE"),
+        ("truncated.wav", truncated, "truncated data chunk"),
+        ("mulaw.wav", make_wav(bytes(10), code=7, bits=8), "unsupported WAV format code 0x0007 (mu-law)"),
+        ("pcm12.wav", make_wav(bytes(12), bits=12), "unsupported bit depth 12"),
+        ("float16.wav", make_wav(bytes(12), code=3, bits=16), "unsupported bit depth 16"),
+        ("nofmt.wav", b"RIFF" + struct.pack("<I", 16) + b"WAVE" + _chunk(b"data", bytes(4)), "no 'fmt ' chunk"),
+        ("nodata.wav", b"RIFF" + struct.pack("<I", 28) + b"WAVE" + _chunk(b"fmt ", _fmt(1, 1, 16000, 16)), "no 'data' chunk"),
+        ("halfframe.wav", make_wav(bytes(5), channels=1, bits=16), "not a whole number of 2-byte frames"),
+    ]
+
+
+@pytest.mark.parametrize("name,blob,message", _bad_files(), ids=[b[0] for b in _bad_files()])
+def test_bad_wav_files_raise_format_error_naming_file(tmp_path, name, blob, message, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda _: None)  # no ffmpeg: non-WAV input must say so
+    path = tmp_path / name
+    path.write_bytes(blob)
+    with pytest.raises(FormatError) as e:
+        A.load_audio(path)
+    assert name in str(e.value)
+    assert message in str(e.value) or (name == "not-riff.wav" and "install ffmpeg" in str(e.value))
+
+
+def test_missing_file_is_format_error(tmp_path):
+    with pytest.raises(FormatError, match="nope.wav"):
+        A.load_audio(tmp_path / "nope.wav")
+
+
+def test_non_wav_without_ffmpeg_says_install_or_convert(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda _: None)
+    with pytest.raises(FormatError, match="install ffmpeg.*or convert the audio to WAV"):
+        A.load_audio(b"fLaC" + bytes(100))
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed on this machine")
+def test_flac_through_ffmpeg_matches_wav(tmp_path):
+    flac = tmp_path / "jfk.flac"
+    subprocess.run(["ffmpeg", "-nostdin", "-loglevel", "error", "-i", str(JFK), str(flac)], check=True)
+    np.testing.assert_allclose(np.asarray(A.load_audio(flac)), np.asarray(A.load_audio(JFK)), atol=1.5 / 32768)
+
+
+# ---- resampling ----------------------------------------------------------------
+@pytest.mark.parametrize("use_numpy", PATHS)
+@pytest.mark.parametrize("rate", [8000, 11025, 22050, 44100, 48000])
+def test_resample_matches_scipy_resample_poly(rate, use_numpy):
+    signal = pytest.importorskip("scipy.signal")
+    from math import gcd
+
+    x = _signal(3000 if use_numpy is False else 20000, seed=rate)[:, 0].astype(np.float32)
+    g = gcd(rate, 16000)
+    ref = signal.resample_poly(x.astype(np.float64), 16000 // g, rate // g)
+    y = np.asarray(A.resample(x, rate, 16000, use_numpy=use_numpy), np.float64)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, atol=1e-6, rtol=0)  # float32 output rounding
+
+
+def test_resample_is_band_limited():
+    """44.1 kHz -> 16 kHz keeps tones below 7 kHz and removes those above the new 8 kHz Nyquist."""
+    t = np.arange(44100) / 44100
+
+    def level(freq):
+        y = np.asarray(A.resample(np.sin(2 * np.pi * freq * t), 44100, 16000))[2000:-2000]
+        return np.sqrt(np.mean(y**2)) / np.sqrt(0.5)
+
+    assert abs(level(1000) - 1) < 0.005 and abs(level(6000) - 1) < 0.005  # passband
+    assert level(7000) > 0.95  # the Kaiser filter's transition starts near 7 kHz
+    assert level(10000) < 3e-3 and level(12000) < 1e-3  # stopband: 50 dB down and more
+
+
+def test_load_audio_resamples_and_returns_float32_array(tmp_path):
+    x = _signal(44100, 2, seed=1)
+    ints = np.round(x * 32767).astype("<i2")
+    path = tmp_path / "stereo44k.wav"
+    path.write_bytes(make_wav(ints.tobytes(), channels=2, rate=44100))
+    out = A.load_audio(path)
+    assert out.typecode == "f" and len(out) == 16000
+    signal = pytest.importorskip("scipy.signal")
+    ref = signal.resample_poly((ints / 32768.0).mean(axis=1), 160, 441)
+    np.testing.assert_allclose(np.asarray(out), ref, atol=1e-6)
+    assert A.load_audio(path.read_bytes(), use_numpy=False) == A.load_audio(path, use_numpy=False)
+
+
+def test_load_audio_jfk():
+    samples = A.load_audio(JFK)
+    assert len(samples) == 176000  # 11 s at 16 kHz
+    with wave.open(str(JFK)) as w:
+        ref = np.frombuffer(w.readframes(w.getnframes()), "<i2") / 32768.0
+    np.testing.assert_array_equal(np.asarray(samples), ref.astype(np.float32))
+
+
+# ---- log-mel spectrogram ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def mel_npz():
+    from tallow import hub
+
+    return hub.fetch("whisper-assets", progress=False) / "mel_filters.npz"
+
+
+def whisper_log_mel_reference(audio, filters, padding=0):
+    """openai-whisper 20250625, whisper/audio.py, log_mel_spectrogram (MIT licence,
+    Copyright (c) 2022 OpenAI): its lines, run on torch; `filters` is the
+    mel_filters.npz array it would load."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    N_FFT, HOP_LENGTH = 400, 160
+    audio = torch.from_numpy(np.asarray(audio, np.float32))
+    if padding > 0:
+        audio = F.pad(audio, (0, padding))
+    window = torch.hann_window(N_FFT).to(audio.device)
+    stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, return_complex=True)
+    magnitudes = stft[..., :-1].abs() ** 2
+
+    filters = torch.from_numpy(filters)
+    mel_spec = filters @ magnitudes
+
+    log_spec = torch.clamp(mel_spec, min=1e-10).log10()
+    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    log_spec = (log_spec + 4.0) / 4.0
+    return log_spec.numpy()
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_mel_filters_formula_and_npz_reader_match_numpy(mel_npz, n_mels):
+    ref = np.load(mel_npz)[f"mel_{n_mels}"]
+    assert np.array_equal(A.mel_filters(n_mels, mel_npz).numpy(), ref)
+    np.testing.assert_allclose(A.mel_filters(n_mels).numpy(), ref, atol=1e-8, rtol=1e-6)
+
+
+def test_npz_reader_matches_numpy(tmp_path):
+    path = tmp_path / "a.npz"
+    arrays = {"f": np.arange(6, dtype="<f4").reshape(2, 3) / 7, "d": np.linspace(-1, 1, 5), "i": np.arange(-3, 3, dtype="<i8"),
+              "u": np.arange(4, dtype="u1"), "s": np.array(3.5, dtype="<f4")}
+    np.savez_compressed(path, **arrays)
+    got = A.read_npz(path)
+    for k, v in arrays.items():
+        assert got[k].shape == v.shape and list(got[k].flat()) == v.ravel().tolist()
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(FormatError, match="bad.npz"):
+        A.read_npz(tmp_path / "bad.npz")
+
+
+@pytest.mark.parametrize("n_mels,padding", [(80, 0), (80, A.N_SAMPLES), (128, 0)])
+def test_log_mel_matches_whisper_numpy_path(mel_npz, n_mels, padding):
+    samples = np.frombuffer(A.load_audio(JFK), np.float32)
+    ref = whisper_log_mel_reference(samples, np.load(mel_npz)[f"mel_{n_mels}"], padding)
+    got = A.log_mel_spectrogram(samples, n_mels=n_mels, padding=padding, use_numpy=True)
+    assert got.shape == ref.shape == (n_mels, (len(samples) + padding) // 160)
+    assert np.abs(got - ref).max() < 1e-4
+    from_file = A.log_mel_spectrogram(samples, n_mels=n_mels, padding=padding, filters=mel_npz)
+    assert np.abs(from_file - ref).max() < 1e-4
+
+
+def test_log_mel_matches_whisper_pure_python_path(mel_npz):
+    samples = A.load_audio(JFK)  # 11 s: about 0.7 s in pure Python
+    ref = whisper_log_mel_reference(np.frombuffer(samples, np.float32), np.load(mel_npz)["mel_80"])
+    got = A.log_mel_spectrogram(samples, use_numpy=False)
+    assert isinstance(got, list) and len(got) == 80 and all(r.typecode == "f" for r in got)
+    assert np.abs(np.array([list(r) for r in got]) - ref).max() < 1e-4
+
+
+@pytest.mark.parametrize("n", [40, 400, 1000])
+def test_pure_python_rfft_power_matches_numpy(n):
+    from tallow.audio.fft import fft, rfft_power
+
+    x = _signal(n, seed=n)[:, 0]
+    np.testing.assert_allclose(rfft_power(list(x)), np.abs(np.fft.rfft(x)) ** 2, rtol=1e-9, atol=1e-9)
+    z = x + 1j * _signal(n, seed=n + 1)[:, 0]
+    np.testing.assert_allclose(fft(list(z)), np.fft.fft(z), atol=1e-9)
+
+
+def test_log_mel_rejects_too_short_input():
+    with pytest.raises(Error, match="more than 200 samples"):
+        A.log_mel_spectrogram([0.0] * 100)
+    with pytest.raises(Error, match="80 or 128"):
+        A.log_mel_spectrogram([0.0] * 1000, n_mels=64)
+
+
+def test_pad_or_trim():
+    a = A.pad_or_trim([0.5] * 10, 16)
+    assert a.typecode == "f" and list(a) == [0.5] * 10 + [0.0] * 6
+    assert list(A.pad_or_trim(a, 4)) == [0.5] * 4
+    n = A.pad_or_trim(np.ones(5, np.float32), 8)
+    assert isinstance(n, np.ndarray) and n.tolist() == [1] * 5 + [0] * 3
+    assert len(A.pad_or_trim(np.ones(A.N_SAMPLES + 7))) == A.N_SAMPLES
