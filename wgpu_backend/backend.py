@@ -1,0 +1,784 @@
+"""The WebGPU backend: tallow's backend contract as WGSL kernels.
+
+Storage is a pooled GPU buffer (WgpuStorage). What each dtype becomes on the
+GPU is described in wgsl.py: f32/i32/u32 as they are; f16 as f16 with
+shader-f16, else as f32 rounded to f16 after every op; bf16 as f32 rounded to
+bf16; i8/u8/bool widened to 32 bits on upload (by a kernel) and narrowed again
+on download; i64 as i32 (uploads outside the i32 range are refused); f64 is
+refused. GGUF blocks stay on the GPU as raw bytes: Q8_0, Q4_0, Q4_1, Q4_K and
+Q6_K are dequantised inside the matmul kernels; other block formats are
+dequantised once on upload.
+
+This module never imports `wgpu`: it talks to a driver (driver_native.py
+natively; a navigator.gpu driver in the browser) through a small interface.
+"""
+import struct
+from array import array
+
+from tallow.backends.base import Backend
+from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u32
+from tallow.errors import DeviceError, ShapeError, UnsupportedError
+from tallow.layout import Layout, contiguous_strides, numel_of
+
+from . import wgsl
+from .pool import BufferPool
+
+MAX_DIMS = 8
+IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
+I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def probe():
+    """Features of the wgpu device here, or DeviceError saying why there is none."""
+    return WgpuBackend().features()
+
+
+class WgpuStorage:
+    """A GPU buffer holding `nbytes` of one tensor's elements; returned to the pool when dropped.
+    `dequantized` marks block-format weights that were dequantised to f32 on upload."""
+    __slots__ = ("buf", "cap", "nbytes", "pool", "dequantized", "__weakref__")
+
+    def __init__(self, buf, cap, nbytes, pool, dequantized=False):
+        self.buf, self.cap, self.nbytes, self.pool, self.dequantized = buf, cap, nbytes, pool, dequantized
+
+    def __del__(self):
+        try:
+            self.pool.release(self.buf, self.cap)
+        except Exception:  # interpreter shutdown: the pool may be gone already
+            pass
+
+    def __repr__(self):
+        return f"WgpuStorage({self.nbytes} bytes)"
+
+
+def _u32(v):
+    return v & 0xFFFFFFFF
+
+
+def _f32_bits(v):
+    return struct.unpack("<I", struct.pack("<f", float(v)))[0]
+
+
+def _pack(words):
+    return struct.pack(f"<{len(words)}I", *[_u32(w) for w in words])
+
+
+def _coalesce(shape, strides_list):
+    """Drop size-1 dims and merge adjacent dims that are contiguous in every operand."""
+    dims = [d for d, s in enumerate(shape) if s != 1]
+    out_shape, out_strides = [], [[] for _ in strides_list]
+    for d in dims:
+        if out_shape and all(st[-1] == s[d] * shape[d] for st, s in zip(out_strides, strides_list)):
+            out_shape[-1] *= shape[d]
+            for st, s in zip(out_strides, strides_list):
+                st[-1] = s[d]
+        else:
+            out_shape.append(shape[d])
+            for st, s in zip(out_strides, strides_list):
+                st.append(s[d])
+    return out_shape, out_strides
+
+
+def _layout_words(shape, operands, coalesce=True, what="op"):
+    """Words 0..36 of the element-wise layout (see kernels/common.wgsl)."""
+    offsets = [o for o, _ in operands]
+    strides = [list(s) for _, s in operands]
+    if coalesce:
+        shape, strides = _coalesce(list(shape), strides)
+    if len(shape) > MAX_DIMS:
+        raise UnsupportedError(f"wgpu {what}: {len(shape)} dims after merging contiguous ones (max {MAX_DIMS})")
+    words = [numel_of(shape), len(shape)] + list(shape) + [1] * (MAX_DIMS - len(shape))
+    for j in range(3):
+        if j < len(operands):
+            words += [offsets[j]] + strides[j] + [0] * (MAX_DIMS - len(strides[j]))
+        else:
+            words += [0] * (MAX_DIMS + 1)
+    return words
+
+
+def _contig_strides(shape):
+    return list(contiguous_strides(tuple(shape)))
+
+
+# ---- op expressions (compute values: p, q for binary; v for unary) -------------
+_FLOAT_UNARY = {
+    "neg": "-v", "abs": "abs(v)", "exp": "exp(v)", "log": "log(v)", "sqrt": "sqrt(v)", "rsqrt": "1.0 / sqrt(v)",
+    "sin": "sin(v)", "cos": "cos(v)", "tanh": "tanh(clamp(v, -15.0, 15.0))", "sigmoid": "1.0 / (1.0 + exp(-v))",
+    "relu": "max(v, 0.0)", "gelu": "0.5 * v * erfc_(-v * 0.70710678118654752)",
+    "gelu_tanh": "0.5 * v * (1.0 + tanh(clamp(0.79788456080286536 * (v + 0.044715 * v * v * v), -15.0, 15.0)))",
+    "silu": "v / (1.0 + exp(-v))", "square": "v * v", "reciprocal": "1.0 / v", "floor": "floor(v)",
+    "ceil": "ceil(v)", "round": "round(v)", "sign": "sign(v)", "logical_not": "select(0u, 1u, v == 0.0)",
+    "clamp_lo": "max(v, PF(37u))", "clamp_hi": "min(v, PF(38u))", "clamp": "min(max(v, PF(37u)), PF(38u))",
+    "pow_scalar": "powf(v, PF(37u))", "affine": "v * PF(37u) + PF(38u)", "identity": "v",
+}
+_INT_UNARY = {
+    "neg": "-v", "abs": "abs(v)", "relu": "max(v, CX(0))", "square": "v * v", "floor": "v", "ceil": "v",
+    "round": "v", "sign": "select(select(CX(0), CX(1), v > CX(0)), CX(-1), v < CX(0))",
+    "logical_not": "select(0u, 1u, v == CX(0))", "identity": "v",
+    "clamp_lo": "max(v, CX(PI(37u)))", "clamp_hi": "min(v, CX(PI(38u)))",
+    "clamp": "min(max(v, CX(PI(37u))), CX(PI(38u)))", "pow_scalar": "ipow(v, CX(PI(37u)))",
+    "affine": "v * CX(PI(37u)) + CX(PI(38u))",
+}
+_FLOAT_BINARY = {"add": "p + q", "sub": "p - q", "mul": "p * q", "div": "p / q", "pow": "powf(p, q)",
+                 "maximum": "max(p, q)", "minimum": "min(p, q)"}
+_INT_BINARY = {"add": "p + q", "sub": "p - q", "mul": "p * q", "div": "p / q", "pow": "ipow(p, q)",
+               "maximum": "max(p, q)", "minimum": "min(p, q)"}
+_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+# Helpers some ops need, prepended to the kernel when used.
+_MATH = """
+// erfc with fractional error < 1.2e-7 everywhere (Numerical Recipes' erfcc),
+// so gelu stays accurate in its far negative tail; WGSL has no erf.
+fn erfc_(x: f32) -> f32 {
+    let z = abs(x);
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
+            t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
+            t * (-0.82215223 + t * 0.17087277)))))))));
+    return select(2.0 - r, r, x >= 0.0);
+}
+// pow as numpy: negative bases only with integral exponents.
+fn powf(a: f32, b: f32) -> f32 {
+    if (b == 0.0) { return 1.0; }
+    if (a > 0.0) { return pow(a, b); }
+    if (a == 0.0) { return select(f32_inf(), 0.0, b > 0.0); }
+    if (floor(b) != b) { return f32_nan(); }
+    let r = pow(-a, b);
+    return select(r, -r, fract(b * 0.5) != 0.0);
+}
+"""
+_IPOW = """
+fn ipow(a: CX, e: CX) -> CX {
+    var r = CX(1);
+    var base = a;
+    var k = e;
+    if (k < CX(0)) { return CX(0); }
+    loop {
+        if (k == CX(0)) { break; }
+        if ((k & CX(1)) == CX(1)) { r = r * base; }
+        base = base * base;
+        k = k >> CX(1);
+    }
+    return r;
+}
+"""
+
+
+def _convert_expr(src, dst):
+    """WGSL turning a compute value v of dtype src into dst's compute type."""
+    if dst is bool_:
+        return "select(0u, 1u, v != CX(0))"
+    cs, cd = wgsl.compute_type(src), wgsl.compute_type(dst)
+    if cs == cd:
+        return "v"
+    if cs == "f32":
+        if cd == "i32":
+            return "i32(trunc(v))"
+        return "select(u32(trunc(v)), bitcast<u32>(i32(trunc(v))), v < 0.0)"  # negative -> two's complement
+    if cd == "f32":
+        return "f32(v)"
+    return f"bitcast<{cd}>(v)"
+
+
+class WgpuBackend(Backend):
+    name = "wgpu"
+
+    def __init__(self, driver=None):
+        if driver is None:
+            from .driver_native import NativeDriver
+            driver = NativeDriver()
+        self.driver = driver
+        self.has_f16 = driver.has_f16
+        self.limits = driver.limits
+        self.pool = BufferPool(driver)
+        self._pipelines = {}
+
+    def features(self):
+        return {
+            "backend": "wgpu", "driver": self.driver.name, **self.driver.info,
+            "cpu_emulated": self.driver.cpu_emulated,
+            "f16": "native (shader-f16)" if self.has_f16 else "stored and computed as f32, rounded to f16",
+            "bf16": "stored and computed as f32, rounded to bf16",
+            "i64": "stored as i32 (values must fit in i32)",
+            "i8/u8/bool": "widened to 32 bits on the GPU",
+            "quantized_in_kernel": list(IN_KERNEL_QUANTS),
+            "max_storage_binding": self.limits["max_storage_binding"],
+        }
+
+    # ---- plumbing ---------------------------------------------------------------
+    def _esize(self, dtype):
+        return wgsl.elem_size(dtype, self.has_f16)
+
+    def _alloc(self, nbytes):
+        buf, cap = self.pool.acquire(nbytes)
+        return WgpuStorage(buf, cap, nbytes, self.pool)
+
+    def _out(self, numel, dtype):
+        return self._alloc(numel * self._esize(dtype))
+
+    def _bind(self, st, what):
+        size = (st.nbytes + 3) // 4 * 4
+        limit = self.limits["max_storage_binding"]
+        if size > limit:
+            raise UnsupportedError(f"wgpu {what}: a {size}-byte tensor exceeds this adapter's "
+                                   f"maxStorageBufferBindingSize ({limit} bytes)")
+        return (st.buf, 0, size)
+
+    def _grid(self, groups, what):
+        limit = self.limits["max_workgroups_per_dim"]
+        if groups <= limit:
+            return (max(groups, 1), 1, 1)
+        rows = (groups + limit - 1) // limit
+        if rows > limit:
+            raise UnsupportedError(f"wgpu {what}: {groups} workgroups exceed maxComputeWorkgroupsPerDimension^2")
+        return (limit, rows, 1)
+
+    def _run(self, kernel, types, storages, words, groups, subs=None, extra=(), label=None, prelude=""):
+        key = (kernel, tuple((k, v.name) for k, v in types.items()), tuple(sorted((subs or {}).items())), extra, prelude)
+        pipe = self._pipelines.get(key)
+        if pipe is None:
+            src = wgsl.build(kernel, types, self.has_f16, subs, extra, prelude)
+            pipe = self.driver.pipeline(src, label or kernel)
+            self._pipelines[key] = pipe
+        what = label or kernel
+        binds = [self._bind(s, what) for s in storages]
+        grid = groups if isinstance(groups, tuple) else self._grid(groups, what)
+        self.driver.dispatch(pipe, binds, _pack(words), grid)
+
+    def _params(self, words, extras):
+        """Element-wise layout words padded to 37, then kernel scalars from word 37."""
+        words = list(words) + [0] * (37 - len(words))
+        return words + list(extras)
+
+    def _ew(self, kernel, op_label, types, ins, out, shape, extras=(), subs=None, prelude="", coalesce=True):
+        """Dispatch an element-wise kernel: ins are (storage, offset, strides); one thread per element."""
+        words = _layout_words(shape, [(o, s) for _, o, s in ins], coalesce, op_label)
+        n = words[0]
+        if n == 0:
+            return
+        self._run(kernel, types, [s for s, _, _ in ins] + [out], self._params(words, extras),
+                  (n + 255) // 256, subs, label=op_label, prelude=prelude)
+
+    def _contiguous(self, st, layout, dtype):
+        """(storage, offset) holding the layout's elements contiguously (copying if needed)."""
+        if layout.is_contiguous():
+            return st, layout.offset
+        return self.copy(st, layout, dtype), 0
+
+    # ---- memory -----------------------------------------------------------------
+    def _upload(self, data):
+        mv = memoryview(data)
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+        n = len(mv)
+        st = self._alloc(n)
+        if n:
+            payload = mv if n % 4 == 0 else bytes(mv) + bytes(-n % 4)
+            self.driver.write_buffer(st.buf, 0, payload)
+        return st
+
+    def _widen(self, raw, numel, dtype, expr):
+        out = self._out(numel, dtype)
+        if numel:
+            self._run("unpack", {"Y": dtype}, [raw, out], self._params([numel], []), (numel + 255) // 256,
+                      {"EXPR": expr}, label=f"unpack {dtype.name}")
+        return out
+
+    def from_bytes(self, data, dtype):
+        if dtype.is_quantized:
+            if dtype.name in IN_KERNEL_QUANTS:
+                return self._upload(data)
+            return self._dequantize_on_upload(data, dtype)
+        mv = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else memoryview(data)
+        if len(mv) % dtype.itemsize:
+            raise ShapeError(f"wgpu from_bytes: {len(mv)} bytes is not a whole number of {dtype.name} elements")
+        numel = len(mv) // dtype.itemsize
+        st_type = wgsl.storage_type(dtype, self.has_f16)
+        if dtype is i64:
+            vals = array("q")
+            vals.frombytes(mv)
+            self._check_i32(vals, "from_bytes")
+            return self._upload(array("i", vals).tobytes())
+        if dtype.itemsize == 4 or (dtype is f16 and st_type == "f16"):
+            st = self._upload(mv)
+            st.nbytes = numel * dtype.itemsize
+            return st
+        raw = self._upload(mv)
+        if dtype is f16:
+            expr = "unpack2x16float(half_of(i)).x"
+        elif dtype is bf16:
+            expr = "bitcast<f32>(half_of(i) << 16u)"
+        elif dtype.kind == "i":
+            expr = "bitcast<i32>(byte_of(i) << 24u) >> 24u"
+        elif dtype is bool_:
+            expr = "select(0u, 1u, byte_of(i) != 0u)"
+        else:
+            expr = "byte_of(i)"
+        return self._widen(raw, numel, dtype, expr)
+
+    def _dequantize_on_upload(self, data, dtype):
+        try:
+            from tallow.quant import dequantize_numpy as dequant
+            values = dequant(data, dtype, len(memoryview(data).cast("B")) // dtype.block_bytes * dtype.block_size)
+            raw = values.astype("<f4").tobytes()
+        except ImportError:
+            from tallow.quant import dequantize_python as dequant
+            raw = dequant(data, dtype, len(memoryview(data).cast("B")) // dtype.block_bytes * dtype.block_size).tobytes()
+        st = self._upload(raw)
+        st.dequantized = True
+        return st
+
+    @staticmethod
+    def _check_i32(vals, what):
+        if len(vals) and (min(vals) < I32_MIN or max(vals) > I32_MAX):
+            raise UnsupportedError(f"wgpu {what}: i64 values outside the i32 range (min {min(vals)}, max {max(vals)}); "
+                                   "the wgpu backend stores i64 as i32")
+
+    def _read(self, st, offset_bytes, nbytes):
+        if nbytes == 0:
+            return b""
+        return self.driver.read_buffer(st.buf, offset_bytes, nbytes)
+
+    def to_bytes(self, st, layout, dtype):
+        numel = layout.numel()
+        if dtype.is_quantized:
+            if st.dequantized:
+                raise UnsupportedError(f"wgpu to_bytes: {dtype.name} weights were dequantised on upload; "
+                                       "their blocks are not kept on the GPU")
+            start = layout.offset // dtype.block_size * dtype.block_bytes
+            return self._read(st, start, dtype.nbytes(numel))
+        if numel == 0:
+            return b""
+        src, off = self._contiguous(st, layout, dtype)
+        esize = self._esize(dtype)
+        if dtype is i64:
+            vals = array("i")
+            vals.frombytes(self._read(src, off * 4, numel * 4))
+            return array("q", vals).tobytes()
+        if dtype.itemsize == esize:
+            return self._read(src, off * esize, numel * esize)
+        if off:
+            src, off = self.copy(src, Layout((numel,), (1,), off), dtype), 0
+        per_word = 4 // dtype.itemsize
+        nwords = (numel + per_word - 1) // per_word
+        if dtype is f16:
+            expr = "pack2x16float(vec2<f32>(item(2u * j), item(2u * j + 1u)))"
+        elif dtype is bf16:
+            expr = "(bitcast<u32>(item(2u * j)) >> 16u) | (bitcast<u32>(item(2u * j + 1u)) & 0xffff0000u)"
+        else:
+            expr = ("(bitcast<u32>(item(4u * j)) & 255u) | ((bitcast<u32>(item(4u * j + 1u)) & 255u) << 8u) | "
+                    "((bitcast<u32>(item(4u * j + 2u)) & 255u) << 16u) | (bitcast<u32>(item(4u * j + 3u)) << 24u)")
+        out = self._alloc(nwords * 4)
+        self._run("pack", {"X": dtype}, [src, out], self._params([numel], [nwords]), (nwords + 255) // 256,
+                  {"EXPR": expr}, label=f"pack {dtype.name}")
+        return self._read(out, 0, numel * dtype.itemsize)
+
+    def from_list(self, values, dtype):
+        values = list(values)
+        if dtype.is_float:
+            base, code = f32, "f"
+        elif dtype.kind == "i":
+            base, code = i32, "i"
+            if dtype is i64:
+                self._check_i32(values, "from_list")
+        else:
+            base, code = u32, "I"
+            if dtype is bool_:
+                values = [1 if v else 0 for v in values]
+        st = self._upload(array(code, values).tobytes())
+        if base is dtype or (dtype is i64):
+            return st
+        return self.cast(st, Layout((len(values),)), base, dtype)
+
+    def to_list(self, st, layout, dtype):
+        numel = layout.numel()
+        if numel == 0:
+            return []
+        if dtype.is_quantized:
+            raise UnsupportedError(f"wgpu to_list: dequantise the {dtype.name} tensor first")
+        if dtype is f16 and self.has_f16:
+            st, layout, dtype = self.cast(st, layout, f16, f32), Layout((numel,)), f32
+        src, off = self._contiguous(st, layout, dtype)
+        code = {"f32": "f", "i32": "i", "u32": "I"}[wgsl.compute_type(dtype)]
+        vals = array(code)
+        vals.frombytes(self._read(src, off * 4, numel * 4))
+        if dtype is bool_:
+            return [v != 0 for v in vals]
+        return vals.tolist()
+
+    def full(self, numel, value, dtype):
+        return self._fill(numel, value, 0, dtype)
+
+    def arange(self, start, step, numel, dtype):
+        return self._fill(numel, start, step, dtype)
+
+    def _fill(self, numel, start, step, dtype):
+        out = self._out(numel, dtype)
+        if numel == 0:
+            return out
+        if dtype.is_float:
+            words, value = [_f32_bits(start), _f32_bits(step)], "PF(37u) + PF(38u) * f32(i)"
+        else:
+            start, step = int(start), int(step)
+            last = start + step * (numel - 1)
+            if dtype is i64:
+                self._check_i32([start, last], "full/arange")
+            words = [start, step]
+            value = "PI(37u) + PI(38u) * i32(i)" if dtype.kind == "i" else "P(37u) + P(38u) * i"
+        self._run("fill", {"Y": dtype}, [out], self._params([numel], words), (numel + 255) // 256,
+                  {"VALUE": value}, label=f"fill {dtype.name}")
+        return out
+
+    # ---- element-wise -------------------------------------------------------------
+    def copy(self, st, layout, dtype):
+        return self._map("identity", st, layout, dtype, dtype, "v")
+
+    def _map(self, label, st, layout, src, dst, expr, extras=(), prelude=""):
+        out = self._out(layout.numel(), dst)
+        self._ew("unary", label, {"X": src, "Y": dst}, [(st, layout.offset, layout.strides)], out, layout.shape,
+                 extras, {"OP": expr}, prelude)
+        return out
+
+    def cast(self, st, layout, src_dtype, dst_dtype):
+        if src_dtype.is_quantized or dst_dtype.is_quantized:
+            raise UnsupportedError(f"wgpu cast {src_dtype.name} -> {dst_dtype.name}: use dequantize / quantize")
+        return self._map(f"cast {src_dtype.name}->{dst_dtype.name}", st, layout, src_dtype, dst_dtype,
+                         _convert_expr(src_dtype, dst_dtype))
+
+    def unary(self, op, storage, layout, dtype, arg=None):
+        extras = []
+        if op == "clamp":
+            lo, hi = arg
+            op = "clamp" if lo is not None and hi is not None else "clamp_lo" if lo is not None else "clamp_hi" \
+                if hi is not None else "identity"
+            arg = (lo if lo is not None else 0, hi if hi is not None else 0)
+        if dtype.is_float:
+            table, conv, prelude = _FLOAT_UNARY, _f32_bits, _MATH
+        else:
+            table, conv, prelude = _INT_UNARY, int, _IPOW
+        expr = table.get(op)
+        if expr is None:
+            raise UnsupportedError(f"the wgpu backend has no unary {op} for {dtype.name}")
+        if op in ("clamp", "clamp_lo", "clamp_hi", "affine"):
+            extras = [conv(a) for a in arg]
+        elif op == "pow_scalar":
+            if not dtype.is_float and int(arg) != arg:
+                raise UnsupportedError(f"wgpu pow_scalar: {dtype.name} tensor with a non-integer exponent {arg}")
+            extras = [conv(arg)]
+        out_dtype = bool_ if op == "logical_not" else dtype
+        return self._map(op, storage, layout, dtype, out_dtype, expr, extras, prelude)
+
+    def binary(self, op, a, la, b, lb, dtype):
+        table, prelude = (_FLOAT_BINARY, _MATH) if dtype.is_float else (_INT_BINARY, _IPOW)
+        expr = table.get(op)
+        if expr is None:
+            raise UnsupportedError(f"the wgpu backend has no binary {op}")
+        return self._binary(op, expr, a, la, b, lb, dtype, dtype, prelude)
+
+    def _binary(self, label, expr, a, la, b, lb, dtype, out_dtype, prelude=""):
+        out = self._out(la.numel(), out_dtype)
+        self._ew("binary", label, {"X": dtype, "Y": out_dtype},
+                 [(a, la.offset, la.strides), (b, lb.offset, lb.strides)], out, la.shape, (), {"OP": expr}, prelude)
+        return out
+
+    def compare(self, op, a, la, b, lb, dtype):
+        sym = _COMPARE.get(op)
+        if sym is None:
+            raise UnsupportedError(f"the wgpu backend has no compare {op}")
+        return self._binary(op, f"select(0u, 1u, p {sym} q)", a, la, b, lb, dtype, bool_)
+
+    def where(self, cond, lc, a, la, b, lb, dtype):
+        out = self._out(la.numel(), dtype)
+        cdtype = bool_
+        self._ew("where", "where", {"C": cdtype, "X": dtype},
+                 [(cond, lc.offset, lc.strides), (a, la.offset, la.strides), (b, lb.offset, lb.strides)],
+                 out, la.shape)
+        return out
+
+    # ---- reductions -----------------------------------------------------------------
+    def reduce(self, op, storage, layout, dtype, dims):
+        dims = tuple(sorted(dims))
+        shape = layout.shape
+        kept = [d for d in range(len(shape)) if d not in dims]
+        r_count = numel_of([shape[d] for d in dims])
+        outputs = numel_of([shape[d] for d in kept])
+        arg = op in ("argmax", "argmin")
+        if op in ("argmax", "argmin", "max", "min") and r_count == 0 and outputs:
+            raise ShapeError(f"{op} over an empty dim of shape {shape}")
+        if arg and len(dims) != 1:
+            raise ShapeError(f"{op} takes exactly one dim, got {dims}")
+        if op not in ("sum", "prod", "max", "min", "argmax", "argmin"):
+            raise UnsupportedError(f"the wgpu backend has no reduce {op}")
+        out_dtype = i64 if arg or (op in ("sum", "prod") and not dtype.is_float) else dtype
+        out = self._out(outputs, out_dtype)
+        if outputs == 0:
+            return out
+        ca = wgsl.compute_type(dtype)
+        big = {"f32": "f32_inf()", "i32": "2147483647", "u32": "0xffffffffu"}[ca]
+        small = {"f32": "-f32_inf()", "i32": "i32(-2147483647 - 1)", "u32": "0u"}[ca]
+        init = {"sum": "CA(0)", "prod": "CA(1)", "max": small, "min": big, "argmax": small, "argmin": big}[op]
+        combine = {"sum": "acc + v", "prod": "acc * v", "max": "max(acc, v)", "min": "min(acc, v)"}.get(op, "acc")
+        cmp = "<" if op == "argmin" else ">"
+        subs = {"CA": ca, "INIT": init, "COMBINE": combine, "ARG": "true" if arg else "false",
+                "BETTER": f"v2 {cmp} v || (v2 == v && i2 < i)",
+                "WRITE": "y[o] = sy(i32(si[0]));" if arg else "y[o] = sy(CY(sv[0]));"}
+        perm = layout.permute(kept + list(dims))
+        words = _layout_words(perm.shape, [(perm.offset, perm.strides)], True, op)
+        self._run("reduce", {"X": dtype, "Y": out_dtype}, [storage, out], self._params(words, [r_count, outputs]),
+                  outputs, subs, label=f"reduce {op}")
+        return out
+
+    def cumsum(self, storage, layout, dtype, dim):
+        out_dtype = dtype if dtype.is_float else i64
+        numel = layout.numel()
+        out = self._out(numel, out_dtype)
+        if numel == 0:
+            return out
+        order = [d for d in range(len(layout.shape)) if d != dim] + [dim]
+        perm = layout.permute(order)
+        out_strides = _contig_strides(layout.shape)
+        words = _layout_words(perm.shape, [(perm.offset, perm.strides), (0, [out_strides[d] for d in order])],
+                              False, "cumsum")
+        length = layout.shape[dim]
+        lines = numel // length
+        self._run("cumsum", {"X": dtype, "Y": out_dtype}, [storage, out], self._params(words, [length, lines]),
+                  (lines + 63) // 64, label="cumsum")
+        return out
+
+    # ---- linear algebra ----------------------------------------------------------------
+    def _batched(self, st, layout, dtype):
+        """(storage, offset, batch stride, row stride, col stride) with the batch dims merged."""
+        shape, strides = layout.shape, layout.strides
+        batch = [(s, t) for s, t in zip(shape[:-2], strides[:-2]) if s != 1]
+        ok = all(batch[i][1] == batch[i + 1][1] * batch[i + 1][0] for i in range(len(batch) - 1))
+        if not ok:
+            st, layout = self.copy(st, layout, dtype), Layout(shape)
+            strides = layout.strides
+            batch = [(s, t) for s, t in zip(shape[:-2], strides[:-2]) if s != 1]
+        bstride = batch[-1][1] if batch else 0
+        return st, layout.offset, bstride, strides[-2], strides[-1]
+
+    def matmul(self, a, la, b, lb, dtype):
+        m, k = la.shape[-2:]
+        n = lb.shape[-1]
+        batch = numel_of(la.shape[:-2])
+        out = self._out(batch * m * n, dtype)
+        if batch * m * n == 0:
+            return out
+        if batch > self.limits["max_workgroups_per_dim"]:
+            raise UnsupportedError(f"wgpu matmul: {batch} batches exceed maxComputeWorkgroupsPerDimension "
+                                   f"({self.limits['max_workgroups_per_dim']})")
+        a_st, a_off, a_bs, a_rs, a_cs = self._batched(a, la, dtype)
+        b_st, b_off, b_bs, b_rs, b_cs = self._batched(b, lb, dtype)
+        words = [m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs]
+        if m == 1:
+            self._run("matvec", {"X": dtype}, [a_st, b_st, out], words, ((n + 63) // 64, 1, batch), label="matvec")
+        else:
+            self._run("matmul", {"X": dtype}, [a_st, b_st, out], words, ((n + 31) // 32, (m + 31) // 32, batch),
+                      label="matmul")
+        return out
+
+    def _quant_kernel(self, wdtype, what):
+        if wdtype.name not in IN_KERNEL_QUANTS:
+            raise UnsupportedError(f"wgpu {what}: no in-kernel decoder for {wdtype.name}")
+        return ("quant_common", wdtype.name)
+
+    def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
+        numel = lx.numel()
+        m = numel // k if k else 0
+        if w.dequantized:
+            return self._qmatmul_dequantized(x, lx, dtype, w, n, k, m)
+        extra = self._quant_kernel(wdtype, "quantised matmul")
+        if k % 32:
+            raise ShapeError(f"wgpu quantised matmul: k = {k} is not a multiple of 32")
+        out = self._out(m * n, dtype)
+        if m * n == 0:
+            return out
+        xs, xoff = self._contiguous(x, lx, dtype)
+        row_bytes = wdtype.nbytes(k)
+        words = [m, n, k, row_bytes, xoff]
+        self._run_quant("qmatmul", {"X": dtype}, [w, xs, out], words, ((n + 63) // 64, (m + 3) // 4, 1), extra,
+                        f"qmatmul {wdtype.name}")
+        return out
+
+    def _qmatmul_dequantized(self, x, lx, dtype, w, n, k, m):
+        # Weights dequantised to f32 on upload: x (m, k) . w^T with w (n, k).
+        xd = x if dtype is f32 else self.cast(x, lx, dtype, f32)
+        lxd = lx if dtype is f32 else Layout(lx.shape)
+        xs, xoff = self._contiguous(xd, lxd, f32)
+        y = self.matmul(xs, Layout((m, k), None, xoff), w, Layout((k, n), (1, k)), f32)
+        return y if dtype is f32 else self.cast(y, Layout((m * n,)), f32, dtype)
+
+    def _run_quant(self, kernel, types, storages, words, groups, extra, label):
+        key = ("q", kernel, tuple((k, v.name) for k, v in types.items()), extra)
+        pipe = self._pipelines.get(key)
+        if pipe is None:
+            pipe = self.driver.pipeline(wgsl.build(kernel, types, self.has_f16, None, extra), label)
+            self._pipelines[key] = pipe
+        binds = [self._bind(s, label) for s in storages]
+        self.driver.dispatch(pipe, binds, _pack(words), groups if isinstance(groups, tuple) else self._grid(groups, label))
+
+    def dequantize(self, w, wdtype, numel, dtype):
+        if w.dequantized:
+            return self.cast(w, Layout((numel,)), f32, dtype) if dtype is not f32 else self.copy(w, Layout((numel,)), f32)
+        return self._dequant_rows(w, wdtype, None, 1, numel, 1, dtype)
+
+    def _dequant_rows(self, w, wdtype, ids, rows, per_row, src_rows, dtype, ids_dtype=i32):
+        extra = self._quant_kernel(wdtype, "dequantize")
+        if per_row % 32:
+            raise ShapeError(f"wgpu dequantize {wdtype.name}: rows of {per_row} elements are not whole blocks")
+        out = self._out(rows * per_row, dtype)
+        if rows * per_row == 0:
+            return out
+        words = [rows, per_row, wdtype.nbytes(per_row), 0 if ids is None else 1, src_rows]
+        threads = rows * per_row // 32
+        self._run_quant("dequant", {"Y": dtype, "I": ids_dtype}, [w, w if ids is None else ids, out], words,
+                        (threads + 63) // 64, extra, f"dequantize {wdtype.name}")
+        return out
+
+    # ---- indexing -------------------------------------------------------------------------
+    def index_select(self, storage, layout, dtype, ids, lids, dim):
+        count = lids.numel()
+        if dtype.is_quantized:
+            rows, k = layout.shape
+            if not storage.dequantized:
+                if not lids.is_contiguous() or lids.offset:
+                    ids, lids = self.copy(ids, lids, self._ids_dtype), Layout((count,))
+                return self._dequant_rows(storage, dtype, ids, count, k, rows, f32, self._ids_dtype)
+            layout, dtype = Layout((rows, k)), f32
+        shape = list(layout.shape)
+        shape[dim] = count
+        out = self._out(numel_of(shape), dtype)
+        ids_strides = [0] * len(shape)
+        ids_strides[dim] = lids.strides[0] if lids.shape else 0
+        self._ew("index", "index_select", {"X": dtype, "I": self._ids_dtype},
+                 [(storage, layout.offset, layout.strides), (ids, lids.offset, ids_strides)], out, shape,
+                 [dim, layout.shape[dim]], coalesce=False)
+        return out
+
+    # The contract passes index tensors without their dtype; integer ids are
+    # i32 on the GPU for every signed dtype (i64/i32/i8) and u32 for unsigned
+    # ones, and ids are never negative beyond -len, so reading as i32 is right
+    # for both.
+    _ids_dtype = i32
+
+    def gather(self, storage, layout, dtype, ids, lids, dim):
+        out = self._out(lids.numel(), dtype)
+        self._ew("index", "gather", {"X": dtype, "I": self._ids_dtype},
+                 [(storage, layout.offset, layout.strides), (ids, lids.offset, lids.strides)], out, lids.shape,
+                 [dim, layout.shape[dim]], coalesce=False)
+        return out
+
+    def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
+        out = self._out(ld.numel(), dtype)
+        ids_shape = list(lids.shape) + [0] * (MAX_DIMS - len(lids.shape))
+        self._ew("scatter_add", "scatter_add", {"X": dtype, "I": self._ids_dtype},
+                 [(dst, ld.offset, ld.strides), (ids, lids.offset, lids.strides), (src, ls.offset, ls.strides)],
+                 out, ld.shape, [dim] + ids_shape, coalesce=False)
+        return out
+
+    # ---- convolution ------------------------------------------------------------------------
+    def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+        b, cin, length = lx.shape
+        cout, cin_g, kl = lw.shape
+        return self._conv(x, Layout((b, cin, 1, length), (lx.strides[0], lx.strides[1], 0, lx.strides[2]), lx.offset),
+                          w, Layout((cout, cin_g, 1, kl), (lw.strides[0], lw.strides[1], 0, lw.strides[2]), lw.offset),
+                          dtype, (1, stride), (0, padding), (1, dilation), groups)
+
+    def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+        return self._conv(x, lx, w, lw, dtype, tuple(stride), tuple(padding), tuple(dilation), groups)
+
+    def _conv(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+        b, cin, h, wd = lx.shape
+        cout, cin_g, kh, kw = lw.shape
+        oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+        ow = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+        if cin != cin_g * groups or cout % groups:
+            raise ShapeError(f"wgpu conv: {cin} input / {cout} output channels do not split into {groups} groups "
+                             f"with {cin_g} inputs per group")
+        numel = b * cout * max(oh, 0) * max(ow, 0)
+        out = self._out(numel, dtype)
+        if numel == 0:
+            return out
+        xs = x if lx.is_contiguous() and not lx.offset else self.copy(x, lx, dtype)
+        ws = w if lw.is_contiguous() and not lw.offset else self.copy(w, lw, dtype)
+        words = [numel, b, cin, h, wd, cout, cin_g, kh, kw, oh, ow, *stride, *padding, *dilation, cout // groups]
+        self._run("conv", {"X": dtype}, [xs, ws, out], words, (numel + 255) // 256, label="conv")
+        return out
+
+    # ---- fused ----------------------------------------------------------------------------------
+    def softmax(self, storage, layout, dtype, log=False):
+        return self._softmax(storage, layout, dtype, log=log)
+
+    def _softmax(self, storage, layout, dtype, log=False, scale=1.0, mask=None, lmask=None, causal=False):
+        numel = layout.numel()
+        out = self._out(numel, dtype)
+        d = layout.shape[-1] if layout.shape else 1
+        if numel == 0:
+            return out
+        rows = numel // d
+        tq = layout.shape[-2] if len(layout.shape) >= 2 else 1
+        ops = [(storage, layout.offset, layout.strides)]
+        ops.append((mask, lmask.offset, lmask.strides) if mask is not None else (storage, 0, [0] * len(layout.shape)))
+        words = _layout_words(layout.shape or (1,), [(o, s or [0]) for _, o, s in ops], True, "softmax")
+        extras = [d, _f32_bits(scale), int(mask is not None), int(causal), d - tq, int(log), tq, rows]
+        self._run("softmax", {"X": dtype}, [s for s, _, _ in ops] + [out], self._params(words, extras), rows,
+                  label="softmax")
+        return out
+
+    def layer_norm(self, x, lx, w, lw, b, lb, dtype, eps):
+        return self._norm(x, lx, w, lw, b, lb, dtype, eps, True)
+
+    def rms_norm(self, x, lx, w, lw, dtype, eps):
+        return self._norm(x, lx, w, lw, None, None, dtype, eps, False)
+
+    def _norm(self, x, lx, w, lw, b, lb, dtype, eps, center):
+        numel = lx.numel()
+        out = self._out(numel, dtype)
+        if numel == 0:
+            return out
+        d = lx.shape[-1]
+        rows = numel // d
+        ops = [(x, lx.offset, lx.strides)]
+        for st, lay in ((w, lw), (b, lb)):
+            if st is None:
+                ops.append((x, 0, [0] * len(lx.shape)))
+            else:
+                bl = lay.broadcast_to(lx.shape, "norm weight")
+                ops.append((st, bl.offset, bl.strides))
+        words = _layout_words(lx.shape, [(o, s) for _, o, s in ops], True, "norm")
+        extras = [d, int(center), _f32_bits(eps), int(w is not None), int(b is not None), rows]
+        self._run("norm", {"X": dtype}, [s for s, _, _ in ops] + [out], self._params(words, extras), rows,
+                  label="layer_norm" if center else "rms_norm")
+        return out
+
+    def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
+        *lead, d = lx.shape
+        h = d // 2
+        out = self._out(lx.numel(), dtype)
+        if lx.numel() == 0:
+            return out
+        sd = lx.strides[-1]
+        pair_shape = tuple(lead) + (h,)
+        x_strides = list(lx.strides[:-1]) + [2 * sd if interleaved else sd]
+        partner = sd if interleaved else h * sd
+        lc = lcos.broadcast_to(pair_shape, "rope cos")
+        ls = lsin.broadcast_to(pair_shape, "rope sin")
+        words = _layout_words(pair_shape, [(lx.offset, x_strides), (lc.offset, lc.strides), (ls.offset, ls.strides)],
+                              False, "rope")
+        extras = [partner, int(interleaved), h]
+        self._run("rope", {"X": dtype}, [x, cos, sin, out], self._params(words, extras), (words[0] + 255) // 256,
+                  label="rope")
+        return out
+
+    def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        # Three dispatches: scores = q k^T (strided matmul, or matvec when
+        # decoding), a fused scale + mask + causal softmax, then p v.
+        *batch, tq, _ = lq.shape
+        tk = lk.shape[-2]
+        nd = len(lk.shape)
+        kt = lk.permute(list(range(nd - 2)) + [nd - 1, nd - 2])
+        scores = self.matmul(q, lq, k, kt, dtype)
+        sl = Layout(tuple(batch) + (tq, tk))
+        probs = self._softmax(scores, sl, dtype, False, scale, mask, lmask, causal)
+        return self.matmul(probs, sl, v, lv, dtype)

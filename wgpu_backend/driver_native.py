@@ -1,0 +1,157 @@
+"""The native driver: the only module that touches the `wgpu` package.
+
+The backend talks to a driver through this small interface, which the browser
+driver (navigator.gpu through Pyodide's `js` module) implements too:
+
+    info, limits (dict), has_f16
+    create_buffer(nbytes)
+    write_buffer(buf, offset, data) / read_buffer(buf, offset, nbytes) -> bytes
+    copy_buffer(src, src_offset, dst, dst_offset, nbytes)
+    pipeline(wgsl, label) -> compiled once per source text
+    dispatch(pipeline, buffers, params, workgroups)
+    flush()
+
+Dispatches are recorded into one command encoder (one compute pass) and
+submitted only at sync points: a readback, an upload into a buffer while work
+is pending, or a full parameter arena -- never one submit per op.
+
+Each dispatch's parameters (sizes, strides, offsets, scalars: at most
+PARAMS_BYTES) go into a slice of one uniform "arena" buffer. The slices are
+collected in Python and the arena is written once, just before the submit that
+uses it; queue writes are ordered before that submit, so this is safe.
+"""
+from tallow.errors import DeviceError
+
+PARAMS_BYTES = 256  # one dispatch's uniform slice; also WebGPU's max offset alignment
+ARENA_SLOTS = 1024  # dispatches per submit at most
+
+
+def _load_wgpu():
+    try:
+        import wgpu
+    except ImportError:
+        raise DeviceError("wgpu device is not available: the wgpu package is not installed: pip install wgpu") from None
+    return wgpu
+
+
+class NativeDriver:
+    name = "native"
+
+    def __init__(self):
+        wgpu = _load_wgpu()
+        self._wgpu = wgpu
+        try:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        except Exception as e:  # wgpu raises plain RuntimeErrors when Vulkan/Metal/DX12 is missing
+            raise DeviceError(f"wgpu device is not available: no WebGPU adapter ({e}); on Linux without a GPU "
+                              "install a Vulkan driver: apt-get install mesa-vulkan-drivers") from None
+        if adapter is None:
+            raise DeviceError("wgpu device is not available: no WebGPU adapter; on Linux without a GPU install "
+                              "a Vulkan driver: apt-get install mesa-vulkan-drivers")
+        features = set(adapter.features)
+        self.has_f16 = "shader-f16" in features
+        wanted = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
+                  "max-compute-workgroups-per-dimension", "max-compute-invocations-per-workgroup",
+                  "max-compute-workgroup-storage-size", "max-compute-workgroup-size-x")
+        alimits = adapter.limits
+        required = {k: alimits[k] for k in wanted if k in alimits}
+        self.device = adapter.request_device_sync(
+            required_features=["shader-f16"] if self.has_f16 else [], required_limits=required)
+        limits = self.device.limits
+        self.limits = {
+            "max_storage_binding": int(limits["max-storage-buffer-binding-size"]),
+            "max_buffer": int(limits["max-buffer-size"]),
+            "max_workgroups_per_dim": int(limits["max-compute-workgroups-per-dimension"]),
+            "max_invocations": int(limits["max-compute-invocations-per-workgroup"]),
+            "max_workgroup_storage": int(limits["max-compute-workgroup-storage-size"]),
+            "uniform_align": max(int(limits.get("min-uniform-buffer-offset-alignment", 256)), 1),
+        }
+        info = adapter.info
+        self.info = {
+            "adapter": info.get("device") or info.get("description") or "unknown",
+            "vendor": info.get("vendor", ""),
+            "backend_type": info.get("backend_type", ""),
+            "adapter_type": info.get("adapter_type", ""),
+        }
+        self.cpu_emulated = str(info.get("adapter_type", "")).upper() == "CPU"
+        u = wgpu.BufferUsage
+        self._storage_usage = u.STORAGE | u.COPY_SRC | u.COPY_DST
+        self._arena = self.device.create_buffer(size=PARAMS_BYTES * ARENA_SLOTS, usage=u.UNIFORM | u.COPY_DST)
+        self._pipelines = {}
+        self._encoder = None
+        self._pass = None
+        self._params = bytearray()
+        self.submits = 0  # counted so tests can check that ops are batched
+
+    # ---- buffers ------------------------------------------------------------
+    def create_buffer(self, nbytes):
+        return self.device.create_buffer(size=max(4, nbytes), usage=self._storage_usage)
+
+    def write_buffer(self, buf, offset, data):
+        # A pooled buffer may still be read by recorded work: submit that first,
+        # because queue writes run before any later submit.
+        if self._encoder is not None:
+            self.flush()
+        self.device.queue.write_buffer(buf, offset, data)
+
+    def read_buffer(self, buf, offset, nbytes):
+        self.flush()
+        start = offset - offset % 4
+        end = offset + nbytes
+        end += -end % 4
+        data = self.device.queue.read_buffer(buf, start, end - start)
+        return bytes(data)[offset - start:offset - start + nbytes]
+
+    def copy_buffer(self, src, src_offset, dst, dst_offset, nbytes):
+        self._begin()
+        self._pass.end()
+        self._encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
+        self._pass = self._encoder.begin_compute_pass()
+
+    # ---- pipelines and dispatch -----------------------------------------------
+    def pipeline(self, wgsl, label):
+        p = self._pipelines.get(wgsl)
+        if p is None:
+            try:
+                module = self.device.create_shader_module(code=wgsl, label=label)
+                p = self.device.create_compute_pipeline(
+                    layout="auto", compute={"module": module, "entry_point": "main"}, label=label)
+            except Exception as e:
+                raise DeviceError(f"WGSL kernel '{label}' failed to compile: {e}") from None
+            p = (p, p.get_bind_group_layout(0), label)
+            self._pipelines[wgsl] = p
+        return p
+
+    def dispatch(self, pipeline, buffers, params, workgroups):
+        """buffers: (buf, offset, nbytes) for bindings 1.. in order; params: bytes for binding 0."""
+        if len(params) > PARAMS_BYTES:
+            raise DeviceError(f"kernel '{pipeline[2]}': {len(params)} bytes of parameters (max {PARAMS_BYTES})")
+        if len(self._params) >= PARAMS_BYTES * ARENA_SLOTS:
+            self.flush()
+        self._begin()
+        slot = len(self._params)
+        self._params += params
+        self._params += bytes(PARAMS_BYTES - len(params))
+        entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": slot, "size": PARAMS_BYTES}}]
+        for i, (buf, off, size) in enumerate(buffers):
+            entries.append({"binding": i + 1, "resource": {"buffer": buf, "offset": off, "size": max(4, size)}})
+        group = self.device.create_bind_group(layout=pipeline[1], entries=entries)
+        self._pass.set_pipeline(pipeline[0])
+        self._pass.set_bind_group(0, group)
+        self._pass.dispatch_workgroups(*workgroups)
+
+    def _begin(self):
+        if self._encoder is None:
+            self._encoder = self.device.create_command_encoder()
+            self._pass = self._encoder.begin_compute_pass()
+
+    def flush(self):
+        if self._encoder is None:
+            return
+        self._pass.end()
+        if self._params:
+            self.device.queue.write_buffer(self._arena, 0, bytes(self._params))
+        self.device.queue.submit([self._encoder.finish()])
+        self.submits += 1
+        self._encoder = self._pass = None
+        self._params = bytearray()

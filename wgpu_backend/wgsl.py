@@ -1,0 +1,98 @@
+"""Builds WGSL sources: kernel files from kernels/ plus per-dtype declarations.
+
+Every tensor dtype has a *storage* type on the GPU (what its buffer holds) and
+a *compute* type (what kernels do arithmetic in):
+
+    f32           f32 / f32
+    f16           f16 / f32 with shader-f16; else f32 rounded to f16 / f32
+    bf16          f32 rounded to bf16 / f32
+    i32 i64 i8    i32 / i32   (i64 must fit in i32; i8 wraps to 8 bits)
+    u32 u8 bool   u32 / u32   (u8 wraps to 8 bits; bool is 0/1)
+
+A kernel names its operands' types by a letter: `SX`/`CX` are operand X's
+storage/compute types, `lx(v)` loads (storage -> compute) and `sx(v)` stores
+(compute -> storage, rounding or wrapping to the dtype). Placeholders like
+`{{OP}}` are filled in by the backend.
+"""
+from importlib import resources
+
+from tallow.dtypes import bf16, bool_, f16, f32, i8, i32, i64, u8, u32
+from tallow.errors import UnsupportedError
+
+_cache = {}
+
+
+def kernel_text(name):
+    text = _cache.get(name)
+    if text is None:
+        text = resources.files("tallow_wgpu").joinpath("kernels", name + ".wgsl").read_text()
+        _cache[name] = text
+    return text
+
+
+def storage_type(dtype, has_f16):
+    if dtype is f32 or dtype is bf16:
+        return "f32"
+    if dtype is f16:
+        return "f16" if has_f16 else "f32"
+    if dtype in (i32, i64, i8):
+        return "i32"
+    if dtype in (u32, u8, bool_):
+        return "u32"
+    raise UnsupportedError(f"the wgpu backend has no {dtype.name} tensors (WGSL has no {dtype.name}); "
+                           "convert to f32 first")
+
+
+def compute_type(dtype):
+    if dtype.is_float:
+        return "f32"
+    return "i32" if dtype.kind == "i" else "u32"
+
+
+def elem_size(dtype, has_f16):
+    return 2 if storage_type(dtype, has_f16) == "f16" else 4
+
+
+def _store_expr(dtype, has_f16):
+    if dtype is bf16:
+        return "round_bf16(v)"
+    if dtype is f16:
+        return "f16(v)" if has_f16 else "round_f16(v)"
+    if dtype is i8:
+        return "(v << 24u) >> 24u"
+    if dtype is u8:
+        return "v & 255u"
+    if dtype is bool_:
+        return "select(0u, 1u, v != 0u)"
+    return "v"
+
+
+def decl(letter, dtype, has_f16):
+    """Aliases and load/store functions for operand `letter` of dtype."""
+    lo = letter.lower()
+    st = storage_type(dtype, has_f16)
+    ct = compute_type(dtype)
+    load = "f32(v)" if st != ct else "v"
+    return (f"alias S{letter} = {st};\nalias C{letter} = {ct};\n"
+            f"fn l{lo}(v: S{letter}) -> C{letter} {{ return {load}; }}\n"
+            f"fn s{lo}(v: C{letter}) -> S{letter} {{ return {_store_expr(dtype, has_f16)}; }}\n")
+
+
+def build(kernel, types, has_f16, subs=None, extra=(), prelude=""):
+    """Full WGSL source: header, dtype declarations, common helpers, extra files,
+    `prelude` (helper functions the op needs), the kernel."""
+    parts = []
+    if has_f16 and any(storage_type(d, True) == "f16" for d in types.values()):
+        parts.append("enable f16;\n")
+    for letter, dtype in types.items():
+        parts.append(decl(letter, dtype, has_f16))
+    parts.append(kernel_text("common"))
+    for name in extra:
+        parts.append(kernel_text(name))
+    if prelude:
+        parts.append(prelude)
+    body = kernel_text(kernel)
+    for key, value in (subs or {}).items():
+        body = body.replace("{{" + key + "}}", value)
+    parts.append(body)
+    return "\n".join(parts)
