@@ -6,9 +6,15 @@ import sys
 
 from . import __version__
 
-# name -> (module, help). Each module has `add_arguments(parser)` and `run(args)`.
+# name -> (module, help). A module has `add_arguments(parser)` and `run(args)`,
+# or a `main(argv)` that parses its own arguments.
 SUBCOMMANDS = {
     "devices": ("tallow.cli_devices", "list the devices that work here, with their features"),
+    "fetch": ("tallow.hub", "download and convert models into the cache ($TALLOW_HOME)"),
+    "transcribe": ("tallow.cli_transcribe", "speech to text with Whisper"),
+    "generate": ("tallow.cli_generate", "generate text with a language model (streams tokens)"),
+    "chat": ("tallow.cli_chat", "interactive chat with a language model"),
+    "quantize": ("tallow.io.quantize", "quantise a safetensors/GGUF file into GGUF (q8_0, q4_0, q4_1, q4_k)"),
 }
 
 
@@ -21,17 +27,25 @@ def main(argv=None):
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text)
         if argv and argv[0] == name:  # only import what is used
-            modules[name] = importlib.import_module(module_name)
-            modules[name].add_arguments(p)
+            module = importlib.import_module(module_name)
+            if not hasattr(module, "add_arguments"):
+                return _guarded(name, lambda: module.main(argv[1:]))
+            modules[name] = module
+            module.add_arguments(p)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
         return 0
+    return _guarded(args.command, lambda: modules[args.command].run(args))
+
+
+def _guarded(command, fn):
+    """Run a subcommand; a tallow.Error becomes one readable line and exit status 2."""
     from .errors import Error
     try:
-        return modules[args.command].run(args) or 0
+        return fn() or 0
     except Error as e:
-        print(f"tallow {args.command}: error: {e}", file=sys.stderr)
+        print(f"tallow {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
