@@ -20,7 +20,8 @@ def _softmax_row(row, log):
     if log:
         ls = math.log(s) if s > 0 else (_NEG_INF if s == 0 else s)
         return [v - ls for v in z]
-    return [v / s for v in e]
+    inv = 1.0 / s  # s >= 1 (the max term is exp(0)) unless the row holds NaN
+    return [v * inv for v in e]  # a multiply: much cheaper than a divide in CPython
 
 
 def softmax(storage, layout, log):
@@ -122,6 +123,7 @@ def attention(q, lq, k, lk, v, lv, mask, lmask, scale, causal):
             m = max(scores)
             e = [math.exp(s - m) for s in scores]
             total = sum(e)
-            p = [x / total for x in e] if total else [math.nan] * tk
+            inv = 1.0 / total if total else math.nan
+            p = [x * inv for x in e]
             out.extend(dot_rows(p, vcols))
     return out
