@@ -40,14 +40,21 @@ def broadcast_shapes(a, b, op="broadcast"):
 
 
 class Layout:
-    __slots__ = ("shape", "strides", "offset", "_contiguous")
+    __slots__ = ("shape", "_strides", "offset", "_contiguous")
 
     def __init__(self, shape, strides=None, offset=0):
         self.shape = tuple(shape)
-        # A layout made without strides is contiguous by construction; skip the check (hot path).
+        # A layout made without strides is contiguous by construction: its strides
+        # are computed only if asked for (tensor creation is a hot path).
         self._contiguous = True if strides is None else None
-        self.strides = contiguous_strides(self.shape) if strides is None else tuple(strides)
+        self._strides = None if strides is None else tuple(strides)
         self.offset = offset
+
+    @property
+    def strides(self):
+        if self._strides is None:
+            self._strides = contiguous_strides(self.shape)
+        return self._strides
 
     def numel(self):
         return numel_of(self.shape)

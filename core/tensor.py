@@ -310,6 +310,12 @@ class Tensor:
         return Tensor(be.full(1, other, dtype), Layout(()), dtype, self.device), dtype
 
     def _binary(self, other, op, reverse=False, cmp=False):
+        if not cmp and type(other) is Tensor and other.dtype is self.dtype and other._layout.shape == self._layout.shape \
+                and other.device is self.device and (self.dtype.is_float or op != "div"):
+            # Fast path (same dtype, same shape): nothing to promote or broadcast.
+            a, b = (other, self) if reverse else (self, other)
+            st = self.device.backend.binary(op, a._storage, a._layout, b._storage, b._layout, self.dtype)
+            return Tensor(st, Layout(self._layout.shape), self.dtype, self.device)
         b, dtype = self._operand(other, op)
         if b is None:
             return NotImplemented

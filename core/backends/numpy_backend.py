@@ -53,6 +53,11 @@ _NP_DTYPES = {}
 _COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal}
 
 
+def _whole(st, layout):
+    """True when the layout covers the whole storage in order (no view needed)."""
+    return layout.offset == 0 and layout.is_contiguous() and len(st) == numel_of(layout.shape)
+
+
 class NumpyBackend(Backend):
     name = "cpu"
 
@@ -150,6 +155,8 @@ class NumpyBackend(Backend):
         return self.store(x, dst)
 
     def unary(self, op, st, layout, dtype, arg=None):
+        if arg is None and dtype.name in ("f32", "f64") and _whole(st, layout):
+            return _UNARY[op](st)  # fast path: the whole flat storage
         x = self.load(st, layout, dtype)
         if op == "clamp":
             lo, hi = arg
@@ -163,6 +170,8 @@ class NumpyBackend(Backend):
         return self.store(y, bool_ if op == "logical_not" else dtype)
 
     def binary(self, op, a, la, b, lb, dtype):
+        if dtype.np_name != "uint16" and dtype is not f16 and _whole(a, la) and _whole(b, lb) and op not in ("div", "pow"):
+            return _BINARY[op](a, b)  # fast path: both operands are whole flat storages
         x, y = self.load(a, la, dtype), self.load(b, lb, dtype)
         if op in ("div", "pow"):  # inf/nan results are the answer, not a warning
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
