@@ -121,9 +121,73 @@ def test_a_hung_call_is_killed_and_the_runner_recovers(pyodide_runner):
     assert pyodide_runner.boots == boots + 1
 
 
+def test_a_host_folder_can_be_mounted(pyodide_runner, tmp_path):
+    (tmp_path / "mounted_probe.py").write_text("VALUE = [1, 2, 3]\n")
+    assert pyodide_runner.mount(str(tmp_path), "/mnt/probe") == "/mnt/probe"
+    assert pyodide_runner.run("import sys\nsys.path.insert(0, '/mnt/probe')\nimport mounted_probe\nmounted_probe.VALUE") == [1, 2, 3]
+
+
 def test_a_missing_runtime_is_a_clear_error(tmp_path):
     if not node_runner.find_node():
         pytest.skip("node is not on PATH")
     runner = node_runner.PyodideRunner(pyodide_dir=str(tmp_path))
     with pytest.raises(node_runner.PyodideRunnerError, match="no Pyodide at .*pyodide_setup.sh"):
         runner.start()
+
+
+# ---- tallow's op suite on the pure-Python backend, inside Pyodide, against numpy/torch ----
+op_cases = _fixture.node_runner.load_sibling("op_cases")
+
+
+def assert_matches(got, want, where, rtol, atol):
+    import numpy as np
+
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and sorted(got) == sorted(want), f"{where}: keys {sorted(got)} != {sorted(want)}"
+        for key in want:
+            assert_matches(got[key], want[key], f"{where}.{key}", rtol, atol)
+        return
+    if isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), f"{where}: {len(got)} parts, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_matches(g, w, f"{where}[{i}]", rtol, atol)
+        return
+    if isinstance(want, str):
+        assert got == want, f"{where}: {got!r} != {want!r}"
+        return
+    want, dtype = want if isinstance(want, tuple) else (np.asarray(want), None)
+    dtype = dtype or op_cases.DTYPE_NAMES[want.dtype.name]
+    assert (got["dtype"], got["shape"]) == (dtype, list(want.shape)), \
+        f"{where}: got {got['dtype']} {got['shape']}, expected {dtype} {list(want.shape)}"
+    values = np.asarray(got["values"], dtype=np.float64)
+    expected = want.astype(np.float64)
+    if dtype in ("bool", "i8", "i32", "i64", "u8", "u32"):
+        np.testing.assert_array_equal(values, expected, err_msg=where)
+    else:
+        np.testing.assert_allclose(values, expected, rtol=rtol, atol=atol, equal_nan=True, err_msg=where)
+    if not rtol and not atol:  # exact cases: the sign of zero counts too (a NaN's sign does not)
+        signs = np.where(np.isnan(values), False, np.signbit(values))
+        np.testing.assert_array_equal(signs, np.where(np.isnan(expected), False, np.signbit(expected)), err_msg=f"{where} (signs)")
+
+
+@pytest.mark.parametrize("case", op_cases.CASES, ids=lambda c: c.name)
+def test_op_suite_on_the_python_backend_matches_the_reference(case, pyodide_run):
+    np = pytest.importorskip("numpy")
+    if case.torch:
+        pytest.importorskip("torch")
+    got = pyodide_run(case.source("python"))
+    assert_matches(got, case.reference(np), case.name, case.rtol, case.atol)
+
+
+def test_matmul_64_in_pyodide_matches_native(pyodide_runner, record_property):
+    # Timing is reported (pytest -s, or the junit property), never asserted: see tests/pyodide/measure.py.
+    measure = node_runner.load_sibling("measure")
+    source = measure.matmul_source(64, repeats=3)
+    inside = pyodide_runner.run(source, timeout=120)
+    native = measure.run_native(source)
+    assert inside["sum"] == pytest.approx(native["sum"], rel=1e-5)
+    ratio = inside["best_s"] / native["best_s"]
+    record_property("matmul64_pyodide_ms", round(inside["best_s"] * 1e3, 2))
+    record_property("matmul64_native_ms", round(native["best_s"] * 1e3, 2))
+    print(f"64^3 matmul on the python backend: Pyodide {inside['best_s'] * 1e3:.1f} ms, "
+          f"native {native['best_s'] * 1e3:.1f} ms ({ratio:.2f}x); Pyodide boot {pyodide_runner.info['boot_s']:.2f} s")

@@ -44,6 +44,17 @@ class PyodideCodeError(Exception):
         self.stderr = stderr
 
 
+def load_sibling(name):
+    """Import tests/pyodide/<name>.py by path (tests/ is not a package), once."""
+    import importlib.util
+    key = f"tallow_tests_pyodide_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, os.path.join(HERE, f"{name}.py"))
+        sys.modules[key] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
 def find_node():
     return os.environ.get("TALLOW_NODE") or shutil.which("node")
 
