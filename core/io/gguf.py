@@ -206,7 +206,7 @@ def _pack_value(key, value, desc):
             if len(etype) != len(value):
                 raise ValueError
             return (_U32.pack(ARRAY) + _U64.pack(len(value))
-                    + b"".join(_pack_tagged(key, v, t) for v, t in zip(value, etype)))
+                    + b"".join(_pack_value(key, v, t) for v, t in zip(value, etype)))
         head = _U32.pack(etype) + _U64.pack(len(value))
         if etype in _SCALAR:
             return head + struct.pack(f"<{len(value)}{_SCALAR[etype]}", *value)
@@ -252,7 +252,7 @@ def write_gguf(path, tensors, metadata=None, metadata_types=None, alignment=None
         offset += -(-data.nbytes // alignment) * alignment
     head = [MAGIC, _U32.pack(version), _U64.pack(len(infos)), _U64.pack(len(metadata))]
     for key, value in metadata.items():
-        head.append(_pack_string(key) + _pack_tagged(key, value, types.get(key) or _infer_type(value)))
+        head.append(_pack_string(key) + _pack_tagged(key, value, types[key] if key in types else _infer_type(value)))
     head += infos
     header = b"".join(head)
     with open(path, "wb") as f:

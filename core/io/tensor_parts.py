@@ -7,11 +7,14 @@ from .lazy_file import numel_of
 
 def tensor_parts(name, value):
     """(tallow DType, shape tuple, C-contiguous little-endian bytes-like) for one tensor."""
-    if isinstance(value, tuple) and len(value) == 3:
+    from ..tensor import Tensor
+    if isinstance(value, Tensor):
+        dtype, shape, data = value.dtype, tuple(value.shape), memoryview(bytes(value))
+    elif isinstance(value, tuple) and len(value) == 3:
         dtype, shape, data = value
         dtype, shape = get_dtype(dtype), tuple(int(s) for s in shape)
         data = memoryview(data).cast("B")
-    elif hasattr(value, "__array_interface__") and not hasattr(value, "device"):
+    elif hasattr(value, "__array_interface__"):
         import numpy as np
         arr = np.ascontiguousarray(value)
         if arr.dtype.byteorder == ">":
@@ -21,8 +24,6 @@ def tensor_parts(name, value):
         except DTypeError:
             raise DTypeError(f"tensor {name!r}: numpy dtype {arr.dtype} has no tallow dtype") from None
         shape, data = arr.shape, memoryview(arr.reshape(-1)).cast("B")
-    elif hasattr(value, "dtype") and hasattr(value, "shape"):
-        dtype, shape, data = value.dtype, tuple(value.shape), memoryview(bytes(value))
     else:
         raise FormatError(f"tensor {name!r}: expected a tallow Tensor, a numpy array or (dtype, shape, bytes), got {type(value).__name__}")
     expected = dtype.nbytes(numel_of(shape))
