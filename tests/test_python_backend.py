@@ -425,6 +425,35 @@ def test_matmul_broadcast_batch():
     check(result(B.matmul(st_a, la, st_w, lw, D.f32), (3, 2, 5), D.f32), a @ w, D.f32)
 
 
+def test_matmul_broadcasts_batch_dims_itself():
+    a, st_a, la = make((2, 1, 3, 4), D.f32)
+    b, st_b, lb = make((5, 4, 2), D.f32, "transposed")
+    check(result(B.matmul(st_a, la, st_b, lb, D.f32), (2, 5, 3, 2), D.f32), np.matmul(a, b), D.f32)
+
+
+@pytest.mark.parametrize("fast_dot", ["sumprod", "sum_map"])
+def test_both_dot_paths(monkeypatch, fast_dot):
+    # math.sumprod exists from Python 3.12 (Pyodide has it); exercise both code paths here.
+    from tallow.backends import python_linalg
+    monkeypatch.setattr(python_linalg, "_sumprod", (lambda x, y: math.fsum(map(float.__mul__, x, y)))
+                        if fast_dot == "sumprod" else None)
+    a, st_a, la = make((2, 3, 5), D.f32, "strided")
+    b, st_b, lb = make((2, 5, 4), D.f32, "transposed")
+    check(result(B.matmul(st_a, la, st_b, lb, D.f32), (2, 3, 4), D.f32), np.matmul(a, b), D.f32)
+    x, sx, lx = make((1, 2, 9), D.f32)
+    w, sw, lw = make((3, 2, 2), D.f32)
+    ref = F.conv1d(torch.from_numpy(x), torch.from_numpy(w), None, 2, 1).numpy()
+    check(result(B.conv1d(sx, lx, sw, lw, D.f32, 2, 1, 1, 1), ref.shape, D.f32), ref, D.f32)
+
+
+def test_where_broadcasts_itself():
+    c = np.array([[True], [False]])
+    a, sa, la = make((2, 3), D.f32)
+    sc, lc = place(c, D.bool_)
+    sb, lb = place(np.float32(5.0), D.f32)
+    check(result(B.where(sc, lc, sa, la, sb, lb, D.f32), (2, 3), D.f32), np.where(c, a, np.float32(5)), D.f32)
+
+
 @pytest.mark.parametrize("dim", [0, 1, 2])
 @pytest.mark.parametrize("dtype", [D.f32, D.i64, D.bool_])
 def test_index_select(dim, dtype):
@@ -564,3 +593,32 @@ def test_backend_imports_and_runs_without_numpy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[5.0, 11.0, 11.0, 25.0]"
+
+
+# ---- quantised weights (GGUF blocks made and decoded by the `gguf` library) -------------------------------
+@pytest.mark.parametrize("qname", ["q4_0", "q4_1", "q8_0"])
+def test_quantised_dequantize_qmatmul_and_row_select(qname):
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize, quantize
+
+    from tallow.quant import quant_dtype
+    qtype = getattr(gguf.GGMLQuantizationType, qname.upper())
+    qd = quant_dtype(qname)
+    n, k = 6, 64
+    w = RNG.standard_normal((n, k)).astype(np.float32)
+    raw = quantize(w, qtype).tobytes()
+    ref_w = dequantize(np.frombuffer(raw, np.uint8).reshape(n, -1), qtype).reshape(n, k)
+    st = B.from_bytes(raw, qd)
+    assert B.to_bytes(st, Layout((n, k)), qd) == raw
+    np.testing.assert_array_equal(result(B.dequantize(st, qd, n * k, D.f32), (n, k), D.f32), ref_w)
+    check(result(B.dequantize(st, qd, n * k, D.bf16), (n, k), D.bf16), bf16_round(ref_w), D.bf16)
+    x, sx, lx = make((3, k), D.f32, "transposed", scale=1.0)
+    got = result(B.qmatmul(sx, lx, D.f32, st, qd, n, k), (3, n), D.f32)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ ref_w.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+    ids, lid = place(np.array([5, 0, -1, 2]), D.i64)
+    got = result(B.index_select(st, Layout((n, k)), qd, ids, lid, 0), (4, k), D.f32)
+    np.testing.assert_array_equal(got, ref_w[[5, 0, -1, 2]])
+    # rows 2..5 of the matrix as a narrowed (offset) layout: its rows 1 and 3 are rows 3 and 5
+    sid, lid = place(np.array([1, 3]), D.i64)
+    got = result(B.index_select(st, Layout((n, k)).narrow(0, 2, 4), qd, sid, lid, 0), (2, k), D.f32)
+    np.testing.assert_array_equal(got, ref_w[[3, 5]])

@@ -13,7 +13,7 @@ from itertools import accumulate
 
 from ..dtypes import bf16, bool_, f16, f32, i64
 from ..errors import DTypeError, FormatError, ShapeError, UnsupportedError
-from ..layout import Layout, contiguous_strides
+from ..layout import Layout, broadcast_shapes, contiguous_strides
 from . import python_elementwise as ew
 from . import python_fused as fused
 from . import python_linalg as linalg
@@ -143,14 +143,14 @@ class PythonBackend(Backend):
 
     def where(self, cond, lc, a, la, b, lb, dtype):
         if not (lc.shape == la.shape == lb.shape):
-            raise ShapeError(f"where: condition {lc.shape}, a {la.shape} and b {lb.shape} must already be broadcast")
+            shape = broadcast_shapes(broadcast_shapes(lc.shape, la.shape, "where"), lb.shape, "where")
+            lc, la, lb = (lay.broadcast_to(shape, "where") for lay in (lc, la, lb))
         c = read(cond, lc)
         return pack([x if t else y for t, x, y in zip(c, read(a, la), read(b, lb))], dtype)
 
     @staticmethod
     def _same_shape(la, lb, op):
         if la.shape != lb.shape:
-            from ..layout import broadcast_shapes
             shape = broadcast_shapes(la.shape, lb.shape, op)
             return la.broadcast_to(shape, op), lb.broadcast_to(shape, op)
         return la, lb
@@ -222,13 +222,17 @@ class PythonBackend(Backend):
 
     # ---- linear algebra and indexing ----------------------------------------------------------
     def matmul(self, a, la, b, lb, dtype):
-        if la.shape[:-2] != lb.shape[:-2] or la.shape[-1] != lb.shape[-2]:
+        if len(la.shape) < 2 or len(lb.shape) < 2 or la.shape[-1] != lb.shape[-2]:
             raise ShapeError(f"matmul: shapes {la.shape} and {lb.shape} do not fit")
+        if la.shape[:-2] != lb.shape[:-2]:  # batch dims broadcast, as numpy
+            batch = broadcast_shapes(la.shape[:-2], lb.shape[:-2], "matmul")
+            la = la.broadcast_to(batch + la.shape[-2:], "matmul")
+            lb = lb.broadcast_to(batch + lb.shape[-2:], "matmul")
         return pack(linalg.matmul(a, la, b, lb), dtype)
 
     def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
         from ..quant import qmatmul_python
-        out = qmatmul_python(read(x, lx), w, wdtype, n, k)
+        out = qmatmul_python(read_list(x, lx), w, wdtype, n, k)
         return out if dtype is f32 else pack(out, dtype)
 
     def dequantize(self, w, wdtype, numel, dtype):
@@ -243,7 +247,7 @@ class PythonBackend(Backend):
             if dim != 0 or len(layout.shape) != 2:
                 raise UnsupportedError(f"index_select of quantised {dtype.name} data picks rows (dim 0) of a matrix")
             from ..quant import dequantize_rows_python
-            return dequantize_rows_python(storage, dtype, layout.shape[1], picked)
+            return dequantize_rows_python(self.to_bytes(storage, layout, dtype), dtype, layout.shape[1], picked)
         steps = [[k * st for k in range(s)] for s, st in zip(layout.shape, layout.strides)]
         stride = layout.strides[dim]
         steps[dim] = [i * stride for i in picked]
