@@ -3,6 +3,7 @@ import math
 import random as _pyrandom
 
 from . import dtypes as D
+from . import grad_rules as G
 from .device import Device, default_device
 from .errors import DeviceError, DTypeError, FormatError, ShapeError
 from .layout import Layout, numel_of
@@ -229,7 +230,7 @@ def where(cond, a, b):
     shape = broadcast_shapes(broadcast_shapes(cond.shape, ta.shape, "where"), tb.shape, "where")
     st = dev.backend.where(cond._storage, cond._layout.broadcast_to(shape), ta._storage, ta._layout.broadcast_to(shape),
                            tb._storage, tb._layout.broadcast_to(shape), dtype)
-    return _make(st, shape, dtype, dev)
+    return ta._record(_make(st, shape, dtype, dev), (None, ta, tb), lambda: G.where(cond))
 
 
 def cat(tensors, dim=0):
@@ -253,10 +254,10 @@ def cat(tensors, dim=0):
     for t in tensors:
         n = t.shape[dim]
         if n:
-            t = t.to(dtype)
-            be.assign(out._storage, out._layout.narrow(dim, pos, n), t._storage, t._layout, dtype)
+            src = t.to(dtype)
+            be.assign(out._storage, out._layout.narrow(dim, pos, n), src._storage, src._layout, dtype)
         pos += n
-    return out
+    return first._record(out, tensors, lambda: G.cat(tensors, dim))
 
 
 def stack(tensors, dim=0):
@@ -312,4 +313,5 @@ def pad(t, pads, value=0.0):
         view = view.narrow(d, offsets[d], t.shape[d])
     if t.numel():
         t.device.backend.assign(out._storage, view, t._storage, t._layout, t.dtype)
-    return out
+    key = tuple(slice(o, o + n) for o, n in zip(offsets, t.shape))
+    return t._record(out, (t,), lambda: (lambda g: (g[key],)))

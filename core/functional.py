@@ -5,6 +5,8 @@ Each checks shapes, then calls one fused backend primitive where fusing pays.
 import math
 
 from . import dtypes as D
+from . import grad_rules as G
+from .autograd import needs_grad
 from .creation import as_index, full, pad  # noqa: F401  (pad is part of this API)
 from .errors import DeviceError, DTypeError, ShapeError
 from .layout import Layout
@@ -35,16 +37,21 @@ def _last_dim_op(x, dim, fn):
     return fn(x.transpose(dim, -1)).transpose(dim, -1)
 
 
+def _softmax_last(t, log):
+    out = t._new(t.device.backend.softmax(t._storage, t._layout, t.dtype, log=log), t.shape)
+    return t._record(out, (t,), lambda: G.softmax(out, log))
+
+
 def softmax(x, dim=-1):
     x = _float(x, "softmax")
     if x.ndim == 0:
         return full((), 1.0, x.dtype, x.device)
-    return _last_dim_op(x, dim, lambda t: t._new(t.device.backend.softmax(t._storage, t._layout, t.dtype), t.shape))
+    return _last_dim_op(x, dim, lambda t: _softmax_last(t, False))
 
 
 def log_softmax(x, dim=-1):
     x = _float(x, "log_softmax")
-    return _last_dim_op(x, dim, lambda t: t._new(t.device.backend.softmax(t._storage, t._layout, t.dtype, log=True), t.shape))
+    return _last_dim_op(x, dim, lambda t: _softmax_last(t, True))
 
 
 def _check_affine(op, x, *params):
@@ -60,6 +67,11 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     _check_device("layer_norm", x, weight, bias)
     w = weight.to(x.dtype) if weight is not None else None
     b = bias.to(x.dtype) if bias is not None else None
+    if needs_grad(x, w, b):  # the composite form differentiates through primitive ops
+        c = x - x.mean(-1, keepdim=True)
+        y = c * ((c * c).mean(-1, keepdim=True) + eps).rsqrt()
+        y = y * w if w is not None else y
+        return y + b if b is not None else y
     st = x.device.backend.layer_norm(x._storage, x._layout, *_parts(w), *_parts(b), x.dtype, eps)
     return x._new(st, x.shape)
 
@@ -69,6 +81,9 @@ def rms_norm(x, weight=None, eps=1e-6):
     _check_affine("rms_norm", x, weight)
     _check_device("rms_norm", x, weight)
     w = weight.to(x.dtype) if weight is not None else None
+    if needs_grad(x, w):
+        y = x * ((x * x).mean(-1, keepdim=True) + eps).rsqrt()
+        return y * w if w is not None else y
     return x._new(x.device.backend.rms_norm(x._storage, x._layout, *_parts(w), x.dtype, eps), x.shape)
 
 
@@ -125,6 +140,9 @@ def _conv(op, x, w, b, stride, padding, dilation, groups, nd):
         if n <= 0:
             raise ShapeError(f"{op}: input {x.shape} is too small for kernel {w.shape[2:]} with padding {padding}, dilation {dilation}")
         outs.append(n)
+    if needs_grad(x, w):
+        y = _conv_composite(x, w, stride, padding, dilation, groups, outs)
+        return y if b is None else y + b.to(dtype).reshape((1, cout) + (1,) * nd)
     be = x.device.backend
     if nd == 1:
         st = be.conv1d(x._storage, x._layout, w._storage, w._layout, dtype, stride[0], padding[0], dilation[0], groups)
@@ -134,6 +152,40 @@ def _conv(op, x, w, b, stride, padding, dilation, groups, nd):
     if b is not None:
         y = y + b.to(dtype).reshape((1, cout) + (1,) * nd)
     return y
+
+
+def _conv_composite(x, w, stride, padding, dilation, groups, outs):
+    """Convolution as strided views + one matmul per group (differentiable through primitives)."""
+    from .creation import cat, stack
+    nd = len(stride)
+    pads = []
+    for p in reversed(padding):
+        pads += [p, p]
+    xp = pad(x, tuple(pads)) if any(padding) else x
+    ks = w.shape[2:]
+    cols = []
+    for kidx in _product([range(k) for k in ks]):
+        key = (slice(None), slice(None)) + tuple(
+            slice(kidx[i] * dilation[i], kidx[i] * dilation[i] + stride[i] * (outs[i] - 1) + 1, stride[i]) for i in range(nd))
+        cols.append(xp[key])  # (b, cin, *outs)
+    col = stack(cols, -1)  # (b, cin, *outs, K)
+    b, cin = x.shape[:2]
+    cout, cin_g = w.shape[:2]
+    K = len(cols)
+    n_out = 1
+    for o in outs:
+        n_out *= o
+    col = col.reshape(b, groups, cin_g, n_out, K).permute(0, 1, 3, 2, 4).reshape(b, groups, n_out, cin_g * K)
+    wg = w.reshape(groups, cout // groups, cin_g * K)
+    y = col @ wg.unsqueeze(0).transpose(-1, -2)  # (b, groups, n_out, cout/groups)
+    return y.permute(0, 1, 3, 2).reshape((b, cout) + tuple(outs))
+
+
+def _product(ranges):
+    out = [()]
+    for r in ranges:
+        out = [p + (i,) for p in out for i in r]
+    return out
 
 
 def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -155,6 +207,14 @@ def rotary_emb(x, cos, sin, interleaved=False):
     if cos.shape != want or sin.shape != want:
         raise ShapeError(f"rotary_emb: cos/sin must have shape {want} for x {x.shape}, got {cos.shape} and {sin.shape}")
     c, s = cos.to(x.dtype), sin.to(x.dtype)
+    if needs_grad(x, c, s):
+        from .creation import cat, stack
+        h = x.shape[-1] // 2
+        if interleaved:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).reshape(x.shape)
+        x1, x2 = x.narrow(-1, 0, h), x.narrow(-1, h, h)
+        return cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
     st = x.device.backend.rope(x._storage, x._layout, c._storage, c._layout, s._storage, s._layout, x.dtype, interleaved)
     return x._new(st, x.shape)
 
@@ -188,6 +248,15 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None
         mask = mask.to(dtype)
         lmask = mask._layout.broadcast_to((b, h, tq, tk), "attention mask")
     scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if needs_grad(q, k, v, mask):
+        scores = (q @ k.transpose(-1, -2)) * scale
+        if mask is not None:
+            scores = scores + mask
+        if is_causal:
+            from .creation import arange
+            banned = arange(tk, device=q.device).unsqueeze(0) > (arange(tq, device=q.device).unsqueeze(1) + (tk - tq))
+            scores = scores.masked_fill(banned, float("-inf"))
+        return softmax(scores, -1) @ v
     st = q.device.backend.attention(q._storage, q._layout, k._storage, k._layout, v._storage, v._layout,
                                     None if mask is None else mask._storage, lmask, dtype, scale, is_causal)
     return Tensor(st, Layout((b, h, tq, v.shape[3])), dtype, q.device)

@@ -1,6 +1,7 @@
 """t[key] and t[key] = value: ints, slices (with steps), None, Ellipsis, one
 integer-tensor/list index, or a boolean mask."""
 from . import dtypes as D
+from . import grad_rules as G
 from .errors import DeviceError, ShapeError, UnsupportedError
 from .layout import Layout
 
@@ -69,6 +70,16 @@ def _basic(t, key):
     return t._view(Layout(shape, strides, offset)), advanced
 
 
+def _is_int(k):
+    from .tensor import Tensor
+    return isinstance(k, int) or (hasattr(k, "__index__") and not isinstance(k, (Tensor, list, tuple)))
+
+
+def _basic_part(key):
+    """The key with its advanced index replaced by a full slice: the view _basic makes."""
+    return tuple(k if k is None or isinstance(k, slice) or _is_int(k) else slice(None) for k in key)
+
+
 def getitem(t, key):
     from .creation import as_index
     from .tensor import Tensor
@@ -78,7 +89,9 @@ def getitem(t, key):
         rows = [i for i, m in enumerate(key.reshape(-1).tolist()) if m]
         flat = t.reshape((-1,) + t.shape[key.ndim:])
         return flat.index_select(0, as_index(rows, t.device, "mask"))
-    view, advanced = _basic(t, _expand_key(t, key))
+    key = _expand_key(t, key)
+    view, advanced = _basic(t, key)
+    view = t._record(view, (t,), lambda: G.view_into(t.shape, _basic_part(key)))
     if advanced is None:
         return view
     pos, index = advanced

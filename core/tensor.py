@@ -6,6 +6,8 @@ here, then calls one backend primitive (core/backends/base.py).
 import math
 
 from . import dtypes as D
+from . import grad_rules as G
+from .autograd import _Mode, record
 from .device import Device
 from .errors import DeviceError, DTypeError, ShapeError, UnsupportedError
 from .layout import Layout, broadcast_shapes, numel_of
@@ -26,7 +28,7 @@ def _same_device(op, a, b):
 
 
 class Tensor:
-    __slots__ = ("_storage", "_layout", "dtype", "device", "__weakref__")
+    __slots__ = ("_storage", "_layout", "dtype", "device", "requires_grad", "grad", "_node", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
     def __init__(self, storage, layout, dtype, device):
@@ -34,6 +36,31 @@ class Tensor:
         self._layout = layout
         self.dtype = dtype
         self.device = device
+        self.requires_grad = False
+        self.grad = None
+        self._node = None  # (backward, inputs) when an op recorded this tensor
+
+    # ---- autograd -------------------------------------------------------------
+    def requires_grad_(self, flag=True):
+        if flag and not self.dtype.is_float:
+            raise DTypeError(f"only float tensors can require grad, this one is {self.dtype.name}")
+        self.requires_grad = flag
+        return self
+
+    def backward(self, grad=None):
+        from .autograd import backward
+        backward(self, grad)
+
+    def detach(self):
+        return Tensor(self._storage, self._layout, self.dtype, self.device)
+
+    def _record(self, out, inputs, rule):
+        """Attach a backward rule to out when grad mode is on and an input requires grad."""
+        if _Mode.enabled:
+            for t in inputs:
+                if t is not None and t.requires_grad:
+                    return record(out, inputs, rule())
+        return out
 
     def _new(self, storage, shape, dtype=None):
         return Tensor(storage, Layout(shape), dtype or self.dtype, self.device)
@@ -120,6 +147,8 @@ class Tensor:
                 if device is not self.device:
                     data = bytes(self)
                     t = Tensor(device.backend.from_bytes(data, self.dtype), Layout(self.shape) if not self.dtype.is_quantized else self._layout, self.dtype, device)
+                    src = self.device
+                    t = self._record(t, (self,), lambda: (lambda g: (g.to(src),)))
                 return t if dtype is None else t.to(dtype=dtype)
         dtype = D.get_dtype(dtype)
         if dtype is None or dtype is self.dtype:
@@ -132,7 +161,8 @@ class Tensor:
         if dtype.is_quantized:
             from .quant import quantize
             return quantize(self, dtype)
-        return self._new(be.cast(self._storage, self._layout, self.dtype, dtype), self.shape, dtype)
+        out = self._new(be.cast(self._storage, self._layout, self.dtype, dtype), self.shape, dtype)
+        return self._record(out, (self,), lambda: G.cast(self.dtype)) if dtype.is_float else out
 
     def float(self):
         return self.to(D.f32)
@@ -145,10 +175,11 @@ class Tensor:
             return self
         if self.dtype.is_quantized:
             raise UnsupportedError("a quantised tensor cannot be copied into a new layout; dequantise it first with .to(tallow.f32)")
-        return self._new(self.device.backend.copy(self._storage, self._layout, self.dtype), self.shape)
+        return self.clone()
 
     def clone(self):
-        return self._new(self.device.backend.copy(self._storage, self._layout, self.dtype), self.shape)
+        out = self._new(self.device.backend.copy(self._storage, self._layout, self.dtype), self.shape)
+        return self._record(out, (self,), lambda: (lambda g: (g,)))
 
     def _base_quant(self, op):
         """The contiguous (rows, k) quantised tensor under this view."""
@@ -169,7 +200,8 @@ class Tensor:
             if self.dtype.is_quantized:
                 raise UnsupportedError("reshape of a strided quantised view")
             return self.contiguous().reshape(shape)
-        return self._view(lay)
+        old = self.shape
+        return self._record(self._view(lay), (self,), lambda: (lambda g: (g.reshape(old),)))
 
     view = reshape
 
@@ -186,7 +218,8 @@ class Tensor:
         dims = tuple(_dim(d, self.ndim, "permute") for d in dims)
         if sorted(dims) != list(range(self.ndim)):
             raise ShapeError(f"permute: {dims} is not a permutation of the {self.ndim} dims of shape {self.shape}")
-        return self._view(self._layout.permute(dims))
+        inverse = tuple(dims.index(i) for i in range(len(dims)))
+        return self._record(self._view(self._layout.permute(dims)), (self,), lambda: (lambda g: (g.permute(inverse),)))
 
     def transpose(self, d0=-2, d1=-1):
         if self.ndim < 2 and d0 in (-2, 0) and d1 in (-1, 0):
@@ -194,7 +227,7 @@ class Tensor:
         d0, d1 = _dim(d0, self.ndim, "transpose"), _dim(d1, self.ndim, "transpose")
         dims = list(range(self.ndim))
         dims[d0], dims[d1] = d1, d0
-        return self._view(self._layout.permute(dims))
+        return self._record(self._view(self._layout.permute(dims)), (self,), lambda: (lambda g: (g.transpose(d0, d1),)))
 
     def t(self):
         if self.ndim > 2:
@@ -208,7 +241,8 @@ class Tensor:
             start += size
         if not (0 <= start and length >= 0 and start + length <= size):
             raise ShapeError(f"narrow: [{start}, {start + length}) is outside dim {dim} of size {size} (shape {self.shape})")
-        return self._view(self._layout.narrow(dim, start, length))
+        out = self._view(self._layout.narrow(dim, start, length))
+        return self._record(out, (self,), lambda: G.view_into(self.shape, (slice(None),) * dim + (slice(start, start + length),)))
 
     def squeeze(self, dim=None):
         lay = self._layout
@@ -217,20 +251,22 @@ class Tensor:
         else:
             dims = {_dim(d, self.ndim, "squeeze") for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
             keep = [i for i, s in enumerate(lay.shape) if not (i in dims and s == 1)]
-        return self._view(Layout([lay.shape[i] for i in keep], [lay.strides[i] for i in keep], lay.offset))
+        out = self._view(Layout([lay.shape[i] for i in keep], [lay.strides[i] for i in keep], lay.offset))
+        return self._record(out, (self,), lambda: (lambda g: (g.reshape(lay.shape),)))
 
     def unsqueeze(self, dim):
         dim = _dim(dim, self.ndim + 1, "unsqueeze")
         lay = self._layout
         stride = lay.strides[dim] * lay.shape[dim] if dim < self.ndim else 1
-        return self._view(Layout(lay.shape[:dim] + (1,) + lay.shape[dim:], lay.strides[:dim] + (stride,) + lay.strides[dim:], lay.offset))
+        out = self._view(Layout(lay.shape[:dim] + (1,) + lay.shape[dim:], lay.strides[:dim] + (stride,) + lay.strides[dim:], lay.offset))
+        return self._record(out, (self,), lambda: (lambda g: (g.reshape(lay.shape),)))
 
     def expand(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         extra = len(shape) - self.ndim
         shape = tuple(self.shape[i - extra] if s == -1 else s for i, s in enumerate(shape))
-        return self._view(self._layout.broadcast_to(shape, "expand"))
+        return self._record(self._view(self._layout.broadcast_to(shape, "expand")), (self,), lambda: (lambda g: (g,)))
 
     def broadcast_to(self, shape):
         return self.expand(tuple(shape))
@@ -250,8 +286,9 @@ class Tensor:
     # ---- element-wise -------------------------------------------------------------
     def _unary(self, op, arg=None):
         t = self if self.dtype.is_float or op not in _FLOAT_UNARY else self.to(D.f32)
-        out = D.bool_ if op == "logical_not" else t.dtype
-        return t._new(t.device.backend.unary(op, t._storage, t._layout, t.dtype, arg), t.shape, out)
+        out_dtype = D.bool_ if op == "logical_not" else t.dtype
+        out = t._new(t.device.backend.unary(op, t._storage, t._layout, t.dtype, arg), t.shape, out_dtype)
+        return t._record(out, (t,), lambda: G.unary(op, t, out, arg))
 
     def neg(self): return self._unary("neg")
     def abs(self): return self._unary("abs")
@@ -315,7 +352,8 @@ class Tensor:
             # Fast path (same dtype, same shape): nothing to promote or broadcast.
             a, b = (other, self) if reverse else (self, other)
             st = self.device.backend.binary(op, a._storage, a._layout, b._storage, b._layout, self.dtype)
-            return Tensor(st, Layout(self._layout.shape), self.dtype, self.device)
+            out = Tensor(st, Layout(self._layout.shape), self.dtype, self.device)
+            return self._record(out, (a, b), lambda: G.binary(op, a, b, out))
         b, dtype = self._operand(other, op)
         if b is None:
             return NotImplemented
@@ -334,7 +372,8 @@ class Tensor:
         be = self.device.backend
         if cmp:
             return Tensor(be.compare(op, a._storage, la, b._storage, lb, dtype), Layout(shape), D.bool_, self.device)
-        return Tensor(be.binary(op, a._storage, la, b._storage, lb, dtype), Layout(shape), dtype, self.device)
+        out = Tensor(be.binary(op, a._storage, la, b._storage, lb, dtype), Layout(shape), dtype, self.device)
+        return self._record(out, (a, b), lambda: G.binary(op, a, b, out))
 
     def add(self, o): return self._binary(o, "add")
     def sub(self, o): return self._binary(o, "sub")
@@ -410,7 +449,8 @@ class Tensor:
         st = self.device.backend.reduce(op, self._storage, self._layout, self.dtype, dims)
         out = D.i64 if op in ("argmax", "argmin") or (op in ("sum", "prod") and self.dtype.kind in "iub") else self.dtype
         shape = tuple(1 if i in dims else s for i, s in enumerate(self.shape)) if keepdim else tuple(s for i, s in enumerate(self.shape) if i not in dims)
-        return self._new(st, shape, out)
+        res = self._new(st, shape, out)
+        return self._record(res, (self,), lambda: G.reduce(op, self, res, dims, keepdim)) if out.is_float else res
 
     def sum(self, dim=None, keepdim=False): return self._reduce("sum", dim, keepdim)
     def prod(self, dim=None, keepdim=False): return self._reduce("prod", dim, keepdim)
@@ -443,7 +483,8 @@ class Tensor:
     def cumsum(self, dim):
         dim = _dim(dim, self.ndim, "cumsum")
         out = D.i64 if self.dtype.kind in "iub" else self.dtype
-        return self._new(self.device.backend.cumsum(self._storage, self._layout, self.dtype, dim), self.shape, out)
+        res = self._new(self.device.backend.cumsum(self._storage, self._layout, self.dtype, dim), self.shape, out)
+        return self._record(res, (self,), lambda: G.cumsum(dim))
 
     # ---- linear algebra -------------------------------------------------------------------
     def matmul(self, other):
@@ -474,6 +515,7 @@ class Tensor:
         lb = b._layout.broadcast_to(batch + b.shape[-2:], "matmul")
         shape = batch + (a.shape[-2], b.shape[-1])
         out = self._new(self.device.backend.matmul(a._storage, la, b._storage, lb, dtype), shape, dtype)
+        out = self._record(out, (a, b), lambda: G.matmul(a, b))
         if squeeze_a:
             out = out.squeeze(-2)
         if squeeze_b:
@@ -500,7 +542,8 @@ class Tensor:
                 raise UnsupportedError("index_select on a quantised tensor picks rows (dim 0) only")
             w = self._base_quant("index_select")
             return self._new(be.index_select(w._storage, w._layout, w.dtype, index._storage, index._layout, 0), tuple(shape), D.f32)
-        return self._new(be.index_select(self._storage, self._layout, self.dtype, index._storage, index._layout, dim), tuple(shape))
+        out = self._new(be.index_select(self._storage, self._layout, self.dtype, index._storage, index._layout, dim), tuple(shape))
+        return self._record(out, (self,), lambda: G.index_select(self, dim, index))
 
     def gather(self, dim, index):
         from .creation import as_index
@@ -511,7 +554,8 @@ class Tensor:
         for d, (si, sx) in enumerate(zip(index.shape, self.shape)):
             if d != dim and si > sx:
                 raise ShapeError(f"gather: index shape {index.shape} is larger than input {self.shape} in dim {d}")
-        return self._new(self.device.backend.gather(self._storage, self._layout, self.dtype, index._storage, index._layout, dim), index.shape)
+        out = self._new(self.device.backend.gather(self._storage, self._layout, self.dtype, index._storage, index._layout, dim), index.shape)
+        return self._record(out, (self,), lambda: G.gather(self, dim, index))
 
     def scatter_add(self, dim, index, src):
         from .creation import as_index
@@ -521,7 +565,7 @@ class Tensor:
             raise ShapeError(f"scatter_add: index shape {index.shape} must equal src shape {src.shape}")
         src = src.to(self.dtype)
         st = self.device.backend.scatter_add(self._storage, self._layout, self.dtype, index._storage, index._layout, src._storage, src._layout, dim)
-        return self._new(st, self.shape)
+        return self._record(self._new(st, self.shape), (self, src), lambda: G.scatter_add(dim, index))
 
     # ---- composite ops (see functional.py) -------------------------------------------------
     def softmax(self, dim=-1):
@@ -553,7 +597,8 @@ def _quantized_matmul(x, w_t):
     dtype = x.dtype if x.dtype.is_float else D.f32
     x = x.to(dtype)
     st = x.device.backend.qmatmul(x._storage, x._layout, dtype, w._storage, w.dtype, n, k)
-    return x._new(st, x.shape[:-1] + (n,), dtype)
+    out = x._new(st, x.shape[:-1] + (n,), dtype)
+    return x._record(out, (x,), lambda: (lambda g: (g @ w.to(dtype),)))
 
 
 def _infer_shape(shape, numel, old):
