@@ -73,6 +73,34 @@ def test_every_packaged_module_is_in_the_wheel(pyodide_run, pyodide_runner):
     assert missing == [], f"modules missing from the wheel: {missing}"
 
 
+# Optional third-party packages (pyproject extras) that Pyodide here does not have.
+OPTIONAL_IMPORTS = {"numpy", "wgpu", "cupy", "Metal", "objc", "Foundation", "jinja2", "torch", "transformers",
+                    "safetensors", "gguf", "tokenizers", "scipy"}
+
+
+def test_every_module_imports_inside_pyodide(pyodide_run, pyodide_runner):
+    # The browser has no numpy here: only modules named for numpy may need it at import time
+    # (everything else imports numpy inside the functions that use it).
+    names = [n for n in node_runner.python_modules(pyodide_runner.wheel_source) if not n.endswith("__main__")]
+    failures = pyodide_run(
+        "import importlib\n"
+        "failures = {}\n"
+        f"for name in {names!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ModuleNotFoundError as e:\n"
+        "        failures[name] = ['missing', (e.name or '').split('.')[0], str(e)]\n"
+        "    except BaseException as e:\n"
+        "        failures[name] = ['error', type(e).__name__, str(e)]\n"
+        "failures"
+    )
+    wrong = {
+        name: detail for name, (kind, missing, detail) in failures.items()
+        if kind != "missing" or missing not in OPTIONAL_IMPORTS or (missing == "numpy" and "numpy" not in name)
+    }
+    assert not wrong, f"modules that do not import inside Pyodide: {wrong}"
+
+
 def test_result_stdout_and_stderr_come_back(pyodide_runner):
     reply = pyodide_runner.call("import sys\nprint('out', 1)\nprint('err', file=sys.stderr)\n{'a': [1, 2.5, None, True]}")
     assert reply["ok"] is True
