@@ -288,7 +288,9 @@ class Tensor:
         t = self if self.dtype.is_float or op not in _FLOAT_UNARY else self.to(D.f32)
         out_dtype = D.bool_ if op == "logical_not" else t.dtype
         out = t._new(t.device.backend.unary(op, t._storage, t._layout, t.dtype, arg), t.shape, out_dtype)
-        return t._record(out, (t,), lambda: G.unary(op, t, out, arg))
+        if t.requires_grad and _Mode.enabled:
+            record(out, (t,), G.unary(op, t, out, arg))
+        return out
 
     def neg(self): return self._unary("neg")
     def abs(self): return self._unary("abs")
@@ -353,7 +355,9 @@ class Tensor:
             a, b = (other, self) if reverse else (self, other)
             st = self.device.backend.binary(op, a._storage, a._layout, b._storage, b._layout, self.dtype)
             out = Tensor(st, Layout(self._layout.shape), self.dtype, self.device)
-            return self._record(out, (a, b), lambda: G.binary(op, a, b, out))
+            if (a.requires_grad or b.requires_grad) and _Mode.enabled:
+                record(out, (a, b), G.binary(op, a, b, out))
+            return out
         b, dtype = self._operand(other, op)
         if b is None:
             return NotImplemented
