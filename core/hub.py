@@ -159,6 +159,7 @@ def _whisper_tiny_en_ct2(work, downloads, progress):
 
 def _whisper_tiny_en(work, downloads, progress):
     from .io.ctranslate2_whisper import PREPROCESSOR_CONFIG, convert_whisper
+    from .io.safetensors import write_safetensors
 
     ct2_dir = fetch("whisper-tiny.en-ct2", progress)
     assets = fetch("whisper-assets", progress)
@@ -166,7 +167,9 @@ def _whisper_tiny_en(work, downloads, progress):
     ct2_config = json.loads((ct2_dir / "config.json").read_text(encoding="utf-8"))
     _say(progress, "converting the CTranslate2 model to Hugging Face layout")
     state, config, generation = convert_whisper(ct2_dir / "model.bin", tokenizer, ct2_config)
-    write_safetensors(work / "model.safetensors", state, progress)
+    bar = _Progress(progress, "writing model.safetensors", 1)
+    write_safetensors(work / "model.safetensors", state, metadata={"format": "pt"})
+    bar.advance()
     preprocessor = dict(PREPROCESSOR_CONFIG, feature_size=config["num_mel_bins"])
     for name, obj in (("config.json", config), ("generation_config.json", generation),
                       ("preprocessor_config.json", preprocessor)):
@@ -196,17 +199,6 @@ KNOWN = {
     "whisper-assets": (_whisper_assets, "openai-whisper's mel_filters.npz and tiktoken vocabularies (MIT)"),
     "jfk.wav": (_jfk, "11 s of 16 kHz speech, public domain (test data)"),
 }
-
-
-def write_safetensors(path, tensors, progress=False):
-    """Write {name: numpy array} as a .safetensors file (native conversion only)."""
-    try:
-        from safetensors.numpy import save_file
-    except ImportError as e:
-        raise Error("writing model.safetensors needs the `safetensors` package here: pip install safetensors") from e
-    bar = _Progress(progress, "writing model.safetensors", 1)
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    bar.advance()
 
 
 # ---- fetch -------------------------------------------------------------------

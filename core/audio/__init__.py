@@ -6,12 +6,11 @@
 from .filters import MelFilterBank, compute_mel_filters, mel_filters
 from .load import load_audio
 from .mel import CHUNK_LENGTH, HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel_spectrogram, pad_or_trim
-from .npz import read_npz
 from .resample import resample
 from .wav import decode_wav
 
 __all__ = [
     "load_audio", "log_mel_spectrogram", "pad_or_trim", "resample", "mel_filters", "compute_mel_filters",
-    "MelFilterBank", "decode_wav", "read_npz", "SAMPLE_RATE", "N_FFT", "HOP_LENGTH", "CHUNK_LENGTH",
+    "MelFilterBank", "decode_wav", "SAMPLE_RATE", "N_FFT", "HOP_LENGTH", "CHUNK_LENGTH",
     "N_SAMPLES", "N_FRAMES",
 ]

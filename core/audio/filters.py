@@ -7,11 +7,11 @@ Slaney area normalisation), which is what that file was saved from, so no file
 is needed at all.
 """
 import math
+import sys
 from array import array
 from functools import lru_cache
 
 from ..errors import Error, FormatError
-from .npz import read_npz
 
 N_BINS = 201  # n_fft // 2 + 1
 
@@ -82,14 +82,20 @@ def compute_mel_filters(n_mels, sample_rate=16000, n_fft=400):
 def _cached(n_mels, path):
     if path is None:
         return MelFilterBank(compute_mel_filters(n_mels), "librosa formula")
-    arrays = read_npz(path)
+    from ..io import open as open_weights
+
     key = f"mel_{n_mels}"
-    if key not in arrays:
-        raise FormatError(f"{path}: has no {key!r} filter bank (has {sorted(arrays)})")
-    found = arrays[key]
-    if found.shape != (n_mels, N_BINS):
-        raise FormatError(f"{path}: {key} has shape {found.shape}, expected ({n_mels}, {N_BINS})")
-    return MelFilterBank(found.rows(), str(path))
+    with open_weights(path, format="npz") as f:
+        if key not in f.keys():
+            raise FormatError(f"{path}: has no {key!r} filter bank (has {sorted(f.keys())})")
+        info = f.info(key)
+        if info.shape != (n_mels, N_BINS) or info.dtype.name != "f32":
+            raise FormatError(f"{path}: {key} is {info.dtype.name}{list(info.shape)}, expected f32[{n_mels}, {N_BINS}]")
+        flat = array("f")
+        flat.frombytes(bytes(f.raw(key)))
+    if sys.byteorder == "big":
+        flat.byteswap()
+    return MelFilterBank([flat[i * N_BINS:(i + 1) * N_BINS] for i in range(n_mels)], str(path))
 
 
 def mel_filters(n_mels=80, path=None):

