@@ -13,6 +13,7 @@ This module never imports `wgpu`: it talks to a driver (driver_native.py
 natively; a navigator.gpu driver in the browser) through a small interface.
 """
 import struct
+import weakref
 from array import array
 
 from tallow.backends.base import Backend
@@ -34,18 +35,12 @@ def probe():
 
 
 class WgpuStorage:
-    """A GPU buffer holding `nbytes` of one tensor's elements; returned to the pool when dropped.
-    `dequantized` marks block-format weights that were dequantised to f32 on upload."""
-    __slots__ = ("buf", "cap", "nbytes", "pool", "dequantized", "__weakref__")
+    """A GPU buffer holding `nbytes` of one tensor's elements. `dequantized` marks
+    block-format weights that were dequantised to f32 on upload."""
+    __slots__ = ("buf", "cap", "nbytes", "dequantized", "__weakref__")
 
-    def __init__(self, buf, cap, nbytes, pool, dequantized=False):
-        self.buf, self.cap, self.nbytes, self.pool, self.dequantized = buf, cap, nbytes, pool, dequantized
-
-    def __del__(self):
-        try:
-            self.pool.release(self.buf, self.cap)
-        except Exception:  # interpreter shutdown: the pool may be gone already
-            pass
+    def __init__(self, buf, cap, nbytes, dequantized=False):
+        self.buf, self.cap, self.nbytes, self.dequantized = buf, cap, nbytes, dequantized
 
     def __repr__(self):
         return f"WgpuStorage({self.nbytes} bytes)"
@@ -112,7 +107,7 @@ _FLOAT_UNARY = {
     "pow_scalar": "powf(v, PF(37u))", "affine": "v * PF(37u) + PF(38u)", "identity": "v",
 }
 _INT_UNARY = {
-    "neg": "-v", "abs": "abs(v)", "relu": "max(v, CX(0))", "square": "v * v", "floor": "v", "ceil": "v",
+    "neg": "CX(0) - v", "abs": "abs(v)", "relu": "max(v, CX(0))", "square": "v * v", "floor": "v", "ceil": "v",
     "round": "v", "sign": "select(select(CX(0), CX(1), v > CX(0)), CX(-1), v < CX(0))",
     "logical_not": "select(0u, 1u, v == CX(0))", "identity": "v",
     "clamp_lo": "max(v, CX(PI(37u)))", "clamp_hi": "min(v, CX(PI(38u)))",
@@ -157,7 +152,7 @@ fn ipow(a: CX, e: CX) -> CX {
         if (k == CX(0)) { break; }
         if ((k & CX(1)) == CX(1)) { r = r * base; }
         base = base * base;
-        k = k >> CX(1);
+        k = k >> 1u;
     }
     return r;
 }
@@ -211,7 +206,12 @@ class WgpuBackend(Backend):
 
     def _alloc(self, nbytes):
         buf, cap = self.pool.acquire(nbytes)
-        return WgpuStorage(buf, cap, nbytes, self.pool)
+        st = WgpuStorage(buf, cap, nbytes)
+        # The finalizer (not a __del__) gives the buffer back: it holds the
+        # buffer strongly, so when the storage dies inside a garbage cycle the
+        # buffer is not finalised (its GPU handle released) along with it.
+        weakref.finalize(st, self.pool.release, buf, cap)
+        return st
 
     def _out(self, numel, dtype):
         return self._alloc(numel * self._esize(dtype))
