@@ -10,9 +10,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 # System packages (Chromium for the browser tests, lavapipe for WebGPU without a GPU).
 system-deps:
-	@if ! command -v chromium >/dev/null || [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && [ ! -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ]; then \
+	@if ! command -v chromium >/dev/null || ! command -v node >/dev/null || ! command -v npm >/dev/null \
+	    || ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium mesa-vulkan-drivers >/dev/null; \
+	  PKGS="chromium mesa-vulkan-drivers"; command -v node >/dev/null || PKGS="$$PKGS nodejs"; command -v npm >/dev/null || PKGS="$$PKGS npm"; \
+	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$PKGS >/dev/null; \
 	fi
 
 $(BIN)/python:

@@ -260,3 +260,15 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None
     st = q.device.backend.attention(q._storage, q._layout, k._storage, k._layout, v._storage, v._layout,
                                     None if mask is None else mask._storage, lmask, dtype, scale, is_causal)
     return Tensor(st, Layout((b, h, tq, v.shape[3])), dtype, q.device)
+
+
+def cross_entropy(logits, targets):
+    """Mean negative log-likelihood of integer class targets under softmax(logits); logits (n, classes)."""
+    if logits.ndim != 2 or targets.shape != (logits.shape[0],):
+        raise ShapeError(f"cross_entropy: logits must be (n, classes) and targets (n,), got {logits.shape} and {targets.shape}")
+    picked = log_softmax(logits, -1).gather(1, as_index(targets, logits.device, "cross_entropy").unsqueeze(1))
+    return -picked.mean()
+
+
+def mse_loss(pred, target):
+    return (pred - target).square().mean()

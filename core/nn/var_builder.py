@@ -32,6 +32,9 @@ class VarBuilder:
 
     def get(self, shape, name, dtype=None):
         full = self.prefix + name
+        if hasattr(self.source, "get_or_create"):  # a VarMap: create on first use (training)
+            return self.source.get_or_create(full, tuple(shape), self.device, D.get_dtype(dtype) or self.dtype,
+                                             "zeros" if name.endswith("bias") else "kaiming")
         if full not in self._keys():
             raise FormatError(f"the weights have no tensor {full!r} (expected shape {tuple(shape)}); "
                               "is this checkpoint for this architecture and config?")

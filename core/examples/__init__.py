@@ -1,0 +1,1 @@
+"""Runnable examples: `python -m tallow.examples.digits_mlp`."""
