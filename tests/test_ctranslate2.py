@@ -181,6 +181,7 @@ def jfk_features():
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")  # newer transformers name it `cache`
 def test_converted_whisper_transcribes_jfk_with_transformers(hf_dir, jfk_features):
     """Proves converter, weights and log-mel at once: greedy decoding in transformers."""
     torch = pytest.importorskip("torch")
