@@ -141,3 +141,8 @@ class Backend:
         """softmax(q k^T * scale + mask) v. q (b, h, tq, d), k/v (b, h, tk, d[v]); mask is
         additive, already broadcast to (b, h, tq, tk), or None. causal masks key j > i + (tk - tq)."""
         self._missing("attention")
+
+    # ---- user-defined ops (tallow.custom_op) ------------------------------
+    def custom(self, op, inputs, out_shape, out_dtype):
+        """Run a tallow.CustomOp on [(storage, layout, dtype)] inputs with this backend's implementation."""
+        raise UnsupportedError(f"custom op {op.name!r} has no implementation for the {self.name} backend")

@@ -314,3 +314,15 @@ class PythonBackend(Backend):
 
     def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
         return pack(fused.attention(q, lq, k, lk, v, lv, mask, lmask, scale, causal), dtype)
+
+    def custom(self, op, inputs, out_shape, out_dtype):
+        from ..layout import numel_of
+        args = [(self.to_list(st, lay, dt), lay.shape) for st, lay, dt in inputs]
+        try:
+            flat = op.python(*args)
+        except NotImplementedError:
+            raise UnsupportedError(f"custom op {op.name!r} has no python() implementation for the pure-Python backend") from None
+        flat = list(flat)
+        if len(flat) != numel_of(out_shape):
+            raise ShapeError(f"custom op {op.name!r}: python() returned {len(flat)} values for output shape {tuple(out_shape)}")
+        return self.from_list(flat, out_dtype)

@@ -1,0 +1,63 @@
+"""User-defined ops (the analogue of Candle's CustomOp1/2/3).
+
+Subclass CustomOp, implement `cpu` (numpy arrays in, a numpy array out) and,
+optionally, `python` (for the pure-Python backend / Pyodide without numpy),
+GPU kernel sources (`wgsl`, `cuda`, `msl`) and `backward`. Then call
+`tallow.custom_op(op, *tensors)`; it works like any other op, autograd
+included. A backend for which the op has no implementation raises
+UnsupportedError naming the op and the backend.
+
+Kernel conventions (so one source serves every tensor shape):
+* wgsl: entry point `main`, @workgroup_size(64); bindings 0..n-1 are the
+  contiguous f32 inputs (`array<f32>`, read), binding n is the output
+  (`array<f32>`, read_write) and binding n+1 a uniform `struct { numel: u32 }`.
+* cuda: `extern "C" __global__ void main_kernel(const float* in0, ..., float* out, unsigned int numel)`.
+* msl: `kernel void main_kernel(device const float* in0 [[buffer(0)]], ..., device float* out [[buffer(n)]],
+  constant uint& numel [[buffer(n+1)]], uint i [[thread_position_in_grid]])`.
+"""
+from .autograd import _Mode, record
+from .errors import DeviceError, ShapeError
+from .layout import Layout
+from .tensor import Tensor
+
+
+class CustomOp:
+    name = "custom"
+    wgsl = None
+    cuda = None
+    msl = None
+
+    def output_shape(self, *shapes):
+        """Shape of the result from the inputs' shapes (default: the first input's)."""
+        return shapes[0]
+
+    def output_dtype(self, *dtypes):
+        return dtypes[0]
+
+    def cpu(self, *arrays):
+        """numpy implementation: numpy arrays (in compute precision) in, a numpy array out."""
+        raise NotImplementedError
+
+    def python(self, *inputs):
+        """Pure-Python implementation: (flat list, shape) pairs in, a flat list out. Optional."""
+        raise NotImplementedError
+
+    def backward(self, inputs, output, grad):
+        """Gradients (tensors or None) for each input, written with tensor ops. Optional."""
+        raise NotImplementedError(f"custom op {self.name!r} defines no backward")
+
+
+def custom_op(op, *tensors):
+    if not tensors:
+        raise ShapeError(f"custom op {op.name!r}: needs at least one input tensor")
+    dev = tensors[0].device
+    for t in tensors[1:]:
+        if t.device is not dev:
+            raise DeviceError(f"custom op {op.name!r}: inputs are on {dev} and {t.device}")
+    shape = tuple(op.output_shape(*[t.shape for t in tensors]))
+    dtype = op.output_dtype(*[t.dtype for t in tensors])
+    st = dev.backend.custom(op, [(t._storage, t._layout, t.dtype) for t in tensors], shape, dtype)
+    out = Tensor(st, Layout(shape), dtype, dev)
+    if _Mode.enabled and any(t.requires_grad for t in tensors):
+        record(out, tensors, lambda g: tuple(op.backward(tensors, out, g)))
+    return out
