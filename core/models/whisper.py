@@ -1,0 +1,342 @@
+"""Whisper speech recognition (any size, English-only or multilingual) on the
+public tensor / functional / nn API, so one implementation runs on every device.
+
+    model = tallow.models.whisper.load("whisper-tiny.en")      # or a HF-layout directory
+    result = model.transcribe("speech.wav")                     # .text, .segments, .language
+
+Weights use transformers' WhisperForConditionalGeneration names
+(model.encoder.conv1.weight, model.decoder.layers.0.encoder_attn.k_proj.weight, ...),
+the config transformers' WhisperConfig fields. The architecture:
+encoder = conv1 + GELU, conv2 (stride 2) + GELU, + positions, pre-LN blocks, LN;
+decoder = tokens + learned positions, pre-LN blocks of causal self-attention
+(KV cache) and cross-attention (encoder K/V computed once per audio), LN,
+logits through the tied token embedding.
+"""
+import json
+import math
+import os
+from pathlib import Path
+
+from .. import functional as F
+from ..creation import tensor
+from ..device import Device, default_device
+from ..errors import Error, FormatError, ShapeError
+from ..nn import Conv1d, Embedding, KVCache, LayerNorm, Linear, Module, VarBuilder
+
+_ACTIVATIONS = {
+    "gelu": lambda x: x.gelu(),
+    "gelu_new": lambda x: x.gelu("tanh"),
+    "gelu_pytorch_tanh": lambda x: x.gelu("tanh"),
+    "relu": lambda x: x.relu(),
+}
+
+
+class WhisperConfig:
+    """The fields of transformers' WhisperConfig that inference needs."""
+
+    def __init__(self, d, source="config.json"):
+        def need(key):
+            if key not in d:
+                raise FormatError(f"{source}: Whisper config has no {key!r}")
+            return d[key]
+
+        self.d_model = need("d_model")
+        self.encoder_layers = need("encoder_layers")
+        self.decoder_layers = need("decoder_layers")
+        self.encoder_heads = need("encoder_attention_heads")
+        self.decoder_heads = need("decoder_attention_heads")
+        self.encoder_ffn_dim = d.get("encoder_ffn_dim", 4 * self.d_model)
+        self.decoder_ffn_dim = d.get("decoder_ffn_dim", 4 * self.d_model)
+        self.num_mel_bins = d.get("num_mel_bins", 80)
+        self.max_source_positions = d.get("max_source_positions", 1500)
+        self.max_target_positions = d.get("max_target_positions", 448)
+        self.vocab_size = need("vocab_size")
+        self.activation = d.get("activation_function", "gelu")
+        if self.activation not in _ACTIVATIONS:
+            raise FormatError(f"{source}: unsupported activation_function {self.activation!r} "
+                              f"(supported: {', '.join(_ACTIVATIONS)})")
+        for heads in (self.encoder_heads, self.decoder_heads):
+            if self.d_model % heads:
+                raise FormatError(f"{source}: d_model {self.d_model} is not a multiple of {heads} heads")
+        self.suppress_tokens = d.get("suppress_tokens")
+        self.begin_suppress_tokens = d.get("begin_suppress_tokens")
+        self.decoder_start_token_id = d.get("decoder_start_token_id")
+        self.eos_token_id = d.get("eos_token_id")
+        self.raw = dict(d)
+
+    @classmethod
+    def from_file(cls, path):
+        path = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                d = json.load(fh)
+        except FileNotFoundError:
+            raise FormatError(f"{path}: no such config file") from None
+        except ValueError as e:
+            raise FormatError(f"{path}: not valid JSON: {e}") from None
+        if d.get("model_type", "whisper") != "whisper":
+            raise FormatError(f"{path}: model_type is {d.get('model_type')!r}, not 'whisper'")
+        return cls(d, path)
+
+
+def sinusoids(length, channels, max_timescale=10000.0):
+    """Whisper's sinusoidal encoder positions (sin half, cos half), for checkpoints that omit them."""
+    half = channels // 2
+    step = math.log(max_timescale) / (half - 1)
+    inv = [math.exp(-step * i) for i in range(half)]
+    return [[math.sin(p * f) for f in inv] + [math.cos(p * f) for f in inv] for p in range(length)]
+
+
+def _rows(layer, x):
+    """layer(x) computed on x flattened to 2-D rows: one plain matrix product per layer
+    (a batched product with a broadcast weight is far slower in numpy for one row)."""
+    shape = x.shape
+    return layer(x.reshape(-1, shape[-1])).reshape(*shape[:-1], -1)
+
+
+class Attention(Module):
+    """Multi-head attention with Whisper's projections (no bias on k_proj)."""
+
+    def __init__(self, vb, d, heads):
+        self.heads, self.head_dim = heads, d // heads
+        self.q_proj = Linear(vb.pp("q_proj"), d, d)
+        self.k_proj = Linear(vb.pp("k_proj"), d, d, bias=vb.contains("k_proj.bias"))
+        self.v_proj = Linear(vb.pp("v_proj"), d, d)
+        self.out_proj = Linear(vb.pp("out_proj"), d, d)
+
+    def split_heads(self, x):
+        b, t, _ = x.shape
+        return x.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
+
+    def key_values(self, x):
+        """(k, v) of shape (b, heads, t, head_dim) for the keys/values source x (b, t, d)."""
+        return self.split_heads(_rows(self.k_proj, x)), self.split_heads(_rows(self.v_proj, x))
+
+    def attend(self, x, k, v, causal=False):
+        b, t, d = x.shape
+        q = self.split_heads(_rows(self.q_proj, x))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal and t > 1)
+        return _rows(self.out_proj, y.transpose(1, 2).reshape(b, t, d))
+
+    def forward(self, x, cache=None):
+        k, v = self.key_values(x)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        return self.attend(x, k, v, causal=cache is not None)
+
+
+class EncoderLayer(Module):
+    def __init__(self, vb, cfg):
+        d = cfg.d_model
+        self.self_attn_layer_norm = LayerNorm(vb.pp("self_attn_layer_norm"), d)
+        self.self_attn = Attention(vb.pp("self_attn"), d, cfg.encoder_heads)
+        self.final_layer_norm = LayerNorm(vb.pp("final_layer_norm"), d)
+        self.fc1 = Linear(vb.pp("fc1"), d, cfg.encoder_ffn_dim)
+        self.fc2 = Linear(vb.pp("fc2"), cfg.encoder_ffn_dim, d)
+        self.act = _ACTIVATIONS[cfg.activation]
+
+    def forward(self, x):
+        x = x + self.self_attn(self.self_attn_layer_norm(x))
+        return x + _rows(self.fc2, self.act(_rows(self.fc1, self.final_layer_norm(x))))
+
+
+class DecoderLayer(Module):
+    def __init__(self, vb, cfg):
+        d = cfg.d_model
+        self.self_attn_layer_norm = LayerNorm(vb.pp("self_attn_layer_norm"), d)
+        self.self_attn = Attention(vb.pp("self_attn"), d, cfg.decoder_heads)
+        self.encoder_attn_layer_norm = LayerNorm(vb.pp("encoder_attn_layer_norm"), d)
+        self.encoder_attn = Attention(vb.pp("encoder_attn"), d, cfg.decoder_heads)
+        self.final_layer_norm = LayerNorm(vb.pp("final_layer_norm"), d)
+        self.fc1 = Linear(vb.pp("fc1"), d, cfg.decoder_ffn_dim)
+        self.fc2 = Linear(vb.pp("fc2"), cfg.decoder_ffn_dim, d)
+        self.act = _ACTIVATIONS[cfg.activation]
+
+    def forward(self, x, cache, cross_k, cross_v):
+        x = x + self.self_attn(self.self_attn_layer_norm(x), cache)
+        x = x + self.encoder_attn.attend(self.encoder_attn_layer_norm(x), cross_k, cross_v)
+        return x + _rows(self.fc2, self.act(_rows(self.fc1, self.final_layer_norm(x))))
+
+
+class Encoder(Module):
+    def __init__(self, vb, cfg):
+        d = cfg.d_model
+        self.cfg = cfg
+        self.conv1 = Conv1d(vb.pp("conv1"), cfg.num_mel_bins, d, 3, padding=1)
+        self.conv2 = Conv1d(vb.pp("conv2"), d, d, 3, stride=2, padding=1)
+        if vb.contains("embed_positions.weight"):
+            self.embed_positions = Embedding(vb.pp("embed_positions"), cfg.max_source_positions, d)
+        else:  # the positions are fixed sinusoids; some exports leave them out
+            self.embed_positions = Module()
+            self.embed_positions.weight = tensor(sinusoids(cfg.max_source_positions, d), vb.dtype, vb.device)
+        self.layers = [EncoderLayer(vb.pp(f"layers.{i}"), cfg) for i in range(cfg.encoder_layers)]
+        self.layer_norm = LayerNorm(vb.pp("layer_norm"), d)
+        self.act = _ACTIVATIONS[cfg.activation]
+
+    def forward(self, mel):
+        """mel (b, n_mels, frames) -> audio features (b, frames / 2, d_model)."""
+        cfg = self.cfg
+        if mel.ndim != 3 or mel.shape[1] != cfg.num_mel_bins:
+            raise ShapeError(f"whisper encoder: expected mel of shape (batch, {cfg.num_mel_bins}, frames), got {mel.shape}")
+        if mel.shape[2] > 2 * cfg.max_source_positions:
+            raise ShapeError(f"whisper encoder: {mel.shape[2]} mel frames is more than the model's "
+                             f"{2 * cfg.max_source_positions} (30 s); split long audio into windows")
+        x = self.act(self.conv1(mel))
+        x = self.act(self.conv2(x)).transpose(1, 2)
+        x = x + self.embed_positions.weight.narrow(0, 0, x.shape[1])
+        for layer in self.layers:
+            x = layer(x)
+        return self.layer_norm(x)
+
+
+class Decoder(Module):
+    def __init__(self, vb, cfg):
+        d = cfg.d_model
+        self.cfg = cfg
+        self.embed_tokens = Embedding(vb.pp("embed_tokens"), cfg.vocab_size, d)
+        self.embed_positions = Embedding(vb.pp("embed_positions"), cfg.max_target_positions, d)
+        self.layers = [DecoderLayer(vb.pp(f"layers.{i}"), cfg) for i in range(cfg.decoder_layers)]
+        self.layer_norm = LayerNorm(vb.pp("layer_norm"), d)
+
+    def forward(self, ids, state, positions=None):
+        """ids (b, t) continuing state's sequences -> logits (b, t, vocab); with `positions`
+        (indices into the t new tokens) only those: (b, len(positions), vocab)."""
+        b, t = ids.shape
+        offset = state.length
+        if offset + t > self.cfg.max_target_positions:
+            raise ShapeError(f"whisper decoder: {offset + t} tokens is more than the model's "
+                             f"{self.cfg.max_target_positions} positions")
+        x = self.embed_tokens(ids) + self.embed_positions.weight.narrow(0, offset, t)
+        cross = state.cross_for(b)
+        for layer, cache, (ck, cv) in zip(self.layers, state.caches, cross):
+            x = layer(x, cache, ck, cv)
+        if positions is not None:
+            # the vocabulary projection is the biggest matmul: skip the positions nobody reads
+            x = x.index_select(1, tensor([p % t for p in positions], device=x.device))
+        return _rows(lambda h: h @ self.embed_tokens.weight.t(), self.layer_norm(x))
+
+
+class DecoderState:
+    """One decoding run: the self-attention KV caches and the encoder's K/V per layer
+    (computed once from the audio features, shared by every beam)."""
+
+    def __init__(self, decoder, audio_features):
+        self.caches = [KVCache(initial_capacity=64) for _ in decoder.layers]
+        self.cross = [layer.encoder_attn.key_values(audio_features) for layer in decoder.layers]
+
+    @property
+    def length(self):
+        return self.caches[0].length
+
+    def cross_for(self, batch):
+        if self.cross[0][0].shape[0] == batch:
+            return self.cross
+        # one audio, several beams: broadcast its K/V (a stride-0 view, no copy)
+        return [(k.expand(batch, *k.shape[1:]), v.expand(batch, *v.shape[1:])) for k, v in self.cross]
+
+    def reorder(self, rows):
+        """Keep cache rows `rows` (beam search: each new beam continues some old one)."""
+        ids = tensor(list(rows), device=self.caches[0].k.device)
+        for c in self.caches:
+            c.k, c.v = c.k.index_select(0, ids), c.v.index_select(0, ids)
+
+
+class Whisper(Module):
+    """The model, its tokenizer and its mel filters. Call `transcribe` (whisper_transcribe.py)."""
+
+    def __init__(self, vb, cfg, tokenizer=None, mel_filters=None, name="whisper"):
+        self.config = cfg
+        self.encoder = Encoder(vb.pp("model.encoder"), cfg)
+        self.decoder = Decoder(vb.pp("model.decoder"), cfg)
+        self.device = vb.device
+        self.dtype = vb.dtype
+        self.tokenizer = tokenizer
+        self.mel_filters = mel_filters
+        self.name = name
+        self._tokens = None
+
+    @property
+    def tokens(self):
+        """WhisperTokens: the special token ids from the tokenizer."""
+        if self._tokens is None:
+            if self.tokenizer is None:
+                raise Error(f"{self.name}: no tokenizer was loaded with this model (tokenizer.json)")
+            from .whisper_tokens import WhisperTokens
+            self._tokens = WhisperTokens(self.tokenizer, self.config.vocab_size, self.tokenizer.source)
+        return self._tokens
+
+    @property
+    def is_multilingual(self):
+        return self.config.vocab_size >= 51865
+
+    def encode(self, mel):
+        """Audio features (b, frames/2, d) from a mel spectrogram (b, n_mels, frames) tensor."""
+        mel = mel.to(self.device).to(self.dtype)
+        return self.encoder(mel)
+
+    def start(self, audio_features):
+        """A fresh DecoderState for these audio features."""
+        return DecoderState(self.decoder, audio_features)
+
+    def decode_step(self, ids, state, positions=(-1,)):
+        """Feed ids (list of lists or (b, t) tensor) through the decoder, appending to state's
+        caches; the logits (b, len(positions), vocab) at those positions (None: all)."""
+        if not hasattr(ids, "shape"):
+            ids = tensor(ids, device=self.device)
+        return self.decoder(ids, state, positions)
+
+    def forward(self, mel, ids):
+        """Full-sequence logits (b, t, vocab) for mel (b, n_mels, frames) and ids (b, t)."""
+        return self.decode_step(ids, self.start(self.encode(mel)), positions=None)
+
+    def transcribe(self, audio, **options):
+        """Text and timed segments of `audio` (a path, file bytes, or 16 kHz float samples);
+        see tallow.models.whisper_transcribe.transcribe for the options."""
+        from .whisper_transcribe import transcribe
+        return transcribe(self, audio, **options)
+
+    def detect_language(self, audio):
+        """{language code: probability} for the first 30 s of `audio` (multilingual models)."""
+        from .whisper_transcribe import detect_language
+        return detect_language(self, audio)
+
+
+# ---- loading -------------------------------------------------------------------------------
+def _weights_source(folder):
+    """A lazy tallow.io reader over the directory's model.safetensors (or its shards)."""
+    from .. import io as tio
+    return tio.open(folder)
+
+
+def resolve(path_or_name, progress=True):
+    """A local HF-layout directory for a directory, a config.json path or a known hub name."""
+    p = Path(os.fspath(path_or_name))
+    if p.is_file() and p.name == "config.json":
+        p = p.parent
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise FormatError(f"{p}: expected a Whisper model directory (config.json, model.safetensors, tokenizer.json)")
+    from .. import hub
+    if str(path_or_name) in hub.KNOWN:
+        return Path(hub.fetch(str(path_or_name), progress=progress))
+    raise Error(f"{path_or_name}: no such model directory, and not a known model name "
+                f"(known: {', '.join(k for k in hub.KNOWN if k.startswith('whisper-') and k != 'whisper-assets')}); "
+                "`tallow fetch whisper-tiny.en` downloads one")
+
+
+def load(path_or_dir, device=None, dtype=None, weights=None, progress=True):
+    """A Whisper model from a Hugging Face-layout directory (config.json,
+    model.safetensors, tokenizer.json, optional mel_filters.npz) or a known name
+    such as "whisper-tiny.en" (fetched on first use). `weights`: an optional
+    {name: Tensor} dict used instead of the directory's safetensors."""
+    folder = resolve(path_or_dir, progress)
+    cfg = WhisperConfig.from_file(folder / "config.json")
+    device = default_device() if device is None else Device(device)
+    vb = VarBuilder(weights if weights is not None else _weights_source(folder), device, dtype)
+    tokenizer = None
+    if (folder / "tokenizer.json").is_file():
+        from ..tokenizer import Tokenizer
+        tokenizer = Tokenizer.from_file(folder / "tokenizer.json")
+    filters = folder / "mel_filters.npz"
+    return Whisper(vb, cfg, tokenizer, str(filters) if filters.is_file() else None, name=str(folder))
