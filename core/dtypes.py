@@ -62,6 +62,9 @@ _ALIASES = {
 }
 
 
+_LOADED = set()
+
+
 def register(dtype):
     """Add a dtype (used by tallow.quant for the GGUF block formats)."""
     _REGISTRY[dtype.name] = dtype
@@ -82,6 +85,10 @@ def get_dtype(d):
     if name is None:
         name = str(d)
     found = _REGISTRY.get(name) or _ALIASES.get(name) or _REGISTRY.get(name.lower())
+    if found is None and "quant" not in _LOADED:
+        _LOADED.add("quant")
+        from .quant import formats  # noqa: F401  (registers the GGUF block dtypes on first use)
+        return get_dtype(d)
     if found is None:
         raise DTypeError(f"unknown dtype {d!r}; known: {', '.join(sorted(_REGISTRY))}")
     return found
