@@ -112,22 +112,20 @@ _default = None
 
 def default_device():
     """$TALLOW_DEVICE if set, else the best device here: cuda, metal, then numpy, then pure Python.
-    wgpu is chosen by default only for a real (non-CPU) adapter."""
+    wgpu is never picked implicitly: probing an adapter costs seconds, and a CPU-emulated one
+    (lavapipe, SwiftShader) is slower than numpy. Ask for it with Device("wgpu") or TALLOW_DEVICE=wgpu."""
     global _default
     if _default is None:
         env = os.environ.get("TALLOW_DEVICE")
         if env:
             _default = Device(env)
         else:
-            for name in ("cuda", "metal", "wgpu", "cpu", "python"):
+            for name in ("cuda", "metal", "cpu", "python"):
                 try:
-                    dev = Device(name)
+                    _default = Device(name)
+                    break
                 except DeviceError:
                     continue
-                if name == "wgpu" and dev.backend.features().get("cpu_emulated", True):
-                    continue
-                _default = dev
-                break
     return _default
 
 
