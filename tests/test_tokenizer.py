@@ -509,3 +509,81 @@ def test_gguf_metadata_reader_equals_gguf_package(gguf_reader, smollm2_meta):
     for key, value in smollm2_meta.items():
         want = reader.fields[key].contents()
         assert value == pytest.approx(want) if isinstance(want, float) else value == want, key
+
+
+# ---- inside Pyodide (CPython 3.14, no numpy, no tokenizers, no jinja2) -------
+def _pyodide_fixtures():
+    import importlib.util
+    name = "tallow_tests_pyodide_fixture"  # the same module object test_pyodide.py loads
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "pyodide", "fixture.py"))
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+pyodide_runner = _pyodide_fixtures().pyodide_runner
+
+_PYODIDE_CODE = r"""
+import sys, time, unicodedata
+from tallow.tokenizer import Tokenizer
+from tallow.tokenizer.unicode_classes import compile_pattern
+started = time.perf_counter()
+lines = open('/tok/corpus/tokenizer_corpus.txt', encoding='utf-8', newline='').read().split('\n')
+whisper = Tokenizer.from_file('/tok/whisper/tokenizer.json')
+smol = Tokenizer.from_gguf('/tok/smollm2/' + GGUF_NAME)
+load_s = time.perf_counter() - started
+def streamed(tok, ids):
+    d = tok.stream_decoder()
+    return ''.join(d.step(i) for i in ids) + d.flush()
+started = time.perf_counter()
+out = {'python': sys.version, 'unicode': unicodedata.unidata_version, 'numpy': 'numpy' in sys.modules,
+       'backends': [whisper.backend, smol.backend],
+       'whisper': [whisper.encode(l) for l in lines], 'smol': [smol.encode(l) for l in lines],
+       'decoded': [smol.decode(smol.encode(l, add_special_tokens=False)) for l in lines],
+       'streamed': [streamed(whisper, whisper.encode(l)) for l in lines]}
+tokenize_s = time.perf_counter() - started
+try:
+    smol.apply_chat_template([{'role': 'user', 'content': 'hi'}])
+    out['chat'] = 'rendered'
+except Exception as e:
+    out['chat'] = type(e).__name__ + ': ' + str(e)
+started = time.perf_counter()
+text = ''.join(chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c < 0xE000)
+def gaps(cls):
+    spans, prev = [], 0
+    for m in compile_pattern(cls + '+').finditer(text):
+        if m.start() > prev:
+            spans.append([prev, m.start()])
+        prev = m.end()
+    return spans + ([[prev, len(text)]] if prev < len(text) else [])
+out['kept'] = {cls: gaps(cls) for cls in (r'\s', r'\p{L}', r'\p{N}')}
+out['seconds'] = {'load': load_s, 'tokenize': tokenize_s, 'classes': time.perf_counter() - started}
+out
+"""
+
+
+@pytest.mark.pyodide
+def test_pure_python_tokenizer_inside_pyodide_equals_library(pyodide_runner, whisper_pair, smollm2_pair, smollm2_gguf, whisper_json):
+    tokenizers = pytest.importorskip("tokenizers")
+    pyodide_runner.mount(os.path.dirname(CORPUS_PATH), "/tok/corpus")
+    pyodide_runner.mount(os.path.dirname(whisper_json), "/tok/whisper")
+    pyodide_runner.mount(os.path.dirname(smollm2_gguf), "/tok/smollm2")
+    got = pyodide_runner.run(f"GGUF_NAME = {os.path.basename(smollm2_gguf)!r}\n" + _PYODIDE_CODE, timeout=300)
+    assert got["python"].startswith("3.14") and got["numpy"] is False
+    assert got["backends"] == ["python", "python"]  # `tokenizers` cannot load there: the fallback runs
+    whisper_lib, smol_lib = whisper_pair[1], smollm2_pair[1]
+    assert got["whisper"] == [whisper_lib.encode(line) for line in LINES]
+    assert got["smol"] == [smol_lib.encode(line) for line in LINES]
+    # Not always the line itself: SmolLM2's vocabulary has no token for the byte 0x1d, which both drop.
+    assert got["decoded"] == [smol_lib.decode(smol_lib.encode(line, add_special_tokens=False)) for line in LINES]
+    assert got["streamed"] == [whisper_lib.decode(whisper_lib.encode(line)) for line in LINES]
+    assert got["chat"].startswith("UnsupportedError: apply_chat_template needs jinja2")
+    # Pyodide's Python has Unicode 16, like Oniguruma in `tokenizers`: the classes must agree exactly.
+    text = "".join(chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c < 0xE000)
+    for cls, kept in got["kept"].items():
+        split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(cls + "+"), "removed")
+        onig = [list(offsets) for _, offsets in split.pre_tokenize_str(text)]
+        if got["unicode"] >= "16":
+            assert kept == onig, cls
+    print("seconds inside Pyodide:", got["seconds"])

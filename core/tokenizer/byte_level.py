@@ -36,6 +36,7 @@ def encode_bytes(text):
     return "".join([table[b] for b in text.encode("utf-8")])
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def token_bytes(token):
     """Bytes a byte-level token stands for; a token with a character outside
     the alphabet (an added token such as "<|im_start|>" with odd characters)
