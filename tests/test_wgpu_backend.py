@@ -233,6 +233,20 @@ def test_cast(be):
         assert got.tolist() == xi.astype(dst.np_name).tolist(), dst
 
 
+def test_assign_in_place(be):
+    dst = rnd(4, 6)
+    src = rnd(6, 2)
+    sd = up(be, dst, D.f32)
+    be.assign(sd, Layout((4, 6)).narrow(1, 3, 2), up(be, src, D.f32), Layout((6, 2)).permute((1, 0))
+              .permute((1, 0)).narrow(0, 1, 4), D.f32)
+    want = dst.copy()
+    want[:, 3:5] = src[1:5]
+    np.testing.assert_array_equal(down(be, sd, (4, 6), D.f32), want)
+    be.assign(sd, Layout((4, 6)).narrow(1, 0, 3), sd, Layout((4, 6)).narrow(1, 2, 3), D.f32)  # overlapping
+    want[:, 0:3] = want[:, 2:5].copy()
+    np.testing.assert_array_equal(down(be, sd, (4, 6), D.f32), want)
+
+
 def test_zero_size(be):
     st = be.from_bytes(b"", D.f32)
     empty = Layout((0, 3))

@@ -256,7 +256,8 @@ class WgpuBackend(Backend):
         n = words[0]
         if n == 0:
             return
-        self._run(kernel, types, [s for s, _, _ in ins] + [out], self._params(words, extras),
+        self._run(kernel, types, [s for s, _, _ in ins] + ([out] if out is not None else []),
+                  self._params(words, extras),
                   (n + 255) // 256, subs, label=op_label, prelude=prelude)
 
     def _contiguous(self, st, layout, dtype):
@@ -432,6 +433,14 @@ class WgpuBackend(Backend):
     # ---- element-wise -------------------------------------------------------------
     def copy(self, st, layout, dtype):
         return self._map("identity", st, layout, dtype, dtype, "v")
+
+    def assign(self, dst, ld, src, ls, dtype):
+        if ld.numel() == 0:
+            return
+        if src is dst:  # one buffer cannot be bound for reading and writing at once
+            src, ls = self.copy(src, ls, dtype), Layout(ls.shape)
+        self._ew("assign", "assign", {"X": dtype}, [(src, ls.offset, ls.strides), (dst, ld.offset, ld.strides)],
+                 None, ld.shape)
 
     def _map(self, label, st, layout, src, dst, expr, extras=(), prelude=""):
         out = self._out(layout.numel(), dst)

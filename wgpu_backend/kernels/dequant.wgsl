@@ -19,7 +19,14 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
         if (id < 0) { id = id + i32(P(4u)); }
         src = u32(id);
     }
-    var vals: array<f32, 32>;
-    deq32(src * P(2u), s, &vals);
-    for (var e = 0u; e < 32u; e = e + 1u) { y[r * P(1u) + s * 32u + e] = sy(vals[e]); }
+    let row = src * P(2u);
+    let sc = q_scales(row, s);
+    let out = r * P(1u) + s * 32u;
+    for (var k = 0u; k < 8u; k = k + 1u) {
+        let v = q_quad(row, s, k, sc);
+        y[out + 4u * k] = sy(v.x);
+        y[out + 4u * k + 1u] = sy(v.y);
+        y[out + 4u * k + 2u] = sy(v.z);
+        y[out + 4u * k + 3u] = sy(v.w);
+    }
 }

@@ -1,14 +1,9 @@
 // Q4_0: 18-byte blocks of 32: f16 d, 16 bytes; element e < 16 is the low
 // nibble of byte e, element e + 16 its high nibble; x = d * (q - 8).
-fn deq32(row: u32, s: u32, v: ptr<function, array<f32, 32>>) {
-    let o = row + s * 18u;
-    let d = q_half(o);
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        let wd = q_word(o + 2u + 4u * k);
-        for (var t = 0u; t < 4u; t = t + 1u) {
-            let b = (wd >> (8u * t)) & 0xffu;
-            (*v)[4u * k + t] = d * (f32(b & 15u) - 8.0);
-            (*v)[4u * k + t + 16u] = d * (f32(b >> 4u) - 8.0);
-        }
-    }
+fn q_scales(row: u32, s: u32) -> vec2<f32> { return vec2<f32>(q_half(row + s * 18u), 0.0); }
+
+fn q_quad(row: u32, s: u32, k: u32, sc: vec2<f32>) -> vec4<f32> {
+    let wd = q_word(row + s * 18u + 2u + 4u * (k % 4u)) >> select(0u, 4u, k >= 4u);
+    let q = vec4<f32>(f32(wd & 15u), f32((wd >> 8u) & 15u), f32((wd >> 16u) & 15u), f32((wd >> 24u) & 15u));
+    return sc.x * (q - 8.0);
 }

@@ -1,11 +1,9 @@
 // Q4_K: 144-byte super-blocks of 256 = 8 sub-blocks of 32: f16 d, f16 dmin,
 // 12 bytes of packed 6-bit scales/mins, 128 bytes of nibbles (sub-block j
 // uses byte (j / 2) * 32 + i, low nibble for even j); x = d*sc*q - dmin*m.
-fn deq32(row: u32, s: u32, v: ptr<function, array<f32, 32>>) {
+fn q_scales(row: u32, s: u32) -> vec2<f32> {
     let o = row + (s / 8u) * 144u;
     let j = s % 8u;
-    let d = q_half(o);
-    let dmin = q_half(o + 2u);
     var sc = 0u;
     var mn = 0u;
     if (j < 4u) {
@@ -15,14 +13,12 @@ fn deq32(row: u32, s: u32, v: ptr<function, array<f32, 32>>) {
         sc = (q_byte(o + 8u + j) & 15u) | ((q_byte(o + j) >> 6u) << 4u);
         mn = (q_byte(o + 8u + j) >> 4u) | ((q_byte(o + 4u + j) >> 6u) << 4u);
     }
-    let scale = d * f32(sc);
-    let shift = dmin * f32(mn);
-    let qs = o + 16u + (j / 2u) * 32u;
-    let nib = (j % 2u) * 4u;
-    for (var k = 0u; k < 8u; k = k + 1u) {
-        let wd = q_word(qs + 4u * k);
-        for (var t = 0u; t < 4u; t = t + 1u) {
-            (*v)[4u * k + t] = scale * f32((wd >> (8u * t + nib)) & 15u) - shift;
-        }
-    }
+    return vec2<f32>(q_half(o) * f32(sc), q_half(o + 2u) * f32(mn));
+}
+
+fn q_quad(row: u32, s: u32, k: u32, sc: vec2<f32>) -> vec4<f32> {
+    let j = s % 8u;
+    let wd = q_word(row + (s / 8u) * 144u + 16u + (j / 2u) * 32u + 4u * k) >> ((j % 2u) * 4u);
+    let q = vec4<f32>(f32(wd & 15u), f32((wd >> 8u) & 15u), f32((wd >> 16u) & 15u), f32((wd >> 24u) & 15u));
+    return sc.x * q - sc.y;
 }

@@ -1,9 +1,9 @@
 // Q8_0: 34-byte blocks of 32: f16 d, 32 x i8 q; x = d * q.
-fn deq32(row: u32, s: u32, v: ptr<function, array<f32, 32>>) {
-    let o = row + s * 34u;
-    let d = q_half(o);
-    for (var k = 0u; k < 8u; k = k + 1u) {
-        let wd = q_word(o + 2u + 4u * k);
-        for (var t = 0u; t < 4u; t = t + 1u) { (*v)[4u * k + t] = d * sext8((wd >> (8u * t)) & 0xffu); }
-    }
+// Each format gives the scales of sub-block s (32 elements) of a row starting
+// at byte `row`, and elements 4k .. 4k+3 of it (k < 8) as a vec4.
+fn q_scales(row: u32, s: u32) -> vec2<f32> { return vec2<f32>(q_half(row + s * 34u), 0.0); }
+
+fn q_quad(row: u32, s: u32, k: u32, sc: vec2<f32>) -> vec4<f32> {
+    let wd = q_word(row + s * 34u + 2u + 4u * k);
+    return sc.x * vec4<f32>(sext8(wd & 0xffu), sext8((wd >> 8u) & 0xffu), sext8((wd >> 16u) & 0xffu), sext8(wd >> 24u));
 }

@@ -1,9 +1,11 @@
 // y (M, N) = x (M, K) . w^T with w (N, K) in a GGUF block format, dequantised
-// 32 elements at a time inside the kernel. One invocation per output column
+// 4 elements at a time inside the kernel. One invocation per output column
 // and 4 rows of x (the dequantised block is reused for all 4).
 // P: 0 M, 1 N, 2 K, 3 bytes per row of w, 4 x offset (elements).
 @group(0) @binding(2) var<storage, read> x: array<SX>;
 @group(0) @binding(3) var<storage, read_write> y: array<SX>;
+
+fn xq(i: u32) -> vec4<f32> { return vec4<f32>(lx(x[i]), lx(x[i + 1u]), lx(x[i + 2u]), lx(x[i + 3u])); }
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) g: vec3<u32>) {
@@ -15,18 +17,19 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     if (col >= nn || m0 >= m) { return; }
     let rows = min(4u, m - m0);
     let row = col * P(3u);
-    var vals: array<f32, 32>;
+    let x0 = P(4u) + m0 * kk;
+    // Rows past the end reuse the last row's x and are not written.
+    let xr = vec4<u32>(x0, x0 + min(1u, rows - 1u) * kk, x0 + min(2u, rows - 1u) * kk, x0 + min(3u, rows - 1u) * kk);
     var acc = vec4<f32>(0.0);
     for (var s = 0u; s < kk / 32u; s = s + 1u) {
-        deq32(row, s, &vals);
-        for (var r = 0u; r < rows; r = r + 1u) {
-            let xb = P(4u) + (m0 + r) * kk + s * 32u;
-            var t = vec4<f32>(0.0);
-            for (var e = 0u; e < 32u; e = e + 4u) {
-                t = t + vec4<f32>(vals[e], vals[e + 1u], vals[e + 2u], vals[e + 3u]) *
-                        vec4<f32>(lx(x[xb + e]), lx(x[xb + e + 1u]), lx(x[xb + e + 2u]), lx(x[xb + e + 3u]));
-            }
-            acc[r] = acc[r] + t.x + t.y + t.z + t.w;
+        let sc = q_scales(row, s);
+        for (var k = 0u; k < 8u; k = k + 1u) {
+            let wv = q_quad(row, s, k, sc);
+            let e = s * 32u + 4u * k;
+            acc.x = acc.x + dot(wv, xq(xr.x + e));
+            acc.y = acc.y + dot(wv, xq(xr.y + e));
+            acc.z = acc.z + dot(wv, xq(xr.z + e));
+            acc.w = acc.w + dot(wv, xq(xr.w + e));
         }
     }
     for (var r = 0u; r < rows; r = r + 1u) { y[(m0 + r) * nn + col] = sx(acc[r]); }

@@ -1,0 +1,110 @@
+"""wgpu backend throughput vs numpy, measured in the same run.
+
+    python bench/wgpu.py [--quick]
+
+matmul: GFLOP/s at 512^3 and 1024^3 (f32). matvec (one decoding token): GB/s
+of weights read, for an f32 (n, k) weight and for the same weight in Q4_0 /
+Q4_1 blocks dequantised inside the kernel; numpy's peers are `x @ w.T` and
+tallow.quant.qmatmul_numpy. GPU timings include one readback per batch of
+`reps` dispatches (the sync point), as a model's forward pass would.
+"""
+import os
+import sys
+import time
+
+# This script shares its name with the `wgpu` package: keep `python bench/wgpu.py`
+# from importing itself when the driver does `import wgpu`.
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+
+import numpy as np  # noqa: E402
+
+from tallow import dtypes as D  # noqa: E402
+from tallow.layout import Layout  # noqa: E402
+from tallow_wgpu.backend import WgpuBackend  # noqa: E402
+
+
+def best(fn, reps):
+    fn()  # warm-up: pipeline compilation, pool
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) / reps)
+    return min(times)
+
+
+def main():
+    quick = "--quick" in sys.argv
+    be = WgpuBackend()
+    feats = be.features()
+    print(f"adapter: {feats['adapter']} ({feats['backend_type']}, cpu_emulated={feats['cpu_emulated']}); "
+          f"numpy {np.__version__}")
+    rng = np.random.default_rng(0)
+
+    for size in ((512,) if quick else (512, 1024)):
+        a = rng.standard_normal((size, size), dtype=np.float32)
+        b = rng.standard_normal((size, size), dtype=np.float32)
+        sa, sb = be.from_bytes(a.tobytes(), D.f32), be.from_bytes(b.tobytes(), D.f32)
+        lay = Layout((size, size))
+        reps = 1
+
+        def gpu():
+            out = None
+            for _ in range(reps):
+                out = be.matmul(sa, lay, sb, lay, D.f32)
+            be.to_bytes(out, Layout((1,)), D.f32)  # sync
+
+        flops = 2 * size ** 3
+        t_gpu = best(gpu, reps)
+        t_np = best(lambda: a @ b, 1)
+        got = np.frombuffer(be.to_bytes(be.matmul(sa, lay, sb, lay, D.f32), lay, D.f32), np.float32).reshape(size, size)
+        err = float(np.abs(got - a @ b).max())
+        print(f"matmul {size}^3 f32: wgpu {flops / t_gpu / 1e9:7.2f} GFLOP/s   numpy {flops / t_np / 1e9:7.2f} GFLOP/s"
+              f"   ratio {t_np / t_gpu:.3f}   max|diff| {err:.1e}")
+
+    import tallow.quant as q
+    n, k = (1536, 576) if quick else (4096, 2048)
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    x = rng.standard_normal((1, k), dtype=np.float32)
+    sx = be.from_bytes(x.tobytes(), D.f32)
+    lx = Layout((1, k))
+    reps = 20
+    sw = be.from_bytes(w.tobytes(), D.f32)
+    lw = Layout((n, k)).permute((1, 0))  # x @ w.T, as a Linear layer does
+
+    def gpu_f32():
+        out = None
+        for _ in range(reps):
+            out = be.matmul(sx, lx, sw, lw, D.f32)
+        be.to_bytes(out, Layout((1,)), D.f32)
+
+    t_gpu = best(gpu_f32, reps)
+    t_np = best(lambda: x @ w.T, 1)
+    nbytes = w.nbytes
+    print(f"matvec f32 ({n}x{k}): wgpu {nbytes / t_gpu / 1e9:6.2f} GB/s   numpy {nbytes / t_np / 1e9:6.2f} GB/s"
+          f"   ratio {t_np / t_gpu:.3f}")
+
+    for name in ("q4_0", "q4_1"):
+        qdt = D.get_dtype(name)
+        blocks = q.quantize_numpy(w, name)
+        raw = np.asarray(blocks).tobytes()
+        qw = be.from_bytes(raw, qdt)
+
+        def gpu_q():
+            out = None
+            for _ in range(reps):
+                out = be.qmatmul(sx, lx, D.f32, qw, qdt, n, k)
+            be.to_bytes(out, Layout((1,)), D.f32)
+
+        t_gpu = best(gpu_q, reps)
+        t_np = best(lambda: q.qmatmul_numpy(x, raw, qdt, n, k), 1)
+        got = np.frombuffer(be.to_bytes(be.qmatmul(sx, lx, D.f32, qw, qdt, n, k), Layout((1, n)), D.f32), np.float32)
+        err = float(np.abs(got - q.qmatmul_numpy(x, raw, qdt, n, k).reshape(-1)).max())
+        print(f"matvec {name} ({n}x{k}, {len(raw) / 1e6:.1f} MB): wgpu {len(raw) / t_gpu / 1e9:6.2f} GB/s   "
+              f"numpy (dequantise + dot) {len(raw) / t_np / 1e9:6.2f} GB/s   ratio {t_np / t_gpu:.3f}   "
+              f"max|diff| {err:.1e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""The browser driver: the driver seam of driver_native.py over `navigator.gpu`,
+for tallow running in Pyodide (a Web Worker or a page).
+
+    driver = await create_browser_driver()     # or BrowserDriver.open() with run_sync available
+    dev = register_device(driver)              # tallow.Device("wgpu") now runs on the browser's GPU
+
+Every kernel and all dispatch logic stay in backend.py; this module only moves
+bytes and records dispatches. Recording from Python through `js` proxies is
+slow (50-85 us per dispatch), so dispatch() only appends integers to a Python
+list and flush() hands the list to js/driver.js, which builds bind groups,
+encodes and submits in one call.
+
+Readback: WebGPU can only read a buffer through a Promise (mapAsync). With
+JSPI (on by default in Chromium), `pyodide.ffi.run_sync` waits for it, but only
+when Python was entered through runPythonAsync, PyProxy.callPromising or an
+asyncio task; otherwise read_buffer raises a DeviceError saying so. A sync
+readback costs about 1-2 ms in headless Chromium.
+"""
+import sys
+from array import array
+from importlib import resources
+
+from tallow.errors import DeviceError
+
+from .driver_native import ARENA_SLOTS, PARAMS_BYTES
+
+_FACTORY = None
+
+
+def _js():
+    if sys.platform != "emscripten":
+        raise DeviceError("the browser WebGPU driver runs only inside Pyodide; natively use the wgpu package")
+    import js
+    import pyodide.ffi as ffi
+    return js, ffi
+
+
+def _factory(js):
+    global _FACTORY
+    if _FACTORY is None:
+        text = resources.files("tallow_wgpu").joinpath("js", "driver.js").read_text()
+        _FACTORY = js.Function(text)()
+    return _FACTORY
+
+
+def _to_js(ffi, js, value):
+    return ffi.to_js(value, dict_converter=js.Object.fromEntries)
+
+
+_LIMITS = ("maxStorageBufferBindingSize", "maxBufferSize", "maxComputeWorkgroupsPerDimension",
+           "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupStorageSize", "maxComputeWorkgroupSizeX",
+           "maxStorageBuffersPerShaderStage")
+
+
+async def request_device():
+    """(adapter, device) from navigator.gpu, asking for the adapter's own limits and shader-f16 when it has it."""
+    js, ffi = _js()
+    gpu = getattr(js.navigator, "gpu", None)
+    if gpu is None:
+        raise DeviceError("wgpu device is not available: this browser has no WebGPU (navigator.gpu is missing); "
+                          "Chrome/Edge 113+ or a browser with WebGPU enabled is needed")
+    adapter = await gpu.requestAdapter()
+    if adapter is None:
+        raise DeviceError("wgpu device is not available: navigator.gpu.requestAdapter() found no adapter "
+                          "(WebGPU is disabled or blocklisted for this GPU)")
+    features = ["shader-f16"] if adapter.features.has("shader-f16") else []
+    limits = {name: getattr(adapter.limits, name) for name in _LIMITS}
+    device = await adapter.requestDevice(_to_js(ffi, js, {"requiredFeatures": features, "requiredLimits": limits}))
+    return adapter, device
+
+
+async def create_browser_driver():
+    adapter, device = await request_device()
+    return BrowserDriver(adapter, device)
+
+
+class _Buffer:
+    """A GPU buffer known to JS by id. Dropping it tells the driver, which forgets the id after its next submit."""
+    __slots__ = ("id", "nbytes", "driver", "__weakref__")
+
+    def __init__(self, driver, nbytes):
+        self.driver, self.nbytes = driver, nbytes
+        self.id = driver._js_driver.createBuffer(nbytes)
+
+    def __del__(self):
+        try:
+            self.driver._dead.append(self.id)
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __repr__(self):
+        return f"BrowserBuffer(id={self.id}, {self.nbytes} bytes)"
+
+
+class BrowserDriver:
+    name = "browser"
+
+    @classmethod
+    def open(cls):
+        """Synchronous construction (needs run_sync: Python entered through runPythonAsync/callPromising)."""
+        js, ffi = _js()
+        if not ffi.can_run_sync():
+            raise DeviceError("BrowserDriver.open() must wait for navigator.gpu, which needs Python entered through "
+                              "runPythonAsync or callPromising (JSPI); use `await create_browser_driver()` instead")
+        return ffi.run_sync(create_browser_driver())
+
+    def __init__(self, adapter, device):
+        js, ffi = _js()
+        self._js, self._ffi = js, ffi
+        self.adapter, self.device = adapter, device
+        self.has_f16 = bool(device.features.has("shader-f16"))
+        lim = device.limits
+        self.limits = {
+            "max_storage_binding": int(lim.maxStorageBufferBindingSize),
+            "max_buffer": int(lim.maxBufferSize),
+            "max_workgroups_per_dim": int(lim.maxComputeWorkgroupsPerDimension),
+            "max_invocations": int(lim.maxComputeInvocationsPerWorkgroup),
+            "max_workgroup_storage": int(lim.maxComputeWorkgroupStorageSize),
+            "uniform_align": max(int(lim.minUniformBufferOffsetAlignment), 1),
+        }
+        info = getattr(adapter, "info", None)
+        get = (lambda k: str(getattr(info, k, "") or "")) if info is not None else (lambda k: "")
+        fallback = bool(getattr(info, "isFallbackAdapter", False) or getattr(adapter, "isFallbackAdapter", False))
+        self.info = {
+            "adapter": get("description") or get("device") or get("architecture") or "unknown",
+            "vendor": get("vendor"),
+            "architecture": get("architecture"),
+            "backend_type": "WebGPU (browser)",
+            "adapter_type": "CPU" if fallback else "",
+        }
+        self.cpu_emulated = fallback or "swiftshader" in (self.info["adapter"] + self.info["vendor"]).lower()
+        self._js_driver = _factory(js)(device, PARAMS_BYTES * ARENA_SLOTS)
+        # Uncaught WebGPU errors arrive as events: make them visible in the console.
+        device.addEventListener("uncapturederror", ffi.create_proxy(
+            lambda ev: js.console.error(f"tallow wgpu (browser): {ev.error.message}")))
+        self._pipelines = {}
+        self._ops = array("I")
+        self._params = bytearray()
+        self._dead = []
+        self.submits = 0
+        self.readbacks = 0
+
+    # ---- buffers ------------------------------------------------------------
+    def create_buffer(self, nbytes):
+        return _Buffer(self, nbytes)
+
+    def write_buffer(self, buf, offset, data):
+        if self._ops:
+            self.flush()  # recorded work may still read this (pooled) buffer: queue writes run first
+        mv = memoryview(data).cast("B")
+        n = len(mv)
+        if n == 0:
+            return
+        if n % 4:
+            mv = memoryview(bytes(mv) + bytes(-n % 4))
+        proxy = self._ffi.create_proxy(mv)
+        try:
+            self._js_driver.writeFromPython(buf.id, offset, proxy, len(mv))
+        finally:
+            proxy.destroy()
+
+    def write_buffer_from_js(self, buf, offset, array_buffer, src_offset, nbytes):
+        """Copy nbytes of a JS ArrayBuffer (e.g. a fetched weights file) into buf, bypassing the wasm heap."""
+        if self._ops:
+            self.flush()
+        self._js_driver.writeFromJs(buf.id, offset, array_buffer, src_offset, nbytes)
+
+    def read_buffer(self, buf, offset, nbytes):
+        self.flush()
+        if not self._ffi.can_run_sync():
+            raise DeviceError("reading a WebGPU buffer from Python needs JSPI stack switching: enter Python through "
+                              "pyodide.runPythonAsync or PyProxy.callPromising (not runPython / a plain callback)")
+        start = offset - offset % 4
+        end = offset + nbytes
+        end += -end % 4
+        data = self._ffi.run_sync(self._js_driver.read(buf.id, start, end - start)).to_bytes()
+        self.readbacks += 1
+        return data[offset - start:offset - start + nbytes]
+
+    def copy_buffer(self, src, src_offset, dst, dst_offset, nbytes):
+        self._ops.extend((1, src.id, src_offset, dst.id, dst_offset, nbytes))
+
+    # ---- pipelines and dispatch -----------------------------------------------
+    def pipeline(self, wgsl, label):
+        p = self._pipelines.get(wgsl)
+        if p is None:
+            try:
+                if self._ffi.can_run_sync():  # compile errors come back as messages, not as a console error
+                    pid = self._ffi.run_sync(self._js_driver.compileAsync(wgsl, label))
+                else:
+                    pid = self._js_driver.compileSync(wgsl, label)
+            except Exception as e:
+                raise DeviceError(f"WGSL kernel '{label}' failed to compile: {e}") from None
+            p = (int(pid), label)
+            self._pipelines[wgsl] = p
+        return p
+
+    def dispatch(self, pipeline, buffers, params, workgroups):
+        """buffers: (buf, offset, nbytes) for bindings 1.. in order; params: bytes for binding 0."""
+        if len(params) > PARAMS_BYTES:
+            raise DeviceError(f"kernel '{pipeline[1]}': {len(params)} bytes of parameters (max {PARAMS_BYTES})")
+        if len(self._params) >= PARAMS_BYTES * ARENA_SLOTS:
+            self.flush()
+        slot = len(self._params)
+        self._params += params
+        self._params += bytes(PARAMS_BYTES - len(params))
+        ops = self._ops
+        ops.extend((0, pipeline[0], slot, len(buffers)))
+        for buf, off, size in buffers:
+            ops.extend((buf.id, off, max(4, size)))
+        ops.extend(workgroups)
+
+    def flush(self):
+        if self._ops:
+            ops_js = self._ffi.to_js(self._ops)  # a Uint32Array copy: one conversion per submit
+            params = self._ffi.create_proxy(memoryview(self._params))
+            try:
+                self._js_driver.submit(ops_js, params, PARAMS_BYTES, len(self._params))
+            finally:
+                params.destroy()
+            self.submits += 1
+            self._ops = array("I")
+            self._params = bytearray()
+        if self._dead:
+            dead, self._dead = self._dead, []
+            self._js_driver.forget(self._ffi.to_js(dead))
+
+
+def register_device(driver):
+    """Make tallow.Device("wgpu") use `driver` (the wgpu backend picks the native driver by default).
+    Returns that Device."""
+    from tallow import device as device_module
+
+    from .backend import WgpuBackend
+    dev = object.__new__(device_module.Device)
+    dev.type = "wgpu"
+    dev._backend = WgpuBackend(driver)
+    device_module._instances["wgpu"] = dev
+    return dev
