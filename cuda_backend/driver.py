@@ -1,0 +1,106 @@
+"""The CuPy driver: device memory as cupy arrays, kernels compiled from kernels/*.cu by
+NVRTC (cupy.RawModule; cupy caches the binaries on disk), launched with numpy scalars."""
+import collections
+import os
+
+from tallow.errors import DeviceError
+
+from .host import F64, I32, I64, U64, Meta
+from .kernel_backend import DeviceStorage
+
+KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
+META_CACHE_SIZE = 4096
+
+
+def kernel_source(module):
+    """The source of kernels/<module>.cu with common.cuh inlined (NVRTC then needs no include path)."""
+    with open(os.path.join(KERNEL_DIR, "common.cuh")) as f:
+        common = f.read()
+    with open(os.path.join(KERNEL_DIR, module + ".cu")) as f:
+        text = f.read()
+    return text.replace('#include "common.cuh"', common)
+
+
+def storage_numpy_dtype(dtype):
+    """numpy dtype name a cupy array of this tallow dtype uses (bf16 as its uint16 bits, blocks as bytes)."""
+    return "uint8" if dtype.is_quantized else dtype.np_name
+
+
+class CupyDriver:
+    name = "cuda"
+    has_f64 = True
+    atomic64 = True
+
+    def __init__(self):
+        try:
+            import cupy
+            import numpy
+        except ImportError as e:
+            raise DeviceError(f"CUDA needs cupy and numpy ({e}): pip install cupy-cuda12x "
+                              "(on a Jetson with JetPack 6: pip install cupy-cuda12x, or build cupy from source)") from None
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:  # cupy raises CUDARuntimeError without a driver or a GPU
+            raise DeviceError(f"no CUDA device: {e}") from None
+        if count == 0:
+            raise DeviceError("no CUDA device: the driver reports 0 GPUs")
+        self.cp, self.np = cupy, numpy
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        self.device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.compute_capability = (props["major"], props["minor"])
+        self._modules = {}
+        self._functions = {}
+        self._metas = collections.OrderedDict()
+
+    # ---- memory -----------------------------------------------------------------
+    def alloc(self, dtype, numel):
+        return DeviceStorage(self.cp.empty(numel, dtype=storage_numpy_dtype(dtype)), dtype, numel)
+
+    def upload(self, data, dtype):
+        host = self.np.frombuffer(data, dtype=self.np.dtype(storage_numpy_dtype(dtype)).newbyteorder("<"))
+        return DeviceStorage(self.cp.asarray(host.astype(host.dtype.newbyteorder("="), copy=False)), dtype, host.size)
+
+    def download(self, st, byte_offset, nbytes):
+        flat = st.buf.view(self.cp.uint8)
+        return flat[byte_offset:byte_offset + nbytes].get().tobytes()
+
+    # ---- kernels ----------------------------------------------------------------
+    def function(self, module, kernel):
+        key = (module, kernel)
+        fn = self._functions.get(key)
+        if fn is None:
+            mod = self._modules.get(module)
+            if mod is None:
+                mod = self._modules[module] = self.cp.RawModule(code=kernel_source(module), options=("--std=c++17",))
+            fn = self._functions[key] = mod.get_function(kernel)
+        return fn
+
+    def _meta(self, words):
+        arr = self._metas.get(words)
+        if arr is None:
+            arr = self.cp.asarray(self.np.array(words, dtype=self.np.int32))
+            self._metas[words] = arr
+            if len(self._metas) > META_CACHE_SIZE:
+                self._metas.popitem(last=False)
+        else:
+            self._metas.move_to_end(words)
+        return arr
+
+    def convert_arg(self, a):
+        np = self.np
+        if isinstance(a, DeviceStorage):
+            return a.buf
+        if isinstance(a, Meta):
+            return self._meta(a)
+        if isinstance(a, I32):
+            return np.int32(a)
+        if isinstance(a, I64):
+            return np.int64(a)
+        if isinstance(a, U64):
+            return np.uint64(a)
+        if isinstance(a, F64):
+            return np.float64(a)
+        raise TypeError(f"kernel argument of unknown kind: {a!r}")
+
+    def launch(self, module, kernel, grid, block, args):
+        self.function(module, kernel)(tuple(grid), tuple(block), tuple(self.convert_arg(a) for a in args))

@@ -1,0 +1,390 @@
+"""The backend contract on top of a kernel *driver*: the op-by-op logic shared by the
+CUDA backend (CuPy driver, CUDA C kernels) and the Metal backend (PyObjC driver, MSL
+kernels). Both kernel sets have the same kernel names and argument lists, so this file
+decides what to launch and the drivers only move bytes and launch.
+
+A driver provides: name, has_f64, atomic64, alloc(dtype, numel), upload(bytes, dtype),
+download(storage, byte_offset, nbytes), launch(module, kernel, grid, block, args), and
+the backend subclass provides matmul. Storage is a DeviceStorage.
+"""
+from tallow.backends.base import Backend
+from tallow.dtypes import bool_, f32, f64, i64
+from tallow.errors import ShapeError, UnsupportedError
+from tallow.layout import Layout, contiguous_strides, numel_of
+
+from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, IN_KERNEL_QUANTS, REDUCE_CODES,
+                   SCATTER_WORK_DTYPES, U64, UNARY_CODES, Meta, conv_output_size, grid_1d, grid_qmatvec,
+                   inverse_permutation, kernel_name, move_dims_last, pack_meta, pack_values, rows_of, scalar_bits,
+                   staging_dtype, unpack_values, width_kernel)
+
+QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul
+ATTENTION_MAX_HEAD_DIM = 256  # kernels keep q and the output row in shared memory
+
+
+class DeviceStorage:
+    """One tensor's device memory: `buf` (a cupy array or an MTLBuffer), its dtype and element
+    count (for block dtypes, the byte count)."""
+    __slots__ = ("buf", "dtype", "numel")
+
+    def __init__(self, buf, dtype, numel):
+        self.buf, self.dtype, self.numel = buf, dtype, numel
+
+    @property
+    def nbytes(self):
+        return self.numel if self.dtype.is_quantized else self.numel * self.dtype.itemsize
+
+    def __repr__(self):
+        return f"DeviceStorage({self.dtype.name}, {self.numel})"
+
+
+class KernelBackend(Backend):
+    name = "kernel"
+
+    def __init__(self, driver):
+        self.driver = driver
+
+    # ---- helpers ------------------------------------------------------------------
+    def _check(self, dtype, op):
+        if dtype is f64 and not self.driver.has_f64:
+            raise UnsupportedError(f"the {self.name} backend has no f64 ({op}); convert to f32 first")
+
+    def _alloc(self, dtype, numel):
+        return self.driver.alloc(dtype, numel)
+
+    def _run(self, module, kernel, n, args):
+        """A 1-D launch over n elements (the kernels loop over a capped grid)."""
+        blocks = grid_1d(n)
+        if blocks:
+            self.driver.launch(module, kernel, (blocks, 1, 1), (BLOCK, 1, 1), args)
+
+    def _contiguous(self, st, layout, dtype):
+        """Storage holding the layout's elements contiguously from offset 0 (no copy when it already does)."""
+        if layout.offset == 0 and layout.is_contiguous():
+            return st
+        return self.copy(st, layout, dtype)
+
+    def _as(self, st, layout, src, dst):
+        """Contiguous storage of the layout's elements in dtype dst."""
+        return self._contiguous(st, layout, src) if src is dst else self.cast(st, layout, src, dst)
+
+    def _ids64(self, ids, lids):
+        return self._as(ids, lids, ids.dtype, i64)
+
+    # ---- memory -------------------------------------------------------------------
+    def from_bytes(self, data, dtype):
+        self._check(dtype, "from_bytes")
+        return self.driver.upload(data, dtype)
+
+    def to_bytes(self, st, layout, dtype):
+        if dtype.is_quantized:
+            return self.driver.download(st, 0, st.nbytes)
+        n = layout.numel()
+        if layout.is_contiguous():
+            return self.driver.download(st, layout.offset * dtype.itemsize, n * dtype.itemsize)
+        return self.driver.download(self.copy(st, layout, dtype), 0, n * dtype.itemsize)
+
+    def from_list(self, values, dtype):
+        self._check(dtype, "from_list")
+        stage = staging_dtype(dtype)
+        if stage is f64 and not self.driver.has_f64:
+            stage = f32
+        st = self.driver.upload(pack_values(values, stage), stage)
+        return st if stage is dtype else self.cast(st, Layout((len(values),)), stage, dtype)
+
+    def to_list(self, st, layout, dtype):
+        return unpack_values(self.to_bytes(st, layout, dtype), dtype)
+
+    def full(self, numel, value, dtype):
+        self._check(dtype, "full")
+        out = self._alloc(dtype, numel)
+        self._run("elementwise", width_kernel("fill", dtype), numel, [out, U64(scalar_bits(value, dtype)), I64(numel)])
+        return out
+
+    def arange(self, start, step, numel, dtype):
+        if dtype.is_float:
+            values = [start + step * float(i) for i in range(numel)]
+        else:
+            values = [int(start) + int(step) * i for i in range(numel)]
+        return self.from_list(values, dtype)
+
+    # ---- element-wise ---------------------------------------------------------------
+    def copy(self, st, layout, dtype):
+        if dtype.is_quantized:  # blocks are copied whole, byte by byte
+            out = self._alloc(dtype, st.nbytes)
+            self._run("elementwise", "copy_w1", st.nbytes, [st, out, pack_meta((st.nbytes,), [(0, (1,))]), I64(st.nbytes)])
+            return out
+        n = layout.numel()
+        out = self._alloc(dtype, n)
+        self._run("elementwise", width_kernel("copy", dtype), n, [st, out, pack_meta(layout.shape, [layout], "copy"), I64(n)])
+        return out
+
+    def assign(self, dst, ld, src, ls, dtype):
+        n = ld.numel()
+        self._run("elementwise", width_kernel("assign", dtype), n, [dst, src, pack_meta(ld.shape, [ld, ls], "assign"), I64(n)])
+
+    def cast(self, st, layout, src_dtype, dst_dtype):
+        self._check(src_dtype, "cast")
+        self._check(dst_dtype, "cast")
+        if src_dtype is dst_dtype:
+            return self.copy(st, layout, src_dtype)
+        n = layout.numel()
+        out = self._alloc(dst_dtype, n)
+        kernel = f"cast_{src_dtype.name}_{dst_dtype.name}"
+        self._run("elementwise", kernel, n, [st, out, pack_meta(layout.shape, [layout], "cast"), I64(n)])
+        return out
+
+    def unary(self, op, st, layout, dtype, arg=None):
+        self._check(dtype, op)
+        if op == "logical_not":  # x == 0, against a broadcast zero
+            zero = self.full(1, 0, dtype)
+            return self.compare("eq", st, layout, zero, Layout(layout.shape, (0,) * len(layout.shape)), dtype)
+        if op not in UNARY_CODES:
+            self._missing(f"unary {op}")
+        a0 = a1 = 0.0
+        if op == "clamp":
+            lo, hi = arg
+            a0 = float("-inf") if lo is None else float(lo)
+            a1 = float("inf") if hi is None else float(hi)
+        elif op == "pow_scalar":
+            a0 = float(arg)
+        elif op == "affine":
+            a0, a1 = float(arg[0]), float(arg[1])
+        n = layout.numel()
+        out = self._alloc(dtype, n)
+        self._run("elementwise", kernel_name("unary", dtype), n,
+                  [st, out, pack_meta(layout.shape, [layout], op), I64(n), I32(UNARY_CODES[op]), F64(a0), F64(a1)])
+        return out
+
+    def binary(self, op, a, la, b, lb, dtype):
+        self._check(dtype, op)
+        n = la.numel()
+        out = self._alloc(dtype, n)
+        self._run("elementwise", kernel_name("binary", dtype), n,
+                  [a, b, out, pack_meta(la.shape, [la, lb], op), I64(n), I32(BINARY_CODES[op])])
+        return out
+
+    def compare(self, op, a, la, b, lb, dtype):
+        self._check(dtype, op)
+        n = la.numel()
+        out = self._alloc(bool_, n)
+        self._run("elementwise", kernel_name("compare", dtype), n,
+                  [a, b, out, pack_meta(la.shape, [la, lb], op), I64(n), I32(COMPARE_CODES[op])])
+        return out
+
+    def where(self, cond, lc, a, la, b, lb, dtype):
+        self._check(dtype, "where")
+        if cond.dtype is not bool_:
+            cond, lc = self.cast(cond, lc, cond.dtype, bool_), Layout(lc.shape)
+        n = la.numel()
+        out = self._alloc(dtype, n)
+        self._run("elementwise", kernel_name("where", dtype), n, [cond, a, b, out, pack_meta(la.shape, [lc, la, lb], "where"), I64(n)])
+        return out
+
+    # ---- reductions and scans ---------------------------------------------------------
+    def reduce(self, op, st, layout, dtype, dims):
+        self._check(dtype, op)
+        out_dtype = i64 if op in ("argmax", "argmin") or (op in ("sum", "prod") and not dtype.is_float) else dtype
+        _, pl = move_dims_last(layout, dims)
+        rows, length = rows_of(pl.shape, len(dims))
+        if length == 0:
+            if op in ("sum", "prod"):
+                return self.full(rows, 0 if op == "sum" else 1, out_dtype)
+            raise ShapeError(f"{op} over an empty dim of shape {layout.shape}")
+        x = self._contiguous(st, pl, dtype)
+        if rows == 0:
+            return self._alloc(out_dtype, 0)
+        grid, block = (rows, 1, 1), (BLOCK, 1, 1)
+        if op in ("argmax", "argmin"):
+            out = self._alloc(i64, rows)
+            self.driver.launch("reduce", kernel_name("argreduce", dtype), grid, block, [x, out, I64(length), I32(op == "argmax")])
+            return out
+        if dtype.is_float:
+            out = self._alloc(dtype, rows)
+            self.driver.launch("reduce", kernel_name("reduce", dtype), grid, block, [x, out, I64(length), I32(REDUCE_CODES[op])])
+            return out
+        wide = self._alloc(i64, rows)  # integer reductions accumulate in i64
+        self.driver.launch("reduce", kernel_name("reduce", dtype), grid, block, [x, wide, I64(length), I32(REDUCE_CODES[op])])
+        return wide if out_dtype is i64 else self.cast(wide, Layout((rows,)), i64, out_dtype)
+
+    def cumsum(self, st, layout, dtype, dim):
+        self._check(dtype, "cumsum")
+        out_dtype = dtype if dtype.is_float else i64
+        perm, pl = move_dims_last(layout, (dim,))
+        rows, length = rows_of(pl.shape, 1)
+        n = rows * length
+        if n == 0:
+            return self._alloc(out_dtype, 0)
+        x = self._contiguous(st, pl, dtype)
+        scanned = self._alloc(out_dtype, n)
+        self._run("reduce", kernel_name("cumsum", dtype), rows, [x, scanned, I64(rows), I64(length)])
+        if perm == sorted(perm):
+            return scanned
+        back = Layout(pl.shape).permute(inverse_permutation(perm))  # the scan in the input's dim order
+        return self.copy(scanned, back, out_dtype)
+
+    # ---- linear algebra and indexing ---------------------------------------------------
+    def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
+        self._check(dtype, "qmatmul")
+        m = lx.numel() // k if k else 0
+        xf = self._as(x, lx, dtype, f32)
+        if m == 0 or n == 0:
+            return self._alloc(dtype, m * n)
+        if wdtype.name in IN_KERNEL_QUANTS and m <= QMATVEC_MAX_ROWS:
+            out = self._alloc(f32, m * n)
+            grid, block = grid_qmatvec(n, m)
+            self.driver.launch("quant", f"qmatvec_{wdtype.name}", grid, block, [w, xf, out, I32(n), I32(k), I32(m)])
+        else:  # a prompt (many rows): dequantise once, then the dense matmul
+            wf = self.dequantize(w, wdtype, n * k, f32)
+            out = self.matmul(xf, Layout((m, k)), wf, Layout((k, n), (1, k)), f32)
+        return out if dtype is f32 else self.cast(out, Layout((m * n,)), f32, dtype)
+
+    def dequantize(self, w, wdtype, numel, dtype):
+        self._check(dtype, "dequantize")
+        if wdtype.name in IN_KERNEL_QUANTS:
+            out = self._alloc(f32, numel)
+            # Rows of one block each: no row length beyond int32.
+            self._run("quant", f"dequant_{wdtype.name}", numel, [w, w, out, I64(numel), I32(wdtype.block_size), I32(0)])
+        else:
+            out = self._host_dequantize(w, wdtype, numel, None, None)
+        return out if dtype is f32 else self.cast(out, Layout((numel,)), f32, dtype)
+
+    def _host_dequantize(self, w, wdtype, numel, k, ids):
+        """Block formats without a kernel: dequantised by tallow.quant on the host (slow, but exact)."""
+        import numpy as np
+        from tallow.quant import dequantize_numpy, dequantize_rows_numpy
+        raw = np.frombuffer(self.driver.download(w, 0, w.nbytes), dtype=np.uint8)
+        if ids is None:
+            values = dequantize_numpy(raw, wdtype, numel)
+        else:
+            rows = np.frombuffer(self.driver.download(ids, 0, ids.nbytes), dtype=np.int64)
+            values = dequantize_rows_numpy(raw, wdtype, k, rows)
+        return self.driver.upload(np.ascontiguousarray(values, dtype=np.float32).tobytes(), f32)
+
+    def index_select(self, st, layout, dtype, ids, lids, dim):
+        ids64 = self._ids64(ids, lids)
+        count = lids.numel()
+        if dtype.is_quantized:
+            k = layout.shape[1]
+            if dtype.name not in IN_KERNEL_QUANTS:
+                return self._host_dequantize(st, dtype, count * k, k, ids64)
+            out = self._alloc(f32, count * k)
+            self._run("quant", f"dequant_{dtype.name}", count * k, [st, ids64, out, I64(count * k), I32(k), I32(1)])
+            return out
+        shape = list(layout.shape)
+        shape[dim] = count
+        strides = list(layout.strides)
+        dim_stride, strides[dim] = strides[dim], 0
+        n = numel_of(shape)
+        out = self._alloc(dtype, n)
+        inner = numel_of(shape[dim + 1:])
+        meta = pack_meta(shape, [(layout.offset, strides)], "index_select")
+        self._run("index", width_kernel("index_select", dtype), n,
+                  [st, ids64, out, meta, I64(n), I64(inner), I64(count), I64(dim_stride), I64(layout.shape[dim])])
+        return out
+
+    def gather(self, st, layout, dtype, ids, lids, dim):
+        ids64 = self._ids64(ids, lids)
+        strides = list(layout.strides)
+        dim_stride, strides[dim] = strides[dim], 0
+        n = lids.numel()
+        out = self._alloc(dtype, n)
+        meta = pack_meta(lids.shape, [(layout.offset, strides)], "gather")
+        self._run("index", width_kernel("gather", dtype), n, [st, ids64, out, meta, I64(n), I64(dim_stride), I64(layout.shape[dim])])
+        return out
+
+    def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
+        work = SCATTER_WORK_DTYPES[dtype.name]
+        if work is i64 and not self.driver.atomic64:
+            raise UnsupportedError(f"the {self.name} backend cannot scatter_add {dtype.name} (no 64-bit atomics); use i32 or f32")
+        self._check(dtype, "scatter_add")
+        out = self._as(dst, ld, dtype, work) if work is not dtype else self.copy(dst, ld, dtype)
+        ids64 = self._ids64(ids, lids)
+        values, lv = (src, ls) if work is dtype else (self.cast(src, ls, dtype, work), Layout(ls.shape))
+        out_strides = list(contiguous_strides(ld.shape))
+        dim_stride, out_strides[dim] = out_strides[dim], 0
+        n = ls.numel()
+        meta = pack_meta(ls.shape, [lv, (0, out_strides)], "scatter_add")
+        self._run("index", f"scatter_add_{work.name}", n, [out, ids64, values, meta, I64(n), I64(dim_stride), I64(ld.shape[dim])])
+        return out if work is dtype else self.cast(out, Layout(ld.shape), work, dtype)
+
+    def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+        # A 1-D convolution is a 2-D one over a height of 1.
+        lx2 = Layout(lx.shape[:2] + (1,) + lx.shape[2:], lx.strides[:2] + (0,) + lx.strides[2:], lx.offset)
+        lw2 = Layout(lw.shape[:2] + (1,) + lw.shape[2:], lw.strides[:2] + (0,) + lw.strides[2:], lw.offset)
+        return self.conv2d(x, lx2, w, lw2, dtype, (1, stride), (0, padding), (1, dilation), groups)
+
+    def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+        """im2col on the device, then one batched matmul (cuBLAS on CUDA)."""
+        if not dtype.is_float:
+            self._missing(f"conv on {dtype.name}")
+        self._check(dtype, "conv")
+        b, cin, h, wd = lx.shape
+        cout, cin_g, kh, kw = lw.shape
+        oh = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
+        ow = conv_output_size(wd, kw, stride[1], padding[1], dilation[1])
+        if oh <= 0 or ow <= 0:
+            raise ShapeError(f"conv: input {lx.shape} is smaller than the dilated kernel {lw.shape}")
+        xs = self._contiguous(x, lx, dtype)
+        ws = self._contiguous(w, lw, dtype)
+        kk, p, cout_g = cin_g * kh * kw, oh * ow, cout // groups
+        n = b * cin * kh * kw * p
+        cols = self._alloc(dtype, n)
+        self._run("index", kernel_name("im2col", dtype), n,
+                  [xs, cols, I64(n), I32(cin), I32(h), I32(wd), I32(kh), I32(kw), I32(oh), I32(ow), I32(stride[0]),
+                   I32(stride[1]), I32(padding[0]), I32(padding[1]), I32(dilation[0]), I32(dilation[1])])
+        # (b, groups, cout_g, kk) @ (b, groups, kk, p): the weight is shared across the batch (stride 0).
+        lwm = Layout((b, groups, cout_g, kk), (0, cout_g * kk, kk, 1))
+        lc = Layout((b, groups, kk, p))
+        return self.matmul(ws, lwm, cols, lc, dtype)
+
+    # ---- fused ------------------------------------------------------------------------
+    def _rows_kernel(self, family, st, layout, dtype, extra_inputs, scalars):
+        self._check(dtype, family)
+        if not dtype.is_float:
+            self._missing(f"{family} on {dtype.name}")
+        rows, length = rows_of(layout.shape, 1)
+        out = self._alloc(dtype, rows * length)
+        if rows * length == 0:
+            return out
+        x = self._contiguous(st, layout, dtype)
+        inputs = [x] + [x if s is None else self._contiguous(s, ls, dtype) for s, ls in extra_inputs]
+        self.driver.launch("reduce", kernel_name(family, dtype), (rows, 1, 1), (BLOCK, 1, 1), inputs + [out, I64(length)] + scalars)
+        return out
+
+    def softmax(self, st, layout, dtype, log=False):
+        return self._rows_kernel("softmax", st, layout, dtype, [], [I32(bool(log))])
+
+    def layer_norm(self, x, lx, w, lw, b, lb, dtype, eps):
+        return self._rows_kernel("layer_norm", x, lx, dtype, [(w, lw), (b, lb)],
+                                 [F64(eps), I32(w is not None), I32(b is not None)])
+
+    def rms_norm(self, x, lx, w, lw, dtype, eps):
+        return self._rows_kernel("rms_norm", x, lx, dtype, [(w, lw)], [F64(eps), I32(w is not None)])
+
+    def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
+        self._check(dtype, "rope")
+        b, h, t, d = lx.shape
+        n = lx.numel()
+        out = self._alloc(dtype, n)
+        if n == 0:
+            return out
+        cs, sn = self._contiguous(cos, lcos, dtype), self._contiguous(sin, lsin, dtype)
+        self._run("index", kernel_name("rope", dtype), n // 2,
+                  [x, cs, sn, out, pack_meta(lx.shape, [lx], "rope"), I64(b * h), I64(t), I64(d), I32(bool(interleaved))])
+        return out
+
+    def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        self._check(dtype, "attention")
+        b, h, tq, d = lq.shape
+        tk, dv = lk.shape[2], lv.shape[3]
+        if d > ATTENTION_MAX_HEAD_DIM or dv > ATTENTION_MAX_HEAD_DIM:
+            raise UnsupportedError(f"{self.name} attention: head dim {max(d, dv)} > {ATTENTION_MAX_HEAD_DIM}")
+        out = self._alloc(dtype, b * h * tq * dv)
+        if b * h * tq * dv == 0:
+            return out
+        lm = lmask if mask is not None else Layout((b, h, tq, tk), (0, 0, 0, 0))
+        ameta = Meta([lq.offset, lk.offset, lv.offset, lm.offset, *lq.strides, *lk.strides, *lv.strides, *lm.strides])
+        self.driver.launch("attention", kernel_name("attention", dtype), (b * h * tq, 1, 1), (BLOCK, 1, 1),
+                           [q, k, v, mask if mask is not None else q, out, ameta, I32(h), I32(tq), I32(tk), I32(d), I32(dv),
+                            F64(scale), I32(mask is not None), I32(bool(causal))])
+        return out
