@@ -95,16 +95,17 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, gguf, backend=None):
-        """A .gguf path, or its metadata as a dict (key -> value, arrays as lists)."""
+        """A .gguf path, a file opened with tallow.io.open, or its metadata as a
+        dict (key -> value, arrays as lists)."""
         if isinstance(gguf, dict):
             meta, source = gguf, "GGUF metadata"
+        elif hasattr(gguf, "metadata"):
+            meta, source = gguf.metadata, getattr(gguf, "path", "GGUF file")
         else:
-            from .gguf_metadata import read_metadata
+            from .. import io
             source = os.fspath(gguf)
-            try:
-                meta = read_metadata(source)
-            except FileNotFoundError:
-                raise FormatError(f"{source}: no such GGUF file") from None
+            with io.open(source, format="gguf") as f:
+                meta = f.metadata
         spec, special_ids, template = to_tokenizer_json(meta, source)
         return cls(spec, backend, special_ids, template, source)
 
