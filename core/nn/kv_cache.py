@@ -14,6 +14,12 @@ class KVCache:
         self.k = self.v = None
         self.length = 0
 
+    def truncate(self, length):
+        """Forget positions from `length` on (their slots are overwritten by later appends)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"KVCache.truncate: {length} is outside [0, {self.length}]")
+        self.length = length
+
     def _grow(self, like_k, like_v, need):
         cap = self.k.shape[2] if self.k is not None else 0
         new_cap = max(need, 2 * cap, self.initial_capacity)

@@ -17,6 +17,11 @@ def inv_frequencies(dim, base=10000.0, scaling=None, seq_len=None):
         return inv, factor_out
     if kind == "linear":
         return [f / scaling["factor"] for f in inv], factor_out
+    if kind == "freq_factors":  # llama.cpp's rope_freqs tensor: one divisor per frequency
+        factors = scaling["factors"]
+        if len(factors) != len(inv):
+            raise ValueError(f"rope freq factors have {len(factors)} entries, the rotary dim needs {len(inv)}")
+        return [f / e for f, e in zip(inv, factors)], factor_out
     if kind == "llama3":
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old = scaling["original_max_position_embeddings"]

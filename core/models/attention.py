@@ -1,0 +1,68 @@
+"""Pieces every decoder's self-attention shares: head reshapes, (partial)
+rotary embedding, and causal attention through a KV cache with an optional
+sliding window. Only public tensor/functional ops, so every device runs them."""
+from .. import functional as F
+from ..creation import cat, tensor
+
+
+def split_heads(x, heads, head_dim):
+    """(b, t, heads * head_dim) -> (b, heads, t, head_dim)."""
+    b, t, _ = x.shape
+    return x.reshape(b, t, heads, head_dim).transpose(1, 2)
+
+
+def merge_heads(x):
+    """(b, heads, t, head_dim) -> (b, t, heads * head_dim)."""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+def apply_rotary(x, cos, sin, rotary_dim, interleaved=False):
+    """Rotate the first rotary_dim features of each head; the rest pass through
+    (Phi's partial rotary)."""
+    d = x.shape[-1]
+    if rotary_dim == d:
+        return F.rotary_emb(x, cos, sin, interleaved)
+    rotated = F.rotary_emb(x.narrow(-1, 0, rotary_dim), cos, sin, interleaved)
+    return cat([rotated, x.narrow(-1, rotary_dim, d - rotary_dim)], -1)
+
+
+def activation(name):
+    """The MLP non-linearity a config's hidden_act names."""
+    if name in ("silu", "swish"):
+        return F.silu
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_tanh"):
+        return lambda x: x.gelu("tanh")
+    if name == "gelu":
+        return lambda x: x.gelu()
+    if name == "relu":
+        return F.relu
+    from ..errors import UnsupportedError
+    raise UnsupportedError(f"hidden_act {name!r} is not supported (silu, gelu, gelu_new, gelu_pytorch_tanh, relu)")
+
+
+class Step:
+    """What one forward call shares across layers: where the new tokens sit,
+    their rotary tables and the attention window over the cache."""
+
+    def __init__(self, offset, length, rotary, window=None, device=None):
+        self.offset, self.length = offset, length
+        self.cos, self.sin = rotary.tables(offset, length)
+        total = offset + length
+        self.key_start, self.mask = 0, None
+        if window is not None and total > window:
+            # Keys older than every query's window are dropped from the view; within
+            # the view, a bool mask bans keys that fall out of an earlier query's window
+            # (key p may be seen by query q when q - window < p <= q, as in transformers).
+            self.key_start = max(0, offset + 1 - window)
+            if offset + length - 1 - window >= self.key_start:
+                keys = range(self.key_start, total)
+                self.mask = tensor([[p > q - window for p in keys] for q in range(offset, total)], device=device)
+
+    def attend(self, q, k, v, kv_cache):
+        """Append k, v to the layer's cache and attend causally over everything it holds."""
+        keys, values = kv_cache.append(k, v)
+        if self.key_start:
+            n = keys.shape[2] - self.key_start
+            keys, values = keys.narrow(2, self.key_start, n), values.narrow(2, self.key_start, n)
+        return F.scaled_dot_product_attention(q, keys, values, mask=self.mask, is_causal=True)

@@ -1,0 +1,119 @@
+"""The base of the decoder-only language models: input handling, the KV cache
+kept across calls, logits, and the generation entry points.
+
+    logits = model([1, 2, 3])      # prefill: (1, 3, vocab); the cache now holds 3 positions
+    logits = model([4])            # one decode step at position 3
+    model.reset()                  # forget the context
+
+An explicit `cache=model.new_cache()` runs an independent sequence without
+touching the model's own cache.
+"""
+from .. import dtypes as D
+from ..creation import tensor
+from ..errors import ShapeError
+from ..nn import KVCache, Module, RotaryEmbedding
+from ..tensor import Tensor
+from .attention import Step
+
+
+class DecoderCache:
+    """One KVCache per layer; `length` is the number of positions already seen.
+    Generation records which token ids produced it (token_ids) and whether
+    longrope's long factors were in force (long_rope), to reuse a prefix."""
+
+    def __init__(self, num_layers):
+        self.layers = [KVCache() for _ in range(num_layers)]
+        self.token_ids = []
+        self.long_rope = False
+
+    @property
+    def length(self):
+        return self.layers[0].length if self.layers else 0
+
+    def reset(self):
+        for c in self.layers:
+            c.reset()
+        self.token_ids = []
+        self.long_rope = False
+
+    def truncate(self, length):
+        """Keep the first `length` positions (to reuse a shared prompt prefix)."""
+        for c in self.layers:
+            c.truncate(length)
+        del self.token_ids[length:]
+
+
+class CausalLM(Module):
+    """Subclasses build `self.layers` (each `layer(hidden, step, kv_cache)`), and
+    define `embed(ids)`, `final_norm(hidden)` and `lm_head(hidden)`."""
+
+    def __init__(self, config, device, dtype):
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.tokenizer = None
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling, device, dtype)
+        self.cache = None
+
+    def _finish_init(self):
+        self.cache = self.new_cache()
+
+    def new_cache(self):
+        return DecoderCache(self.config.num_layers)
+
+    def reset(self):
+        self.cache.reset()
+
+    @property
+    def eos_token_ids(self):
+        """Token ids that end a reply: the config's, then the tokenizer's eos."""
+        ids = list(self.config.eos_token_ids)
+        tok = self.tokenizer
+        if tok is not None and tok.eos_id is not None and tok.eos_id not in ids:
+            ids.append(tok.eos_id)
+        return ids
+
+    def _ids(self, input_ids):
+        if isinstance(input_ids, Tensor):
+            ids = input_ids if input_ids.device is self.device else input_ids.to(self.device)
+        else:
+            ids = tensor(input_ids, D.i64, self.device)
+        if ids.ndim == 1:
+            ids = ids.unsqueeze(0)
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            raise ShapeError(f"input_ids must be (seq,) or (batch, seq) with seq > 0, got shape {ids.shape}")
+        if ids.dtype.is_float:
+            raise ShapeError(f"input_ids must be integers, got {ids.dtype.name}")
+        return ids
+
+    def forward(self, input_ids, cache=None, last_only=False):
+        """Logits (batch, seq, vocab) for the new tokens; last_only keeps just the
+        final position (batch, 1, vocab), which is all generation needs."""
+        ids = self._ids(input_ids)
+        cache = self.cache if cache is None else cache
+        step = Step(cache.length, ids.shape[1], self.rotary, self.config.sliding_window, self.device)
+        hidden = self.embed(ids)
+        for layer, kv in zip(self.layers, cache.layers):
+            hidden = layer(hidden, step, kv)
+        if last_only and hidden.shape[1] > 1:
+            hidden = hidden.narrow(1, hidden.shape[1] - 1, 1)
+        return self.lm_head(self.final_norm(hidden))
+
+    # ---- generation (core/generate.py) ----------------------------------------------
+    def generate(self, prompt, **options):
+        """Text continuation of a prompt (str or token ids); see tallow.generate.generate."""
+        from ..generate import generate
+        return generate(self, prompt, **options)
+
+    def stream(self, prompt, **options):
+        """An iterator of text pieces as they are generated; see tallow.generate.stream."""
+        from ..generate import stream
+        return stream(self, prompt, **options)
+
+    def chat(self, messages, stream=False, **options):
+        """Reply to a conversation [{"role": ..., "content": ...}] through the chat template."""
+        from ..generate import chat
+        return chat(self, messages, stream=stream, **options)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.config!r}, device={self.device})"

@@ -1,0 +1,96 @@
+"""tallow.load_model: a known name, a Hugging Face-layout directory or a GGUF
+file -> a ready model (with its tokenizer), dispatching on the config's
+model_type or the GGUF's general.architecture.
+
+    model = tallow.load_model("smollm2-135m-instruct")          # fetched once into the cache
+    model = tallow.load_model("path/to/hf_dir", device="python")
+    model = tallow.load_model("model.Q8_0.gguf")
+"""
+import os
+
+from ..device import Device, default_device
+from ..errors import Error, FormatError, UnsupportedError
+from .config import DecoderConfig, read_json
+
+
+def _decoder_class(model_type, source):
+    if model_type in ("llama", "qwen2"):
+        from .llama import LlamaForCausalLM
+        return LlamaForCausalLM
+    if model_type == "phi":
+        from .phi import PhiForCausalLM
+        return PhiForCausalLM
+    if model_type == "phi3":
+        from .phi3 import Phi3ForCausalLM
+        return Phi3ForCausalLM
+    raise UnsupportedError(f"{source}: model_type {model_type!r} is not supported (llama, qwen2, phi, phi3, whisper)")
+
+
+def _resolve(name_or_path):
+    path = os.fspath(name_or_path)
+    if os.path.exists(path):
+        return path
+    from .. import hub
+    try:
+        return os.fspath(hub.fetch(path))
+    except Error as e:
+        raise Error(f"cannot load model {path!r}: it is not a local directory or .gguf file, and fetching it "
+                    f"failed: {e}") from None
+
+
+def _build(cls, weights, cfg, device, dtype):
+    from ..nn import VarBuilder
+    return cls(VarBuilder(weights, device, dtype), cfg)
+
+
+def load_directory(path, device=None, dtype=None):
+    """A decoder from config.json + *.safetensors (sharded too) + tokenizer.json."""
+    from .. import io
+    raw = read_json(os.path.join(path, "config.json"))
+    model_type = raw.get("model_type")
+    if model_type == "whisper":
+        from . import whisper
+        return whisper.load(path, device=device, dtype=dtype)
+    cfg = DecoderConfig(raw, source=os.path.join(path, "config.json"))
+    gen_path = os.path.join(path, "generation_config.json")
+    if os.path.exists(gen_path):  # chat models list their end-of-turn ids here
+        eos = read_json(gen_path).get("eos_token_id")
+        for tid in [eos] if isinstance(eos, int) else (eos or []):
+            if tid not in cfg.eos_token_ids:
+                cfg.eos_token_ids.append(tid)
+    model = _build(_decoder_class(model_type, path), io.open(path), cfg, device, dtype)
+    if os.path.exists(os.path.join(path, "tokenizer.json")):
+        from ..tokenizer import Tokenizer
+        model.tokenizer = Tokenizer.from_file(path)
+    return model
+
+
+def load_gguf(path, device=None, dtype=None):
+    """A decoder from a llama.cpp GGUF file; the tokenizer comes from its metadata."""
+    from .. import io
+    from .gguf_names import GGUFWeights, config_from_gguf
+    reader = io.open(path, format="gguf")
+    raw = config_from_gguf(reader)
+    cfg = DecoderConfig(raw, source=path)
+    model = _build(_decoder_class(raw["model_type"], path), GGUFWeights(reader, raw), cfg, device, dtype)
+    if "tokenizer.ggml.model" in reader.metadata:
+        from ..tokenizer import Tokenizer
+        model.tokenizer = Tokenizer.from_gguf(reader.metadata)
+    return model
+
+
+def load_model(name_or_path, device=None, dtype=None):
+    """A model from a known name (fetched on first use, see `tallow fetch --list`), a
+    Hugging Face-layout directory or a .gguf file. device: "cpu", "python", "wgpu"...
+    dtype: what float weights become (default f32); quantised GGUF weights stay quantised."""
+    path = _resolve(name_or_path)
+    device = default_device() if device is None else Device(device)
+    if os.path.isdir(path):
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise FormatError(f"{path}: a model directory needs a config.json (Hugging Face layout)")
+        return load_directory(path, device, dtype)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        return load_gguf(path, device, dtype)
+    raise FormatError(f"{path}: not a model directory or a GGUF file (starts with {magic!r})")
