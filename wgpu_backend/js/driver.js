@@ -27,13 +27,18 @@ function makeTallowDriver(device, arenaBytes) {
     for (const id of ids) buffers.delete(id);
   }
 
+  // Compile errors are caught by an error scope and thrown here, instead of
+  // surfacing as uncaptured device errors in the console.
   async function compileAsync(code, label) {
+    device.pushErrorScope("validation");
     const module = device.createShaderModule({ code, label });
     const info = await module.getCompilationInfo();
+    const scoped = await device.popErrorScope();
     const errors = info.messages.filter((m) => m.type === "error");
     if (errors.length) {
       throw new Error(errors.map((m) => `line ${m.lineNum}:${m.linePos}: ${m.message}`).join("; "));
     }
+    if (scoped) throw new Error(scoped.message);
     const p = await device.createComputePipelineAsync({ layout: "auto", compute: { module, entryPoint: "main" }, label });
     const id = nextId++;
     pipelines.set(id, { p, layout: p.getBindGroupLayout(0), label });

@@ -1,0 +1,145 @@
+"""The Python half of the demo's worker (worker.mjs imports this as `tallow_web_worker`).
+
+worker.mjs calls these functions through callPromising (or as coroutines), so
+pyodide.ffi.run_sync works inside them: the WebGPU driver needs it for
+readback. Results go back as JSON text, so no proxies leak to JS.
+"""
+import asyncio
+import json
+import os
+import time
+import traceback
+from array import array
+
+import tallow
+
+state = {"device": None, "device_info": None, "gpu_error": None, "models": {}}
+
+
+def _json(value):
+    return json.dumps(value)
+
+
+async def boot(want_gpu=True):
+    """Pick the device: WebGPU when the browser has an adapter, else the pure-Python backend."""
+    info = {"tallow": tallow.__version__, "numpy": _has_numpy()}
+    if want_gpu:
+        try:
+            from tallow_wgpu.driver_browser import create_browser_driver, register_device
+            driver = await create_browser_driver()
+            dev = register_device(driver)
+            info["gpu"] = {**driver.info, "f16": driver.has_f16, "cpu_emulated": driver.cpu_emulated,
+                           "max_storage_binding": driver.limits["max_storage_binding"]}
+            state["device"] = dev
+        except Exception as e:  # no WebGPU, no adapter, or a driver failure: say so and fall back
+            state["gpu_error"] = f"{type(e).__name__}: {e}"
+    if state["device"] is None:
+        state["device"] = tallow.Device("cpu" if info["numpy"] else "python")
+    info["device"] = str(state["device"])
+    info["gpu_error"] = state["gpu_error"]
+    state["device_info"] = info
+    return _json(info)
+
+
+def _has_numpy():
+    try:
+        import numpy  # noqa: F401  (present when the page could load it from a CDN)
+        return True
+    except ImportError:
+        return False
+
+
+def _device(name):
+    if name in (None, "", "auto"):
+        return state["device"]
+    return tallow.Device(name)
+
+
+def load_model(key, path, device=None):
+    """Load a model from the worker's file system; `key` names it for later requests."""
+    started = time.perf_counter()
+    dev = _device(device)
+    model = tallow.load_model(path, device=dev)
+    state["models"][key] = model
+    return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
+                  "kind": "whisper" if hasattr(model, "encode") and hasattr(model, "tokens") else "llm"})
+
+
+def forget_model(key):
+    state["models"].pop(key, None)
+
+
+def _model(key):
+    model = state["models"].get(key)
+    if model is None:
+        raise tallow.errors.Error(f"model {key!r} is not loaded")
+    return model
+
+
+def transcribe(key, audio, is_samples, on_segment):
+    """audio: a Float32Array of 16 kHz mono samples (is_samples) or the bytes of a WAV file."""
+    from tallow.models.whisper_transcribe import transcribe as run
+
+    model = _model(key)
+    if is_samples:
+        samples = array("f")
+        samples.frombytes(audio.to_bytes())
+    else:
+        samples = tallow.audio.load_audio(audio.to_bytes())  # WAV errors name the problem
+    duration = len(samples) / 16000
+    started = time.perf_counter()
+
+    def segment(seg):
+        on_segment(_json({"start": seg.start, "end": seg.end, "text": seg.text}))
+
+    result = run(model, samples, on_segment=segment)
+    seconds = time.perf_counter() - started
+    return _json({"text": result.text.strip(), "duration": duration, "seconds": seconds,
+                  "rtf": seconds / duration if duration else None,
+                  "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in result.segments]})
+
+
+async def chat(key, messages_json, max_tokens, on_token, is_stopped):
+    """Stream a greedy reply; between tokens yield to the event loop so a Stop message is seen."""
+    from tallow.generate import chat as run_chat
+
+    model = _model(key)
+    messages = json.loads(messages_json)
+    started = time.perf_counter()
+    first = None
+    pieces = []
+    stream = run_chat(model, messages, stream=True, max_tokens=int(max_tokens))
+    stopped = False
+    for piece in stream:
+        if first is None:
+            first = time.perf_counter()
+        pieces.append(piece)
+        on_token(piece)
+        await asyncio.sleep(0)  # lets the worker's onmessage run (Stop)
+        if is_stopped():
+            stopped = True
+            break
+    return _json({"text": "".join(pieces), "stopped": stopped, "seconds": time.perf_counter() - started,
+                  "first_token_s": (first - started) if first else None, "token_ids": list(stream.token_ids),
+                  "prompt_tokens": stream.prompt_tokens, "prefill_tokens_per_s": stream.prefill_tokens_per_second,
+                  "tokens_per_s": stream.decode_tokens_per_second,
+                  "finish_reason": "stopped" if stopped else stream.finish_reason})
+
+
+def describe_error(exc):
+    """A readable one-line message for the page, plus the traceback for the console."""
+    name = type(exc).__name__
+    return _json({"message": f"{name}: {exc}", "traceback": "".join(traceback.format_exception(exc))})
+
+
+def write_file(path, data):
+    """Put a JS ArrayBuffer/Uint8Array into the worker's file system (model files)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data.to_bytes())
+
+
+async def run_code(code):
+    """Evaluate Python source; the JSON of its last expression (tests and the console use this)."""
+    from pyodide.code import eval_code_async
+    return _json(await eval_code_async(code, {"__name__": "__main__"}))
