@@ -1,0 +1,50 @@
+"""`tallow transcribe AUDIO`: speech to text with Whisper; a timing line on stderr."""
+import sys
+import time
+
+from .errors import Error
+
+
+def add_arguments(parser):
+    parser.add_argument("audio", help="audio file (WAV; other formats need ffmpeg on PATH)")
+    parser.add_argument("--model", default="whisper-tiny.en",
+                        help="a known model name (fetched on first use) or a Hugging Face-layout directory")
+    parser.add_argument("--device", default=None, help="cpu, python, wgpu, ... (default: the best available)")
+    parser.add_argument("--language", default=None, help="language code, e.g. en, de (default: detect)")
+    parser.add_argument("--task", default="transcribe", choices=("transcribe", "translate"))
+    parser.add_argument("--timestamps", action="store_true",
+                        help="decode with timestamp tokens: segments at the model's own timestamps "
+                             "(always on for --format srt/vtt; otherwise one segment per 30 s window)")
+    parser.add_argument("--beam-size", type=int, default=None, help="beam search width (default: greedy)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="a single sampling temperature (default: 0 with fallback 0.2 ... 1.0)")
+    parser.add_argument("--format", default="txt", choices=("txt", "srt", "vtt", "json"))
+    parser.add_argument("--output", "-o", default=None, help="write the transcript to this file instead of stdout")
+
+
+def run(args):
+    from .models import whisper
+    from .models.whisper_transcribe import DEFAULT_TEMPERATURES
+
+    start = time.perf_counter()
+    model = whisper.load(args.model, device=args.device)
+    loaded = time.perf_counter()
+    options = dict(language=args.language, task=args.task, beam_size=args.beam_size, timestamps=args.timestamps or args.format in ("srt", "vtt"),
+                   temperature=DEFAULT_TEMPERATURES if args.temperature is None else args.temperature)
+    result = model.transcribe(args.audio, **options)
+    done = time.perf_counter()
+    text = result.format(args.format)
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as e:
+            raise Error(f"{args.output}: cannot write the transcript: {e.strerror or e}") from None
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    wall = done - loaded
+    rtf = wall / result.duration if result.duration else float("nan")
+    print(f"{result.duration:.1f} s of audio ({result.language}) in {wall:.2f} s on {model.device}: "
+          f"real-time factor {rtf:.3f} (model load {loaded - start:.2f} s)", file=sys.stderr)
+    return 0

@@ -1,0 +1,178 @@
+"""Whisper: the model against transformers (random weights, 80 and 128 mel bins),
+decoding against transformers' generate, and transcription of real speech
+(Whisper tiny.en on jfk.wav) against its known transcript."""
+import json
+import re
+from array import array
+from pathlib import Path
+
+import pytest
+
+import tallow
+from tallow.models import whisper
+from tallow.models import whisper_logits
+from tallow.models.whisper_decoding import DecodingOptions, decode
+
+JFK = Path(__file__).parent / "data" / "jfk.wav"
+SENTENCE = "And so my fellow Americans ask not what your country can do for you, ask what you can do for your country."
+
+
+def _words(text):
+    return re.sub(r"[^a-z ]", "", text.lower()).split()
+
+
+# ---- random weights vs transformers ---------------------------------------------------------
+def _random_checkpoint(tmp_path, n_mels):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(n_mels)
+    cfg = transformers.WhisperConfig(
+        vocab_size=1000, num_mel_bins=n_mels, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        max_source_positions=100, max_target_positions=64, decoder_start_token_id=1, pad_token_id=0,
+        eos_token_id=2, bos_token_id=1)
+    ref = transformers.WhisperForConditionalGeneration(cfg).eval()
+    # random LayerNorm affines too, so a mix-up of weight names cannot hide
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "layer_norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    ref.save_pretrained(tmp_path, safe_serialization=True)
+    return torch, ref
+
+
+@pytest.mark.parametrize("n_mels,device", [(80, "cpu"), (128, "cpu"), (80, "python")])
+def test_random_weights_match_transformers(tmp_path, n_mels, device):
+    torch, ref = _random_checkpoint(tmp_path, n_mels)
+    model = whisper.load(tmp_path, device=device)
+    feats = torch.randn(1, n_mels, 200)  # 2 * max_source_positions frames
+    prompt, steps = [1, 5, 7, 9], [11, 12, 13, 14, 15, 16, 17, 18]
+    with torch.no_grad():
+        enc = ref.model.encoder(feats).last_hidden_state[0]
+        logits = ref(input_features=feats, decoder_input_ids=torch.tensor([prompt + steps])).logits[0]
+
+    features = model.encode(tallow.tensor(feats.tolist()))
+    assert features.shape == (1, 100, 64)
+    assert (features.numpy()[0] - enc.numpy()).__abs__().max() <= 1e-4
+
+    state = model.start(features)
+    got = model.decode_step([prompt], state, positions=None)[0].numpy()
+    assert abs(got - logits[:len(prompt)].numpy()).max() <= 1e-4
+    for i, token in enumerate(steps):  # one token at a time through the KV cache
+        got = model.decode_step([[token]], state)[0, 0].numpy()
+        assert abs(got - logits[len(prompt) + i].numpy()).max() <= 1e-4, f"decode step {i}"
+
+
+def test_bad_config_and_missing_weights(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper", "d_model": 64}))
+    with pytest.raises(tallow.FormatError, match="encoder_layers"):
+        whisper.load(tmp_path)
+    with pytest.raises(tallow.Error, match="no such model directory"):
+        whisper.load(tmp_path / "absent")
+
+
+# ---- real weights: Whisper tiny.en ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    return whisper.load(tallow.hub.fetch("whisper-tiny.en", progress=False), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def jfk_features(tiny):
+    from tallow.models.whisper_transcribe import _Mel, _samples
+    mel = _Mel(_samples(str(JFK)), 80, tiny.mel_filters)
+    return mel, tiny.encode(mel.window(0))
+
+
+def test_cli_transcribes_jfk_exactly(tiny, capsys):
+    from tallow.cli import main
+    code = main(["transcribe", str(JFK), "--model", str(tiny.name), "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert out.strip() == SENTENCE
+    assert re.search(r"11\.0 s of audio \(en\) in [\d.]+ s on cpu: real-time factor [\d.]+", err), err
+
+
+def test_jfk_timestamps(tiny):
+    result = tiny.transcribe(str(JFK), temperature=0.0)
+    assert result.language == "en"
+    assert _words(result.text) == _words(SENTENCE)  # timestamp mode drops tiny.en's comma
+    assert len(result.segments) >= 1
+    for seg in result.segments:
+        assert 0 <= seg.start < seg.end <= 11.1, seg
+    assert all(a.end <= b.start + 1e-6 for a, b in zip(result.segments, result.segments[1:]))
+    srt = result.to_srt()
+    assert srt.startswith("1\n00:00:00,000 --> ") and "ask what you can do" in srt
+    assert json.loads(result.to_json())["segments"][0]["start"] == result.segments[0].start
+
+
+def test_timestamp_decoding_matches_transformers(tiny, jfk_features):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    mel, features = jfk_features
+    ref = transformers.WhisperForConditionalGeneration.from_pretrained(tiny.name, torch_dtype=torch.float32).eval()
+    window = torch.from_numpy(mel.window(0).numpy())
+    with torch.no_grad():
+        want = ref.generate(window, return_timestamps=True, max_new_tokens=100)
+    want = [t for t in want[0].tolist() if t != tiny.tokens.eot]
+    got = decode(tiny, features, DecodingOptions(language="en"))
+    assert got.tokens == want
+
+
+def test_pure_python_logit_path_gives_same_tokens(tiny, jfk_features, monkeypatch):
+    _, features = jfk_features
+    with_numpy = decode(tiny, features, DecodingOptions())
+    monkeypatch.setattr(whisper_logits, "_numpy", lambda: None)
+    without = decode(tiny, features, DecodingOptions())
+    assert without.tokens == with_numpy.tokens
+    assert abs(without.sum_logprob - with_numpy.sum_logprob) < 1e-3
+
+
+def test_logit_rows_python_equals_numpy():
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((3, 5000)).astype(np.float32) * 4
+    data[1, 17] = data[1, 4000] = data[1].max() + 1  # a tie: the lower id wins in both
+    rows = [whisper_logits.NumpyRows(data), whisper_logits.PythonRows(data.tolist())]
+    for r in rows:
+        r.suppress(0, 100, 200)
+        r.suppress(None, 4990)
+        r.suppress_ids([5, 6])
+    a, b = rows
+    for k in range(3):
+        assert a.argmax(k) == b.argmax(k)
+        assert a.max(k, 0, 300) == pytest.approx(b.max(k, 0, 300))
+        for start in (0, 150, 4000):
+            assert a.logsumexp(k, start) == pytest.approx(b.logsumexp(k, start), rel=1e-5)
+        lse = a.logsumexp(k)
+        top_a, top_b = a.topk(k, 6, lse), b.topk(k, 6, lse)
+        assert [t for _, t in top_a] == [t for _, t in top_b]
+        assert [v for v, _ in top_a] == pytest.approx([v for v, _ in top_b], abs=1e-5)
+    assert a.a[0, 150] == b.a[0][150] == float("-inf")
+
+
+def test_beam_search_jfk(tiny):
+    result = tiny.transcribe(str(JFK), beam_size=5, timestamps=False)
+    assert result.text.strip() == SENTENCE
+
+
+def test_long_form_three_times(tiny):
+    np = pytest.importorskip("numpy")
+    samples = np.frombuffer(tallow.audio.load_audio(str(JFK)), np.float32)
+    result = tiny.transcribe(np.concatenate([samples] * 3), temperature=0.0)
+    assert result.duration > 32
+    assert result.segments[-1].end > 30 and result.segments[0].start < 1
+    starts = [s.start for s in result.segments]
+    assert starts == sorted(starts)
+    words = " ".join(_words(result.text))
+    assert words.count("ask not what your country can do for you") == 3, result.text
+    assert words.count("ask what you can do for your country") == 3, result.text
+
+
+def test_audio_as_samples_and_bad_input(tiny, tmp_path):
+    with pytest.raises(tallow.Error, match="English-only"):
+        tiny.transcribe(array("f", [0.0] * 16000), language="de")
+    bad = tmp_path / "notes.wav"
+    bad.write_bytes(b"this is not audio at all" * 10)
+    with pytest.raises(tallow.FormatError, match="notes.wav"):
+        tiny.transcribe(str(bad))
