@@ -1,0 +1,67 @@
+"""`tallow web build|serve`: the browser demo (Pyodide + WebGPU) from a source checkout.
+
+    tallow web build              # assemble web/dist: Pyodide runtime, tallow wheel, page, model links
+    tallow web serve [--port P]   # build when needed, then serve web/dist on http://127.0.0.1:P/
+
+The site's sources live in the repository's web/ folder (not in the wheel), so
+these commands work from a checkout: `npm ci` in web/ provides the Pyodide
+runtime, and `tallow fetch whisper-tiny.en smollm2-135m-instruct` the models.
+"""
+import importlib.util
+import os
+import sys
+
+from .errors import Error
+
+
+def add_arguments(parser):
+    parser.add_argument("action", choices=("build", "serve"), help="build web/dist, or build if needed and serve it")
+    parser.add_argument("--port", type=int, default=8000, help="port for serve (default 8000; 0 picks a free one)")
+    parser.add_argument("--dist", default=None, help="output folder (default web/dist)")
+    parser.add_argument("--no-models", action="store_true", help="do not link models from the tallow cache")
+    parser.add_argument("--rebuild", action="store_true", help="serve: build even when dist exists")
+
+
+def web_dir():
+    """The checkout's web/ folder, next to the tallow package folder (core/)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    web = os.path.join(os.path.dirname(here), "web")
+    if not os.path.exists(os.path.join(web, "build.py")):
+        raise Error("tallow web needs a source checkout (its web/ folder is not part of the wheel): "
+                    "git clone the repository and `pip install -e .` there")
+    return web
+
+
+def _load(name):
+    path = os.path.join(web_dir(), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"tallow_web_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(args):
+    build = _load("build")
+    dist = args.dist or build.DEFAULT_DIST
+    try:
+        if args.action == "build" or args.rebuild or not build.is_built(dist):
+            build.build(dist, models=not args.no_models)
+    except build.BuildError as e:
+        print(f"tallow web {args.action}: {e}", file=sys.stderr)
+        return 1
+    if args.action == "build":
+        return 0
+    serve = _load("serve")
+    try:
+        server = serve.StaticServer(dist, args.port, quiet=False)
+    except OSError as e:
+        print(f"tallow web serve: cannot listen on 127.0.0.1:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    print(f"tallow demo: {server.url}  (open it in Chrome/Edge for WebGPU; Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()
+    return 0
