@@ -8,9 +8,9 @@ included. A backend for which the op has no implementation raises
 UnsupportedError naming the op and the backend.
 
 Kernel conventions (so one source serves every tensor shape):
-* wgsl: entry point `main`, @workgroup_size(64); bindings 0..n-1 are the
-  contiguous f32 inputs (`array<f32>`, read), binding n is the output
-  (`array<f32>`, read_write) and binding n+1 a uniform `struct { numel: u32 }`.
+* wgsl: entry point `main`, @workgroup_size(64); binding 0 is a uniform
+  `struct { numel: u32 }`, bindings 1..n the contiguous f32 inputs
+  (`array<f32>`, read) and binding n+1 the output (`array<f32>`, read_write).
 * cuda: `extern "C" __global__ void main_kernel(const float* in0, ..., float* out, unsigned int numel)`.
 * msl: `kernel void main_kernel(device const float* in0 [[buffer(0)]], ..., device float* out [[buffer(n)]],
   constant uint& numel [[buffer(n+1)]], uint i [[thread_position_in_grid]])`.

@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 class Softplus(tallow.CustomOp):
     name = "softplus"
     wgsl = """
-@group(0) @binding(0) var<storage, read> in0: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;
 struct Params { numel: u32 }
-@group(0) @binding(2) var<uniform> params: Params;
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> in0: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;

@@ -791,3 +791,26 @@ class WgpuBackend(Backend):
         sl = Layout(tuple(batch) + (tq, tk))
         probs = self._softmax(scores, sl, dtype, False, scale, mask, lmask, causal)
         return self.matmul(probs, sl, v, lv, dtype)
+
+    # ---- user-defined ops ---------------------------------------------------------
+    def custom(self, op, inputs, out_shape, out_dtype):
+        """Run a tallow.CustomOp's WGSL kernel: binding 0 is the uniform {numel}, then the
+        contiguous f32 inputs, then the f32 output; @workgroup_size(64) over the output."""
+        if not op.wgsl:
+            raise UnsupportedError(f"custom op {op.name!r} has no implementation for the wgpu backend (no wgsl source)")
+        if out_dtype is not f32 or any(dt is not f32 for _, _, dt in inputs):
+            raise UnsupportedError(f"custom op {op.name!r}: WGSL custom kernels take and return f32 tensors")
+        numel = 1
+        for d in out_shape:
+            numel *= d
+        binds = []
+        for st, lay, dt in inputs:
+            cst, off = self._contiguous(st, lay, dt)
+            if off:
+                cst = self.copy(st, lay, dt)
+            binds.append(self._bind(cst, op.name))
+        out = self._out(numel, out_dtype)
+        if numel:
+            pipe = self.driver.pipeline(op.wgsl, f"custom op {op.name}")
+            self.driver.dispatch(pipe, binds + [self._bind(out, op.name)], _pack([numel]), self._grid((numel + 63) // 64, op.name))
+        return out
