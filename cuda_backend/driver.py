@@ -36,8 +36,8 @@ class CupyDriver:
             import cupy
             import numpy
         except ImportError as e:
-            raise DeviceError(f"CUDA needs cupy and numpy ({e}): pip install cupy-cuda12x "
-                              "(on a Jetson with JetPack 6: pip install cupy-cuda12x, or build cupy from source)") from None
+            raise DeviceError(f"CUDA needs cupy and numpy ({e}): pip install 'tallow[cuda]' "
+                              "(cupy-cuda12x: CUDA 12 GPUs, Jetson with JetPack 6 included)") from None
         try:
             count = cupy.cuda.runtime.getDeviceCount()
         except Exception as e:  # cupy raises CUDARuntimeError without a driver or a GPU

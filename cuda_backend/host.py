@@ -261,3 +261,30 @@ def unpack_values(raw, dtype):
     if dtype is bool_:
         return [b != 0 for b in raw]
     return list(struct.unpack(f"<{n}{_INT_FORMATS[dtype.name]}", raw))
+
+
+# ---- the kernels the host launches ------------------------------------------------------
+def kernel_inventory(has_f64=True, atomic64=True, matmul_dtypes=()):
+    """{module: sorted kernel names} that KernelBackend may launch on a driver with these
+    capabilities (CUDA: f64 and 64-bit atomics; Metal: neither, plus its own matmul kernels).
+    The kernel-source tests check every name is compiled."""
+    dts = [d for d in ALL_DTYPES if has_f64 or d is not f64]
+    floats = [d for d in FLOAT_DTYPES if has_f64 or d is not f64]
+    widths = sorted({d.itemsize for d in dts})
+    ew = [f"{fam}_{d.name}" for fam in ("unary", "binary", "compare", "where") for d in dts]
+    ew += [f"cast_{s.name}_{d.name}" for s in dts for d in dts if s is not d]
+    ew += [f"{fam}_{WIDTH_KERNEL_SUFFIX[w]}" for fam in ("copy", "assign", "fill") for w in widths]
+    red = [f"{fam}_{d.name}" for fam in ("reduce", "cumsum", "argreduce") for d in dts]
+    red += [f"{fam}_{d.name}" for fam in ("softmax", "layer_norm", "rms_norm") for d in floats]
+    work = {d for d in SCATTER_WORK_DTYPES.values() if (has_f64 or d is not f64) and (atomic64 or d.itemsize < 8)}
+    idx = [f"{fam}_{WIDTH_KERNEL_SUFFIX[w]}" for fam in ("index_select", "gather") for w in widths]
+    idx += [f"scatter_add_{d.name}" for d in work]
+    idx += [f"{fam}_{d.name}" for fam in ("rope", "im2col") for d in floats]
+    inv = {
+        "elementwise": ew, "reduce": red, "index": idx,
+        "attention": [f"attention_{d.name}" for d in floats],
+        "quant": [f"{fam}_{q}" for fam in ("qmatvec", "dequant") for q in IN_KERNEL_QUANTS],
+    }
+    if matmul_dtypes:
+        inv["matmul"] = [f"matmul_{d.name}" for d in matmul_dtypes]
+    return {k: sorted(v) for k, v in inv.items()}

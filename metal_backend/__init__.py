@@ -1,1 +1,4 @@
-"""Metal backend for tallow (not yet implemented)."""
+"""tallow_metal: tallow's backend contract as Metal Shading Language kernels
+(kernels/*.metal), driven through PyObjC on macOS. Import is free of PyObjC:
+`tallow.Device("metal")` constructs `tallow_metal.backend.MetalBackend`, which raises
+tallow.DeviceError naming what is missing (macOS, PyObjC, a Metal device)."""

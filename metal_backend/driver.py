@@ -1,0 +1,128 @@
+"""The PyObjC Metal driver: buffers in shared storage (Apple silicon's unified memory:
+the CPU reads results in place, no blit), MSL compiled at run time per kernel file
+(common.metal + <file>.metal) with fast math off (NaN/inf must behave as in numpy),
+and dispatches recorded into one command buffer that is committed at sync points
+(a download), not after every op."""
+import os
+import struct
+import sys
+
+from tallow.errors import DeviceError, UnsupportedError
+from tallow_cuda.host import F64, I32, I64, U64, Meta
+from tallow_cuda.kernel_backend import DeviceStorage
+
+KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
+
+
+def kernel_source(module):
+    with open(os.path.join(KERNEL_DIR, "common.metal")) as f:
+        common = f.read()
+    with open(os.path.join(KERNEL_DIR, module + ".metal")) as f:
+        return common + "\n" + f.read()
+
+
+def pack_arg(a):
+    """Bytes for setBytes: Metal kernels take scalars as `constant T&` (float for F64: no double)."""
+    if isinstance(a, Meta):
+        return struct.pack(f"<{len(a)}i", *a)
+    if isinstance(a, I32):
+        return struct.pack("<i", a)
+    if isinstance(a, I64):
+        return struct.pack("<q", a)
+    if isinstance(a, U64):
+        return struct.pack("<Q", a)
+    if isinstance(a, F64):
+        return struct.pack("<f", a)
+    raise TypeError(f"kernel argument of unknown kind: {a!r}")
+
+
+class MetalDriver:
+    name = "metal"
+    has_f64 = False  # Metal has no double
+    atomic64 = False  # no 64-bit atomic add in MSL
+
+    def __init__(self):
+        if sys.platform != "darwin":
+            raise DeviceError(f"Metal needs macOS (this is {sys.platform})")
+        try:
+            import Metal
+        except ImportError as e:
+            raise DeviceError(f"Metal needs PyObjC ({e}): pip install pyobjc-framework-Metal") from None
+        device = Metal.MTLCreateSystemDefaultDevice()
+        if device is None:
+            raise DeviceError("no Metal device: MTLCreateSystemDefaultDevice returned nil")
+        self.mtl, self.device = Metal, device
+        self.queue = device.newCommandQueue()
+        self.options = Metal.MTLResourceStorageModeShared
+        self._libraries = {}
+        self._pipelines = {}
+        self._cmd = self._enc = None
+
+    # ---- memory -----------------------------------------------------------------
+    def alloc(self, dtype, numel):
+        nbytes = numel if dtype.is_quantized else numel * dtype.itemsize
+        buf = self.device.newBufferWithLength_options_(max(nbytes, 4), self.options)  # a 0-byte buffer is nil
+        if buf is None:
+            raise DeviceError(f"Metal could not allocate {nbytes} bytes")
+        return DeviceStorage(buf, dtype, numel)
+
+    def upload(self, data, dtype):
+        data = bytes(data)
+        if dtype.itemsize == 8 and dtype.is_float:
+            raise UnsupportedError("the metal backend has no f64; convert to f32 first")
+        numel = len(data) if dtype.is_quantized else len(data) // dtype.itemsize
+        buf = self.device.newBufferWithBytes_length_options_(data if data else b"\0\0\0\0", max(len(data), 4), self.options)
+        return DeviceStorage(buf, dtype, numel)
+
+    def download(self, st, byte_offset, nbytes):
+        self.sync()
+        view = st.buf.contents().as_buffer(st.buf.length())
+        return bytes(view[byte_offset:byte_offset + nbytes])
+
+    # ---- kernels ----------------------------------------------------------------
+    def pipeline(self, module, kernel):
+        key = (module, kernel)
+        pso = self._pipelines.get(key)
+        if pso is None:
+            lib = self._libraries.get(module)
+            if lib is None:
+                opts = self.mtl.MTLCompileOptions.new()
+                opts.setFastMathEnabled_(False)
+                lib, err = self.device.newLibraryWithSource_options_error_(kernel_source(module), opts, None)
+                if lib is None:
+                    raise DeviceError(f"Metal could not compile {module}.metal: {err}")
+                self._libraries[module] = lib
+            fn = lib.newFunctionWithName_(kernel)
+            if fn is None:
+                raise UnsupportedError(f"the metal backend has no kernel {kernel} in {module}.metal")
+            pso, err = self.device.newComputePipelineStateWithFunction_error_(fn, None)
+            if pso is None:
+                raise DeviceError(f"Metal could not build the pipeline for {kernel}: {err}")
+            self._pipelines[key] = pso
+        return pso
+
+    def launch(self, module, kernel, grid, block, args):
+        pso = self.pipeline(module, kernel)
+        if block[0] * block[1] * block[2] > pso.maxTotalThreadsPerThreadgroup():
+            raise UnsupportedError(f"{kernel}: {block} threads per threadgroup exceed this GPU's "
+                                   f"{pso.maxTotalThreadsPerThreadgroup()}")
+        if self._enc is None:
+            self._cmd = self.queue.commandBuffer()
+            self._enc = self._cmd.computeCommandEncoder()  # serial dispatch: each sees the previous one's writes
+        enc = self._enc
+        enc.setComputePipelineState_(pso)
+        for i, a in enumerate(args):
+            if isinstance(a, DeviceStorage):
+                enc.setBuffer_offset_atIndex_(a.buf, 0, i)
+            else:
+                data = pack_arg(a)
+                enc.setBytes_length_atIndex_(data, len(data), i)
+        enc.dispatchThreadgroups_threadsPerThreadgroup_(self.mtl.MTLSizeMake(*grid), self.mtl.MTLSizeMake(*block))
+
+    def sync(self):
+        """Commit what was recorded and wait for it."""
+        if self._enc is not None:
+            self._enc.endEncoding()
+            self._cmd.commit()
+            self._cmd.waitUntilCompleted()
+            self._cmd = self._enc = None
