@@ -41,12 +41,8 @@ class Sampler:
         new = (old / self.repetition_penalty).where(old > 0, old * self.repetition_penalty)
         return logits.scatter_add(0, ids, new - old)
 
-    def __call__(self, logits, seen=()):
-        """logits: a 1-D tensor over the vocabulary; seen: the ids so far (for the penalty)."""
-        logits = self.penalise(logits.float(), seen)
-        if self.temperature == 0:
-            return int(logits.argmax().item())
-        probs = (logits / self.temperature).softmax(-1).tolist()
+    def candidates(self, probs):
+        """The token ids top-k, then top-p, then min-p keep (probs: a list over the vocabulary)."""
         if self.top_k and self.top_k < len(probs):
             candidates = heapq.nlargest(self.top_k, range(len(probs)), key=probs.__getitem__)
         else:
@@ -56,6 +52,15 @@ class Sampler:
         if self.min_p > 0:
             floor = self.min_p * max(probs[i] for i in candidates)
             candidates = [i for i in candidates if probs[i] >= floor]
+        return list(candidates)
+
+    def __call__(self, logits, seen=()):
+        """logits: a 1-D tensor over the vocabulary; seen: the ids so far (for the penalty)."""
+        logits = self.penalise(logits.float(), seen)
+        if self.temperature == 0:
+            return int(logits.argmax().item())
+        probs = (logits / self.temperature).softmax(-1).tolist()
+        candidates = self.candidates(probs)
         weights = list(itertools.accumulate(probs[i] for i in candidates))
         pick = bisect.bisect_right(weights, self.rng.random() * weights[-1])
         return candidates[min(pick, len(candidates) - 1)]

@@ -315,5 +315,8 @@ def test_smollm2_greedy_matches_transformers_token_for_token():
         ids = chat_prompt_ids(ours, [{"role": "user", "content": prompt}])
         got = list(generate_ids(ours, ids, max_tokens=32, stop_tokens=[]))
         with torch.no_grad():
-            want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, pad_token_id=2)[0, len(ids):].tolist()
+            # An explicit mask: the prompt holds <|im_end|> (id 2 = pad), which transformers
+            # would otherwise mask out of the attention.
+            want = ref.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=32, do_sample=False, pad_token_id=2)[0, len(ids):].tolist()
         assert got == want, f"{prompt!r}: {ours.tokenizer.decode(got)!r} vs {ours.tokenizer.decode(want)!r}"

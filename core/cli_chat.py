@@ -1,0 +1,52 @@
+"""`tallow chat`: an interactive conversation. Each line on stdin is a user
+message; the reply streams back. The history is kept (and its KV cache reused,
+so each turn only prefills the new text). /reset forgets it, /exit quits."""
+import sys
+
+from .cli_generate import add_model_arguments, load, report, sampling_options
+
+
+def add_arguments(parser):
+    parser.add_argument("--system", default=None, help="a system message that starts the conversation")
+    parser.add_argument("--stats", action="store_true", help="print tokens and tok/s after each reply (stderr)")
+    add_model_arguments(parser)
+
+
+def run(args, stdin=None, stdout=None):
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    model = load(args)
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    history = list(start)
+    interactive = stdin.isatty()
+    if interactive:
+        print("tallow chat: type a message; /reset forgets the conversation, /exit quits.", file=sys.stderr)
+    while True:
+        if interactive:
+            stdout.write("> ")
+            stdout.flush()
+        line = stdin.readline()
+        if not line:
+            break
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            break
+        if text == "/reset":
+            history = list(start)
+            model.reset()
+            continue
+        history.append({"role": "user", "content": text})
+        stream = model.chat(history, stream=True, **sampling_options(args))
+        reply = []
+        for piece in stream:
+            reply.append(piece)
+            stdout.write(piece)
+            stdout.flush()
+        stdout.write("\n")
+        stdout.flush()
+        history.append({"role": "assistant", "content": "".join(reply)})
+        if args.stats:
+            report(stream)
+    return 0
