@@ -15,6 +15,8 @@ SUBCOMMANDS = {
     "generate": ("tallow.cli_generate", "generate text with a language model (streams tokens)"),
     "chat": ("tallow.cli_chat", "interactive chat with a language model"),
     "quantize": ("tallow.io.quantize", "quantise a safetensors/GGUF file into GGUF (q8_0, q4_0, q4_1, q4_k)"),
+    "bench": ("tallow.cli_bench", "real-time factor (Whisper) and tokens/s (LLM) on this box"),
+    "web": ("tallow.cli_web", "build and serve the in-browser demo (Pyodide + WebGPU)"),
 }
 
 
