@@ -4,7 +4,6 @@ into segments at timestamp pairs, and the next window starting at the last
 timestamp (so no speech is cut in half); the previous text is the next prompt.
 """
 import json
-import math
 
 from ..audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel_spectrogram
 from ..creation import from_buffer
