@@ -7,7 +7,7 @@
 //   open {key, files: [{name, data}]} load a model from files the user picked
 //   transcribe {model, audio, samples} Float32Array at 16 kHz (samples) or WAV bytes
 //   chat {model, messages, maxTokens} streams "token" messages
-//   run {code}                       evaluate Python; the JSON of its last expression
+//   run {code}                       evaluate Python; the JSON text of its last expression
 // Worker -> page: status, progress {stage, loaded, total}, ready {info, manifest},
 //   loaded, segment, token, result {id, value}, error {id, message, traceback}.
 import { loadPyodide } from "./pyodide/pyodide.mjs";
@@ -135,7 +135,8 @@ async function handle(msg) {
       }
     }
     case "run":
-      return JSON.parse(await api.run_code(msg.code));
+      // JSON text: Python's json writes NaN/Infinity, which JSON.parse refuses; the caller parses it.
+      return await api.run_code(msg.code);
     default:
       throw new Error(`unknown request ${JSON.stringify(msg.type)}`);
   }
@@ -143,10 +144,17 @@ async function handle(msg) {
 
 function errorMessage(err) {
   // A Python exception arrives as a PythonError whose message is the whole traceback:
-  // the page shows its last line, the console gets all of it.
-  const text = String((err && err.message) || err);
-  const lines = text.trim().split("\n");
-  return { message: lines[lines.length - 1], traceback: text };
+  // the page shows the exception line onwards (first 600 characters), the console gets all of it.
+  const text = String((err && err.message) || err).trim();
+  const lines = text.split("\n");
+  let at = lines.length - 1;
+  for (let i = lines.length - 1; i >= 0; i--) {
+    if (/^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b/.test(lines[i])) {
+      at = i;
+      break;
+    }
+  }
+  return { message: lines.slice(at).join("\n").slice(0, 600), traceback: text };
 }
 
 const booted = boot().catch((err) => {

@@ -1,0 +1,129 @@
+"""Drive the web demo (web/dist) in headless Chromium with Playwright's sync API.
+
+    with DemoBrowser(dist) as demo:
+        page = demo.open()                      # boots Pyodide in the page's worker
+        demo.request(page, "run", code="1 + 1")  # -> 2
+
+Chromium is launched the way ENVIRONMENT.md found to work: Debian's
+/usr/bin/chromium, --enable-unsafe-webgpu (SwiftShader), and a persistent
+context in a fresh profile folder (Playwright refuses --user-data-dir), which
+also keeps the Cache API between page loads.
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+WEB = os.path.join(REPO_ROOT, "web")
+CHROMIUM = os.environ.get("TALLOW_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--enable-unsafe-webgpu"]
+# Messages Chromium itself prints for a headless, GPU-less machine; they are not page errors.
+BENIGN_CONSOLE = ("Failed to create WebGPU Context Provider",)
+
+
+def missing_requirements():
+    """Why the browser tests cannot run here, or None."""
+    if not os.path.exists(CHROMIUM):
+        return f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or set $TALLOW_CHROMIUM)"
+    if not os.path.exists(os.path.join(WEB, "node_modules", "pyodide", "pyodide.mjs")):
+        return f"no Pyodide npm package in {WEB}/node_modules (run `npm ci` in web/)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright Python package is not installed (pip install playwright; never `playwright install`)"
+    return None
+
+
+def load_web_module(name):
+    import importlib.util
+    key = f"tallow_web_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, os.path.join(WEB, f"{name}.py"))
+        sys.modules[key] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+class DemoBrowser:
+    def __init__(self, dist, artifacts=None):
+        self.dist = dist
+        self.artifacts = artifacts
+        self.server = load_web_module("serve").StaticServer(dist)
+        self.console = []  # (type, text) of every console message and page error, all pages
+        self._playwright = self.context = None
+        self._profile = None
+
+    def __enter__(self):
+        from playwright.sync_api import sync_playwright
+        self.server.start()
+        self._profile = tempfile.mkdtemp(prefix="tallow-chromium-")
+        self._playwright = sync_playwright().start()
+        self.context = self._playwright.chromium.launch_persistent_context(
+            self._profile, headless=True, executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            if self.context is not None:
+                self.context.close()
+        finally:
+            if self._playwright is not None:
+                self._playwright.stop()
+            self.server.close()
+            shutil.rmtree(self._profile, ignore_errors=True)
+
+    def open(self, query="", timeout_s=90):
+        page = self.context.new_page()
+        self.watch(page)
+        self.goto(page, query, timeout_s)
+        return page
+
+    def watch(self, page):
+        page.on("console", lambda m: self.console.append((m.type, m.text)))
+        page.on("pageerror", lambda e: self.console.append(("pageerror", str(e))))
+
+    def goto(self, page, query="", timeout_s=90):
+        page.goto(self.server.url + query)
+        page.wait_for_selector("body[data-ready]", timeout=timeout_s * 1000)
+
+    def errors(self):
+        return [(t, m) for t, m in self.console
+                if t in ("error", "pageerror") and not any(b in m for b in BENIGN_CONSOLE)]
+
+    def request(self, page, type_, timeout_s=120, **fields):
+        """A worker request through the page's tallowDemo.request; a worker error raises playwright's Error."""
+        return page.evaluate(
+            """async ([type, fields, ms]) => {
+                const timeout = new Promise((_, reject) => setTimeout(
+                    () => reject(new Error(`no answer to ${type} within ${ms / 1000} s`)), ms));
+                return await Promise.race([window.tallowDemo.request(type, fields), timeout]);
+            }""", [type_, fields, timeout_s * 1000])
+
+    def run(self, page, code, timeout_s=120):
+        """Evaluate Python in the page's worker; the value of the last expression (NaN/Infinity kept)."""
+        return json.loads(self.request(page, "run", timeout_s, code=code))
+
+    def screenshot(self, page, name):
+        if self.artifacts:
+            os.makedirs(self.artifacts, exist_ok=True)
+            page.screenshot(path=os.path.join(self.artifacts, f"{name}.png"), full_page=True)
+
+    def wait_for_text(self, page, selector, timeout_s):
+        """Wait until `selector` has text or the error box shows; returns (text, error text)."""
+        page.wait_for_function(
+            """(sel) => document.querySelector(sel).textContent.trim() ||
+                        !document.getElementById('error').hidden""", arg=selector, timeout=timeout_s * 1000)
+        error = page.inner_text("#error") if page.is_visible("#error") else ""
+        return page.inner_text(selector).strip(), error
+
+    def dismiss_error(self, page):
+        page.evaluate("document.getElementById('error').hidden = true")
+
+
+def manifest(dist):
+    with open(os.path.join(dist, "models", "manifest.json")) as f:
+        return json.load(f)
