@@ -500,6 +500,10 @@ class Tensor:
         a, b = self, other
         if a.ndim == 0 or b.ndim == 0:
             raise ShapeError(f"matmul: both operands need at least 1 dim, got shapes {a.shape} and {b.shape}")
+        if b.ndim == 2 and a.ndim > 2 and a.shape[-1] == b.shape[0]:
+            # (..., k) @ (k, n): one 2-D matmul over the flattened rows (a broadcast weight
+            # would otherwise send numpy down a slow batched path).
+            return a.reshape(-1, a.shape[-1]).matmul(b).reshape(a.shape[:-1] + (b.shape[1],))
         squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
         if squeeze_a:
             a = a.unsqueeze(0)
