@@ -342,16 +342,19 @@ def _random_blocks(qname, nblocks):
     return blocks, qt
 
 
-@pytest.mark.parametrize("qname", ["q8_0", "q4_0", "q4_1", "q4_k", "q6_k"])
-def test_quantized_matvec_matmul_dequantize(be, qname):
+@pytest.mark.parametrize("qname,n,k", [("q8_0", 24, 512), ("q4_0", 24, 512), ("q4_1", 24, 512),
+                                        ("q4_k", 24, 512), ("q6_k", 24, 512),
+                                        # rows of 3 blocks: 18/34-byte blocks start off word boundaries;
+                                        # n not a multiple of the 4 columns per invocation
+                                        ("q8_0", 7, 96), ("q4_0", 7, 96), ("q4_1", 5, 96), ("q4_k", 6, 256)])
+def test_quantized_matvec_matmul_dequantize(be, qname, n, k):
     import tallow.quant  # noqa: F401  (registers the block dtypes)
     gq = pytest.importorskip("gguf.quants")
     qdt = D.get_dtype(qname)
-    n, k = 24, 512
     blocks, qt = _random_blocks(qname, n * k // qdt.block_size)
     w_ref = gq.dequantize(blocks.reshape(n, -1), qt).astype(np.float64)  # (n, k)
     sw = be.from_bytes(blocks.tobytes(), qdt)
-    for m in (1, 6):
+    for m in (1, 3, 6):
         x = rnd(m, k)
         got = down(be, be.qmatmul(up(be, x, D.f32), Layout((m, k)), D.f32, sw, qdt, n, k), (m, n), D.f32)
         # f32 accumulation over k = 512 terms: bound the error by the sum of |terms|
@@ -359,7 +362,7 @@ def test_quantized_matvec_matmul_dequantize(be, qname):
         assert np.all(np.abs(got - x @ w_ref.T) <= 3e-5 * bound + 1e-6)
     got = down(be, be.dequantize(sw, qdt, n * k, D.f32), (n * k,), D.f32)
     np.testing.assert_array_equal(got, w_ref.reshape(-1).astype(np.float32))
-    ids = np.array([3, 0, 23, 3], np.int64)
+    ids = np.array([3, 0, n - 1, 3], np.int64)
     rows = be.index_select(sw, Layout((n, k)), qdt, up(be, ids, D.i64), Layout((4,)), 0)
     np.testing.assert_array_equal(down(be, rows, (4, k), D.f32), w_ref[ids].astype(np.float32))
     assert be.to_bytes(sw, Layout((n, k)), qdt) == blocks.tobytes()

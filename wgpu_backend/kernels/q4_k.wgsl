@@ -22,3 +22,10 @@ fn q_quad(row: u32, s: u32, k: u32, sc: vec2<f32>) -> vec4<f32> {
     let q = vec4<f32>(f32(wd & 15u), f32((wd >> 8u) & 15u), f32((wd >> 16u) & 15u), f32((wd >> 24u) & 15u));
     return sc.x * q - sc.y;
 }
+
+fn q_dot(row: u32, s: u32) -> f32 {
+    let sc = q_scales(row, s);
+    var acc = vec4<f32>(0.0);
+    for (var k = 0u; k < 8u; k = k + 1u) { acc = acc + q_quad(row, s, k, sc) * xb[k]; }
+    return acc.x + acc.y + acc.z + acc.w;
+}

@@ -20,3 +20,10 @@ fn q_quad(row: u32, s: u32, k: u32, sc: vec2<f32>) -> vec4<f32> {
     let hi = vec4<u32>(wh & 3u, (wh >> 8u) & 3u, (wh >> 16u) & 3u, (wh >> 24u) & 3u);
     return select(sc.y, sc.x, k < 4u) * (vec4<f32>(lo | (hi << vec4<u32>(4u))) - 32.0);
 }
+
+fn q_dot(row: u32, s: u32) -> f32 {
+    let sc = q_scales(row, s);
+    var acc = vec4<f32>(0.0);
+    for (var k = 0u; k < 8u; k = k + 1u) { acc = acc + q_quad(row, s, k, sc) * xb[k]; }
+    return acc.x + acc.y + acc.z + acc.w;
+}

@@ -15,3 +15,9 @@ fn q_word(o: u32) -> u32 {
 fn q_half(o: u32) -> f32 { return unpack2x16float(wq[o >> 2u] >> ((o & 2u) * 8u)).x; }
 
 fn sext8(b: u32) -> f32 { return f32(bitcast<i32>(b << 24u) >> 24u); }
+
+// The 32 elements of x (and their sum) that a format's q_dot multiplies with
+// one block, filled by qmatvec.wgsl. A private array: WGSL indexes only
+// function-local or private arrays with a run-time index.
+var<private> xb: array<vec4<f32>, 8>;
+var<private> xsum: f32;
