@@ -119,6 +119,7 @@ async def chat(key, messages_json, max_tokens, on_token, is_stopped):
         if is_stopped():
             stopped = True
             break
+    state["last_chat_ids"] = list(stream.token_ids)
     return _json({"text": "".join(pieces), "stopped": stopped, "seconds": time.perf_counter() - started,
                   "first_token_s": (first - started) if first else None, "token_ids": list(stream.token_ids),
                   "prompt_tokens": stream.prompt_tokens, "prefill_tokens_per_s": stream.prefill_tokens_per_second,
