@@ -18,7 +18,8 @@
 #define threadgroup
 #define thread
 
-// attributes: [[buffer(3)]] -> [[]]
+// attributes: [[buffer(3)]] -> [[]] (kept as written when the CPU emulator lists kernel parameters)
+#ifndef TALLOW_MSL_KEEP_ATTRIBUTES
 #define buffer(i)
 #define thread_position_in_grid
 #define threads_per_grid
@@ -28,6 +29,7 @@
 #define threads_per_threadgroup
 #define thread_index_in_simdgroup
 #define simdgroup_index_in_threadgroup
+#endif
 
 typedef unsigned char uchar;
 typedef unsigned short ushort;

@@ -184,6 +184,19 @@ def test_op_codes_match_the_kernel_enums():
         assert names == list(table), prefix
 
 
+def quantised_blocks(qtype, n, k, seed=0):
+    """GGUF blocks of an (n, k) weight: quantised by tallow.quant, or for Q6_K (no quantiser
+    there) random blocks with a sane f16 scale; references dequantise them with tallow.quant,
+    which is checked bit-exact against the gguf package in test_quant.py."""
+    from tallow.quant import quantize_numpy
+    rng = np.random.default_rng(seed)
+    if qtype != "q6_k":
+        return quantize_numpy(rng.standard_normal((n, k)).astype(np.float32), qtype)
+    blocks = rng.integers(0, 256, (n * k // 256, 210), dtype=np.uint8)
+    blocks[:, 208:210] = np.full((len(blocks), 1), 0.01, np.float16).view(np.uint8)
+    return blocks
+
+
 # ---- on a CUDA GPU ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cuda():
@@ -205,11 +218,10 @@ def test_device_error_names_what_is_missing():
 @pytest.mark.parametrize("qtype", host.IN_KERNEL_QUANTS)
 @pytest.mark.parametrize("m", [1, 3, 12])  # the in-kernel matvec path and the dequantise + cuBLAS path
 def test_cuda_quantised_matmul_matches_numpy(cuda, qtype, m):
-    from tallow.quant import qmatmul_numpy, quantize_numpy
+    from tallow.quant import qmatmul_numpy
     rng = np.random.default_rng(0)
     n, k = 64, 512
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    blocks = quantize_numpy(w, qtype)
+    blocks = quantised_blocks(qtype, n, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     wt = tallow.from_buffer(bytes(blocks), qtype, (n, k), device=cuda)
     got = (tallow.from_numpy(x, device=cuda) @ wt.T).numpy()

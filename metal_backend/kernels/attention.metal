@@ -67,10 +67,10 @@ inline void attention_impl(device const typename T::S* q, device const typename 
                                  constant int& dv [[buffer(10)]], constant float& scale [[buffer(11)]],              \
                                  constant int& has_mask [[buffer(12)]], constant int& causal [[buffer(13)]],         \
                                  uint group [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]]) { \
-        threadgroup float qs[ATT_MAX_D];                                                                             \
-        threadgroup float acc[ATT_MAX_D];                                                                            \
-        threadgroup float p[BLOCK];                                                                                  \
-        threadgroup float red[BLOCK];                                                                                \
+        TG_SHARED float qs[ATT_MAX_D];                                                                             \
+        TG_SHARED float acc[ATT_MAX_D];                                                                            \
+        TG_SHARED float p[BLOCK];                                                                                  \
+        TG_SHARED float red[BLOCK];                                                                                \
         attention_impl<T_##NAME>(q, k, v, mask, out, ameta, h, tq, tk, d, dv, scale, has_mask, causal, qs, acc, p,   \
                                  red, group, tid);                                                                   \
     }

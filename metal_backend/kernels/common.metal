@@ -10,6 +10,12 @@ using namespace metal;
 #define MAX_DIMS 8
 #define BLOCK 256
 
+// Threadgroup arrays are declared in kernels with TG_SHARED (threadgroup on a GPU; the
+// CPU emulator in cpu_driver.py makes them static, shared by the emulated threads).
+#ifndef TG_SHARED
+#define TG_SHARED threadgroup
+#endif
+
 // meta (int32): [ndim, shape[MAX_DIMS], then per operand: offset, strides[MAX_DIMS]]
 inline long strided_offset(constant int* meta, int operand, long i) {
     int nd = meta[0];

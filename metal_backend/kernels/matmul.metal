@@ -33,8 +33,8 @@ inline void matmul_impl(device const typename T::S* a, device const typename T::
                               constant int& n [[buffer(6)]], constant int& k [[buffer(7)]],                          \
                               uint3 group [[threadgroup_position_in_grid]],                                          \
                               uint3 local [[thread_position_in_threadgroup]]) {                                      \
-        threadgroup ACC ta[TILE * TILE];                                                                             \
-        threadgroup ACC tb[TILE * TILE];                                                                             \
+        TG_SHARED ACC ta[TILE * TILE];                                                                             \
+        TG_SHARED ACC tb[TILE * TILE];                                                                             \
         matmul_impl<T_##NAME, ACC>(a, b, out, meta, mk, m, n, k, group, local, ta, tb);                              \
     }
 MATMUL(f32, float)

@@ -118,7 +118,7 @@ inline void rms_norm_impl(device const typename T::S* x, device const typename T
 #define ROW_FLOAT(NAME)                                                                                              \
     kernel void reduce_##NAME(device const T_##NAME::S* x [[buffer(0)]], device T_##NAME::S* out [[buffer(1)]],       \
                               constant long& L [[buffer(2)]], constant int& op [[buffer(3)]], ROW_ARGS) {            \
-        threadgroup float shm[BLOCK];                                                                                \
+        TG_SHARED float shm[BLOCK];                                                                                \
         device const T_##NAME::S* r = x + long(row) * L;                                                             \
         float init = op == R_SUM ? 0.0f : (op == R_PROD ? 1.0f : T_##NAME::load(r[0]));                              \
         float v = reduce_row<T_##NAME, float>(r, L, op, init, shm, tid);                                             \
@@ -133,20 +133,20 @@ inline void rms_norm_impl(device const typename T::S* x, device const typename T
     }                                                                                                                \
     kernel void softmax_##NAME(device const T_##NAME::S* x [[buffer(0)]], device T_##NAME::S* out [[buffer(1)]],      \
                                constant long& L [[buffer(2)]], constant int& log_out [[buffer(3)]], ROW_ARGS) {      \
-        threadgroup float shm[BLOCK];                                                                                \
+        TG_SHARED float shm[BLOCK];                                                                                \
         softmax_impl<T_##NAME>(x, out, L, log_out, shm, row, tid);                                                   \
     }                                                                                                                \
     kernel void layer_norm_##NAME(device const T_##NAME::S* x [[buffer(0)]], device const T_##NAME::S* w [[buffer(1)]], \
                                   device const T_##NAME::S* b [[buffer(2)]], device T_##NAME::S* out [[buffer(3)]],   \
                                   constant long& L [[buffer(4)]], constant float& eps [[buffer(5)]],                 \
                                   constant int& has_w [[buffer(6)]], constant int& has_b [[buffer(7)]], ROW_ARGS) {  \
-        threadgroup float shm[BLOCK];                                                                                \
+        TG_SHARED float shm[BLOCK];                                                                                \
         layer_norm_impl<T_##NAME>(x, w, b, out, L, eps, has_w, has_b, shm, row, tid);                                \
     }                                                                                                                \
     kernel void rms_norm_##NAME(device const T_##NAME::S* x [[buffer(0)]], device const T_##NAME::S* w [[buffer(1)]], \
                                 device T_##NAME::S* out [[buffer(2)]], constant long& L [[buffer(3)]],               \
                                 constant float& eps [[buffer(4)]], constant int& has_w [[buffer(5)]], ROW_ARGS) {    \
-        threadgroup float shm[BLOCK];                                                                                \
+        TG_SHARED float shm[BLOCK];                                                                                \
         rms_norm_impl<T_##NAME>(x, w, out, L, eps, has_w, shm, row, tid);                                            \
     }
 FOR_EACH_FLOAT(ROW_FLOAT)
@@ -155,7 +155,7 @@ FOR_EACH_FLOAT(ROW_FLOAT)
 #define ROW_INT(NAME)                                                                                                \
     kernel void reduce_##NAME(device const T_##NAME::S* x [[buffer(0)]], device long* out [[buffer(1)]],             \
                               constant long& L [[buffer(2)]], constant int& op [[buffer(3)]], ROW_ARGS) {            \
-        threadgroup long shm[BLOCK];                                                                                 \
+        TG_SHARED long shm[BLOCK];                                                                                 \
         device const T_##NAME::S* r = x + long(row) * L;                                                             \
         long init = op == R_SUM ? 0 : (op == R_PROD ? 1 : long(T_##NAME::load(r[0])));                               \
         long v = reduce_row<T_##NAME, long>(r, L, op, init, shm, tid);                                               \
@@ -173,8 +173,8 @@ ROW_INT(i64) ROW_INT(i32) ROW_INT(i8) ROW_INT(u32) ROW_INT(u8) ROW_INT(bool)
 #define ARG(NAME)                                                                                                    \
     kernel void argreduce_##NAME(device const T_##NAME::S* x [[buffer(0)]], device long* out [[buffer(1)]],          \
                                  constant long& L [[buffer(2)]], constant int& is_max [[buffer(3)]], ROW_ARGS) {     \
-        threadgroup float sv[BLOCK];                                                                                 \
-        threadgroup long si[BLOCK];                                                                                  \
+        TG_SHARED float sv[BLOCK];                                                                                 \
+        TG_SHARED long si[BLOCK];                                                                                  \
         argreduce_impl<T_##NAME>(x, out, L, is_max, sv, si, row, tid);                                               \
     }
 FOR_EACH_DTYPE(ARG)

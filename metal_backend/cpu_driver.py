@@ -1,0 +1,177 @@
+"""Test-only: a driver that runs tallow's MSL kernels on the CPU, so the Metal kernels
+and the host logic they share with CUDA (tallow_cuda.kernel_backend) can be executed and
+checked against numpy on machines without a Mac.
+
+Each kernels/<module>.metal is compiled by g++ as C++17 against msl_shim.h +
+msl_cpu_runtime.h (threadgroups run as fibers, so barriers and simd_sum synchronise),
+with a generated wrapper per kernel that unpacks the argument list exactly as Metal's
+setBuffer/setBytes would bind it (the arguments are packed by tallow_metal.driver.pack_arg,
+the real driver's packer). Libraries are cached by source hash.
+
+What this does not show: Metal compiler acceptance, GPU memory-model races across
+threadgroups, float rounding differences of Apple GPUs, and speed.
+"""
+import concurrent.futures
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from tallow.errors import DeviceError, UnsupportedError
+from tallow_cuda.kernel_backend import DeviceStorage, KernelBackend
+
+from .backend import MetalBackend
+from .driver import KERNEL_DIR, pack_arg
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODULES = ("elementwise", "reduce", "index", "attention", "quant", "matmul")
+FIBER_MODULES = ("reduce", "attention", "matmul", "quant")  # kernels with barriers or simd_sum
+BUILTINS = {"thread_position_in_grid": "TPIG", "threads_per_grid": "TPG", "threadgroup_position_in_grid": "TGPIG",
+            "thread_position_in_threadgroup": "TPITG", "thread_index_in_threadgroup": "TIITG",
+            "threads_per_threadgroup": "TPTG", "thread_index_in_simdgroup": "TIISG",
+            "simdgroup_index_in_threadgroup": "SIITG"}
+
+
+def _split_params(text):
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "([<":
+            depth += 1
+        elif ch in ")]>":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return [p.strip() for p in parts]
+
+
+def kernel_signatures(preprocessed):
+    """{kernel name: [(C type, attribute), ...]} from the preprocessed source (attributes kept)."""
+    found = {}
+    for m in re.finditer(r'extern "C"\s+void\s+(\w+)\s*\(', preprocessed):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(preprocessed[i], 0)
+            i += 1
+        params = []
+        for p in _split_params(preprocessed[m.end():i - 1]):
+            attr = re.search(r"\[\[\s*(.*?)\s*\]\]", p).group(1)
+            decl = re.sub(r"\[\[.*?\]\]", "", p).strip()
+            ctype = re.match(r"(.*?)\s*\w+$", decl).group(1).strip()
+            params.append((ctype, attr))
+        found[m.group(1)] = params
+    return found
+
+
+def wrapper_source(signatures):
+    """C++ that exposes each kernel as tallow_launch_<name>(args, grid, block, fibers)."""
+    out = []
+    for name, params in signatures.items():
+        exprs = []
+        for ctype, attr in params:
+            b = re.match(r"buffer\((\d+)\)", attr)
+            if b:
+                idx = b.group(1)
+                exprs.append(f"({ctype})a[{idx}]" if ctype.endswith("*") else f"*({ctype[:-1].strip()}*)a[{idx}]")
+            else:
+                exprs.append(f"tallow_builtin<{ctype}>(c, {BUILTINS[attr]})")
+        out.append(f"static void tallow_entry_{name}(void** a, const TallowCtx* c) {{ {name}({', '.join(exprs)}); }}\n"
+                   f'extern "C" void tallow_launch_{name}(void** a, const unsigned* g, const unsigned* b, int f) '
+                   f"{{ tallow_run(tallow_entry_{name}, a, g, b, f); }}\n")
+    return "".join(out)
+
+
+def build_dir():
+    return os.path.join(os.environ.get("TALLOW_MSL_CPU_CACHE") or tempfile.gettempdir(), "tallow-msl-cpu")
+
+
+def build_module(module, gxx="g++"):
+    """Path of the shared library for kernels/<module>.metal (built once per source hash)."""
+    paths = [os.path.join(HERE, "msl_shim.h"), os.path.join(HERE, "msl_cpu_runtime.h"),
+             os.path.join(KERNEL_DIR, "common.metal"), os.path.join(KERNEL_DIR, module + ".metal")]
+    digest = hashlib.sha256(b"".join(open(p, "rb").read() for p in paths) + __file__.encode()).hexdigest()[:16]
+    os.makedirs(build_dir(), exist_ok=True)
+    lib = os.path.join(build_dir(), f"{module}-{digest}.so")
+    if os.path.exists(lib):
+        return lib
+    sources = ["-include", paths[0], "-include", paths[2], paths[3]]
+    pre = subprocess.run([gxx, "-E", "-std=c++17", "-x", "c++", "-DTALLOW_MSL_KEEP_ATTRIBUTES"] + sources,
+                         capture_output=True, text=True)
+    if pre.returncode:
+        raise DeviceError(f"msl-cpu: preprocessing {module}.metal failed:\n{pre.stderr[-2000:]}")
+    tu = os.path.join(build_dir(), f"{module}-{digest}.cpp")
+    with open(tu, "w") as f:
+        f.write(f'#include "{paths[2]}"\n#include "{paths[3]}"\n' + wrapper_source(kernel_signatures(pre.stdout)))
+    tmp = lib + f".{os.getpid()}.tmp"
+    proc = subprocess.run([gxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-include", paths[1], tu, "-o", tmp],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise DeviceError(f"msl-cpu: compiling {module}.metal failed:\n{proc.stderr[-2000:]}")
+    os.replace(tmp, lib)
+    return lib
+
+
+class CpuMetalDriver:
+    """The MetalDriver interface over numpy byte buffers and g++-compiled kernels."""
+    name = "metal"
+    has_f64 = False
+    atomic64 = False
+
+    def __init__(self):
+        gxx = shutil.which("g++")
+        if gxx is None:
+            raise DeviceError("the MSL CPU emulator needs g++")
+        import numpy
+        self.np = numpy
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            paths = dict(zip(MODULES, pool.map(lambda m: build_module(m, gxx), MODULES)))
+        self._libs = {m: ctypes.CDLL(p) for m, p in paths.items()}
+        self.launches = 0
+
+    def alloc(self, dtype, numel):
+        nbytes = numel if dtype.is_quantized else numel * dtype.itemsize
+        return DeviceStorage(self.np.zeros(max(nbytes, 8), self.np.uint8), dtype, numel)
+
+    def upload(self, data, dtype):
+        raw = bytes(data)
+        if dtype.is_float and dtype.itemsize == 8:
+            raise UnsupportedError("the metal backend has no f64; convert to f32 first")
+        buf = self.np.zeros(max(len(raw), 8), self.np.uint8)
+        buf[:len(raw)] = self.np.frombuffer(raw, self.np.uint8)
+        return DeviceStorage(buf, dtype, len(raw) if dtype.is_quantized else len(raw) // dtype.itemsize)
+
+    def download(self, st, byte_offset, nbytes):
+        return st.buf[byte_offset:byte_offset + nbytes].tobytes()
+
+    def launch(self, module, kernel, grid, block, args):
+        fn = getattr(self._libs[module], "tallow_launch_" + kernel, None)
+        if fn is None:
+            raise UnsupportedError(f"the metal backend has no kernel {kernel} in {module}.metal")
+        keep, ptrs = [], []
+        for a in args:
+            if isinstance(a, DeviceStorage):
+                ptrs.append(a.buf.ctypes.data)
+            else:
+                b = ctypes.create_string_buffer(pack_arg(a), 8 * ((len(pack_arg(a)) + 7) // 8))
+                keep.append(b)
+                ptrs.append(ctypes.addressof(b))
+        argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        fn(argv, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), int(module in FIBER_MODULES))
+        self.launches += 1
+
+
+class MetalCpuEmulatorBackend(MetalBackend):
+    """MetalBackend (the MSL kernels and the shared host logic) on the CPU emulator."""
+
+    def __init__(self):
+        KernelBackend.__init__(self, CpuMetalDriver())
+
+    def features(self):
+        return {"backend": "metal kernels on the CPU emulator (test-only)", "f16": True, "bf16": True, "f64": False}
