@@ -209,6 +209,20 @@ def test_smollm2_streams_its_greedy_reply_like_native_tallow(demo, dist, ui):
     assert result_ids == _native_greedy_ids(dist, [{"role": "user", "content": prompt}], 16)
 
 
+def test_the_stop_button_ends_generation_between_tokens(demo, dist, ui):
+    _model_or_skip(dist, "smollm2-135m-instruct")
+    ui.fill("#max-tokens", "200")
+    ui.fill("#chat-input", "Write a long story about a lighthouse keeper.")
+    ui.click("#send")
+    ui.wait_for_function("document.querySelectorAll('.assistant').length && "
+                         "[...document.querySelectorAll('.assistant')].pop().textContent.length > 0", timeout=300_000)
+    ui.click("#stop")
+    ui.wait_for_selector(".assistant[data-done]:last-of-type", timeout=120_000)
+    ids = demo.run(ui, "import tallow_web_worker as w\nw.state['last_chat_ids']")
+    assert ui.inner_text("#status") == "Stopped."
+    assert 1 <= len(ids) < 40, f"{len(ids)} tokens after Stop"
+
+
 @pytest.mark.skipif(os.environ.get("TALLOW_BROWSER_WHISPER") != "1",
                     reason="whisper tiny.en on SwiftShader in headless Chromium takes > 7 min on a 2-core box "
                            "(measured); set TALLOW_BROWSER_WHISPER=1 to run it")
