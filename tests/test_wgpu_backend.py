@@ -310,6 +310,29 @@ def test_matmul_batched_and_strided(be, m, k, n):
     np.testing.assert_allclose(got, a.astype(np.float64) @ np.swapaxes(bt, -1, -2), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [D.f32, D.f16])
+def test_matvec_through_linear_weights(be, dtype):
+    """m == 1 against w^T (rows of w contiguous: the vec4 matvec_rows kernel), with
+    batches, a strided x, n not a multiple of 4 columns, and w starting at an offset."""
+    tol = F32 if dtype is D.f32 else dict(rtol=2e-3, atol=2e-3)
+    n, k = 7, 12
+    wt = rnd(2, 3, n + 1, k)
+    x = rnd(2, 3, k, 1)  # stored transposed: x is the strided (2, 3, 1, k) view
+    sw, sx = up(be, wt, dtype), up(be, x, dtype)
+    lw = Layout(wt.shape).narrow(2, 1, n).permute((0, 1, 3, 2))  # offset k: still whole vec4s
+    lx = Layout(x.shape).permute((0, 1, 3, 2))
+    wr, xr = down(be, sw, wt.shape, dtype)[:, :, 1:], down(be, sx, x.shape, dtype)
+    got = down(be, be.matmul(sx, lx, sw, lw, dtype), (2, 3, 1, n), dtype)
+    np.testing.assert_allclose(got, np.swapaxes(xr, -1, -2).astype(np.float64) @ np.swapaxes(wr, -1, -2), **tol)
+    # k not a multiple of 4 takes the scalar matvec
+    sw2 = up(be, wt[..., :9], dtype)
+    lw2 = Layout((2, 3, n + 1, 9)).permute((0, 1, 3, 2))
+    x2 = rnd(2, 3, 1, 9)
+    got = down(be, be.matmul(up(be, x2, dtype), Layout(x2.shape), sw2, lw2, dtype), (2, 3, 1, n + 1), dtype)
+    want = down(be, up(be, x2, dtype), x2.shape, dtype) @ np.swapaxes(down(be, sw2, (2, 3, n + 1, 9), dtype), -1, -2)
+    np.testing.assert_allclose(got, want, **tol)
+
+
 def test_matmul_broadcast_batch_non_mergeable_and_f16(be):
     a = rnd(4, 6, 8)
     b = rnd(8, 5)
@@ -354,12 +377,13 @@ def test_quantized_matvec_matmul_dequantize(be, qname, n, k):
     blocks, qt = _random_blocks(qname, n * k // qdt.block_size)
     w_ref = gq.dequantize(blocks.reshape(n, -1), qt).astype(np.float64)  # (n, k)
     sw = be.from_bytes(blocks.tobytes(), qdt)
-    for m in (1, 3, 6):
-        x = rnd(m, k)
-        got = down(be, be.qmatmul(up(be, x, D.f32), Layout((m, k)), D.f32, sw, qdt, n, k), (m, n), D.f32)
-        # f32 accumulation over k = 512 terms: bound the error by the sum of |terms|
+    for m, xdt in ((1, D.f32), (3, D.f32), (6, D.f32), (1, D.f16), (3, D.f16)):
+        x = down(be, up(be, rnd(m, k), xdt), (m, k), xdt).astype(np.float64)
+        got = down(be, be.qmatmul(up(be, x, xdt), Layout((m, k)), xdt, sw, qdt, n, k), (m, n), xdt)
+        # f32 accumulation over k terms (f16 output rounding): bound the error by the sum of |terms|
         bound = np.abs(x) @ np.abs(w_ref).T
-        assert np.all(np.abs(got - x @ w_ref.T) <= 3e-5 * bound + 1e-6)
+        rel = 3e-5 if xdt is D.f32 else 1e-3
+        assert np.all(np.abs(got - x @ w_ref.T) <= rel * bound + 1e-6), (m, xdt.name)
     got = down(be, be.dequantize(sw, qdt, n * k, D.f32), (n * k,), D.f32)
     np.testing.assert_array_equal(got, w_ref.reshape(-1).astype(np.float32))
     ids = np.array([3, 0, n - 1, 3], np.int64)

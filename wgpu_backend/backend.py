@@ -586,7 +586,11 @@ class WgpuBackend(Backend):
         a_st, a_off, a_bs, a_rs, a_cs = self._batched(a, la, dtype)
         b_st, b_off, b_bs, b_rs, b_cs = self._batched(b, lb, dtype)
         words = [m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs]
-        if m == 1:
+        if m == 1 and b_rs == 1 and k % 4 == 0 and b_off % 4 == 0 and b_bs % 4 == 0 and b_cs % 4 == 0:
+            # Decoding through a Linear layer (b = w^T): rows of w read as vec4s.
+            self._run("matvec_rows", {"X": dtype}, [a_st, b_st, out], words, ((n + 255) // 256, 1, batch),
+                      label="matvec")
+        elif m == 1:
             self._run("matvec", {"X": dtype}, [a_st, b_st, out], words, ((n + 63) // 64, 1, batch), label="matvec")
         else:
             self._run("matmul", {"X": dtype}, [a_st, b_st, out], words, ((n + 31) // 32, (m + 31) // 32, batch),
