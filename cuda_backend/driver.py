@@ -10,6 +10,8 @@ from .kernel_backend import DeviceStorage
 
 KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
 META_CACHE_SIZE = 4096
+# The C type of each scalar kernel argument, as a numpy type name (int, long long, unsigned long long, double).
+SCALAR_TYPES = {I32: "int32", I64: "int64", U64: "uint64", F64: "float64"}
 
 
 def kernel_source(module):
@@ -87,20 +89,14 @@ class CupyDriver:
         return arr
 
     def convert_arg(self, a):
-        np = self.np
         if isinstance(a, DeviceStorage):
             return a.buf
         if isinstance(a, Meta):
             return self._meta(a)
-        if isinstance(a, I32):
-            return np.int32(a)
-        if isinstance(a, I64):
-            return np.int64(a)
-        if isinstance(a, U64):
-            return np.uint64(a)
-        if isinstance(a, F64):
-            return np.float64(a)
-        raise TypeError(f"kernel argument of unknown kind: {a!r}")
+        kind = SCALAR_TYPES.get(type(a))
+        if kind is None:
+            raise TypeError(f"kernel argument of unknown kind: {a!r}")
+        return getattr(self.np, kind)(a)
 
     def launch(self, module, kernel, grid, block, args):
         self.function(module, kernel)(tuple(grid), tuple(block), tuple(self.convert_arg(a) for a in args))

@@ -13,14 +13,12 @@ threadgroups, float rounding differences of Apple GPUs, and speed.
 """
 import concurrent.futures
 import ctypes
-import hashlib
 import os
 import re
 import shutil
-import subprocess
-import tempfile
 
 from tallow.errors import DeviceError, UnsupportedError
+from tallow_cuda.cpu_driver import FIBERS, compile_emulated, launch_emulated
 from tallow_cuda.kernel_backend import DeviceStorage, KernelBackend
 
 from .backend import MetalBackend
@@ -88,34 +86,14 @@ def wrapper_source(signatures):
     return "".join(out)
 
 
-def build_dir():
-    return os.path.join(os.environ.get("TALLOW_MSL_CPU_CACHE") or tempfile.gettempdir(), "tallow-msl-cpu")
-
-
 def build_module(module, gxx="g++"):
     """Path of the shared library for kernels/<module>.metal (built once per source hash)."""
-    paths = [os.path.join(HERE, "msl_shim.h"), os.path.join(HERE, "msl_cpu_runtime.h"),
-             os.path.join(KERNEL_DIR, "common.metal"), os.path.join(KERNEL_DIR, module + ".metal")]
-    digest = hashlib.sha256(b"".join(open(p, "rb").read() for p in paths) + __file__.encode()).hexdigest()[:16]
-    os.makedirs(build_dir(), exist_ok=True)
-    lib = os.path.join(build_dir(), f"{module}-{digest}.so")
-    if os.path.exists(lib):
-        return lib
-    sources = ["-include", paths[0], "-include", paths[2], paths[3]]
-    pre = subprocess.run([gxx, "-E", "-std=c++17", "-x", "c++", "-DTALLOW_MSL_KEEP_ATTRIBUTES"] + sources,
-                         capture_output=True, text=True)
-    if pre.returncode:
-        raise DeviceError(f"msl-cpu: preprocessing {module}.metal failed:\n{pre.stderr[-2000:]}")
-    tu = os.path.join(build_dir(), f"{module}-{digest}.cpp")
-    with open(tu, "w") as f:
-        f.write(f'#include "{paths[2]}"\n#include "{paths[3]}"\n' + wrapper_source(kernel_signatures(pre.stdout)))
-    tmp = lib + f".{os.getpid()}.tmp"
-    proc = subprocess.run([gxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-include", paths[1], tu, "-o", tmp],
-                          capture_output=True, text=True)
-    if proc.returncode:
-        raise DeviceError(f"msl-cpu: compiling {module}.metal failed:\n{proc.stderr[-2000:]}")
-    os.replace(tmp, lib)
-    return lib
+    shim, runtime = os.path.join(HERE, "msl_shim.h"), os.path.join(HERE, "msl_cpu_runtime.h")
+    common, source = os.path.join(KERNEL_DIR, "common.metal"), os.path.join(KERNEL_DIR, module + ".metal")
+    return compile_emulated(f"metal-{module}", [shim, runtime, FIBERS, common, source, __file__], gxx,
+                            preprocess=["-DTALLOW_MSL_KEEP_ATTRIBUTES", "-include", shim, "-include", common, source],
+                            unit=f'#include "{common}"\n#include "{source}"\n', runtime=runtime,
+                            wrappers=lambda pre: wrapper_source(kernel_signatures(pre)))
 
 
 class CpuMetalDriver:
@@ -151,19 +129,7 @@ class CpuMetalDriver:
         return st.buf[byte_offset:byte_offset + nbytes].tobytes()
 
     def launch(self, module, kernel, grid, block, args):
-        fn = getattr(self._libs[module], "tallow_launch_" + kernel, None)
-        if fn is None:
-            raise UnsupportedError(f"the metal backend has no kernel {kernel} in {module}.metal")
-        keep, ptrs = [], []
-        for a in args:
-            if isinstance(a, DeviceStorage):
-                ptrs.append(a.buf.ctypes.data)
-            else:
-                b = ctypes.create_string_buffer(pack_arg(a), 8 * ((len(pack_arg(a)) + 7) // 8))
-                keep.append(b)
-                ptrs.append(ctypes.addressof(b))
-        argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        fn(argv, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), int(module in FIBER_MODULES))
+        launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_arg, module in FIBER_MODULES)
         self.launches += 1
 
 

@@ -1,8 +1,12 @@
-"""The CUDA backend. On a machine with a CUDA GPU and cupy, backend checks against the
-numpy backend run here (and the whole op suite in test_ops.py runs on "cuda" through
-the device fixture); elsewhere they skip with the DeviceError's reason. The host-side
-logic (argument packing of shapes and strides, launch grids, dtype mapping, value bits)
-needs no GPU and is tested everywhere against tallow.Layout, numpy, ctypes and torch.
+"""The CUDA backend.
+
+The op suite of test_ops.py is imported below and runs on Device("cuda"): on a CUDA GPU
+with cupy, the real one; elsewhere the CUDA C kernels themselves, compiled by g++ for the
+CPU emulator (tallow_cuda.cpu_driver: blocks as fibers, __syncthreads and shuffles
+synchronise; numpy stands in for cuBLAS), driven by the same host logic. The real device
+is also probed, and skips with the DeviceError's reason where absent. The host-side logic
+(argument packing of shapes and strides, launch grids, dtype mapping, value bits) is tested
+on its own against tallow.Layout, numpy, ctypes and torch.
 """
 import ctypes
 import itertools
@@ -14,8 +18,12 @@ import pytest
 
 import tallow
 from tallow.layout import Layout, contiguous_strides
+from tallow import device as device_module
 from tallow_cuda import host
-from tallow_cuda.driver import kernel_source, storage_numpy_dtype
+from tallow_cuda.driver import SCALAR_TYPES, kernel_source, storage_numpy_dtype
+
+import test_ops
+from test_ops import *  # noqa: F401,F403  (the op suite, run on this module's `device` below)
 
 RNG = random.Random(0)
 
@@ -197,58 +205,107 @@ def quantised_blocks(qtype, n, k, seed=0):
     return blocks
 
 
-# ---- on a CUDA GPU ----------------------------------------------------------------------------
+# ---- the device these tests run on ----------------------------------------------------------
+def _real_cuda_reason():
+    """None when a real CUDA backend constructs here, else the DeviceError's reason."""
+    from tallow_cuda.backend import CudaBackend
+    try:
+        CudaBackend()
+        return None
+    except tallow.DeviceError as e:
+        return str(e)
+
+
 @pytest.fixture(scope="module")
-def cuda():
+def cuda_device():
+    """The real CUDA device if there is one, else the CUDA kernels on the CPU emulator."""
+    if _real_cuda_reason() is None:
+        yield tallow.Device("cuda")
+        return
+    import shutil
+    if shutil.which("g++") is None:
+        pytest.skip(f"no CUDA device ({_real_cuda_reason()}) and no g++ for the CPU emulator")
+    saved, saved_default = device_module._BACKENDS["cuda"], device_module._default
+    device_module._default = tallow.Device("cpu")  # default_device() must not pick the emulator meanwhile
+    device_module._instances.pop("cuda", None)
+    device_module._BACKENDS["cuda"] = ("tallow_cuda.cpu_driver", "CudaCpuEmulatorBackend", "")
     try:
-        return tallow.Device("cuda")
-    except tallow.DeviceError as e:
-        pytest.skip(f"no CUDA device here: {e}")
+        yield tallow.Device("cuda")
+    finally:
+        device_module._BACKENDS["cuda"] = saved
+        device_module._default = saved_default
+        device_module._instances.pop("cuda", None)
 
 
-def test_device_error_names_what_is_missing():
-    try:
-        tallow.Device("cuda")
-    except tallow.DeviceError as e:
-        assert "cupy" in str(e) or "CUDA" in str(e)
-    else:
-        pytest.skip("CUDA is available here")
+@pytest.fixture
+def device(cuda_device):
+    """Overrides conftest's device fixture for the imported op suite and the checks below."""
+    return cuda_device
+
+
+def test_real_cuda_device():
+    reason = _real_cuda_reason()
+    if reason:
+        assert "cupy" in reason or "CUDA" in reason  # the reason names what is missing
+        pytest.skip(f"no CUDA device here: {reason}")
+    from tallow_cuda.backend import CudaBackend
+    feats = CudaBackend().features()
+    assert feats["backend"] == "cuda" and feats["compute_capability"]
+
+
+def test_scalar_arguments_have_the_kernels_c_types():
+    """I32 -> int, I64 -> long long, U64 -> unsigned long long, F64 -> double, as the .cu kernels declare."""
+    from tallow_cuda.cpu_driver import pack_cuda_arg
+    assert {k.__name__: v for k, v in SCALAR_TYPES.items()} == {"I32": "int32", "I64": "int64", "U64": "uint64", "F64": "float64"}
+    assert pack_cuda_arg(host.F64(0.1)) == np.float64(0.1).tobytes()
+    assert pack_cuda_arg(host.I64(-5)) == np.int64(-5).tobytes()
+    assert pack_cuda_arg(host.Meta([3, -1])) == np.array([3, -1], np.int32).tobytes()
 
 
 @pytest.mark.parametrize("qtype", host.IN_KERNEL_QUANTS)
 @pytest.mark.parametrize("m", [1, 3, 12])  # the in-kernel matvec path and the dequantise + cuBLAS path
-def test_cuda_quantised_matmul_matches_numpy(cuda, qtype, m):
+def test_quantised_matmul_matches_numpy(device, qtype, m):
     from tallow.quant import qmatmul_numpy
     rng = np.random.default_rng(0)
     n, k = 64, 512
     blocks = quantised_blocks(qtype, n, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
-    wt = tallow.from_buffer(bytes(blocks), qtype, (n, k), device=cuda)
-    got = (tallow.from_numpy(x, device=cuda) @ wt.T).numpy()
+    wt = tallow.from_buffer(bytes(blocks), qtype, (n, k), device=device)
+    got = (tallow.from_numpy(x, device=device) @ wt.T).numpy()
     np.testing.assert_allclose(got, qmatmul_numpy(x, blocks, tallow.get_dtype(qtype), n, k), rtol=1e-4, atol=1e-3)
-    emb = wt.index_select(0, tallow.tensor([3, 0, 63], device=cuda)).numpy()
+    emb = wt.index_select(0, tallow.tensor([3, 0, 63], device=device)).numpy()
     np.testing.assert_allclose(emb, wt.to("cpu").to(tallow.f32).numpy()[[3, 0, 63]], rtol=1e-6)
 
 
-def test_cuda_attention_over_a_kv_cache_view(cuda):
+def test_attention_over_a_kv_cache_view(device):
     """Keys longer than queries, read through a narrowed cache and GQA-expanded heads."""
     rng = np.random.default_rng(2)
     q = rng.standard_normal((1, 4, 3, 64)).astype(np.float32)
     cache = rng.standard_normal((1, 2, 40, 64)).astype(np.float32)
-    k = tallow.from_numpy(cache, device=cuda).narrow(2, 0, 30)
-    v = tallow.from_numpy(cache[:, :, ::-1].copy(), device=cuda).narrow(2, 0, 30)
-    got = tallow.scaled_dot_product_attention(tallow.from_numpy(q, device=cuda), k, v, is_causal=True).numpy()
-    ref = tallow.scaled_dot_product_attention(tallow.from_numpy(q), k.to("cpu"), v.to("cpu"), is_causal=True).numpy()
+    k = tallow.from_numpy(cache, device=device).narrow(2, 0, 30)
+    v = tallow.from_numpy(cache[:, :, ::-1].copy(), device=device).narrow(2, 0, 30)
+    got = tallow.scaled_dot_product_attention(tallow.from_numpy(q, device=device), k, v, is_causal=True).numpy()
+    ref = tallow.scaled_dot_product_attention(tallow.from_numpy(q, device="cpu"), k.to("cpu"), v.to("cpu"), is_causal=True).numpy()
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-def test_cuda_fused_ops_match_numpy_backend(cuda, dtype):
+def test_fused_ops_match_numpy_backend(device, dtype):
     rng = np.random.default_rng(3)
     a = rng.standard_normal((5, 300)).astype(np.float32)
     x_cpu = tallow.from_numpy(a).to(dtype)
-    x = x_cpu.to(cuda)
+    x = x_cpu.to(device)
     tol = {"f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}[dtype]
     for fn in (lambda t: t.softmax(-1), lambda t: t.log_softmax(-1), lambda t: tallow.rms_norm(t, None, 1e-6),
                lambda t: t.sum(0), lambda t: t.max(1), lambda t: t.cumsum(1), lambda t: t.T.argmax(0)):
         np.testing.assert_allclose(fn(x).numpy().astype(np.float64), fn(x_cpu).numpy().astype(np.float64), rtol=tol, atol=tol)
+
+
+def test_zz_the_suite_ran_on_the_cuda_kernels(cuda_device):
+    """Not vacuous: the tests above launched the CUDA kernels (counted by the emulator)."""
+    driver = cuda_device.backend.driver
+    if not hasattr(driver, "launches"):
+        pytest.skip("a real GPU: launches are not counted")
+    if driver.launches == 0:
+        pytest.skip("run with the whole module: this counts the kernel launches of the tests above")
+    assert driver.launches > 300

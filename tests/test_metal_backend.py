@@ -32,13 +32,15 @@ def emulated_metal():
         pytest.skip("g++ is needed to run the MSL kernels on the CPU")
     if sys.platform == "darwin":
         pytest.skip("on macOS the real Metal device is tested instead")
-    saved = device_module._BACKENDS["metal"]
+    saved, saved_default = device_module._BACKENDS["metal"], device_module._default
+    device_module._default = tallow.Device("cpu")  # default_device() must not pick the emulator meanwhile
     device_module._instances.pop("metal", None)
     device_module._BACKENDS["metal"] = ("tallow_metal.cpu_driver", "MetalCpuEmulatorBackend", "")
     try:
         yield tallow.Device("metal")
     finally:
         device_module._BACKENDS["metal"] = saved
+        device_module._default = saved_default
         device_module._instances.pop("metal", None)
 
 

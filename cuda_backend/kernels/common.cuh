@@ -1,7 +1,9 @@
 // Shared by every tallow CUDA kernel file: dtype tags, strided indexing, op tables.
 // Compiled by NVRTC at run time (cupy.RawModule) and by nvcc -ptx in CI.
 #pragma once
+#ifndef TALLOW_CUDA_CPU  // the CPU emulator (cpu_driver.py) brings its own half type
 #include <cuda_fp16.h>
+#endif
 
 #define MAX_DIMS 8
 #define BLOCK 256

@@ -1,0 +1,184 @@
+"""Test-only: a driver that runs tallow's CUDA C kernels on the CPU, so the kernels and
+the host logic (kernel_backend.py) are executed and checked against numpy on machines
+without an NVIDIA GPU.
+
+kernels/<module>.cu is compiled by g++ as C++17 with cuda_cpu_shim.h (blocks run as
+fibers: __syncthreads and __shfl_down_sync synchronise; see cpu_fibers.h) and a
+generated wrapper per kernel taking its arguments as CuPy passes them (pointers, and
+scalars of driver.SCALAR_TYPES). Dense matmul, which is cuBLAS on a GPU, is numpy here.
+Libraries are cached by source hash in $TALLOW_CPU_EMULATOR_CACHE (default: the temp dir).
+
+What this does not show: that nvcc/NVRTC accept the sources (test_kernel_sources.py
+does), warp-level behaviour beyond the shuffles used, races between blocks, speed.
+"""
+import concurrent.futures
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+
+from tallow.dtypes import bf16, f16
+from tallow.errors import DeviceError, UnsupportedError
+
+from .backend import CudaBackend
+from .driver import KERNEL_DIR, SCALAR_TYPES
+from .host import Meta
+from .kernel_backend import DeviceStorage, KernelBackend
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIBERS = os.path.join(HERE, "cpu_fibers.h")
+SHIM = os.path.join(HERE, "cuda_cpu_shim.h")
+MODULES = ("elementwise", "reduce", "index", "attention", "quant")
+FIBER_MODULES = ("reduce", "attention", "quant")  # kernels with __syncthreads or shuffles
+_STRUCT = {"int32": "<i", "int64": "<q", "uint64": "<Q", "float64": "<d"}
+
+
+# ---- building ------------------------------------------------------------------------------
+def cache_dir():
+    return os.path.join(os.environ.get("TALLOW_CPU_EMULATOR_CACHE") or tempfile.gettempdir(), "tallow-cpu-emulator")
+
+
+def compile_emulated(tag, deps, gxx, preprocess, unit, runtime, wrappers):
+    """Build (once per hash of `deps`) a shared library: `unit` + wrappers(preprocessed source),
+    compiled with -include runtime. Returns its path."""
+    h = hashlib.sha256()
+    for p in list(deps) + [__file__]:
+        with open(p, "rb") as f:
+            h.update(f.read())
+    os.makedirs(cache_dir(), exist_ok=True)
+    lib = os.path.join(cache_dir(), f"{tag}-{h.hexdigest()[:16]}.so")
+    if os.path.exists(lib):
+        return lib
+    pre = subprocess.run([gxx, "-E", "-std=c++17", "-x", "c++", "-I", HERE] + preprocess, capture_output=True, text=True)
+    if pre.returncode:
+        raise DeviceError(f"cpu emulator: preprocessing {tag} failed:\n{pre.stderr[-3000:]}")
+    tu = lib[:-3] + ".cpp"
+    with open(tu, "w") as f:
+        f.write(unit + wrappers(pre.stdout))
+    tmp = f"{lib}.{os.getpid()}.tmp"
+    proc = subprocess.run([gxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-I", HERE, "-include", runtime, tu, "-o", tmp],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise DeviceError(f"cpu emulator: compiling {tag} failed:\n{proc.stderr[-3000:]}")
+    os.replace(tmp, lib)
+    return lib
+
+
+def launch_emulated(lib, module, kernel, grid, block, args, pack, fibers):
+    """Call tallow_launch_<kernel>: buffers by their address, everything else by the address of
+    its packed bytes (the wrappers dereference scalars and take meta arrays as pointers)."""
+    fn = getattr(lib, "tallow_launch_" + kernel, None)
+    if fn is None:
+        raise UnsupportedError(f"no kernel {kernel} in {module}")
+    keep, ptrs = [], []
+    for a in args:
+        if isinstance(a, DeviceStorage):
+            ptrs.append(a.buf.ctypes.data)
+        else:
+            raw = pack(a)
+            b = ctypes.create_string_buffer(raw, max(8, len(raw)))
+            keep.append(b)
+            ptrs.append(ctypes.addressof(b))
+    fn((ctypes.c_void_p * len(ptrs))(*ptrs), (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), int(fibers))
+
+
+def kernel_params(preprocessed):
+    """{kernel: [C type, ...]} of every extern "C" kernel in the preprocessed source."""
+    found = {}
+    for m in re.finditer(r'extern "C"\s+void\s+(\w+)\s*\(([^)]*)\)', preprocessed):
+        found[m.group(1)] = [re.match(r"(.*?)\s*\w+$", p.strip()).group(1) for p in m.group(2).split(",")]
+    return found
+
+
+def cuda_wrappers(preprocessed):
+    out = []
+    for name, types in kernel_params(preprocessed).items():
+        exprs = [f"({t})a[{i}]" if t.endswith("*") else f"*({t}*)a[{i}]" for i, t in enumerate(types)]
+        out.append(f"static void tallow_entry_{name}(void** a, const TallowCtx*) {{ {name}({', '.join(exprs)}); }}\n"
+                   f'extern "C" void tallow_launch_{name}(void** a, const unsigned* g, const unsigned* b, int f) '
+                   f"{{ tallow_run(tallow_entry_{name}, a, g, b, f); }}\n")
+    return "".join(out)
+
+
+def build_module(module, gxx="g++"):
+    source = os.path.join(KERNEL_DIR, module + ".cu")
+    deps = [FIBERS, SHIM, os.path.join(KERNEL_DIR, "common.cuh"), source]
+    return compile_emulated(f"cuda-{module}", deps, gxx, preprocess=["-I", KERNEL_DIR, "-include", SHIM, source],
+                            unit=f'#include "{source}"\n', runtime=SHIM, wrappers=cuda_wrappers)
+
+
+def pack_cuda_arg(a):
+    """Bytes of an argument as CuPy passes it: a meta array as int32s, scalars as driver.SCALAR_TYPES."""
+    if isinstance(a, Meta):
+        return struct.pack(f"<{len(a)}i", *a)
+    kind = SCALAR_TYPES.get(type(a))
+    if kind is None:
+        raise TypeError(f"kernel argument of unknown kind: {a!r}")
+    return struct.pack(_STRUCT[kind], a)
+
+
+# ---- the driver and backend ----------------------------------------------------------------------
+class CpuCudaDriver:
+    name = "cuda"
+    has_f64 = True
+    atomic64 = True
+
+    def __init__(self):
+        gxx = shutil.which("g++")
+        if gxx is None:
+            raise DeviceError("the CUDA CPU emulator needs g++")
+        import numpy
+        self.np = numpy
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            paths = dict(zip(MODULES, pool.map(lambda m: build_module(m, gxx), MODULES)))
+        self._libs = {m: ctypes.CDLL(p) for m, p in paths.items()}
+        self.launches = 0
+
+    def alloc(self, dtype, numel):
+        nbytes = numel if dtype.is_quantized else numel * dtype.itemsize
+        return DeviceStorage(self.np.zeros(max(nbytes, 8), self.np.uint8), dtype, numel)
+
+    def upload(self, data, dtype):
+        raw = bytes(data)
+        buf = self.np.zeros(max(len(raw), 8), self.np.uint8)
+        buf[:len(raw)] = self.np.frombuffer(raw, self.np.uint8)
+        return DeviceStorage(buf, dtype, len(raw) if dtype.is_quantized else len(raw) // dtype.itemsize)
+
+    def download(self, st, byte_offset, nbytes):
+        return st.buf[byte_offset:byte_offset + nbytes].tobytes()
+
+    def launch(self, module, kernel, grid, block, args):
+        launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_cuda_arg, module in FIBER_MODULES)
+        self.launches += 1
+
+
+class CudaCpuEmulatorBackend(CudaBackend):
+    """CudaBackend (the CUDA C kernels and the shared host logic) on the CPU emulator; numpy
+    stands in for cuBLAS."""
+
+    def __init__(self):
+        KernelBackend.__init__(self, CpuCudaDriver())
+
+    def features(self):
+        return {"backend": "cuda kernels on the CPU emulator (test-only)", "f16": True, "bf16": True}
+
+    def matmul(self, a, la, b, lb, dtype):
+        if dtype is bf16:
+            return super().matmul(a, la, b, lb, dtype)  # f32 through the cast kernels, then back here
+        np = self.np = self.driver.np
+        x, y = self._view(a, la, dtype), self._view(b, lb, dtype)
+        if dtype is f16:  # cuBLAS accumulates f16 products in f32
+            out = np.matmul(x.astype(np.float32), y.astype(np.float32)).astype(np.float16)
+        else:
+            out = np.matmul(x, y)
+        return self.driver.upload(np.ascontiguousarray(out, dtype=dtype.np_name).tobytes(), dtype)
+
+    def _view(self, st, layout, dtype):
+        from numpy.lib.stride_tricks import as_strided
+        arr = st.buf.view(self.driver.np.dtype(dtype.np_name))
+        item = arr.itemsize
+        return as_strided(arr[layout.offset:], layout.shape, [s * item for s in layout.strides], writeable=False)
