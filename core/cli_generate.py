@@ -55,7 +55,7 @@ def report(stream, err=None):
     total = stream.prefill_seconds + stream.decode_seconds
     rate = n / total if total else 0.0
     print(f"{n} tokens, {rate:.1f} tok/s (prefill {stream.prefill_tokens_per_second:.1f} tok/s, "
-          f"{stream.prompt_tokens} prompt tokens; decode {stream.decode_tokens_per_second:.1f} tok/s)", file=err)
+          f"{stream.prompt_tokens - stream.cached_tokens} new prompt tokens; decode {stream.decode_tokens_per_second:.1f} tok/s)", file=err)
 
 
 def run(args):

@@ -123,13 +123,14 @@ class StopText:
 
 class TextStream:
     """The iterator `stream()` returns. After (or during) iteration it reports
-    `token_ids` (generated), `prompt_tokens`, `prefill_seconds`,
+    `token_ids` (generated), `prompt_tokens`, `cached_tokens` (the prompt's
+    leading tokens reused from the KV cache, not recomputed), `prefill_seconds`,
     `decode_seconds`, `finish_reason` ("stop", "length") and tok/s rates."""
 
     def __init__(self, pieces):
         self._pieces = pieces
         self.token_ids = []
-        self.prompt_tokens = 0
+        self.prompt_tokens = self.cached_tokens = 0
         self.prefill_seconds = self.decode_seconds = 0.0
         self.finish_reason = None
 
@@ -141,7 +142,8 @@ class TextStream:
 
     @property
     def prefill_tokens_per_second(self):
-        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+        fed = self.prompt_tokens - self.cached_tokens
+        return fed / self.prefill_seconds if self.prefill_seconds else 0.0
 
     @property
     def decode_tokens_per_second(self):
@@ -163,7 +165,8 @@ def _prefix_length(a, b):
 
 
 def _feed(model, ids, cache):
-    """Run the ids the cache does not hold yet; logits of the last position (1-D).
+    """Run the ids the cache does not hold yet: (logits of the last position (1-D),
+    how many leading ids came from the cache).
     Reuses the longest cached prefix. longrope models switch to their long
     factors once the sequence passes the original context: then the whole
     context is recomputed, as transformers' generate does."""
@@ -172,12 +175,14 @@ def _feed(model, ids, cache):
     switch = model.config.longrope_switch
     if switch is not None and len(ids) > switch and not cache.long_rope:
         keep = 0
-    if keep < cache.length:
-        cache.truncate(keep) if keep else cache.reset()
+    if keep == 0:
+        cache.reset()
+    elif keep < cache.length:
+        cache.truncate(keep)
     logits = model(ids[keep:], cache=cache, last_only=True)
     cache.token_ids = list(ids)
     cache.long_rope = switch is not None and len(ids) > switch
-    return logits.reshape(-1)
+    return logits.reshape(-1), keep
 
 
 def _as_stop_ids(model, stop_tokens):
@@ -205,12 +210,12 @@ def generate_ids(model, ids, max_tokens=256, sampler=None, stop_tokens=None, cac
         raise Error("generate: the prompt has no tokens")
     t0 = time.perf_counter()
     for n in range(max_tokens):
-        logits = _feed(model, ids, cache)
+        logits, reused = _feed(model, ids, cache)
         token = sampler(logits, ids)
         now = time.perf_counter()
         if stats is not None:
             if n == 0:
-                stats.prompt_tokens, stats.prefill_seconds = len(ids), now - t0
+                stats.prompt_tokens, stats.cached_tokens, stats.prefill_seconds = len(ids), reused, now - t0
             else:
                 stats.decode_seconds += now - t0
         t0 = now

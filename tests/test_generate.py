@@ -157,7 +157,10 @@ def test_reusing_the_cached_prefix_gives_the_same_tokens(model_dir, model):
     longer = chat_prompt_ids(model, [{"role": "user", "content": "the quick"}, {"role": "assistant", "content": "fox"},
                                      {"role": "user", "content": "all that"}])
     assert longer[:len(first)] == first
-    warm = list(generate_ids(model, longer, max_tokens=10, stop_tokens=[]))
+    stream = model.stream(longer, max_tokens=10, stop_tokens=[])
+    stream.text()
+    warm = stream.token_ids
+    assert stream.cached_tokens >= len(first)  # only the new turn was prefilled
     assert model.cache.length >= len(longer)
     fresh = tallow.load_model(model_dir)
     assert list(generate_ids(fresh, longer, max_tokens=10, stop_tokens=[])) == warm
