@@ -9,6 +9,7 @@ package; the real SmolLM2-135M GGUF is checked token for token against
 transformers reading the same file.
 """
 import json
+import math
 import os
 import zipfile
 
@@ -212,11 +213,30 @@ def _permute_for_gguf(w, n_head, n_head_kv=None):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write_llama_gguf(model, path, qtype):
-    """The random HF llama as llama.cpp would convert it: names, metadata, permuted q/k."""
+_GGUF_PARTS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_proj": "ffn_gate",
+               "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+               "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+_GGUF_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+def _gguf_name(hf_name):
+    base, _, kind = hf_name.rpartition(".")
+    if base in _GGUF_TOP:
+        return f"{_GGUF_TOP[base]}.{kind}"
+    _, _, block, part = base.split(".", 3)
+    return f"blk.{block}.{_GGUF_PARTS[part]}.{kind}"
+
+
+def _write_gguf(model, path, qtype, arch="llama"):
+    """A random HF model as llama.cpp's convert_hf_to_gguf.py would write it: names, metadata,
+    q/k rows permuted for "llama", Phi-3's longrope factors as rope_factors_long/short tensors
+    (its attn_factor and original context length as metadata)."""
     gguf = pytest.importorskip("gguf")
     cfg = model.config
-    writer = gguf.GGUFWriter(str(path), "llama")
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    rope = cfg.rope_parameters
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
@@ -224,30 +244,33 @@ def _write_llama_gguf(model, path, qtype):
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    parts = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-    for i in range(cfg.num_hidden_layers):
-        for hf_part, g_part in parts.items():
-            names[f"model.layers.{i}.{hf_part}.weight"] = f"blk.{i}.{g_part}.weight"
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    tensors = {name: w.detach().numpy().astype(np.float32) for name, w in model.state_dict().items()}
+    if arch == "phi3":
+        writer.add_sliding_window(cfg.sliding_window or 0)
+        if rope.get("rope_type") == "longrope":
+            original = rope.get("original_max_position_embeddings", getattr(cfg, "original_max_position_embeddings", None))
+            scale = cfg.max_position_embeddings / original
+            writer.add_rope_scaling_orig_ctx_len(original)
+            writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+            writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
+            writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
+        if cfg.tie_word_embeddings:
+            tensors.pop("lm_head.weight", None)
     qt = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
           "q8_0": gguf.GGMLQuantizationType.Q8_0}[qtype]
-    for hf_name, w in model.state_dict().items():
-        w = w.detach().numpy().astype(np.float32)
-        if hf_name.endswith("q_proj.weight"):
+    for hf_name, w in tensors.items():
+        if arch == "llama" and hf_name.endswith("q_proj.weight"):
             w = _permute_for_gguf(w, cfg.num_attention_heads, cfg.num_attention_heads)
-        elif hf_name.endswith("k_proj.weight"):
+        elif arch == "llama" and hf_name.endswith("k_proj.weight"):
             w = _permute_for_gguf(w, cfg.num_attention_heads, cfg.num_key_value_heads)
-        if w.ndim == 2 and qtype != "f32":  # llama.cpp keeps 1-D norms in f32
+        if w.ndim == 2 and qtype != "f32":  # llama.cpp keeps 1-D norms and biases in f32
             data = w.astype(np.float16) if qtype == "f16" else gguf.quants.quantize(w, qt)
-            writer.add_tensor(names[hf_name], data, raw_dtype=qt if qtype != "f16" else None)
+            writer.add_tensor(_gguf_name(hf_name), data, raw_dtype=qt if qtype != "f16" else None)
         else:
-            writer.add_tensor(names[hf_name], w)
+            writer.add_tensor(_gguf_name(hf_name), w)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -261,7 +284,7 @@ def test_llama_gguf_matches_transformers(tmp_path, qtype, tol):
     f32 weights, so the bound is the quantisation error itself: f16 rounds each weight by
     <= 2^-11 relative, Q8_0 by <= 1/254 of each 32-block's max; the logits here span about +-4."""
     model, _ = _hf("llama", tmp_path, tie_word_embeddings=False)
-    path = _write_llama_gguf(model, tmp_path / f"llama-{qtype}.gguf", qtype)
+    path = _write_gguf(model, tmp_path / f"llama-{qtype}.gguf", qtype)
     ours, worst = _check_against(model, path, tol=tol)
     assert ours.config.rope_interleaved  # the permuted q/k rows are rotated as interleaved pairs
 
@@ -271,9 +294,25 @@ def test_llama_q8_0_gguf_matches_transformers_on_the_same_file(tmp_path):
     pytest.importorskip("gguf")
     pytest.importorskip("accelerate")  # transformers needs it to read GGUF
     model, _ = _hf("llama", tmp_path, tie_word_embeddings=False)
-    path = _write_llama_gguf(model, tmp_path / "llama-q8_0.gguf", "q8_0")
+    path = _write_gguf(model, tmp_path / "llama-q8_0.gguf", "q8_0")
     ref = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
     _check_against(ref, path, tol=1e-4)
+
+
+def test_qwen2_gguf_matches_transformers(tmp_path):
+    """qwen2 GGUFs keep HF's half-split rotary (no q/k permutation) and carry the q/k/v biases."""
+    model, _ = _hf("qwen2", tmp_path, tie_word_embeddings=False)
+    path = _write_gguf(model, tmp_path / "qwen2.gguf", "f32", arch="qwen2")
+    ours, _ = _check_against(model, path)
+    assert not ours.config.rope_interleaved and ours.layers[0].self_attn.q_proj.bias is not None
+
+
+def test_phi3_gguf_matches_transformers(tmp_path):
+    """Phi-3 GGUF: fused attn_qkv / ffn_up, longrope factors from tensors, partial rotary, window, tied."""
+    model, _ = _hf("phi3", tmp_path, **PHI3_LONG)
+    path = _write_gguf(model, tmp_path / "phi3.gguf", "f32", arch="phi3")
+    ours, _ = _check_against(model, path)
+    assert ours.config.longrope_switch == 10 and ours.config.sliding_window == 6 and ours.config.rotary_dim == 12
 
 
 # ---- the real SmolLM2-135M-Instruct (Q4_1 GGUF) --------------------------------------------------------
