@@ -16,6 +16,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Run as `python bench/web.py`, bench/ is sys.path[0] and bench/wgpu.py would shadow the wgpu package.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 REPO_ROOT = os.path.dirname(HERE)
 JFK = os.path.join(REPO_ROOT, "tests", "data", "jfk.wav")
 PROMPT = "Name three colours of the rainbow."
