@@ -31,10 +31,14 @@ models: $(VENV)/.installed
 
 setup: system-deps $(VENV)/.installed models
 	bash scripts/pyodide_setup.sh
+	cd web && npm ci --no-audit --no-fund --prefer-offline >/dev/null
 
-# The main job: transcribe the bundled jfk.wav with the default Whisper model.
+# The main job: transcribe the bundled jfk.wav with the default Whisper model in the
+# terminal, then build and serve the in-browser demo (prints its URL; Ctrl-C stops it).
+PORT ?= 8000
 demo: setup
 	$(BIN)/tallow transcribe tests/data/jfk.wav
+	$(BIN)/tallow web serve --port $(PORT)
 
 # The test suite: every test, every available device, Pyodide and Chromium included.
 test: setup
