@@ -1,0 +1,195 @@
+"""SmolLM2-135M-Instruct (Q4_1 GGUF): prefill and decode speed and peak memory,
+tallow (numpy) vs transformers + PyTorch (same GGUF, dequantised to f32) vs
+llama.cpp (llama-cpp-python, when installed), plus the memory-bandwidth floor.
+
+    python bench/llm.py [--gguf PATH] [--prompt-tokens 64] [--decode-tokens 32]
+
+Each engine runs in its own process (so peak RSS is its own) with 2 threads.
+Decoding is memory-bound: the floor per token is the weight bytes read per
+token divided by the measured bandwidth of a large numpy copy.
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+THREADS = os.environ.get("TALLOW_BENCH_THREADS", "2")  # --threads sets it for the child processes
+ENGINES = ("tallow", "tallow-no-f32-cache", "transformers", "llama.cpp")
+
+
+def find_gguf():
+    env = os.environ.get("TALLOW_SMOLLM2_GGUF")
+    if env:
+        return env
+    import tallow
+    return os.fspath(tallow.hub.fetch("smollm2-135m-instruct", progress=False))
+
+
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def prompt_ids(gguf, n):
+    """n token ids of ordinary English text, from the model's own tokenizer."""
+    import tallow
+    tok = tallow.Tokenizer.from_gguf(gguf)
+    text = ("The history of the printing press begins in the fifteenth century, when movable type "
+            "changed how books were made, sold and read across Europe and beyond. ") * 20
+    return tok.encode(text, add_special_tokens=False)[:n]
+
+
+def run_tallow(gguf, ids, decode):
+    import tallow
+    t0 = time.perf_counter()
+    model = tallow.load_model(gguf, device="cpu")
+    load = time.perf_counter() - t0
+    model(ids[:8])  # warm-up: first use fills per-weight caches (numpy backend's f32 copies)
+    model.reset()
+    t0 = time.perf_counter()
+    logits = model(ids, last_only=True)
+    prefill = time.perf_counter() - t0
+    token = int(logits.reshape(-1).argmax().item())
+    t0 = time.perf_counter()
+    for _ in range(decode):
+        token = int(model([token], last_only=True).reshape(-1).argmax().item())
+    dec = time.perf_counter() - t0
+    return load, prefill, dec
+
+
+def run_transformers(gguf, ids, decode):
+    import torch
+    import transformers
+    torch.set_num_threads(int(THREADS))
+    t0 = time.perf_counter()
+    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
+                                                              dtype=torch.float32).eval()
+    load = time.perf_counter() - t0
+    with torch.inference_mode():
+        model(torch.tensor([ids[:8]]))
+        t0 = time.perf_counter()
+        out = model(torch.tensor([ids]), use_cache=True)
+        prefill = time.perf_counter() - t0
+        cache = getattr(out, "cache", None) or out.past_key_values
+        token = int(out.logits[0, -1].argmax())
+        t0 = time.perf_counter()
+        for _ in range(decode):
+            out = model(torch.tensor([[token]]), cache=cache, use_cache=True)
+            cache = getattr(out, "cache", None) or out.past_key_values
+            token = int(out.logits[0, -1].argmax())
+        dec = time.perf_counter() - t0
+    return load, prefill, dec
+
+
+def run_llama_cpp(gguf, ids, decode):
+    import llama_cpp
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(gguf, n_ctx=512, n_threads=int(THREADS), n_threads_batch=int(THREADS), verbose=False,
+                          logits_all=False)
+    load = time.perf_counter() - t0
+    llm.eval(ids[:8])
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(decode):
+        token = int(llm.scores[llm.n_tokens - 1].argmax())  # eval() keeps the last position's logits there
+        llm.eval([token])
+    dec = time.perf_counter() - t0
+    return load, prefill, dec
+
+
+def child(engine, gguf, n_prompt, n_decode):
+    ids = prompt_ids(gguf, n_prompt)
+    if engine == "tallow":
+        load, prefill, dec = run_tallow(gguf, ids, n_decode)
+    elif engine == "tallow-no-f32-cache":
+        os.environ["TALLOW_QUANT_CACHE_MB"] = "0"  # dequantise per call: weights stay Q4_1/Q8_0 in memory
+        load, prefill, dec = run_tallow(gguf, ids, n_decode)
+    elif engine == "transformers":
+        load, prefill, dec = run_transformers(gguf, ids, n_decode)
+    else:
+        load, prefill, dec = run_llama_cpp(gguf, ids, n_decode)
+    print(json.dumps({"engine": engine, "load_s": load, "prefill_tok_s": len(ids) / prefill,
+                      "decode_tok_s": n_decode / dec, "peak_rss_mb": peak_rss_mb(), "prompt_tokens": len(ids)}))
+
+
+def bandwidth_gb_s():
+    """Read+write bandwidth of a 256 MB numpy copy (best of 5)."""
+    import numpy as np
+    a = np.ones(64 * 2**20, dtype=np.float32)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.nbytes / best / 1e9
+
+
+def weight_bytes(gguf):
+    """(bytes of the GGUF's weights, bytes as f32) read per decoded token. The tied
+    embedding table is read whole as the output layer; its row lookup is negligible."""
+    import tallow
+    f = tallow.io.open(gguf)
+    quant = f32 = 0
+    for name in f.keys():
+        info = f.info(name)
+        n = 1
+        for s in info.shape:
+            n *= s
+        quant += info.nbytes
+        f32 += 4 * n
+    return quant, f32
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gguf", default=None)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--threads", default=THREADS, help="BLAS/torch/llama.cpp threads (default 2)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    global THREADS
+    THREADS = os.environ["TALLOW_BENCH_THREADS"] = str(args.threads)
+    gguf = args.gguf or find_gguf()
+    if args.child:
+        return child(args.child, gguf, args.prompt_tokens, args.decode_tokens)
+    env = dict(os.environ, OMP_NUM_THREADS=THREADS, OPENBLAS_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS)
+    results = []
+    for engine in args.engines.split(","):
+        cmd = [sys.executable, __file__, "--child", engine, "--gguf", gguf, "--prompt-tokens", str(args.prompt_tokens),
+               "--decode-tokens", str(args.decode_tokens)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode or not lines:
+            why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            print(f"{engine:<22} skipped: {why}")
+            continue
+        results.append(json.loads(lines[-1]))
+    bw = bandwidth_gb_s()
+    quant, f32 = weight_bytes(gguf)
+    print(f"\nSmolLM2-135M-Instruct Q4_1, {args.prompt_tokens}-token prompt, {args.decode_tokens} greedy decode steps, "
+          f"{THREADS} threads")
+    print(f"{'engine':<22} {'load s':>7} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MB':>12}")
+    for r in results:
+        print(f"{r['engine']:<22} {r['load_s']:>7.2f} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f} "
+              f"{r['peak_rss_mb']:>12.0f}")
+    print(f"\nmemory bandwidth (numpy copy, read+write): {bw:.1f} GB/s")
+    print(f"weights read per token: {quant / 1e6:.0f} MB as stored (Q4_1/Q8_0) -> floor {bw * 1e9 / quant:.0f} tok/s; "
+          f"{f32 / 1e6:.0f} MB as f32 -> floor {bw * 1e9 / f32:.0f} tok/s")
+    base = {r["engine"]: r for r in results}
+    if "tallow" in base and "transformers" in base:
+        t, h = base["tallow"], base["transformers"]
+        print(f"tallow / transformers: decode {t['decode_tok_s'] / h['decode_tok_s']:.2f}x, "
+              f"prefill {t['prefill_tok_s'] / h['prefill_tok_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
