@@ -300,7 +300,7 @@ def test_cumsum(be):
 
 
 # ---- linear algebra ------------------------------------------------------------------------
-@pytest.mark.parametrize("m,k,n", [(1, 37, 29), (5, 7, 3), (33, 65, 18), (64, 64, 64)])
+@pytest.mark.parametrize("m,k,n", [(1, 37, 29), (5, 7, 3), (33, 65, 18), (64, 64, 64), (6, 12, 9)])
 def test_matmul_batched_and_strided(be, m, k, n):
     a = rnd(2, 3, m, k)
     bt = rnd(2, 3, n, k)  # b is used transposed: a strided (k, n) view
@@ -313,7 +313,8 @@ def test_matmul_batched_and_strided(be, m, k, n):
 @pytest.mark.parametrize("dtype", [D.f32, D.f16])
 def test_matvec_through_linear_weights(be, dtype):
     """m == 1 against w^T (rows of w contiguous: the vec4 matvec_rows kernel), with
-    batches, a strided x, n not a multiple of 4 columns, and w starting at an offset."""
+    batches, a strided x, n not a multiple of 4 columns, and w starting at an offset;
+    m == 6 with contiguous x (the vec4 matmul_rows kernel)."""
     tol = F32 if dtype is D.f32 else dict(rtol=2e-3, atol=2e-3)
     n, k = 7, 12
     wt = rnd(2, 3, n + 1, k)
@@ -324,6 +325,11 @@ def test_matvec_through_linear_weights(be, dtype):
     wr, xr = down(be, sw, wt.shape, dtype)[:, :, 1:], down(be, sx, x.shape, dtype)
     got = down(be, be.matmul(sx, lx, sw, lw, dtype), (2, 3, 1, n), dtype)
     np.testing.assert_allclose(got, np.swapaxes(xr, -1, -2).astype(np.float64) @ np.swapaxes(wr, -1, -2), **tol)
+    x6 = rnd(2, 3, 6, k)
+    s6 = up(be, x6, dtype)
+    got = down(be, be.matmul(s6, Layout(x6.shape), sw, lw, dtype), (2, 3, 6, n), dtype)
+    want = down(be, s6, x6.shape, dtype).astype(np.float64) @ np.swapaxes(wr, -1, -2)
+    np.testing.assert_allclose(got, want, **tol)
     # k not a multiple of 4 takes the scalar matvec
     sw2 = up(be, wt[..., :9], dtype)
     lw2 = Layout((2, 3, n + 1, 9)).permute((0, 1, 3, 2))
@@ -431,7 +437,10 @@ def test_index_select_gather_scatter_add(be):
 
 
 # ---- convolution and fused ops -----------------------------------------------------------------
-def test_conv1d_conv2d_vs_torch(be):
+@pytest.mark.parametrize("unfold", [True, False], ids=["im2col+matmul", "direct"])
+def test_conv1d_conv2d_vs_torch(be, unfold, monkeypatch):
+    if not unfold:  # an unfolded input too large for one binding takes the direct kernel
+        monkeypatch.setitem(be.limits, "max_storage_binding", 1024)
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
     x, w = rnd(2, 6, 17), rnd(4, 3, 3)

@@ -592,6 +592,10 @@ class WgpuBackend(Backend):
                       label="matvec")
         elif m == 1:
             self._run("matvec", {"X": dtype}, [a_st, b_st, out], words, ((n + 63) // 64, 1, batch), label="matvec")
+        elif a_cs == 1 and b_rs == 1 and k % 4 == 0 and all(v % 4 == 0 for v in (a_off, a_bs, a_rs, b_off, b_bs, b_cs)):
+            # x . w^T and q . k^T: rows of both operands read as vec4s.
+            self._run("matmul_rows", {"X": dtype}, [a_st, b_st, out], words,
+                      ((n + 31) // 32, (m + 31) // 32, batch), label="matmul_rows")
         else:
             self._run("matmul", {"X": dtype}, [a_st, b_st, out], words, ((n + 31) // 32, (m + 31) // 32, batch),
                       label="matmul")
@@ -726,8 +730,19 @@ class WgpuBackend(Backend):
         xs = x if lx.is_contiguous() and not lx.offset else self.copy(x, lx, dtype)
         ws = w if lw.is_contiguous() and not lw.offset else self.copy(w, lw, dtype)
         words = [numel, b, cin, h, wd, cout, cin_g, kh, kw, oh, ow, *stride, *padding, *dilation, cout // groups]
-        self._run("conv", {"X": dtype}, [xs, ws, out], words, (numel + 255) // 256, label="conv")
-        return out
+        taps = cin_g * kh * kw
+        col_numel = b * cin * kh * kw * oh * ow
+        if col_numel * self._esize(dtype) > self.limits["max_storage_binding"]:
+            # The unfolded input would not fit one binding: direct convolution.
+            self._run("conv", {"X": dtype}, [xs, ws, out], words, (numel + 255) // 256, label="conv")
+            return out
+        col = self._out(col_numel, dtype)
+        self._run("im2col", {"X": dtype}, [xs, col], [col_numel] + words[1:], (col_numel + 255) // 256,
+                  label="im2col")
+        cg = cout // groups
+        lw_mat = Layout((b, groups, cg, taps), (0, cg * taps, taps, 1))
+        l_col = Layout((b, groups, taps, oh * ow))
+        return self.matmul(ws, lw_mat, col, l_col, dtype)
 
     # ---- fused ----------------------------------------------------------------------------------
     def softmax(self, storage, layout, dtype, log=False):
