@@ -147,6 +147,7 @@ def weight_bytes(gguf):
 
 
 def main(argv=None):
+    global THREADS
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gguf", default=None)
     p.add_argument("--prompt-tokens", type=int, default=64)
@@ -155,7 +156,6 @@ def main(argv=None):
     p.add_argument("--threads", default=THREADS, help="BLAS/torch/llama.cpp threads (default 2)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    global THREADS
     THREADS = os.environ["TALLOW_BENCH_THREADS"] = str(args.threads)
     gguf = args.gguf or find_gguf()
     if args.child:
