@@ -1,12 +1,19 @@
 """wgpu backend throughput vs numpy, measured in the same run.
 
-    python bench/wgpu.py [--quick]
+    python bench/wgpu.py [--quick] [--no-models]
 
-matmul: GFLOP/s at 512^3 and 1024^3 (f32). matvec (one decoding token): GB/s
-of weights read, for an f32 (n, k) weight and for the same weight in Q4_0 /
-Q4_1 blocks dequantised inside the kernel; numpy's peers are `x @ w.T` and
-tallow.quant.qmatmul_numpy. GPU timings include one readback per batch of
-`reps` dispatches (the sync point), as a model's forward pass would.
+matmul: GFLOP/s at 512^3 and 1024^3 (f32), for a @ b and for x @ w.T (a
+Linear layer's form, the vec4 matmul_rows kernel). matvec (one decoding
+token): GB/s of weights read, for an f32 (n, k) weight and for the same weight
+in Q8_0 / Q4_0 / Q4_1 / Q4_K blocks dequantised inside the kernel; numpy's
+peers are `x @ w.T` (what the numpy backend does with its cached f32 copy of
+quantised weights) and tallow.quant.qmatmul_numpy (dequantise + dot). GPU
+timings include one readback per batch of `reps` dispatches (the sync point),
+as a model's forward pass would.
+
+models (unless --no-models): Whisper tiny.en transcribing jfk.wav, and
+SmolLM2-135M-Instruct prefill / greedy decode tokens per second, on wgpu and
+on numpy ("cpu") in the same run.
 """
 import os
 import sys
@@ -62,6 +69,15 @@ def main():
         err = float(np.abs(got - a @ b).max())
         print(f"matmul {size}^3 f32: wgpu {flops / t_gpu / 1e9:7.2f} GFLOP/s   numpy {flops / t_np / 1e9:7.2f} GFLOP/s"
               f"   ratio {t_np / t_gpu:.3f}   max|diff| {err:.1e}")
+        lbt = Layout((size, size)).permute((1, 0))  # a @ b.T: rows of both operands contiguous
+
+        def gpu_t():
+            be.to_bytes(be.matmul(sa, lay, sb, lbt, D.f32), Layout((1,)), D.f32)
+
+        t_gpu = best(gpu_t, 1)
+        t_np = best(lambda: a @ b.T, 1)
+        print(f"matmul {size}^3 f32 x @ w.T: wgpu {flops / t_gpu / 1e9:7.2f} GFLOP/s   numpy "
+              f"{flops / t_np / 1e9:7.2f} GFLOP/s   ratio {t_np / t_gpu:.3f}")
 
     import tallow.quant as q
     n, k = (1536, 576) if quick else (4096, 2048)
@@ -85,7 +101,7 @@ def main():
     print(f"matvec f32 ({n}x{k}): wgpu {nbytes / t_gpu / 1e9:6.2f} GB/s   numpy {nbytes / t_np / 1e9:6.2f} GB/s"
           f"   ratio {t_np / t_gpu:.3f}")
 
-    for name in ("q4_0", "q4_1"):
+    for name in ("q8_0", "q4_0", "q4_1") + (() if k % 256 else ("q4_k",)):
         qdt = D.get_dtype(name)
         blocks = q.quantize_numpy(w, name)
         raw = np.asarray(blocks).tobytes()
@@ -99,11 +115,43 @@ def main():
 
         t_gpu = best(gpu_q, reps)
         t_np = best(lambda: q.qmatmul_numpy(x, raw, qdt, n, k), 1)
+        t_np_f32 = best(lambda: x @ w.T, 1)
         got = np.frombuffer(be.to_bytes(be.qmatmul(sx, lx, D.f32, qw, qdt, n, k), Layout((1, n)), D.f32), np.float32)
         err = float(np.abs(got - q.qmatmul_numpy(x, raw, qdt, n, k).reshape(-1)).max())
         print(f"matvec {name} ({n}x{k}, {len(raw) / 1e6:.1f} MB): wgpu {len(raw) / t_gpu / 1e9:6.2f} GB/s   "
               f"numpy (dequantise + dot) {len(raw) / t_np / 1e9:6.2f} GB/s   ratio {t_np / t_gpu:.3f}   "
-              f"max|diff| {err:.1e}")
+              f"max|diff| {err:.1e}   vs numpy f32 x @ w.T: {t_np_f32 / t_gpu:.2f}x the speed")
+
+    if "--no-models" not in sys.argv:
+        models(quick)
+
+
+def models(quick):
+    """Whisper tiny.en on jfk.wav and SmolLM2 decoding, wgpu vs numpy ("cpu")."""
+    import tallow
+    from tallow.generate import TextStream, chat_prompt_ids, generate_ids
+    from tallow.models import whisper
+    jfk = os.path.join(os.path.dirname(_here), "tests", "data", "jfk.wav")
+    whisper_dir = tallow.hub.fetch("whisper-tiny.en", progress=False)
+    for device in ("wgpu", "cpu"):
+        model = whisper.load(whisper_dir, device=device)
+        model.transcribe(jfk, temperature=0.0, timestamps=False)  # warm-up: pipelines, caches
+        t = time.perf_counter()
+        text = model.transcribe(jfk, temperature=0.0, timestamps=False).text.strip()
+        took = time.perf_counter() - t
+        print(f"whisper tiny.en jfk.wav (11.0 s of audio) on {device}: {took:.2f} s   real-time factor "
+              f"{took / 11.0:.2f}   {text!r}")
+    smol = tallow.hub.fetch("smollm2-135m-instruct", progress=False)
+    tokens = 8 if quick else 32
+    for device in ("wgpu", "cpu"):
+        model = tallow.load_model(smol, device=device)
+        ids = chat_prompt_ids(model, [{"role": "user", "content": "What is the capital of France?"}])
+        list(generate_ids(model, ids, max_tokens=2, stop_tokens=[], cache=model.new_cache()))  # warm-up
+        stats = TextStream(iter(()))
+        got = list(generate_ids(model, ids, max_tokens=tokens, stop_tokens=[], cache=model.new_cache(), stats=stats))
+        print(f"smollm2-135m Q4_1 on {device}: prefill {len(ids)} tokens {stats.prefill_tokens_per_second:.1f} tok/s, "
+              f"decode {stats.decode_tokens_per_second:.2f} tok/s over {len(got)} tokens   "
+              f"{model.tokenizer.decode(got)[:40]!r}")
 
 
 if __name__ == "__main__":
