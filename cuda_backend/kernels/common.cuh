@@ -16,6 +16,7 @@ __device__ __forceinline__ long long strided_offset(const int* meta, int operand
     const int* shape = meta + 1;
     const int* os = meta + 1 + MAX_DIMS + operand * (MAX_DIMS + 1);
     long long off = os[0];
+    if (nd == 1) return off + i * os[1];  // the common case after merging dims: no division
     for (int d = nd - 1; d >= 0; --d) {
         long long s = shape[d];
         off += (i % s) * os[1 + d];

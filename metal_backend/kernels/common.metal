@@ -22,6 +22,7 @@ inline long strided_offset(constant int* meta, int operand, long i) {
     constant int* shape = meta + 1;
     constant int* os = meta + 1 + MAX_DIMS + operand * (MAX_DIMS + 1);
     long off = os[0];
+    if (nd == 1) return off + i * os[1];  // the common case after merging dims: no division
     for (int d = nd - 1; d >= 0; --d) {
         long s = shape[d];
         off += (i % s) * os[1 + d];
