@@ -69,10 +69,10 @@ def test_random_is_seeded(device):
 @pytest.mark.parametrize("name", ["f32", "f16", "bf16", "f64", "i8", "u8", "i32", "i64", "u32", "bool"])
 def test_dtype_roundtrip(device, name):
     dt = tallow.get_dtype(name)
-    if device.type == "wgpu" and name == "f64":
+    if device.type in ("wgpu", "metal") and name == "f64":
         with pytest.raises(tallow.UnsupportedError, match="f64"):
             tallow.tensor([1.0], dtype=dt, device=device)
-        return  # WebGPU has no f64: refused, never silently narrowed
+        return  # WebGPU and Metal have no f64: refused, never silently narrowed
     values = [0, 1, 2, 100] if dt.kind in "iu" else ([True, False] if dt.kind == "b" else [0.0, 1.5, -2.25, 1e-3])
     x = tallow.tensor(values, dtype=dt, device=device)
     assert x.dtype is dt and len(bytes(x)) == dt.itemsize * len(values)
