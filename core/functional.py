@@ -237,7 +237,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None
     b, h, tq, d = q.shape
     if k.shape[0] != b or k.shape[3] != d or v.shape[:3] != k.shape[:3] or h % k.shape[1]:
         raise ShapeError(f"attention: shapes q {q.shape}, k {k.shape}, v {v.shape} do not fit")
-    k, v = repeat_kv(k, h // k.shape[1]), repeat_kv(v, h // v.shape[1])
+    hk = k.shape[1]
+    n_rep = h // hk
+    if n_rep > 1 and (tq == 1 or not is_causal) and mask is None and not needs_grad(q, k, v):
+        # Grouped-query attention without copying K/V: the n_rep query heads that share a
+        # KV head become extra query rows (a one-token causal step masks nothing).
+        out = scaled_dot_product_attention(q.reshape(b, hk, n_rep * tq, d), k, v, scale=scale)
+        return out.reshape(b, h, tq, v.shape[3])
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     dtype = q.dtype
     k, v = k.to(dtype), v.to(dtype)
     tk = k.shape[2]
