@@ -258,12 +258,19 @@ class NumpyBackend(Backend):
 
     # ---- linear algebra and indexing ------------------------------------------
     def matmul(self, a, la, b, lb, dtype):
-        return self.store(np.matmul(self.load(a, la, dtype), self.load(b, lb, dtype)), dtype)
+        x, w = self.load(a, la, dtype), self.load(b, lb, dtype)
+        if x.ndim == 2 and x.shape[0] == 1:
+            # One row (decoding): BLAS's matrix-vector path; np.matmul would take the
+            # matrix-matrix one (measured 3x the CPU time per token with 2 threads).
+            return self.store(np.matmul(w.T, x[0]), dtype)
+        return self.store(np.matmul(x, w), dtype)
 
     def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
         xv = self.load(x, lx, dtype).astype(np.float32, copy=False)
         wf = _DEQUANT_CACHE.get(w, wdtype, n, k)
         if wf is not None:
+            if xv.size == k:  # one row: matrix-vector path (see matmul)
+                return self.store(np.matmul(wf, xv.reshape(k)), dtype)
             return self.store(np.matmul(xv, wf.T), dtype)
         from ..quant import qmatmul_numpy
         return self.store(qmatmul_numpy(xv, w, wdtype, n, k), dtype)
