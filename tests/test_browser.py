@@ -81,9 +81,6 @@ def _model_or_skip(dist, name):
 # (SwiftShader is off by up to 1.9e-4), and exp/log/tanh to a few ulp.
 WGPU_TOL = {"rtol": 1e-4, "atol": 2.0 ** -11}
 WGPU_NOT_APPLICABLE = {"casts": "the wgpu backend has no f64 tensors by design (WGSL has no f64); the case casts to f64"}
-# Kernels that naga (native) accepts but Chromium's Tint refuses; strict, so a fix shows up as XPASS.
-WGPU_KNOWN_GAPS = {"matmul": "kernels/matmul.wgsl line 85 for i32/i64 operands: Tint refuses "
-                             "'vec4<f32>(i32, i32, i32, i32)' (no implicit int->float conversion in WGSL)"}
 
 
 # The comparison the Node-hosted Pyodide suite uses (dtype, shape, values; exact for integers).
@@ -99,8 +96,6 @@ def test_op_suite_in_chromium_matches_numpy(case, device, demo, ui, request):
     info = ui.evaluate("window.tallowDemo.ready")
     if device == "wgpu" and case.name in WGPU_NOT_APPLICABLE:
         pytest.skip(WGPU_NOT_APPLICABLE[case.name])
-    if device == "wgpu" and case.name in WGPU_KNOWN_GAPS:
-        request.applymarker(pytest.mark.xfail(reason=WGPU_KNOWN_GAPS[case.name], strict=True))
     if device == "wgpu":
         assert info["device"] == "wgpu", f"WebGPU did not come up in Chromium: {info['gpu_error']}"
     got = demo.run(ui, case.source(device))

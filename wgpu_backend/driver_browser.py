@@ -74,24 +74,6 @@ async def create_browser_driver():
     return BrowserDriver(adapter, device)
 
 
-# Chromium's WGSL compiler (Tint) refuses a NaN or infinity produced by a
-# constant expression ("value nan cannot be represented as 'f32'"); naga
-# accepts it. Reading the bits from a private variable makes the bitcast a
-# runtime one. A no-op once kernels/common.wgsl is written this way itself.
-_TINT_REWRITES = (
-    ("fn f32_nan() -> f32 { return bitcast<f32>(0x7fc00000u); }",
-     "var<private> TALLOW_NAN_BITS: u32 = 0x7fc00000u;\nfn f32_nan() -> f32 { return bitcast<f32>(TALLOW_NAN_BITS); }"),
-    ("fn f32_inf() -> f32 { return bitcast<f32>(0x7f800000u); }",
-     "var<private> TALLOW_INF_BITS: u32 = 0x7f800000u;\nfn f32_inf() -> f32 { return bitcast<f32>(TALLOW_INF_BITS); }"),
-)
-
-
-def tint_compatible(wgsl):
-    for old, new in _TINT_REWRITES:
-        wgsl = wgsl.replace(old, new)
-    return wgsl
-
-
 class _Buffer:
     """A GPU buffer known to JS by id. Dropping it tells the driver, which forgets the id after its next submit."""
     __slots__ = ("id", "nbytes", "driver", "__weakref__")
@@ -202,12 +184,11 @@ class BrowserDriver:
     def pipeline(self, wgsl, label):
         p = self._pipelines.get(wgsl)
         if p is None:
-            source = tint_compatible(wgsl)
             try:
                 if self._ffi.can_run_sync():  # compile errors come back as messages, not as a console error
-                    pid = self._ffi.run_sync(self._js_driver.compileAsync(source, label))
+                    pid = self._ffi.run_sync(self._js_driver.compileAsync(wgsl, label))
                 else:
-                    pid = self._js_driver.compileSync(source, label)
+                    pid = self._js_driver.compileSync(wgsl, label)
             except Exception as e:
                 raise DeviceError(f"WGSL kernel '{label}' failed to compile: {e}") from None
             p = (int(pid), label)

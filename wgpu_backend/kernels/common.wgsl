@@ -28,8 +28,11 @@ fn at(i: u32, j: u32) -> u32 {
     return u32(off);
 }
 
-fn f32_nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
-fn f32_inf() -> f32 { return bitcast<f32>(0x7f800000u); }
+// Read from private variables: Chromium's compiler (Tint) rejects a NaN/inf constant expression.
+var<private> NAN_BITS: u32 = 0x7fc00000u;
+var<private> INF_BITS: u32 = 0x7f800000u;
+fn f32_nan() -> f32 { return bitcast<f32>(NAN_BITS); }
+fn f32_inf() -> f32 { return bitcast<f32>(INF_BITS); }
 
 // bf16 values live on the GPU as f32 rounded (nearest-even) to bf16 precision.
 fn round_bf16(v: f32) -> f32 {

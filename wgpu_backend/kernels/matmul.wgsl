@@ -30,19 +30,20 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     var acc3 = vec4<f32>(0.0);
     for (var k = 0; k < i32(kk); k = k + 1) {
         let bo = bc + vec4<i32>(k * b_rs);
-        let bv = vec4<f32>(lx(b[bo.x]), lx(b[bo.y]), lx(b[bo.z]), lx(b[bo.w]));
+        // f32(...) makes integer operands explicit: WGSL has no implicit int -> float conversion.
+        let bv = vec4<f32>(f32(lx(b[bo.x])), f32(lx(b[bo.y])), f32(lx(b[bo.z])), f32(lx(b[bo.w])));
         let ao = ar + vec4<i32>(k * a_cs);
-        acc0 = acc0 + lx(a[ao.x]) * bv;
-        acc1 = acc1 + lx(a[ao.y]) * bv;
-        acc2 = acc2 + lx(a[ao.z]) * bv;
-        acc3 = acc3 + lx(a[ao.w]) * bv;
+        acc0 = acc0 + f32(lx(a[ao.x])) * bv;
+        acc1 = acc1 + f32(lx(a[ao.y])) * bv;
+        acc2 = acc2 + f32(lx(a[ao.z])) * bv;
+        acc3 = acc3 + f32(lx(a[ao.w])) * bv;
     }
     let out = u32(bi) * m * nn;
     let rows = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
     for (var r = 0u; r < 4u; r = r + 1u) {
         if (row0 + r < m) {
             for (var c = 0u; c < 4u; c = c + 1u) {
-                if (col0 + c < nn) { y[out + (row0 + r) * nn + col0 + c] = sx(rows[r][c]); }
+                if (col0 + c < nn) { y[out + (row0 + r) * nn + col0 + c] = sx(CX(rows[r][c])); }
             }
         }
     }
