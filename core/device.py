@@ -61,6 +61,18 @@ class Device:
         return (Device, (self.type,))
 
 
+def use_backend(name, backend):
+    """Bind a device name to a backend instance you built (for example the wgpu backend over
+    the browser's navigator.gpu, made asynchronously); returns the Device."""
+    if name not in _BACKENDS:
+        raise DeviceError(f"unknown device {name!r}; known: {', '.join(_BACKENDS)}")
+    dev = object.__new__(Device)
+    dev.type = name
+    dev._backend = backend
+    _instances[name] = dev
+    return dev
+
+
 def _load_backend(key):
     module_name, class_name, hint = _BACKENDS[key]
     try:

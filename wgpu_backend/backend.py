@@ -13,6 +13,7 @@ This module never imports `wgpu`: it talks to a driver (driver_native.py
 natively; a navigator.gpu driver in the browser) through a small interface.
 """
 import struct
+import sys
 import weakref
 from array import array
 
@@ -186,8 +187,12 @@ class WgpuBackend(Backend):
 
     def __init__(self, driver=None):
         if driver is None:
-            from .driver_native import NativeDriver
-            driver = NativeDriver()
+            if sys.platform == "emscripten":  # Pyodide: the browser's navigator.gpu
+                from .driver_browser import BrowserDriver
+                driver = BrowserDriver.open()
+            else:
+                from .driver_native import NativeDriver
+                driver = NativeDriver()
         self.driver = driver
         self.has_f16 = driver.has_f16
         self.limits = driver.limits

@@ -229,11 +229,7 @@ class BrowserDriver:
 def register_device(driver):
     """Make tallow.Device("wgpu") use `driver` (the wgpu backend picks the native driver by default).
     Returns that Device."""
-    from tallow import device as device_module
+    from tallow.device import use_backend
 
     from .backend import WgpuBackend
-    dev = object.__new__(device_module.Device)
-    dev.type = "wgpu"
-    dev._backend = WgpuBackend(driver)
-    device_module._instances["wgpu"] = dev
-    return dev
+    return use_backend("wgpu", WgpuBackend(driver))
