@@ -17,6 +17,8 @@ _FLOAT_UNARY = frozenset("exp log sqrt rsqrt sin cos tanh sigmoid gelu gelu_tanh
 
 
 def _dim(d, ndim, op):
+    if 0 <= d < ndim:
+        return d
     if not -ndim <= d < max(ndim, 1):
         raise ShapeError(f"{op}: dim {d} is out of range for a tensor with {ndim} dims")
     return d % ndim if ndim else 0
@@ -194,6 +196,14 @@ class Tensor:
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
+        lay = self._layout
+        if lay._contiguous and lay.offset == 0 and -1 not in shape and numel_of(shape) == numel_of(lay.shape) \
+                and all(type(s) is int and s >= 0 for s in shape):
+            out = Tensor(self._storage, Layout(shape), self.dtype, self.device)  # fast path: a plain view
+            if self.requires_grad and _Mode.enabled:
+                old = lay.shape
+                record(out, (self,), lambda g: (g.reshape(old),))
+            return out
         shape = _infer_shape(shape, self.numel(), self.shape)
         lay = self._layout.reshaped(shape)
         if lay is None:
@@ -222,17 +232,24 @@ class Tensor:
         return self._record(self._view(self._layout.permute(dims)), (self,), lambda: (lambda g: (g.permute(inverse),)))
 
     def transpose(self, d0=-2, d1=-1):
-        if self.ndim < 2 and d0 in (-2, 0) and d1 in (-1, 0):
+        lay = self._layout
+        n = len(lay.shape)
+        if n < 2 and d0 in (-2, 0) and d1 in (-1, 0):
             return self
-        d0, d1 = _dim(d0, self.ndim, "transpose"), _dim(d1, self.ndim, "transpose")
-        dims = list(range(self.ndim))
-        dims[d0], dims[d1] = d1, d0
-        return self._record(self._view(self._layout.permute(dims)), (self,), lambda: (lambda g: (g.transpose(d0, d1),)))
+        d0, d1 = _dim(d0, n, "transpose"), _dim(d1, n, "transpose")
+        shape, strides = list(lay.shape), list(lay.strides)
+        shape[d0], shape[d1] = shape[d1], shape[d0]
+        strides[d0], strides[d1] = strides[d1], strides[d0]
+        out = Tensor(self._storage, Layout(shape, strides, lay.offset), self.dtype, self.device)
+        if self.requires_grad and _Mode.enabled:
+            record(out, (self,), lambda g: (g.transpose(d0, d1),))
+        return out
 
     def t(self):
-        if self.ndim > 2:
+        n = len(self._layout.shape)
+        if n > 2:
             raise ShapeError(f"t() expects a tensor with <= 2 dims, got shape {self.shape}; use transpose(d0, d1)")
-        return self.transpose(0, 1) if self.ndim == 2 else self
+        return self.transpose(0, 1) if n == 2 else self
 
     def narrow(self, dim, start, length):
         dim = _dim(dim, self.ndim, "narrow")
@@ -350,7 +367,7 @@ class Tensor:
 
     def _binary(self, other, op, reverse=False, cmp=False):
         if not cmp and type(other) is Tensor and other.dtype is self.dtype and other._layout.shape == self._layout.shape \
-                and other.device is self.device and (self.dtype.is_float or op != "div"):
+                and other.device is self.device and (op != "div" or self.dtype.kind == "f"):
             # Fast path (same dtype, same shape): nothing to promote or broadcast.
             a, b = (other, self) if reverse else (self, other)
             st = self.device.backend.binary(op, a._storage, a._layout, b._storage, b._layout, self.dtype)
@@ -379,10 +396,10 @@ class Tensor:
         out = Tensor(be.binary(op, a._storage, la, b._storage, lb, dtype), Layout(shape), dtype, self.device)
         return self._record(out, (a, b), lambda: G.binary(op, a, b, out))
 
-    def add(self, o): return self._binary(o, "add")
-    def sub(self, o): return self._binary(o, "sub")
-    def mul(self, o): return self._binary(o, "mul")
-    def div(self, o): return self._binary(o, "div")
+    def add(self, o, _op="add"): return self._binary(o, _op)
+    def sub(self, o, _op="sub"): return self._binary(o, _op)
+    def mul(self, o, _op="mul"): return self._binary(o, _op)
+    def div(self, o, _op="div"): return self._binary(o, _op)
     def maximum(self, o): return self._binary(o, "maximum")
     def minimum(self, o): return self._binary(o, "minimum")
     def eq(self, o): return self._binary(o, "eq", cmp=True)

@@ -107,7 +107,15 @@ _DEQUANT_CACHE = _DequantCache()
 
 def _whole(st, layout):
     """True when the layout covers the whole storage in order (no view needed)."""
-    return layout.offset == 0 and layout.is_contiguous() and len(st) == numel_of(layout.shape)
+    if layout.offset or not layout.is_contiguous():
+        return False
+    shape = layout.shape
+    return len(st) == (shape[0] if len(shape) == 1 else numel_of(shape))
+
+
+# dtypes numpy computes in directly, and binary ops that need no error-state handling
+_NATIVE = frozenset(("f32", "f64", "i8", "u8", "i32", "i64", "u32", "bool"))
+_PLAIN = frozenset(("add", "sub", "mul", "maximum", "minimum"))
 
 
 class NumpyBackend(Backend):
@@ -222,7 +230,7 @@ class NumpyBackend(Backend):
         return self.store(y, bool_ if op == "logical_not" else dtype)
 
     def binary(self, op, a, la, b, lb, dtype):
-        if dtype.np_name != "uint16" and dtype is not f16 and _whole(a, la) and _whole(b, lb) and op not in ("div", "pow"):
+        if dtype.name in _NATIVE and op in _PLAIN and _whole(a, la) and _whole(b, lb):
             return _BINARY[op](a, b)  # fast path: both operands are whole flat storages
         x, y = self.load(a, la, dtype), self.load(b, lb, dtype)
         if op in ("div", "pow"):  # inf/nan results are the answer, not a warning
