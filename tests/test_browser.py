@@ -229,3 +229,78 @@ def test_whisper_transcribes_jfk_through_the_file_input(demo, dist, ui):
     assert not error, error
     assert text == JFK_TEXT
     assert ui.locator("#segments li").count() >= 1 and "real-time factor" in ui.inner_text("#speech-stats")
+
+
+# ---- byte-range sources: what the browser loads weights through (no browser needed) ----
+def _gguf_with_big_header(path):
+    """A GGUF whose header (a 20k-word vocabulary) is far longer than a small first prefix, with
+    tensors whose sizes are not multiples of 4 (q8_0: 34-byte blocks) next to plain ones."""
+    np = pytest.importorskip("numpy")
+    from tallow.io import write_gguf
+    rng = np.random.default_rng(0)
+    q8 = rng.integers(0, 256, size=3 * 34, dtype=np.uint8)
+    q8[0::34], q8[1::34] = 0, 0x3C  # f16 scale 1.0 in every block
+    tensors = {"w.f32": rng.standard_normal((5, 7)).astype(np.float32),
+               "w.q8_0": ("q8_0", (3, 32), q8.tobytes()),
+               "w.f16": rng.standard_normal((3, 3)).astype(np.float16),
+               "w.i8": rng.integers(-128, 128, size=(11,), dtype=np.int8)}
+    words = [f"word{i}" for i in range(20000)]
+    write_gguf(path, tensors, {"general.architecture": "test", "tokenizer.ggml.tokens": words})
+    return tensors, words
+
+
+def test_a_gguf_over_a_byte_source_reads_only_its_header_and_matches_the_mapped_file(tmp_path, monkeypatch):
+    import tallow
+    from tallow.io import BytesSource, gguf
+    path = str(tmp_path / "big_header.gguf")
+    tensors, words = _gguf_with_big_header(path)
+    monkeypatch.setattr(gguf, "FIRST_PREFIX", 4096)  # forces the prefix to be re-read longer, twice or more
+    data = open(path, "rb").read()
+    source = BytesSource(data, "big_header.gguf")
+    f = tallow.io.open(source)
+    mapped = tallow.io.open(path)
+    assert isinstance(f, gguf.GGUFFile) and f.metadata == mapped.metadata and f.metadata["tokenizer.ggml.tokens"] == words
+    assert {n: repr(i) for n, i in f.infos.items()} == {n: repr(i) for n, i in mapped.infos.items()}
+    header_end = f.data_start
+    assert source.bytes_read < 5 * header_end, (source.bytes_read, header_end)  # the header (re-read), no tensor data
+    for name in tensors:
+        before = source.bytes_read
+        assert bytes(f.raw(name)) == bytes(mapped.raw(name))
+        assert source.bytes_read - before == f.info(name).nbytes
+        got, want = f.tensor(name, device="python"), mapped.tensor(name, device="python")
+        assert bytes(got) == bytes(want) and got.dtype == want.dtype and got.shape == want.shape
+
+
+def test_a_safetensors_over_a_byte_source_matches_the_mapped_file(tmp_path):
+    np = pytest.importorskip("numpy")
+    import tallow
+    from tallow.io import BytesSource, write_safetensors
+    rng = np.random.default_rng(1)
+    tensors = {"a": rng.standard_normal((3, 5)).astype(np.float16), "b": rng.integers(0, 2, (7,)).astype(bool),
+               "c": rng.standard_normal((4,)).astype(np.float32)}
+    path = str(tmp_path / "m.safetensors")
+    write_safetensors(path, tensors, {"format": "pt"})
+    source = BytesSource(open(path, "rb").read(), "m.safetensors")
+    f, mapped = tallow.io.open(source), tallow.io.open(path)
+    assert f.metadata == {"format": "pt"} and f.keys() == mapped.keys()
+    assert source.bytes_read == 8 + 4 + (f.info("a").offset - 8)  # sniff, length, JSON header: no data
+    for name, arr in tensors.items():
+        np.testing.assert_array_equal(np.array(f.tensor(name, device="python").tolist(), dtype=arr.dtype), arr)
+
+
+@pytest.mark.parametrize("cut", [3, 100, 2000, -25])  # -25: inside the last tensor
+def test_a_truncated_file_over_a_byte_source_fails_like_the_mapped_one(tmp_path, monkeypatch, cut):
+    import tallow
+    from tallow.errors import FormatError
+    from tallow.io import BytesSource, gguf
+    path = str(tmp_path / "big_header.gguf")
+    _gguf_with_big_header(path)
+    monkeypatch.setattr(gguf, "FIRST_PREFIX", 1024)
+    data = open(path, "rb").read()[:cut]
+    with open(path, "wb") as out:
+        out.write(data)
+    with pytest.raises(FormatError) as mapped_error:
+        tallow.io.open(path, format="gguf")
+    with pytest.raises(FormatError) as source_error:
+        tallow.io.open(BytesSource(data, path), format="gguf")
+    assert str(source_error.value) == str(mapped_error.value)

@@ -139,6 +139,9 @@ class BrowserDriver:
         self._dead = []
         self.submits = 0
         self.readbacks = 0
+        # bytes written into GPU buffers from Python memory (the wasm heap) and straight from JS buffers
+        self.bytes_from_python = 0
+        self.bytes_from_js = 0
 
     # ---- buffers ------------------------------------------------------------
     def create_buffer(self, nbytes):
@@ -158,12 +161,19 @@ class BrowserDriver:
             self._js_driver.writeFromPython(buf.id, offset, proxy, len(mv))
         finally:
             proxy.destroy()
+        self.bytes_from_python += n
 
     def write_buffer_from_js(self, buf, offset, array_buffer, src_offset, nbytes):
-        """Copy nbytes of a JS ArrayBuffer (e.g. a fetched weights file) into buf, bypassing the wasm heap."""
+        """Copy nbytes of a JS ArrayBuffer (e.g. a fetched weights file) into buf, bypassing the wasm heap.
+        offset must be a multiple of 4; nbytes and src_offset need not be."""
+        if offset % 4:
+            raise DeviceError(f"write_buffer_from_js: GPU buffer offset {offset} is not a multiple of 4")
+        if nbytes > buf.nbytes - offset:
+            raise DeviceError(f"write_buffer_from_js: {nbytes} bytes at offset {offset} overrun a {buf.nbytes}-byte buffer")
         if self._ops:
             self.flush()
         self._js_driver.writeFromJs(buf.id, offset, array_buffer, src_offset, nbytes)
+        self.bytes_from_js += nbytes
 
     def read_buffer(self, buf, offset, nbytes):
         self.flush()

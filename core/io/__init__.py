@@ -16,22 +16,25 @@ import os
 
 from ..errors import FormatError
 from .. import quant as _quant  # noqa: F401  (registers the block dtypes GGUF files use)
+from .byte_source import ByteSource, BytesSource, JsArrayBufferSource, is_byte_source
 from .gguf import GGUFFile, write_gguf
 from .lazy_file import LazyFile, TensorInfo
 from .npz import NpzFile
 from .safetensors import SafetensorsFile, ShardedSafetensors, write_safetensors
 
 __all__ = ["open", "load_file", "save_file", "GGUFFile", "SafetensorsFile", "ShardedSafetensors", "NpzFile",
-           "LazyFile", "TensorInfo", "write_gguf", "write_safetensors"]
+           "LazyFile", "TensorInfo", "write_gguf", "write_safetensors", "ByteSource", "BytesSource",
+           "JsArrayBufferSource"]
 
 _INDEX = "model.safetensors.index.json"
 
 
 def open(source, format=None):  # noqa: A001  (tallow.io.open, like builtins.open for weights)
-    """A lazy reader for a weights file (path, directory, or a bytes-like buffer).
+    """A lazy reader for a weights file (path, directory, a bytes-like buffer, or a ByteSource
+    such as JsArrayBufferSource: the header is read, tensors are copied when asked).
     The format comes from `format` ("safetensors", "gguf", "npz"), else the file's
     first bytes, else its extension. A directory opens its model.safetensors(.index.json)."""
-    if not isinstance(source, (bytes, bytearray, memoryview)):
+    if not isinstance(source, (bytes, bytearray, memoryview)) and not is_byte_source(source):
         source = os.fspath(source)
         if os.path.isdir(source):
             for name in (_INDEX, "model.safetensors"):
@@ -50,12 +53,16 @@ def open(source, format=None):  # noqa: A001  (tallow.io.open, like builtins.ope
 
 
 def _label(source):
+    if is_byte_source(source):
+        return source.name
     return source if isinstance(source, str) else "<buffer>"
 
 
 def _sniff(source):
     if isinstance(source, (bytes, bytearray, memoryview)):
         head = bytes(memoryview(source)[:4])
+    elif is_byte_source(source):
+        head = source.read(0, min(4, source.size))
     else:
         try:
             with _builtin_open(source) as f:
@@ -66,9 +73,10 @@ def _sniff(source):
         return "gguf"
     if head[:2] == b"PK":
         return "npz"
-    if isinstance(source, str):
+    name = source.name if is_byte_source(source) else source
+    if isinstance(name, str):
         for ext, fmt in ((".gguf", "gguf"), (".npz", "npz"), (".safetensors", "safetensors")):
-            if source.endswith(ext):
+            if name.endswith(ext):
                 return fmt
     return "safetensors"  # starts with a length, not a magic number
 

@@ -27,13 +27,23 @@ _SCALAR = {UINT8: "B", INT8: "b", UINT16: "H", INT16: "h", UINT32: "I", INT32: "
 _SIZE = {t: struct.calcsize(c) for t, c in _SCALAR.items()}
 _MIN_SIZE = {**_SIZE, STRING: 8, ARRAY: 12}  # smallest encoding of one value of each type
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+# Over a byte source the header is parsed from a prefix of this size, grown when it is too short.
+FIRST_PREFIX = 4 << 20
+
+
+class _NeedMore(Exception):
+    """The header runs past the prefix read so far (not past the file): read `end` bytes and parse again."""
+
+    def __init__(self, end):
+        self.end = end
 
 
 class _Cursor:
     """Reads the header; every read is bounds-checked so a corrupt file fails cleanly."""
 
-    def __init__(self, data, path):
-        self.data, self.pos, self.path, self.size = data, 0, path, len(data)
+    def __init__(self, data, path, file_size):
+        # size: the bytes at hand (the whole file, or a prefix of it); file_size: the whole file's
+        self.data, self.pos, self.path, self.size, self.file_size = data, 0, path, len(data), file_size
         self.what = "header"
 
     def fail(self, problem):
@@ -41,7 +51,9 @@ class _Cursor:
 
     def need(self, n):
         if n > self.size - self.pos:
-            self.fail(f"truncated: needs {n} bytes at offset {self.pos}, the file has {self.size}")
+            if n <= self.file_size - self.pos:
+                raise _NeedMore(self.pos + n)
+            self.fail(f"truncated: needs {n} bytes at offset {self.pos}, the file has {self.file_size}")
 
     def u32(self):
         self.need(4)
@@ -85,13 +97,15 @@ class _Cursor:
             self.fail(f"string at offset {pos} is not UTF-8 ({e.reason})")
         self.pos = pos
         if len(out) < n:
+            if size < self.file_size:
+                raise _NeedMore(pos + 8)  # the prefix grows at least 4x per retry
             self.fail(f"truncated: string {len(out)} of {n} at offset {pos} runs past the end ({size} bytes)")
         return out
 
     def count(self, n, min_size, what):
         """A count read from the file, refused before looping when it cannot fit."""
-        if n * min_size > self.size - self.pos:
-            self.fail(f"{what} count {n} cannot fit in the remaining {self.size - self.pos} bytes")
+        if n * min_size > self.file_size - self.pos:
+            self.fail(f"{what} count {n} cannot fit in the remaining {self.file_size - self.pos} bytes")
         return n
 
     def value(self, vtype, depth=0):
@@ -112,6 +126,7 @@ class _Cursor:
                 self.fail(f"unknown array element type {etype}")
             n = self.count(self.u64(), _MIN_SIZE[etype], "array")
             if etype in _SCALAR:
+                self.need(n * _SIZE[etype])
                 values = list(struct.unpack_from(f"<{n}{_SCALAR[etype]}", self.data, self.pos))
                 self.pos += n * _SIZE[etype]
                 return values, (ARRAY, etype)
@@ -127,10 +142,21 @@ class GGUFFile(LazyFile):
 
     def __init__(self, source):
         super().__init__(source)
-        c = _Cursor(self.data, self.path)
+        # A mapped file is parsed in place; a byte source from a prefix, re-read longer if the header needs it.
+        head = self._bytes(0, self.size if self.source is None else min(self.size, FIRST_PREFIX))
+        while True:
+            try:
+                self._parse_header(head)
+                return
+            except _NeedMore as more:
+                head = self._bytes(0, min(self.size, max(more.end, 4 * len(head))))
+
+    def _parse_header(self, head):
+        self.metadata, self.infos = {}, {}
+        c = _Cursor(head, self.path, self.size)
         c.need(4)
-        if bytes(self.data[:4]) != MAGIC:
-            self._fail(f"not a GGUF file (starts with {bytes(self.data[:4])!r}, expected b'GGUF')")
+        if bytes(head[:4]) != MAGIC:
+            self._fail(f"not a GGUF file (starts with {bytes(head[:4])!r}, expected b'GGUF')")
         c.pos = 4
         self.version = c.u32()
         if self.version not in (2, 3):
@@ -159,13 +185,13 @@ class GGUFFile(LazyFile):
             dims = [c.u64() for _ in range(n_dims)]
             entries.append((name, dims, c.u32(), c.u64()))
         self.data_start = -(-c.pos // self.alignment) * self.alignment
-        if self.data_start > len(self.data) and n_tensors:
-            self._fail(f"truncated: the data section would start at {self.data_start}, past the end ({len(self.data)} bytes)")
+        if self.data_start > self.size and n_tensors:
+            self._fail(f"truncated: the data section would start at {self.data_start}, past the end ({self.size} bytes)")
         for name, dims, type_id, offset in entries:
             if name in self.infos:
                 self._fail("duplicate tensor name", name)
             self.infos[name] = self._tensor_info(name, dims, type_id, offset)
-        self._check_extents(self.data_start, len(self.data))
+        self._check_extents(self.data_start, self.size)
 
     def _tensor_info(self, name, dims, type_id, offset):
         if type_id not in GGML_TYPES:

@@ -1,9 +1,11 @@
 """What every tallow weights reader has in common.
 
-A reader maps the file (or wraps a buffer you already hold, e.g. bytes fetched
-in the browser), parses and validates the header, and keeps a TensorInfo per
-tensor. Nothing is copied until you ask: `raw(name)` is a memoryview slice of
-the mapping and `tensor(name)` builds a tensor over it.
+A reader maps the file (or wraps a buffer you already hold), parses and
+validates the header, and keeps a TensorInfo per tensor. Nothing is copied
+until you ask: `raw(name)` is a memoryview slice of the mapping and
+`tensor(name)` builds a tensor over it. Over a ByteSource (byte_source.py,
+e.g. a JS ArrayBuffer in the browser) the header comes from read() and each
+tensor goes from the source to its device (directly, when the device can).
 """
 import mmap
 import os
@@ -51,7 +53,14 @@ class LazyFile:
     format = "?"
 
     def __init__(self, source):
-        self.data, self.path = map_source(source)
+        from .byte_source import is_byte_source
+        if is_byte_source(source):
+            self.source, self.data, self.path = source, memoryview(b""), source.name
+            self.size = source.size
+        else:
+            self.source = None
+            self.data, self.path = map_source(source)
+            self.size = len(self.data)
         self.infos = {}
         self.metadata = {}
 
@@ -77,16 +86,23 @@ class LazyFile:
     def raw(self, name):
         """The tensor's bytes as stored (little-endian; GGUF blocks for quantised types), zero-copy."""
         info = self._loadable(name)
-        return self.data[info.offset:info.offset + info.nbytes]
+        return self._bytes(info.offset, info.nbytes)
 
     def tensor(self, name, device=None):
         from ..creation import from_buffer
         info = self._loadable(name)
+        if self.source is not None:
+            from .byte_source import direct_tensor
+            t = direct_tensor(self.source, info, device)
+            if t is not None:
+                return t
         return from_buffer(self.raw(name), info.dtype, info.shape, device)
 
     def close(self):
-        """Drop this reader's reference to the mapping (tensors made from it keep theirs)."""
+        """Drop this reader's reference to the mapping or source (tensors made from it keep theirs)."""
         self.data = memoryview(b"")
+        if self.source is not None:
+            self.source = _ClosedSource(self.source)
 
     def __enter__(self):
         return self
@@ -98,6 +114,12 @@ class LazyFile:
         return f"<tallow.io {self.format} file {self.path!r}: {len(self.infos)} tensors>"
 
     # -- helpers for subclasses ---------------------------------------------------
+    def _bytes(self, offset, nbytes):
+        """nbytes at offset: a slice of the mapping (no copy), or read from the source."""
+        if self.source is not None:
+            return memoryview(self.source.read(offset, nbytes))
+        return self.data[offset:offset + nbytes]
+
     def _loadable(self, name):
         info = self.info(name)
         if info.problem:
@@ -119,6 +141,17 @@ class LazyFile:
                 self._fail(f"data [{lo}, {hi}) overlaps tensor {prev_name!r}", name)
             if hi > lo:
                 prev_end, prev_name = hi, name
+
+
+class _ClosedSource:
+    """What a closed reader holds instead of its source: reads fail with a clear message."""
+    js_buffer = None
+
+    def __init__(self, source):
+        self.name, self.size = source.name, source.size
+
+    def read(self, offset, size):
+        raise FormatError(f"{self.name}: the reader was closed")
 
 
 def numel_of(shape):

@@ -22,6 +22,8 @@ class NpzFile(LazyFile):
 
     def __init__(self, source):
         super().__init__(source)
+        if self.source is not None:  # a zip's directory is at its end: npz files (small) are read whole
+            self.data, self.source = memoryview(self.source.read(0, self.size)), None
         try:
             self._zip = zipfile.ZipFile(_ReadOnly(self.data))
             members = self._zip.infolist()

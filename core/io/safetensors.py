@@ -28,16 +28,16 @@ class SafetensorsFile(LazyFile):
 
     def __init__(self, source):
         super().__init__(source)
-        size = len(self.data)
+        size = self.size
         if size < 8:
             self._fail(f"truncated: {size} bytes, not even the 8-byte header length")
-        (n,) = struct.unpack_from("<Q", self.data, 0)
+        (n,) = struct.unpack_from("<Q", self._bytes(0, 8), 0)
         if n > MAX_HEADER:
             self._fail(f"header length {n} is larger than the {MAX_HEADER}-byte limit")
         if 8 + n > size:
             self._fail(f"header length {n} runs past the end of the {size}-byte file")
         try:
-            header = json.loads(bytes(self.data[8:8 + n]).decode("utf-8"))
+            header = json.loads(bytes(self._bytes(8, n)).decode("utf-8"))
         except UnicodeDecodeError as e:
             self._fail(f"header is not UTF-8 ({e.reason} at byte {8 + e.start})")
         except ValueError as e:

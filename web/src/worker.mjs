@@ -3,7 +3,8 @@
 // Page -> worker messages ({type, id, ...}); requests run one at a time in
 // order, except "stop", which is handled at once (the chat loop yields to the
 // event loop between tokens and checks it).
-//   load {model}                     fetch the manifest's files (Cache API) and load the model
+//   load {model}                     fetch the manifest's files (Cache API) and load the model; the
+//                                    weights file stays a JS buffer (WebGPU copies tensors from it)
 //   open {key, files: [{name, data}]} load a model from files the user picked
 //   transcribe {model, audio, samples} Float32Array at 16 kHz (samples) or WAV bytes
 //   chat {model, messages, maxTokens} streams "token" messages
@@ -84,35 +85,48 @@ async function cachedFile(url, size, report) {
   return { bytes, cached: false };
 }
 
+// The weights file stays in JS memory (Python reads its header; WebGPU takes each tensor from it);
+// the small files (config, tokenizer, mel filters) go to Python's file system.
+const isWeights = (name) => /\.(gguf|safetensors)$/i.test(name);
+const heapBytes = () => py._module.HEAP8.length;
+
 async function loadFromManifest(msg) {
   const entry = manifest.models[msg.model];
   if (!entry) throw new Error(`unknown model ${msg.model}`);
   if (entry.missing) throw new Error(`${msg.model} is not available on this site: ${entry.missing}`);
+  const started = performance.now();
   const total = entry.bytes;
   let done = 0;
   let fromCache = 0;
+  let weights = null;
   const dir = `/models/${msg.model}`;
+  py.FS.mkdirTree(dir);
   for (const f of entry.files) {
     const { bytes, cached } = await cachedFile(f.url, f.size, (n) => progress(`Downloading ${f.name}`, done + n, total, { model: msg.model }));
     if (cached) fromCache += bytes.length;
     done += bytes.length;
-    py.FS.mkdirTree(dir);
-    py.FS.writeFile(`${dir}/${f.name}`, bytes);
+    if (isWeights(f.name)) weights = { name: f.name, bytes };
+    else py.FS.writeFile(`${dir}/${f.name}`, bytes);
   }
   progress(`Loading ${msg.model} into tallow`, total, total, { model: msg.model });
-  const path = entry.kind === "llm" ? `${dir}/${entry.files[0].name}` : dir;
-  const info = JSON.parse(await api.load_model.callPromising(msg.model, path, msg.device || "auto"));
-  return { ...info, bytes: total, from_cache: fromCache };
+  const info = JSON.parse(await api.load_model_from_js.callPromising(msg.model, dir, weights.name, weights.bytes, msg.device || "auto"));
+  return { ...info, bytes: total, from_cache: fromCache, load_s: (performance.now() - started) / 1000, heap_bytes: heapBytes() };
 }
 
 async function openLocal(msg) {
+  const started = performance.now();
   const dir = `/models/local/${msg.key}`;
   py.FS.mkdirTree(dir);
-  for (const f of msg.files) py.FS.writeFile(`${dir}/${f.name}`, new Uint8Array(f.data));
   const gguf = msg.files.find((f) => f.name.toLowerCase().endsWith(".gguf"));
-  const path = gguf ? `${dir}/${gguf.name}` : dir;
-  const info = JSON.parse(await api.load_model.callPromising(msg.key, path, msg.device || "auto"));
-  return { ...info, bytes: msg.files.reduce((s, f) => s + f.data.byteLength, 0) };
+  const bytes = msg.files.reduce((s, f) => s + f.data.byteLength, 0);
+  let info;
+  if (gguf) {
+    info = await api.load_model_from_js.callPromising(msg.key, dir, gguf.name, new Uint8Array(gguf.data), msg.device || "auto");
+  } else {  // a Hugging Face folder (possibly sharded): through the file system
+    for (const f of msg.files) py.FS.writeFile(`${dir}/${f.name}`, new Uint8Array(f.data));
+    info = await api.load_model.callPromising(msg.key, dir, msg.device || "auto");
+  }
+  return { ...JSON.parse(info), bytes, load_s: (performance.now() - started) / 1000, heap_bytes: heapBytes() };
 }
 
 async function handle(msg) {

@@ -13,7 +13,7 @@ from array import array
 
 import tallow
 
-state = {"device": None, "device_info": None, "gpu_error": None, "models": {}}
+state = {"device": None, "device_info": None, "gpu_error": None, "models": {}, "driver": None}
 
 
 def _json(value):
@@ -28,6 +28,7 @@ async def boot(want_gpu=True):
             from tallow_wgpu.driver_browser import create_browser_driver, register_device
             driver = await create_browser_driver()
             dev = register_device(driver)
+            state["driver"] = driver
             info["gpu"] = {**driver.info, "f16": driver.has_f16, "cpu_emulated": driver.cpu_emulated,
                            "max_storage_binding": driver.limits["max_storage_binding"]}
             state["device"] = dev
@@ -63,6 +64,38 @@ def load_model(key, path, device=None):
     state["models"][key] = model
     return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
                   "kind": "whisper" if hasattr(model, "encode") and hasattr(model, "tokens") else "llm"})
+
+
+def load_model_from_js(key, folder, weights_name, js_bytes, device=None):
+    """Load a model whose weights file is a JS ArrayBuffer/Uint8Array (from the Cache API or a picked
+    file): only its header enters Python; on WebGPU each tensor is copied from the JS buffer straight
+    into its GPU buffer. weights_name: a .gguf file (an LLM, tokenizer in its metadata), or the
+    model.safetensors of a Whisper folder whose small files (config, tokenizer...) are in `folder`."""
+    from tallow.io import JsArrayBufferSource, open as open_weights
+    from tallow.models.loader import load_gguf
+
+    started = time.perf_counter()
+    dev = _device(device)
+    driver = state["driver"] if dev.type == "wgpu" else None
+    before = (driver.bytes_from_js, driver.bytes_from_python) if driver else (0, 0)
+    source = JsArrayBufferSource(js_bytes, weights_name)
+    if weights_name.lower().endswith(".gguf"):
+        model = load_gguf(source, device=dev)
+    elif weights_name.endswith(".safetensors"):
+        from tallow.models import whisper
+        model = whisper.load(folder, device=dev, weights=open_weights(source, format="safetensors"))
+    else:
+        raise tallow.errors.FormatError(f"{weights_name}: expected a .gguf or .safetensors weights file")
+    state["models"][key] = model
+    if driver:
+        driver.flush()  # the on-GPU conversions recorded while loading
+    return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
+                  "kind": "whisper" if hasattr(model, "encode") and hasattr(model, "tokens") else "llm",
+                  # where the bytes went: read from the JS buffer into Python (headers, CPU-side tensors),
+                  # written to GPU buffers straight from JS, and from Python memory (tables the model builds)
+                  "weights_bytes": source.size, "read_into_python": source.bytes_read,
+                  "gpu_from_js": (driver.bytes_from_js - before[0]) if driver else 0,
+                  "gpu_from_python": (driver.bytes_from_python - before[1]) if driver else 0})
 
 
 def forget_model(key):

@@ -64,8 +64,17 @@ function makeTallowDriver(device, arenaBytes) {
   }
 
   // A JS ArrayBuffer (e.g. a fetched weights file) -> GPU; it never enters the wasm heap.
+  // writeBuffer wants a size that is a multiple of 4 (a Q8_0 tensor of 34-byte blocks may not
+  // be): the last 1-3 bytes go through a 4-byte zero-padded copy (GPU buffers are 4-byte sized).
   function writeFromJs(id, offset, arrayBuffer, srcOffset, nbytes) {
-    device.queue.writeBuffer(buffers.get(id), offset, arrayBuffer, srcOffset, nbytes);
+    const buf = buffers.get(id);
+    const body = nbytes - (nbytes % 4);
+    if (body) device.queue.writeBuffer(buf, offset, arrayBuffer, srcOffset, body);
+    if (body < nbytes) {
+      const tail = new Uint8Array(4);
+      tail.set(new Uint8Array(arrayBuffer, srcOffset + body, nbytes - body));
+      device.queue.writeBuffer(buf, offset + body, tail.buffer, 0, 4);
+    }
   }
 
   // ops: flat u32 words, per entry:
