@@ -187,6 +187,88 @@ def _native_greedy_ids(dist, messages, n):
     return list(stream.token_ids)
 
 
+def _gguf_layout(dist, entry):
+    """(bytes of all tensors, bytes of the header) of the demo's GGUF, read natively."""
+    import tallow
+    with tallow.io.open(os.path.join(dist, "models", "smollm2-135m-instruct", entry["files"][0]["name"])) as f:
+        return sum(f.info(name).nbytes for name in f.keys()), f.data_start
+
+
+def test_smollm2_weights_go_from_the_js_buffer_to_the_gpu_without_entering_the_wasm_heap(demo, dist, ui):
+    """The fetched GGUF stays a JS ArrayBuffer: Python reads its header prefix, each tensor is copied
+    JS -> GPU buffer in JS, and the wasm heap stays far below the file size (the greedy chat test
+    below then runs on the model loaded this way)."""
+    entry = _model_or_skip(dist, "smollm2-135m-instruct")
+    tensor_bytes, header_bytes = _gguf_layout(dist, entry)
+    demo.goto(ui)  # a fresh worker: the wasm heap only grows, so earlier loads must not count
+    info = demo.request(ui, "load", model="smollm2-135m-instruct", timeout_s=300)
+    print(f"SmolLM2 on WebGPU: loaded in {info['load_s']:.2f} s (Python part {info['seconds']:.2f} s), "
+          f"wasm heap {info['heap_bytes'] / 2**20:.0f} MiB, read into Python {info['read_into_python']} bytes, "
+          f"JS -> GPU {info['gpu_from_js']} bytes, file {info['weights_bytes']} bytes")
+    assert info["device"] == "wgpu" and info["weights_bytes"] == entry["bytes"]
+    assert info["gpu_from_js"] == tensor_bytes  # every tensor, quantised ones as their blocks
+    assert info["gpu_from_python"] < 2**20  # no weights through Python memory
+    assert header_bytes <= info["read_into_python"] <= max(4 * header_bytes, 4 << 20)  # the header prefix only
+    assert info["heap_bytes"] < entry["bytes"], "the wasm heap grew to the model's size"
+
+
+# Files with sizes and offsets that are not multiples of 4, and dtypes widened on the GPU: the direct
+# JS -> GPU path (tail copy, raw upload + unpack) must give what the pure-Python backend reads.
+_DIRECT_UPLOAD_CASES = r"""
+import struct, js, tallow
+from tallow.io import JsArrayBufferSource, write_gguf, write_safetensors
+from tallow_web_worker import state
+q8 = b"".join(b"\x00\x3c" + bytes((i * 7 + b) % 256 for i in range(32)) for b in range(3))  # scale 1.0
+halves = struct.pack("<9e", *[0.5 * i - 2 for i in range(9)])
+bf16 = b"".join(struct.pack("<f", v)[2:] for v in (1.5, -2.0, 3.25, 0.0, 1e3))
+tensors = {"q8": ("q8_0", (3, 32), q8), "h": ("f16", (3, 3), halves), "b": ("bf16", (5,), bf16),
+           "i": ("i8", (11,), bytes(range(250, 256)) + bytes(range(5))), "u": ("u8", (7,), bytes(range(100, 107))),
+           "t": ("bool", (5,), bytes([0, 1, 0, 2, 1])), "f": ("f32", (3,), struct.pack("<3f", 1.0, -0.5, 7.0))}
+out = {}
+for kind in ("gguf", "safetensors"):
+    chosen = {k: v for k, v in tensors.items() if (k in ("q8", "h", "i", "f") if kind == "gguf" else k != "q8")}
+    path = f"/tmp/direct.{kind}"
+    (write_gguf if kind == "gguf" else write_safetensors)(path, chosen)
+    data = open(path, "rb").read()
+    buf = js.Uint8Array.new(len(data))
+    buf.assign(data)
+    f = tallow.io.open(JsArrayBufferSource(buf, path))
+    before = state["driver"].bytes_from_js
+    for name in chosen:
+        gpu, cpu = f.tensor(name, "wgpu"), f.tensor(name, "python")
+        same = bytes(gpu) == bytes(cpu) if gpu.dtype.is_quantized else gpu.tolist() == cpu.tolist()
+        out[f"{kind}:{name}"] = [same, gpu.dtype.name, f.info(name).offset % 4, f.info(name).nbytes % 4]
+    out[f"{kind}:js_bytes"] = [state["driver"].bytes_from_js - before, sum(f.info(n).nbytes for n in chosen)]
+out
+"""
+
+
+def test_direct_js_to_gpu_uploads_of_odd_sizes_and_widened_dtypes_match_the_python_backend(demo, ui):
+    if ui.evaluate("window.tallowDemo.ready")["device"] != "wgpu":
+        pytest.fail("WebGPU did not come up in Chromium")
+    got = demo.run(ui, _DIRECT_UPLOAD_CASES)
+    for kind in ("gguf", "safetensors"):
+        moved, total = got.pop(f"{kind}:js_bytes")
+        assert moved == total, f"{kind}: {moved} of {total} bytes went JS -> GPU directly"
+    wrong = {k: v for k, v in got.items() if not v[0]}
+    assert not wrong, f"direct uploads that differ from the Python backend: {wrong}"
+    assert any(v[3] for v in got.values()) and any(v[2] for k, v in got.items() if k.startswith("safetensors"))
+
+
+def test_without_webgpu_the_weights_are_read_from_the_js_buffer_through_python(demo, dist):
+    """The CPU fallback (pure Python) takes every tensor through the source's read()."""
+    entry = _model_or_skip(dist, "smollm2-135m-instruct")
+    tensor_bytes, header_bytes = _gguf_layout(dist, entry)
+    page = demo.open("?cpu")
+    try:
+        info = demo.request(page, "load", model="smollm2-135m-instruct", timeout_s=300)
+        assert info["device"] == "python" and info["gpu_from_js"] == 0
+        header_read = info["read_into_python"] - tensor_bytes  # every tensor once, plus the header prefix
+        assert header_bytes <= header_read <= max(4 * header_bytes, 4 << 20)
+    finally:
+        page.close()
+
+
 def test_smollm2_streams_its_greedy_reply_like_native_tallow(demo, dist, ui):
     _model_or_skip(dist, "smollm2-135m-instruct")
     prompt = "Name three colours of the rainbow."
