@@ -154,7 +154,8 @@ async function transcribe(fields, transfer) {
     li.textContent = `[${msg.segment.start.toFixed(2)} → ${msg.segment.end.toFixed(2)}] ${msg.segment.text}`;
     $("segments").append(li);
   };
-  const r = await request("transcribe", { model: key, ...fields }, onEvent, transfer);
+  const timestamps = $("timestamps").checked;
+  const r = await request("transcribe", { model: key, timestamps, ...fields }, onEvent, transfer);
   $("transcript").textContent = r.text;
   $("speech-stats").textContent = `${r.duration.toFixed(1)} s of audio in ${r.seconds.toFixed(1)} s: real-time factor ${r.rtf.toFixed(2)} (on ${loaded.get(key).device})`;
   setStatus("Transcribed.");

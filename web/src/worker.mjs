@@ -137,7 +137,7 @@ async function handle(msg) {
       return await openLocal(msg);
     case "transcribe": {
       const onSegment = (json) => post({ type: "segment", id: msg.id, segment: JSON.parse(json) });
-      return JSON.parse(await api.transcribe.callPromising(msg.model, msg.audio, !!msg.samples, onSegment));
+      return JSON.parse(await api.transcribe.callPromising(msg.model, msg.audio, !!msg.samples, onSegment, msg.timestamps !== false));
     }
     case "chat": {
       const onToken = (text) => post({ type: "token", id: msg.id, text });

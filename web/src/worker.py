@@ -109,8 +109,9 @@ def _model(key):
     return model
 
 
-def transcribe(key, audio, is_samples, on_segment):
-    """audio: a Float32Array of 16 kHz mono samples (is_samples) or the bytes of a WAV file."""
+def transcribe(key, audio, is_samples, on_segment, timestamps=True):
+    """audio: a Float32Array of 16 kHz mono samples (is_samples) or the bytes of a WAV file.
+    timestamps=False decodes without timestamp tokens: one segment per 30 s window."""
     from tallow.models.whisper_transcribe import transcribe as run
 
     model = _model(key)
@@ -125,7 +126,7 @@ def transcribe(key, audio, is_samples, on_segment):
     def segment(seg):
         on_segment(_json({"start": seg.start, "end": seg.end, "text": seg.text}))
 
-    result = run(model, samples, on_segment=segment)
+    result = run(model, samples, timestamps=timestamps, on_segment=segment)
     seconds = time.perf_counter() - started
     return _json({"text": result.text.strip(), "duration": duration, "seconds": seconds,
                   "rtf": seconds / duration if duration else None,
