@@ -23,8 +23,11 @@ def add_model_arguments(parser):
 
 def add_arguments(parser):
     parser.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
-    parser.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
-    parser.add_argument("--system", default=None, help="a system message (with --chat)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--chat", action="store_true",
+                      help="wrap the prompt as a user message in the chat template (the default when the model has one)")
+    mode.add_argument("--raw", action="store_true", help="plain text completion, even for a model with a chat template")
+    parser.add_argument("--system", default=None, help="a system message (chat mode)")
     add_model_arguments(parser)
 
 
@@ -61,7 +64,8 @@ def report(stream, err=None):
 def run(args):
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     model = load(args)
-    if args.chat:
+    # Instruct models answer a bare question with end-of-turn: use their template unless --raw.
+    if args.chat or (not args.raw and getattr(model.tokenizer, "chat_template", None)):
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": prompt}]
         stream = model.chat(messages, stream=True, **sampling_options(args))

@@ -178,7 +178,7 @@ def test_chat_renders_the_template(model):
 
 def test_cli_generate_streams_and_reports(model_dir, capsys):
     from tallow.cli import main
-    assert main(["generate", "the quick", "--model", str(model_dir), "--max-tokens", "6", "--seed", "1",
+    assert main(["generate", "the quick", "--raw", "--model", str(model_dir), "--max-tokens", "6", "--seed", "1",
                  "--temperature", "0.8"]) == 0
     out, err = capsys.readouterr()
     assert out.strip() and "tokens," in err and "tok/s (prefill" in err
