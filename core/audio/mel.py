@@ -15,6 +15,7 @@ from operator import mul
 from ..errors import Error
 from .fft import rfft_power
 from .filters import mel_filters
+from .wav import numpy_or_none
 
 SAMPLE_RATE = 16000
 N_FFT = 400
@@ -40,18 +41,6 @@ def pad_or_trim(samples, n=N_SAMPLES):
     return out
 
 
-def _use_numpy(use_numpy):
-    if use_numpy is False:
-        return None
-    try:
-        import numpy
-    except ImportError:
-        if use_numpy:
-            raise
-        return None
-    return numpy
-
-
 def log_mel_spectrogram(samples, n_mels=80, padding=0, filters=None, use_numpy=None):
     """Log-mel spectrogram (n_mels, len(samples + padding) // 160) of 16 kHz mono
     float samples. `filters`: a mel_filters.npz path, or None to use the
@@ -62,7 +51,7 @@ def log_mel_spectrogram(samples, n_mels=80, padding=0, filters=None, use_numpy=N
     n = len(samples) + padding
     if n <= N_FFT // 2:
         raise Error(f"log_mel_spectrogram: need more than {N_FFT // 2} samples (with padding) for the reflect padding, got {n}")
-    np = _use_numpy(use_numpy)
+    np = numpy_or_none(use_numpy)
     bank = mel_filters(n_mels, filters)
     if np is not None:
         return _log_mel_numpy(np, samples, padding, bank)

@@ -12,6 +12,7 @@ from array import array
 from operator import mul
 
 from ..errors import Error
+from .wav import numpy_or_none
 
 HALF_TAPS_PER_RATE = 10
 KAISER_BETA = 5.0
@@ -69,13 +70,7 @@ def resample(samples, orig_sr, target_sr=16000, use_numpy=None):
     orig_sr, target_sr = int(orig_sr), int(target_sr)
     g = math.gcd(orig_sr, target_sr)
     up, down = target_sr // g, orig_sr // g
-    np = None
-    if use_numpy is not False:
-        try:
-            import numpy as np
-        except ImportError:
-            if use_numpy:
-                raise
+    np = numpy_or_none(use_numpy)
     if up == down:
         return np.asarray(samples, np.float32).copy() if np is not None else array("f", samples)
     n_out = -(-len(samples) * up // down)  # ceil, as resample_poly

@@ -90,13 +90,14 @@ def decode_wav(data, name="<bytes>", use_numpy=None):
     frame = info.channels * info.bits // 8
     if len(raw) % frame:
         raise FormatError(f"{name}: truncated data chunk: {len(raw)} bytes is not a whole number of {frame}-byte frames")
-    np = _numpy(use_numpy)
+    np = numpy_or_none(use_numpy)
     if np is not None:
         return _decode_numpy(np, raw, info), info
     return _decode_python(raw, info), info
 
 
-def _numpy(use_numpy):
+def numpy_or_none(use_numpy):
+    """numpy when wanted (None: if installed; True: required; False: never), else None."""
     if use_numpy is False:
         return None
     try:
