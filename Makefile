@@ -10,12 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 # System packages (Chromium for the browser tests, lavapipe for WebGPU without a GPU).
 system-deps:
-	@if ! command -v chromium >/dev/null || ! command -v node >/dev/null || ! command -v npm >/dev/null || ! command -v ffmpeg >/dev/null \
-	    || ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1; then \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  PKGS="chromium mesa-vulkan-drivers ffmpeg"; command -v node >/dev/null || PKGS="$$PKGS nodejs"; command -v npm >/dev/null || PKGS="$$PKGS npm"; \
-	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$PKGS >/dev/null; \
-	fi
+	bash scripts/system_deps.sh
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
