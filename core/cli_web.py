@@ -24,7 +24,7 @@ def add_arguments(parser):
 
 def web_dir():
     """The checkout's web/ folder, next to the tallow package folder (core/)."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.realpath(__file__))  # through links such as a worktree shim
     web = os.path.join(os.path.dirname(here), "web")
     if not os.path.exists(os.path.join(web, "build.py")):
         raise Error("tallow web needs a source checkout (its web/ folder is not part of the wheel): "
