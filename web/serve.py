@@ -160,10 +160,11 @@ def parse_range(header, size):
         n = int(m[2])
         return UNSATISFIABLE if n == 0 or size == 0 else (max(0, size - n), size - 1)
     first = int(m[1])
-    last = int(m[2]) if m[2] else size - 1
-    if last < first:
-        return None
-    return UNSATISFIABLE if first >= size else (first, min(last, size - 1))
+    if m[2] and int(m[2]) < first:
+        return None  # malformed
+    if first >= size:
+        return UNSATISFIABLE
+    return first, min(int(m[2]) if m[2] else size - 1, size - 1)
 
 
 class StaticServer:
