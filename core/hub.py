@@ -220,7 +220,13 @@ def _read_marker(folder):
         marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return marker if isinstance(marker, dict) and isinstance(marker.get("result"), str) else None
+    if not isinstance(marker, dict) or not isinstance(marker.get("result"), str):
+        return None
+    files = marker.get("files", {})  # absent in caches made before tallow recorded checksums
+    if not isinstance(files, dict) or not all(isinstance(r, dict) and isinstance(r.get("size"), int)
+                                              and isinstance(r.get("sha256"), str) for r in files.values()):
+        return None  # a damaged record: fetch again
+    return marker
 
 
 def _completed(folder):
