@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+from .cli_args import positive_int
+
 
 def add_arguments(parser):
     parser.add_argument("--device", default=None, help="cpu, python, cuda, metal, wgpu (default: the best here)")
@@ -13,8 +15,8 @@ def add_arguments(parser):
     parser.add_argument("--audio", default=None, help="speech file (default: jfk.wav, fetched on first use)")
     parser.add_argument("--llm", default="smollm2-135m-instruct", help="language model name, directory or .gguf")
     parser.add_argument("--prompt", default="Explain in one paragraph why the sky is blue.")
-    parser.add_argument("--tokens", type=int, default=32, help="tokens to generate")
-    parser.add_argument("--repeat", type=int, default=1, help="timed runs per model (the best is reported)")
+    parser.add_argument("--tokens", type=positive_int, default=32, help="tokens to generate")
+    parser.add_argument("--repeat", type=positive_int, default=1, help="timed runs per model (the best is reported)")
     parser.add_argument("--skip-whisper", action="store_true")
     parser.add_argument("--skip-llm", action="store_true")
     parser.add_argument("--json", action="store_true", help="machine-readable output")

@@ -2,6 +2,8 @@
 the token count and speed go to stderr."""
 import sys
 
+from .cli_args import fraction, non_negative_float, non_negative_int, positive_float, positive_int, probability
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -11,12 +13,12 @@ def add_model_arguments(parser):
                         help=f"a known name (see `tallow fetch --list`), a Hugging Face-layout directory or a .gguf file "
                              f"(default {DEFAULT_MODEL}; fetched on first use)")
     parser.add_argument("--device", default=None, help="cpu (numpy), python, wgpu... (default: the best available)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="stop after this many new tokens (default 256)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default); higher is more random")
-    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0: off)")
-    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability")
-    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats")
+    parser.add_argument("--max-tokens", type=positive_int, default=256, help="stop after this many new tokens (default 256)")
+    parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 is greedy (the default); higher is more random")
+    parser.add_argument("--top-k", type=non_negative_int, default=0, help="sample among the k most likely tokens (0: all)")
+    parser.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass (1.0: off)")
+    parser.add_argument("--min-p", type=fraction, default=0.0, help="drop tokens below min-p x the top probability")
+    parser.add_argument("--repetition-penalty", type=positive_float, default=1.0, help="> 1 discourages repeats")
     parser.add_argument("--seed", type=int, default=None, help="seed for sampling (reproducible output)")
     parser.add_argument("--stop", action="append", default=None, help="stop at this text (repeatable)")
 

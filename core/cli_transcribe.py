@@ -1,8 +1,11 @@
 """`tallow transcribe AUDIO`: speech to text with Whisper; a timing line on stderr."""
+import os
 import sys
 import time
 
+from .cli_args import non_negative_float, positive_int
 from .errors import Error
+from .io.atomic_output import atomic_output, check_output_path
 
 
 def add_arguments(parser):
@@ -15,8 +18,8 @@ def add_arguments(parser):
     parser.add_argument("--timestamps", action="store_true",
                         help="decode with timestamp tokens: segments at the model's own timestamps "
                              "(always on for --format srt/vtt; otherwise one segment per 30 s window)")
-    parser.add_argument("--beam-size", type=int, default=None, help="beam search width (default: greedy)")
-    parser.add_argument("--temperature", type=float, default=None,
+    parser.add_argument("--beam-size", type=positive_int, default=None, help="beam search width (default: greedy)")
+    parser.add_argument("--temperature", type=non_negative_float, default=None,
                         help="a single sampling temperature (default: 0 with fallback 0.2 ... 1.0)")
     parser.add_argument("--format", default="txt", choices=("txt", "srt", "vtt", "json"))
     parser.add_argument("--output", "-o", default=None, help="write the transcript to this file instead of stdout")
@@ -26,6 +29,11 @@ def run(args):
     from .models import whisper
     from .models.whisper_transcribe import DEFAULT_TEMPERATURES
 
+    # Checked before the model loads: a typo should not cost a model load.
+    if not os.path.isfile(args.audio):
+        raise Error(f"{args.audio}: no such audio file" if not os.path.exists(args.audio) else f"{args.audio}: is not a file")
+    if args.output:
+        check_output_path(args.output, sources=[args.audio])
     start = time.perf_counter()
     model = whisper.load(args.model, device=args.device)
     loaded = time.perf_counter()
@@ -36,7 +44,7 @@ def run(args):
     text = result.format(args.format)
     if args.output:
         try:
-            with open(args.output, "w", encoding="utf-8") as fh:
+            with atomic_output(args.output, "w", encoding="utf-8") as fh:
                 fh.write(text)
         except OSError as e:
             raise Error(f"{args.output}: cannot write the transcript: {e.strerror or e}") from None

@@ -9,14 +9,14 @@ runtime, and `tallow fetch whisper-tiny.en smollm2-135m-instruct` the models.
 """
 import importlib.util
 import os
-import sys
 
+from .cli_args import port
 from .errors import Error
 
 
 def add_arguments(parser):
     parser.add_argument("action", choices=("build", "serve"), help="build web/dist, or build if needed and serve it")
-    parser.add_argument("--port", type=int, default=8000, help="port for serve (default 8000; 0 picks a free one)")
+    parser.add_argument("--port", type=port, default=8000, help="port for serve (default 8000; 0 picks a free one)")
     parser.add_argument("--dist", default=None, help="output folder (default web/dist)")
     parser.add_argument("--no-models", action="store_true", help="do not link models from the tallow cache")
     parser.add_argument("--rebuild", action="store_true", help="serve: build even when dist exists")
@@ -24,7 +24,7 @@ def add_arguments(parser):
 
 def web_dir():
     """The checkout's web/ folder, next to the tallow package folder (core/)."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.realpath(__file__))  # through links such as a worktree shim
     web = os.path.join(os.path.dirname(here), "web")
     if not os.path.exists(os.path.join(web, "build.py")):
         raise Error("tallow web needs a source checkout (its web/ folder is not part of the wheel): "
@@ -47,16 +47,14 @@ def run(args):
         if args.action == "build" or args.rebuild or not build.is_built(dist):
             build.build(dist, models=not args.no_models)
     except build.BuildError as e:
-        print(f"tallow web {args.action}: {e}", file=sys.stderr)
-        return 1
+        raise Error(str(e)) from None
     if args.action == "build":
         return 0
     serve = _load("serve")
     try:
         server = serve.StaticServer(dist, args.port, quiet=False)
     except OSError as e:
-        print(f"tallow web serve: cannot listen on 127.0.0.1:{args.port}: {e.strerror or e}", file=sys.stderr)
-        return 1
+        raise Error(f"cannot listen on 127.0.0.1:{args.port}: {e.strerror or e}; choose another --port") from None
     print(f"tallow demo: {server.url}  (open it in Chrome/Edge for WebGPU; Ctrl-C stops)", flush=True)
     try:
         server.serve_forever()

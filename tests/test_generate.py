@@ -200,3 +200,16 @@ def test_cli_reports_a_missing_model(capsys):
     from tallow.cli import main
     assert main(["generate", "hi", "--model", "/no/such/model.gguf"]) == 2
     assert "no-such" not in capsys.readouterr().out
+
+
+def test_cli_corrupt_chat_template_is_one_line(model_dir, tmp_path, capsys):
+    import shutil
+    from tallow.cli import main
+    broken = tmp_path / "broken-template"
+    shutil.copytree(model_dir, broken)
+    config = json.loads((broken / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] }"  # unclosed tag and loop
+    (broken / "tokenizer_config.json").write_text(json.dumps(config))
+    assert main(["generate", "hi", "--model", str(broken), "--max-tokens", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert len(err.splitlines()) == 1 and err.startswith("tallow generate: error:") and "chat template" in err

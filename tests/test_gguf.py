@@ -219,4 +219,4 @@ def test_quantize_cli(tmp_path):
                                   dequantize_numpy(quantize_numpy(src["w"], "q4_k"), "q4_k", src["w"].size).reshape(16, 512))
     assert r.fields["source"].contents() == "test"
     assert main([str(tmp_path / "in.safetensors"), str(tmp_path / "o2.gguf"), "--type", "q8_0"]) == 0
-    assert main([str(tmp_path / "missing.safetensors"), str(tmp_path / "o3.gguf")]) == 1
+    assert main([str(tmp_path / "missing.safetensors"), str(tmp_path / "o3.gguf")]) == 2

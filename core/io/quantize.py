@@ -4,13 +4,13 @@
 other tensor is kept (f32 and f16 as they are, f64 and bf16 as f32, integers
 as they are where GGUF has the type). Needs numpy.
 """
-import argparse
 import sys
 
 from ..dtypes import get_dtype
-from ..errors import Error, FormatError
+from ..errors import FormatError
 from ..quant.formats import DTYPE_TO_GGML
 from ..quant.quantize_numpy import ENCODERS, quantize_numpy
+from .atomic_output import check_output_path
 
 
 def _as_numpy(info, raw):
@@ -30,6 +30,8 @@ def quantize_file(src, dst, qtype, log=None):
     qdtype = get_dtype(qtype)
     if qdtype.name not in ENCODERS:
         raise FormatError(f"cannot quantise to {qtype!r}; choose one of {', '.join(ENCODERS)}")
+    # Before anything is opened: writing over the (memory-mapped) input would destroy it.
+    check_output_path(dst, sources=[src])
     f = open_weights(src)
     out, kinds = {}, {}
     for name in f.keys():
@@ -54,18 +56,21 @@ def quantize_file(src, dst, qtype, log=None):
     return kinds
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="tallow quantize", description="Quantise a safetensors (or GGUF) checkpoint into a GGUF file.")
+def add_arguments(p):
     p.add_argument("src", help="input weights (.safetensors, model.safetensors.index.json, .gguf)")
-    p.add_argument("dst", help="output .gguf")
+    p.add_argument("dst", help="output .gguf (written to a temporary file, renamed into place when complete)")
     p.add_argument("--type", default="q4_k", choices=sorted(ENCODERS), help="block format for 2-D weights (default q4_k)")
     p.add_argument("-v", "--verbose", action="store_true", help="print what happens to each tensor")
-    args = p.parse_args(argv)
-    try:
-        kinds = quantize_file(args.src, args.dst, args.type, log=print if args.verbose else None)
-    except Error as e:
-        print(f"tallow quantize: {e}", file=sys.stderr)
-        return 1
+
+
+def run(args):
+    kinds = quantize_file(args.src, args.dst, args.type, log=print if args.verbose else None)
     n_q = sum(1 for k in kinds.values() if k == args.type)
     print(f"wrote {args.dst}: {len(kinds)} tensors, {n_q} quantised to {args.type}")
     return 0
+
+
+def main(argv=None):
+    """`tallow quantize ...`; errors are one line on stderr and exit status 2."""
+    from ..cli import main as cli_main
+    return cli_main(["quantize", *(sys.argv[1:] if argv is None else argv)])

@@ -11,6 +11,7 @@ import struct
 
 from ..dtypes import get_dtype
 from ..errors import FormatError
+from .atomic_output import atomic_output
 from .lazy_file import LazyFile, TensorInfo, numel_of
 from .tensor_parts import tensor_parts
 
@@ -162,7 +163,7 @@ def write_safetensors(path, tensors, metadata=None):
         offset += data.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as the library writes it
-    with open(path, "wb") as f:
+    with atomic_output(path) as f:  # a crash leaves no truncated file
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for data in parts:

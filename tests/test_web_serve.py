@@ -1,0 +1,95 @@
+"""web/serve.py answered over real HTTP: files only, byte ranges, malformed paths."""
+import http.client
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SERVE = Path(__file__).resolve().parents[1] / "web" / "serve.py"
+DATA = bytes(range(256)) * 4  # 1024 bytes, every offset distinguishable
+
+
+def _serve_module():
+    spec = importlib.util.spec_from_file_location("tallow_web_serve_test", SERVE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("site")
+    (root / "secret.txt").write_text("outside dist")
+    dist = root / "dist"
+    (dist / "models" / "tiny").mkdir(parents=True)
+    (dist / "index.html").write_text("<p>demo</p>")
+    (dist / "models" / "tiny" / "model.gguf").write_bytes(DATA)
+    with _serve_module().StaticServer(dist) as s:
+        yield s
+
+
+def request(server, path, method="GET", headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request(method, path, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+MODEL = "/models/tiny/model.gguf"
+
+
+def test_files_and_index_are_served_but_folders_are_not_listed(server):
+    status, headers, body = request(server, "/")
+    assert status == 200 and body == b"<p>demo</p>"
+    status, headers, body = request(server, MODEL)
+    assert status == 200 and body == DATA and headers["Accept-Ranges"] == "bytes"
+    assert headers["Content-Length"] == str(len(DATA))
+    for folder in ("/models/", "/models/tiny/"):
+        status, _, body = request(server, folder)
+        assert status == 404 and b"model.gguf" not in body
+
+
+@pytest.mark.parametrize("spec,first,last", [("bytes=0-0", 0, 0), ("bytes=100-199", 100, 199), ("bytes=1000-", 1000, 1023),
+                                             ("bytes=-24", 1000, 1023), ("bytes=1020-5000", 1020, 1023),
+                                             ("bytes=-5000", 0, 1023)])
+def test_single_range_is_206(server, spec, first, last):
+    status, headers, body = request(server, MODEL, headers={"Range": spec})
+    assert status == 206 and body == DATA[first:last + 1]
+    assert headers["Content-Range"] == f"bytes {first}-{last}/{len(DATA)}"
+    assert headers["Content-Length"] == str(last - first + 1)
+
+
+@pytest.mark.parametrize("spec", ["bytes=1024-", "bytes=5000-6000", "bytes=-0"])
+def test_unsatisfiable_range_is_416(server, spec):
+    status, headers, body = request(server, MODEL, headers={"Range": spec})
+    assert status == 416 and headers["Content-Range"] == f"bytes */{len(DATA)}" and body == b""
+
+
+@pytest.mark.parametrize("spec", ["bytes=0-1,5-6", "items=0-5", "bytes=9-3", "bytes=-"])
+def test_ranges_we_do_not_serve_get_the_whole_file(server, spec):
+    status, _, body = request(server, MODEL, headers={"Range": spec})
+    assert status == 200 and body == DATA
+
+
+def test_head_sends_headers_only(server):
+    status, headers, body = request(server, MODEL, method="HEAD")
+    assert status == 200 and headers["Content-Length"] == str(len(DATA)) and body == b""
+    status, headers, body = request(server, MODEL, method="HEAD", headers={"Range": "bytes=10-19"})
+    assert status == 206 and headers["Content-Range"] == "bytes 10-19/1024" and body == b""
+
+
+@pytest.mark.parametrize("path", ["/%00", "/models/tiny/model.gguf%00.txt", "/%ed%a0%80.gguf"])
+def test_malformed_paths_are_400_without_a_traceback(server, path, capfd):
+    status, _, _ = request(server, path)
+    assert status == 400
+    assert request(server, "/")[0] == 200  # still serving
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("path", ["/../secret.txt", "/%2e%2e/secret.txt", "/models/../../secret.txt", "//../secret.txt"])
+def test_nothing_outside_dist_is_reachable(server, path):
+    status, _, body = request(server, path)
+    assert status == 404 and b"outside dist" not in body
