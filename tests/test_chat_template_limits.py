@@ -100,3 +100,13 @@ def test_each_render_gets_a_fresh_budget():
         render(HOSTILE["nested loops"], MESSAGES)
     long = MESSAGES * 2000
     assert render(ORDINARY[0], long).count("<|im_start|>") == len(long) + 1
+
+
+def test_a_tokenizers_template_error_names_its_file(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tallow.tokenizer import Tokenizer
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"hi": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    ours = Tokenizer.from_file(tmp_path / "tokenizer.json")
+    with pytest.raises(ChatTemplateError, match=f"{tmp_path}.*tokenizer.json: the chat template failed: ZeroDivisionError"):
+        ours.apply_chat_template(MESSAGES, template="{{ 1/0 }}")

@@ -159,3 +159,4 @@ def test_smollm2_refuses_a_10000_token_prompt_before_computing():
     with pytest.raises(ContextWindowError, match="10000 tokens .* context window of 8192"):
         model.generate([28] * 10_000, max_tokens=8)
     assert time.perf_counter() - t0 < 1.0 and model.cache.length == 0
+
