@@ -1,6 +1,7 @@
 """One language model used from several threads at once: each caller gets the
 tokens it gets alone (the model's forward holds a lock; a second concurrent
-generation runs on a private KV cache). The real SmolLM2-135M-Instruct GGUF."""
+generation runs on a private KV cache). A tiny random Llama against
+transformers, and the real SmolLM2-135M-Instruct GGUF."""
 import os
 import threading
 
@@ -44,6 +45,24 @@ def _run_together(jobs):
     assert not any(t.is_alive() for t in threads), "a generating thread hung"
     assert not errors, errors
     return results
+
+
+def test_four_threads_match_transformers_greedy(tmp_path):
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.1,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    ref = tf.LlamaForCausalLM(cfg).eval()
+    ref.save_pretrained(tmp_path, safe_serialization=True)
+    prompts = [[3, 17, 99, 5], [200, 31, 7, 8, 9, 10], [42], [1, 2, 3, 4, 5, 6, 7, 8]]
+    with torch.no_grad():
+        want = [ref.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                             max_new_tokens=16, do_sample=False)[0, len(p):].tolist() for p in prompts]
+    model = tallow.load_model(tmp_path)
+    got = _run_together([lambda p=p: list(generate_ids(model, p, max_tokens=16, stop_tokens=[])) for p in prompts])
+    assert got == want
 
 
 @pytest.mark.slow
