@@ -61,6 +61,8 @@ def report(stream, err=None):
     rate = n / total if total else 0.0
     print(f"{n} tokens, {rate:.1f} tok/s (prefill {stream.prefill_tokens_per_second:.1f} tok/s, "
           f"{stream.prompt_tokens - stream.cached_tokens} new prompt tokens; decode {stream.decode_tokens_per_second:.1f} tok/s)", file=err)
+    if stream.finish_reason == "context":
+        print("stopped: the model's context window is full", file=err)
 
 
 def run(args):

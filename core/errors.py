@@ -23,3 +23,13 @@ class UnsupportedError(Error, NotImplementedError):
 
 class FormatError(Error, ValueError):
     """A weights, audio or tokenizer file that is corrupt, truncated or unsupported."""
+
+
+class ChatTemplateError(Error, ValueError):
+    """A chat template that failed to render: its own `raise_exception`, a bug
+    in it, or work past tallow's bounds. The message names the model file."""
+
+
+class ContextWindowError(Error, ValueError):
+    """A prompt that does not fit the model's context window; the message gives
+    the numbers and what to do."""

@@ -9,6 +9,16 @@ The prompt is prefilled in one forward pass; each new token is one decode step
 through the model's KV cache. A prompt that starts with the tokens already in
 the cache (a chat's growing history) only feeds the new part. Sampling follows
 transformers' order: repetition penalty, temperature, top-k, top-p, min-p.
+
+The context window (config.max_position_embeddings, GGUF context_length) is
+enforced before any compute: a prompt that leaves no room for a new token
+raises ContextWindowError; a generation that fills the window stops with
+finish_reason "context". chat(..., history_policy="drop_oldest") drops the
+oldest turns instead (chat_history.py).
+
+Several threads may generate from one model at once: each gets the tokens it
+would get alone (see causal_lm.py: forward holds a lock; a second concurrent
+generation uses a private KV cache).
 """
 import bisect
 import heapq
@@ -17,7 +27,7 @@ import math
 import time
 
 from .creation import generator, manual_seed
-from .errors import Error, FormatError
+from .errors import ContextWindowError, Error, FormatError
 
 
 class Sampler:
@@ -125,7 +135,10 @@ class TextStream:
     """The iterator `stream()` returns. After (or during) iteration it reports
     `token_ids` (generated), `prompt_tokens`, `cached_tokens` (the prompt's
     leading tokens reused from the KV cache, not recomputed), `prefill_seconds`,
-    `decode_seconds`, `finish_reason` ("stop", "length") and tok/s rates."""
+    `decode_seconds`, `finish_reason` ("stop": a stop token or string; "length":
+    max_tokens; "context": the context window is full) and tok/s rates. A chat
+    stream also has `messages`: the conversation it answered (fewer than given
+    when history_policy="drop_oldest" dropped turns)."""
 
     def __init__(self, pieces):
         self._pieces = pieces
@@ -133,6 +146,7 @@ class TextStream:
         self.prompt_tokens = self.cached_tokens = 0
         self.prefill_seconds = self.decode_seconds = 0.0
         self.finish_reason = None
+        self.messages = None
 
     def __iter__(self):
         return self
@@ -199,17 +213,49 @@ def _as_stop_ids(model, stop_tokens):
     return ids
 
 
+def check_prompt_fits(model, n_prompt):
+    """A prompt must leave the context window room for at least one new token."""
+    window = model.context_window
+    if n_prompt >= window:
+        raise ContextWindowError(
+            f"the prompt is {n_prompt} tokens but {model.config.source} has a context window of {window} "
+            f"positions, and the reply needs at least one more: shorten the prompt, or in a chat drop the "
+            f"oldest turns (chat(..., history_policy='drop_oldest'); `tallow chat --drop-oldest-turns`)")
+
+
 def generate_ids(model, ids, max_tokens=256, sampler=None, stop_tokens=None, cache=None, stats=None):
     """Yield new token ids after the prompt ids. Stops at a stop token (not
-    yielded; default: the model's eos ids) or after max_tokens."""
+    yielded; default: the model's eos ids), after max_tokens, or when the
+    sequence fills the context window. The prompt is checked against the
+    window when this is called, before any compute."""
     sampler = sampler or Sampler()
-    cache = model.cache if cache is None else cache
     stop_ids = _as_stop_ids(model, stop_tokens)
     ids = [int(i) for i in ids]
     if not ids:
         raise Error("generate: the prompt has no tokens")
+    check_prompt_fits(model, len(ids))
+    return _generate(model, ids, max_tokens, sampler, stop_ids, cache, stats)
+
+
+def _generate(model, ids, max_tokens, sampler, stop_ids, cache, stats):
+    owned = False
+    if cache is None:
+        cache, owned = model.claim_cache()
+    try:
+        yield from _decode(model, ids, max_tokens, sampler, stop_ids, cache, stats)
+    finally:
+        if owned:
+            model.release_cache()
+
+
+def _decode(model, ids, max_tokens, sampler, stop_ids, cache, stats):
+    window = model.context_window
     t0 = time.perf_counter()
     for n in range(max_tokens):
+        if len(ids) >= window:
+            if stats is not None:
+                stats.finish_reason = "context"
+            return
         logits, reused = _feed(model, ids, cache)
         token = sampler(logits, ids)
         now = time.perf_counter()
@@ -250,6 +296,7 @@ def stream(model, prompt, max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, m
         manual_seed(seed)
     sampler = Sampler(temperature, top_k, top_p, min_p, repetition_penalty)
     ids = _prompt_ids(model, prompt, add_special_tokens)
+    check_prompt_fits(model, len(ids))  # now, not at the first next()
     out = TextStream(None)
 
     def pieces():
@@ -291,7 +338,24 @@ def chat_prompt_ids(model, messages):
     return model.tokenizer.encode(text, add_special_tokens=False)
 
 
-def chat(model, messages, stream=False, **options):
-    """The assistant's reply to `messages` (a TextStream when stream=True)."""
-    s = _stream(model, chat_prompt_ids(model, messages), **options)
+HISTORY_POLICIES = ("error", "drop_oldest")
+
+
+def chat(model, messages, stream=False, history_policy="error", **options):
+    """The assistant's reply to `messages` (a TextStream when stream=True).
+    history_policy: "error" (a conversation past the context window raises
+    ContextWindowError) or "drop_oldest" (drop the oldest turns, keeping system
+    messages and the last message, until the prompt leaves room for max_tokens;
+    the stream's `messages` is what was kept)."""
+    if history_policy not in HISTORY_POLICIES:
+        raise Error(f"chat: history_policy must be one of {HISTORY_POLICIES}, not {history_policy!r}")
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if history_policy == "drop_oldest":
+        from .chat_history import fit_history
+        messages, ids = fit_history(model, messages, options.get("max_tokens", 256))
+    else:
+        ids = chat_prompt_ids(model, messages)
+    s = _stream(model, ids, **options)
+    s.messages = list(messages)
     return s if stream else s.text()

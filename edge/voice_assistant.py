@@ -73,7 +73,10 @@ def main(argv=None):
             continue
         history.append({"role": "user", "content": question})
         print("assistant: ", end="", flush=True)
-        reply = llm.chat(history, stream=True, max_tokens=args.max_tokens, temperature=args.temperature)
+        # A long session outgrows the context window: forget the oldest turns rather than stop.
+        reply = llm.chat(history, stream=True, max_tokens=args.max_tokens, temperature=args.temperature,
+                         history_policy="drop_oldest")
+        history = reply.messages
         text = ""
         for piece in reply:
             text += piece

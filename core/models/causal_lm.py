@@ -7,10 +7,22 @@ kept across calls, logits, and the generation entry points.
 
 An explicit `cache=model.new_cache()` runs an independent sequence without
 touching the model's own cache.
+
+Threads: one model may serve several threads. Each forward pass holds the
+model's lock (the rotary tables and backend state are shared), and a generation
+that finds the model's own cache in use by another generation runs on a private
+cache, so each caller gets the tokens it would get alone. Direct `model(ids)`
+calls on the model's own cache from two threads still interleave one sequence:
+give each thread its own `cache=model.new_cache()`.
+
+A sequence may not pass `config.max_position_embeddings` positions (the context
+window): forward raises ContextWindowError before computing anything.
 """
+import threading
+
 from .. import dtypes as D
 from ..creation import tensor
-from ..errors import ShapeError
+from ..errors import ContextWindowError, ShapeError
 from ..nn import KVCache, Module, RotaryEmbedding
 from ..tensor import Tensor
 from .attention import Step
@@ -54,6 +66,8 @@ class CausalLM(Module):
         self.tokenizer = None
         self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling, device, dtype)
         self.cache = None
+        self._lock = threading.RLock()
+        self._cache_in_use = False
 
     def _finish_init(self):
         self.cache = self.new_cache()
@@ -63,6 +77,24 @@ class CausalLM(Module):
 
     def reset(self):
         self.cache.reset()
+
+    @property
+    def context_window(self):
+        """The most positions a sequence may hold (context_length / max_position_embeddings)."""
+        return self.config.max_position_embeddings
+
+    def claim_cache(self):
+        """(cache, owned) for one generation: the model's own cache (reusing its
+        prefix) when no other generation holds it, else a fresh private one."""
+        with self._lock:
+            if self._cache_in_use:
+                return self.new_cache(), False
+            self._cache_in_use = True
+            return self.cache, True
+
+    def release_cache(self):
+        with self._lock:
+            self._cache_in_use = False
 
     @property
     def eos_token_ids(self):
@@ -91,6 +123,14 @@ class CausalLM(Module):
         final position (batch, 1, vocab), which is all generation needs."""
         ids = self._ids(input_ids)
         cache = self.cache if cache is None else cache
+        if cache.length + ids.shape[1] > self.context_window:
+            raise ContextWindowError(
+                f"{self.config.source}: {cache.length} cached + {ids.shape[1]} new positions pass the model's "
+                f"context window of {self.context_window}; reset() or use a shorter input")
+        with self._lock:
+            return self._forward(ids, cache, last_only)
+
+    def _forward(self, ids, cache, last_only):
         step = Step(cache.length, ids.shape[1], self.rotary, self.config.sliding_window, self.device)
         hidden = self.embed(ids)
         for layer, kv in zip(self.layers, cache.layers):

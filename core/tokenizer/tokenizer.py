@@ -160,7 +160,7 @@ class Tokenizer:
             raise FormatError(f"{self.source}: has no chat template; pass template=...")
         names = {f"{role}_token": self._role_token(role) for role in _ROLES}
         names = {k: v for k, v in names.items() if v is not None}
-        return chat_template.render(source, messages, add_generation_prompt, names, **kwargs)
+        return chat_template.render(source, messages, add_generation_prompt, names, origin=self.source, **kwargs)
 
     def __repr__(self):
         return f"Tokenizer({self.source!r}, backend={self.backend!r}, vocab_size={self.vocab_size})"
