@@ -1,9 +1,9 @@
 """tallow.Tokenizer: one interface over the `tokenizers` library and the
 pure-Python byte-level BPE, loaded from tokenizer.json or GGUF metadata."""
-import json
 import os
 
 from ..errors import FormatError, UnsupportedError
+from ..json_file import read_json
 from . import chat_template, hf_backend
 from .gguf_vocab import to_tokenizer_json
 from .python_backend import PythonTokenizer
@@ -79,18 +79,15 @@ class Tokenizer:
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, "tokenizer.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                spec = json.load(f)
-        except FileNotFoundError:
-            raise FormatError(f"{path}: no such tokenizer file") from None
-        except (ValueError, UnicodeDecodeError) as e:
-            raise FormatError(f"{path}: not valid JSON: {e}") from None
+        if not os.path.exists(path):
+            raise FormatError(f"{path}: no such tokenizer file")
+        spec = read_json(path)
         config = None
         config_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
         if os.path.exists(config_path):
-            with open(config_path, encoding="utf-8") as f:
-                config = json.load(f)
+            config = read_json(config_path)
+            if not isinstance(config, dict):
+                raise FormatError(f"{config_path}: must be a JSON object")
         return cls.from_dict(spec, backend, config, source=path)
 
     @classmethod
