@@ -23,3 +23,13 @@ class UnsupportedError(Error, NotImplementedError):
 
 class FormatError(Error, ValueError):
     """A weights, audio or tokenizer file that is corrupt, truncated or unsupported."""
+
+
+class IndexRangeError(ShapeError, IndexError):
+    """An index (a tensor id, a token id) outside the dim or vocabulary it picks from; the
+    message names the op, the dim, the bad id and the valid range. It is also an IndexError,
+    so code that catches IndexError keeps working."""
+
+
+class ValueRangeError(Error, OverflowError):
+    """A Python number that the requested dtype cannot hold (2**40 as i32, -1 as u32)."""

@@ -2,9 +2,9 @@
 pure-Python byte-level BPE, loaded from tokenizer.json or GGUF metadata."""
 import os
 
-from ..errors import FormatError, UnsupportedError
+from ..errors import DTypeError, FormatError, IndexRangeError, UnsupportedError
 from ..json_file import read_json
-from . import chat_template, hf_backend
+from . import chat_template, hf_backend, timestamps
 from .gguf_vocab import to_tokenizer_json
 from .python_backend import PythonTokenizer
 from .stream import StreamDecoder
@@ -25,6 +25,16 @@ def _make_backend(spec, backend, source):
     raise UnsupportedError(f"unknown tokenizer backend {backend!r} (expected one of {', '.join(BACKENDS)} or None)")
 
 
+def _token_id(value, op):
+    """A token id as an int >= 0; anything else is a tallow error rather than a wrapped index."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise DTypeError(f"{op}: token ids must be integers, got {value!r:.40}")
+    value = value.__index__()
+    if value < 0:
+        raise IndexRangeError(f"{op}: token id {value} is negative (ids run from 0 to the vocabulary size - 1)")
+    return value
+
+
 def _config_token(value):
     """tokenizer_config.json stores a token as a string or an AddedToken dict."""
     if isinstance(value, dict):
@@ -42,6 +52,7 @@ class Tokenizer:
                                for d in spec.get("added_tokens") or [] if d.get("special")}
         self._special_ids = dict(special_ids or {})
         self.chat_template = chat_template
+        self._timestamp_begin = timestamps.timestamp_begin(self._impl)
 
     # construction -------------------------------------------------------
 
@@ -122,8 +133,15 @@ class Tokenizer:
             raise FormatError(f"encode expects a str, got {type(text).__name__}")
         return self._impl.encode(text, add_special_tokens)
 
-    def decode(self, ids, skip_special_tokens=False):
-        return self._impl.decode([int(i) for i in ids], skip_special_tokens)
+    def decode(self, ids, skip_special_tokens=False, decode_with_timestamps=False):
+        """Text of token ids. Whisper's timestamp ids are dropped, or written as "<|1.02|>"
+        with decode_with_timestamps=True (see timestamps.py)."""
+        ids = [_token_id(i, "decode") for i in ids]
+        begin = self._timestamp_begin
+        if begin is None or not any(i >= begin for i in ids):
+            return self._impl.decode(ids, skip_special_tokens)
+        return timestamps.decode(lambda run: self._impl.decode(run, skip_special_tokens), ids, begin,
+                                 decode_with_timestamps)
 
     def token_to_id(self, token):
         """The id of a token string, or None."""
@@ -131,7 +149,7 @@ class Tokenizer:
 
     def id_to_token(self, token_id):
         """The token string of an id, or None."""
-        return self._impl.id_to_token(int(token_id))
+        return self._impl.id_to_token(_token_id(token_id, "id_to_token"))
 
     def stream_decoder(self, skip_special_tokens=False):
         """A StreamDecoder: `.step(id) -> str` of newly completed text, `.flush()`."""
