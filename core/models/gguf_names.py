@@ -85,6 +85,7 @@ def config_from_gguf(reader):
     if len(embd_shape) != 2 or embd_shape[1] != hidden:
         raise FormatError(f"{path}: token_embd.weight has shape {embd_shape}, expected (vocab, {arch}.embedding_length "
                           f"= {hidden})")
+    tok = Fields(meta, path, prefix="tokenizer.ggml.")  # bos/eos must be rows of token_embd
     cfg = {
         "model_type": model_type,
         "vocab_size": int(embd_shape[0]),
@@ -98,9 +99,8 @@ def config_from_gguf(reader):
         "rope_theta": g.float("rope.freq_base", 10000.0, positive=True),
         "tie_word_embeddings": "output.weight" not in reader,
         "rope_interleaved": arch == "llama",
-        # bos/eos are checked against the vocabulary by DecoderConfig and the tokenizer
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "bos_token_id": tok.token_id("bos_token_id", int(embd_shape[0])),
+        "eos_token_id": tok.token_id("eos_token_id", int(embd_shape[0])),
     }
     if g.has("attention.layer_norm_rms_epsilon"):
         cfg["rms_norm_eps"] = g.float("attention.layer_norm_rms_epsilon", positive=True)

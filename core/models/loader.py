@@ -82,7 +82,7 @@ def load_gguf(path, device=None, dtype=None):
     model = _build(_decoder_class(raw["model_type"], path), GGUFWeights(reader, raw), cfg, device, dtype)
     if "tokenizer.ggml.model" in reader.metadata:
         from ..tokenizer import Tokenizer
-        model.tokenizer = Tokenizer.from_gguf(reader.metadata)
+        model.tokenizer = Tokenizer.from_gguf(reader)
     return model
 
 
