@@ -294,3 +294,44 @@ def test_fuzz_safetensors_folder(tmp_path, tiny_safetensors, edits, flips, lengt
         b[pos % (8 + n)] = value
     folder = _write_folder(tmp_path / "m", json.dumps(config), bytes(b))
     _load_or_tallow_error(folder)
+
+
+# -- Whisper folders and tokenizer files --------------------------------------------------------
+
+def _whisper_folder(tmp_path, **edits):
+    import os
+    real = os.path.expanduser("~/.cache/tallow/whisper-tiny.en")
+    if not os.path.exists(os.path.join(real, "model.safetensors")):
+        pytest.skip("whisper-tiny.en is not in the tallow cache (tallow fetch whisper-tiny.en)")
+    folder = tmp_path / "whisper"
+    folder.mkdir()
+    with open(os.path.join(real, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    config.update(edits)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").symlink_to(os.path.join(real, "model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("d_model", 0, r"d_model = 0: must be an integer in \[1, "),
+    ("encoder_attention_heads", 0, r"encoder_attention_heads = 0: must be an integer in \[1, 384\]"),
+    ("decoder_attention_heads", 5, r"decoder_attention_heads = 5: must be a divisor of d_model \(384\)"),
+    ("vocab_size", "51864", r"vocab_size = '51864': must be an integer"),
+    ("eos_token_id", 60000, r"eos_token_id = 60000: must be a token id in \[0, 51864\)"),
+    ("suppress_tokens", [1, -2], r"suppress_tokens = \[1, -2\]: must be a list of token ids"),
+    ("activation_function", "swish", r"activation_function = 'swish': must be one of"),
+])
+def test_whisper_config_bad_values_are_named(tmp_path, key, value, match):
+    folder = _whisper_folder(tmp_path, **{key: value})
+    with pytest.raises(FormatError, match=match) as e:
+        tallow.load_model(folder, device="cpu")
+    assert str(folder / "config.json") in str(e.value)
+
+
+def test_tokenizer_json_nested_too_deep(tmp_path):
+    from tallow.tokenizer import Tokenizer
+    p = tmp_path / "tokenizer.json"
+    p.write_text('{"model": ' + "[" * 5000 + "]" * 5000 + "}")
+    with pytest.raises(FormatError, match=r"tokenizer\.json: JSON nested too deeply"):
+        Tokenizer.from_file(p)
