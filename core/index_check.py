@@ -5,13 +5,20 @@ the row. Here every one is the same tallow IndexRangeError naming op, dim, id an
 from .errors import IndexRangeError, UnsupportedError
 
 
+# Up to this many ids are read back whole (one transfer from a GPU); longer indices are
+# reduced on their device first, so only two numbers come back.
+_READ_WHOLE = 4096
+
+
 def _bounds(index):
-    """(smallest, largest) id, reduced on the index's own device (one small read back)."""
-    try:
-        return index.min().item(), index.max().item()
-    except UnsupportedError:  # a backend without integer reductions: read the ids
-        ids = index.reshape(-1).tolist()
-        return min(ids), max(ids)
+    """(smallest, largest) id."""
+    if index.numel() > _READ_WHOLE:
+        try:
+            return index.min().item(), index.max().item()
+        except UnsupportedError:  # a backend without integer reductions: read the ids
+            pass
+    ids = index.reshape(-1).tolist()
+    return min(ids), max(ids)
 
 
 def check_ids(index, size, op, dim=0, what="index"):
