@@ -627,3 +627,41 @@ def test_pure_python_tokenizer_inside_pyodide_equals_library(pyodide_runner, whi
         if got["unicode"] >= "16":
             assert kept == onig, cls
     print("seconds inside Pyodide:", got["seconds"])
+
+
+def test_fuzz_malformed_tokenizer_json_is_a_tallow_error():
+    """One value of a small real tokenizer.json replaced by junk: both backends either work
+    or raise a tallow Error (the pure-Python one used to raise TypeError/AttributeError)."""
+    import tokenizers
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    tok.post_processor = tokenizers.processors.TemplateProcessing(single="$A <|endoftext|>",
+                                                                  special_tokens=[("<|endoftext|>", 0)])
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox", "hello world"] * 10, trainer)
+    spec = json.loads(tok.to_str())
+    paths = []
+
+    def walk(v, path):
+        paths.append(path)
+        children = v.items() if isinstance(v, dict) else enumerate(v[:3]) if isinstance(v, list) else ()
+        for k, x in children:
+            walk(x, path + [k])
+    walk(spec, [])
+    rng = random.Random(0)
+    junk = [0, -1, "x", None, [], {}, [1], 1.5, True, 10 ** 12]
+    for _ in range(150):
+        bad = copy.deepcopy(spec)
+        path = rng.choice(paths[1:])
+        node = bad
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = rng.choice(junk)
+        for backend in ("tokenizers", "python"):
+            try:
+                t = Tokenizer.from_dict(bad, backend=backend)
+                t.decode(t.encode("the quick hello"))
+            except Error:
+                pass

@@ -36,10 +36,11 @@ def _token_id(value, op):
 
 
 def _config_token(value):
-    """tokenizer_config.json stores a token as a string or an AddedToken dict."""
+    """tokenizer_config.json stores a token as a string or an AddedToken dict; anything
+    else names no token (the fallback names are tried)."""
     if isinstance(value, dict):
-        return value.get("content")
-    return value
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
 class Tokenizer:
@@ -59,11 +60,16 @@ class Tokenizer:
     @classmethod
     def from_dict(cls, spec, backend=None, config=None, source="tokenizer.json"):
         """A parsed tokenizer.json; `config` is an optional parsed tokenizer_config.json."""
-        if not isinstance(spec, dict) or "model" not in spec:
+        if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
             raise FormatError(f"{source}: not a tokenizer.json (no 'model' object)")
         config = config or {}
         vocab = spec["model"].get("vocab") or {}
-        added = {d["content"]: d["id"] for d in spec.get("added_tokens") or []}
+        added_list = spec.get("added_tokens") or []
+        if not isinstance(added_list, list) or not all(
+                isinstance(d, dict) and isinstance(d.get("content"), str) and type(d.get("id")) is int and d["id"] >= 0
+                for d in added_list):
+            raise FormatError(f"{source}: added_tokens must be a list of {{'id': int >= 0, 'content': str, ...}}")
+        added = {d["content"]: d["id"] for d in added_list}
 
         def lookup(token):
             return added.get(token, vocab.get(token) if isinstance(vocab, dict) else None)
@@ -79,8 +85,11 @@ class Tokenizer:
                     break
         template = config.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in template}
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
+        if template is not None and not isinstance(template, str):
+            raise FormatError(f"{source}: chat_template = {template!r:.80}: must be a string "
+                              f"(or a list of {{'name', 'template'}})")
         return cls(spec, backend, special_ids, template, source)
 
     @classmethod
