@@ -7,11 +7,11 @@ top-level `rope_theta` / `rope_scaling` / `partial_rotary_factor`, newer ones
 """
 import os
 
+from ..config_fields import MAX_COUNT, Fields
 from ..errors import FormatError, UnsupportedError
 from ..json_file import read_json
-from ..config_fields import MAX_COUNT, Fields
 
-# rope_scaling kinds tallow implements (nn/rotary.py), and the fields each one needs
+# rope_scaling kinds tallow implements (nn/rotary.py)
 ROPE_KINDS = ("default", "linear", "llama3", "longrope", "su", "freq_factors")
 
 

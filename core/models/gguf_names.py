@@ -14,9 +14,9 @@ Two conversions llama.cpp makes are undone here without touching weights:
 """
 import re
 
+from ..config_fields import MAX_COUNT, Fields
 from ..creation import from_buffer
 from ..errors import FormatError, UnsupportedError
-from ..config_fields import MAX_COUNT, Fields
 
 # general.architecture -> the model_type of our implementations
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "phi2": "phi"}

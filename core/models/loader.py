@@ -8,11 +8,11 @@ model_type or the GGUF's general.architecture.
 """
 import os
 
+from ..config_fields import Fields
 from ..device import Device, default_device
 from ..errors import Error, FormatError, UnsupportedError
 from ..json_file import read_json
 from .config import DecoderConfig
-from ..config_fields import Fields
 
 
 def _decoder_class(model_type, source):

@@ -17,12 +17,12 @@ import os
 from pathlib import Path
 
 from .. import functional as F
+from ..config_fields import MAX_COUNT, Fields
 from ..creation import tensor
 from ..device import Device, default_device
 from ..errors import Error, FormatError, ShapeError
 from ..json_file import read_json
 from ..nn import Conv1d, Embedding, KVCache, LayerNorm, Linear, Module, VarBuilder
-from ..config_fields import MAX_COUNT, Fields
 
 _ACTIVATIONS = {
     "gelu": lambda x: x.gelu(),
