@@ -11,7 +11,8 @@ from .creation import (  # noqa: F401
 from .device import Device, default_device, devices, set_default_device  # noqa: F401
 from .dtypes import bf16, bool_, f16, f32, f64, i8, i32, i64, u8, u32, DType, get_dtype, promote  # noqa: F401
 from .errors import (  # noqa: F401
-    ChatTemplateError, ContextWindowError, DeviceError, DTypeError, Error, FormatError, ShapeError, UnsupportedError,
+    ChatTemplateError, ContextWindowError, DeviceError, DTypeError, Error, FormatError, IndexRangeError, ShapeError,
+    UnsupportedError, ValueRangeError,
 )
 from .functional import (  # noqa: F401
     conv1d, conv2d, gelu, layer_norm, linear, log_softmax, relu, rms_norm, rotary_emb, scaled_dot_product_attention,

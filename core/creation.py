@@ -65,6 +65,7 @@ def tensor(data, dtype=None, device=None):
     elif dtype is D.bool_:
         flat = [bool(v) for v in flat]
     else:
+        D.check_ints_fit(flat, dtype, "tensor")
         flat = [int(v) for v in flat]
     return _make(dev.backend.from_list(flat, dtype), shape, dtype, dev)
 
@@ -102,6 +103,8 @@ def from_buffer(data, dtype, shape, device=None):
 def full(shape, value, dtype=None, device=None):
     shape = _shape_arg(shape)
     dtype = D.get_dtype(dtype) or D.default_for(value)
+    if dtype.is_int:
+        D.check_ints_fit([value], dtype, "full")
     dev = _device(device)
     return _make(dev.backend.full(numel_of(shape), value, dtype), shape, dtype, dev)
 

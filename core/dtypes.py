@@ -135,6 +135,26 @@ def promote_scalar(t, value):
     return t
 
 
+def int_bounds(dtype):
+    """(smallest, largest) value an integer dtype holds."""
+    bits = 8 * dtype.itemsize
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.kind == "i" else (0, (1 << bits) - 1)
+
+
+def check_ints_fit(values, dtype, op):
+    """Raise ValueRangeError unless every value (Python ints, or floats to truncate) fits the
+    integer dtype, instead of numpy's OverflowError or the array module's wrap-around."""
+    from .errors import ValueRangeError
+    lo, hi = int_bounds(dtype)
+    for v in values:
+        if isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                raise ValueRangeError(f"{op}: {v} cannot be stored as {dtype.name} (not a finite number)")
+            v = int(v)  # stored truncated, so -0.5 is a valid u8 (0)
+        if not lo <= v <= hi:
+            raise ValueRangeError(f"{op}: {v} is out of range for {dtype.name} (which holds {lo} to {hi})")
+
+
 def default_for(value):
     """dtype of a tensor made from a Python scalar or nested list (like torch: f32, i64, bool)."""
     if isinstance(value, bool):

@@ -33,3 +33,13 @@ class ChatTemplateError(Error, ValueError):
 class ContextWindowError(Error, ValueError):
     """A prompt that does not fit the model's context window; the message gives
     the numbers and what to do."""
+
+
+class IndexRangeError(ShapeError, IndexError):
+    """An index (a tensor id, a token id) outside the dim or vocabulary it picks from; the
+    message names the op, the dim, the bad id and the valid range. It is also an IndexError,
+    so code that catches IndexError keeps working."""
+
+
+class ValueRangeError(Error, OverflowError):
+    """A Python number that the requested dtype cannot hold (2**40 as i32, -1 as u32)."""

@@ -9,6 +9,7 @@ from . import grad_rules as G
 from .autograd import needs_grad
 from .creation import as_index, full, pad  # noqa: F401  (pad is part of this API)
 from .errors import DeviceError, DTypeError, ShapeError
+from .index_check import check_ids
 from .layout import Layout
 from .tensor import Tensor, _dim
 
@@ -97,6 +98,7 @@ def linear(x, weight, bias=None):
 
 def embedding(ids, table):
     ids = as_index(ids, table.device, "embedding")
+    check_ids(ids, table.shape[0], "embedding", 0, "id")  # named here: a negative token id is a caller's bug
     rows = table.index_select(0, ids.reshape(-1))
     return rows.reshape(ids.shape + (table.shape[-1],))
 

@@ -27,7 +27,7 @@ import math
 import time
 
 from .creation import generator, manual_seed
-from .errors import ContextWindowError, Error, FormatError
+from .errors import ContextWindowError, DTypeError, Error, FormatError, IndexRangeError
 
 
 class Sampler:
@@ -223,6 +223,23 @@ def check_prompt_fits(model, n_prompt):
             f"oldest turns (chat(..., history_policy='drop_oldest'); `tallow chat --drop-oldest-turns`)")
 
 
+def _checked_prompt(ids, vocab_size):
+    """The prompt ids as ints in [0, vocab_size): a bad id is refused before it touches the cache."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise DTypeError(f"generate: the prompt must be text or a list of token ids, got {type(ids).__name__}")
+    out = []
+    for i in ids:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise DTypeError(f"generate: token ids must be integers, got {i!r:.40}")
+        out.append(i.__index__())
+    if not out:
+        raise Error("generate: the prompt has no tokens")
+    bad = next((i for i in out if not 0 <= i < vocab_size), None)
+    if bad is not None:
+        raise IndexRangeError(f"generate: prompt token id {bad} is outside the vocabulary (0 to {vocab_size - 1})")
+    return out
+
+
 def generate_ids(model, ids, max_tokens=256, sampler=None, stop_tokens=None, cache=None, stats=None):
     """Yield new token ids after the prompt ids. Stops at a stop token (not
     yielded; default: the model's eos ids), after max_tokens, or when the
@@ -230,9 +247,7 @@ def generate_ids(model, ids, max_tokens=256, sampler=None, stop_tokens=None, cac
     window when this is called, before any compute."""
     sampler = sampler or Sampler()
     stop_ids = _as_stop_ids(model, stop_tokens)
-    ids = [int(i) for i in ids]
-    if not ids:
-        raise Error("generate: the prompt has no tokens")
+    ids = _checked_prompt(ids, model.config.vocab_size)
     check_prompt_fits(model, len(ids))
     return _generate(model, ids, max_tokens, sampler, stop_ids, cache, stats)
 
@@ -282,7 +297,7 @@ def _prompt_ids(model, prompt, add_special_tokens=True):
         if model.tokenizer is None:
             raise Error("this model has no tokenizer; pass token ids instead of text")
         return model.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-    return [int(i) for i in prompt]
+    return prompt  # token ids: checked by generate_ids
 
 
 def stream(model, prompt, max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,

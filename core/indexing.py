@@ -2,7 +2,7 @@
 integer-tensor/list index, or a boolean mask."""
 from . import dtypes as D
 from . import grad_rules as G
-from .errors import DeviceError, ShapeError, UnsupportedError
+from .errors import DeviceError, IndexRangeError, ShapeError, UnsupportedError
 from .layout import Layout
 
 
@@ -47,7 +47,7 @@ def _basic(t, key):
         if isinstance(k, int) or (hasattr(k, "__index__") and not isinstance(k, (Tensor, list, tuple))):
             i = k.__index__()
             if not -size <= i < size:
-                raise ShapeError(f"index {i} is out of range for dim {d} of size {size} (shape {t.shape})")
+                raise IndexRangeError(f"index {i} is out of range for dim {d} of size {size} (shape {t.shape})")
             offset += (i % size) * stride
         elif isinstance(k, slice):
             start, stop, step = k.indices(size)
@@ -100,8 +100,10 @@ def getitem(t, key):
     size = view.shape[pos]
     flat_index = index.reshape(-1)
     ids = flat_index.tolist()
-    if any(not -size <= i < size for i in ids):
-        raise ShapeError(f"an index in {ids[:8]}... is out of range for a dim of size {size}")
+    bad = next((i for i in ids if not -size <= i < size), None)
+    if bad is not None:
+        raise IndexRangeError(f"indexing: index {bad} is out of range for dim {pos} of size {size} "
+                              f"(valid: {-size} to {size - 1})")
     if any(i < 0 for i in ids):
         flat_index = as_index([i % size for i in ids], t.device, "indexing")
     picked = view.index_select(pos, flat_index)

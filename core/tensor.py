@@ -10,6 +10,7 @@ from . import grad_rules as G
 from .autograd import _Mode, record
 from .device import Device
 from .errors import DeviceError, DTypeError, ShapeError, UnsupportedError
+from .index_check import check_ids
 from .layout import Layout, broadcast_shapes, numel_of
 
 # Unary ops that need a float input: integer/bool tensors are promoted to f32 first (as in torch).
@@ -559,6 +560,7 @@ class Tensor:
         index = as_index(index, self.device, "index_select")
         if index.ndim != 1:
             raise ShapeError(f"index_select: the index must be 1-D, got shape {index.shape}")
+        check_ids(index, self.shape[dim], "index_select", dim)
         shape = list(self.shape)
         shape[dim] = index.shape[0]
         be = self.device.backend
@@ -579,6 +581,7 @@ class Tensor:
         for d, (si, sx) in enumerate(zip(index.shape, self.shape)):
             if d != dim and si > sx:
                 raise ShapeError(f"gather: index shape {index.shape} is larger than input {self.shape} in dim {d}")
+        check_ids(index, self.shape[dim], "gather", dim)
         out = self._new(self.device.backend.gather(self._storage, self._layout, self.dtype, index._storage, index._layout, dim), index.shape)
         return self._record(out, (self,), lambda: G.gather(self, dim, index))
 
@@ -588,6 +591,7 @@ class Tensor:
         index = as_index(index, self.device, "scatter_add")
         if index.shape != src.shape:
             raise ShapeError(f"scatter_add: index shape {index.shape} must equal src shape {src.shape}")
+        check_ids(index, self.shape[dim], "scatter_add", dim)
         src = src.to(self.dtype)
         st = self.device.backend.scatter_add(self._storage, self._layout, self.dtype, index._storage, index._layout, src._storage, src._layout, dim)
         return self._record(self._new(st, self.shape), (self, src), lambda: G.scatter_add(dim, index))

@@ -213,3 +213,20 @@ def test_cli_corrupt_chat_template_is_one_line(model_dir, tmp_path, capsys):
     assert main(["generate", "hi", "--model", str(broken), "--max-tokens", "2"]) == 2
     out, err = capsys.readouterr()
     assert len(err.splitlines()) == 1 and err.startswith("tallow generate: error:") and "chat template" in err
+
+
+def test_bad_prompt_ids_are_refused_before_the_cache(model):
+    """A negative id used to wrap to the last row of the embedding; now each bad id is named."""
+    vocab = model.config.vocab_size
+    for ids, match in (([5, -1], r"prompt token id -1 is outside the vocabulary \(0 to %d\)" % (vocab - 1)),
+                       ([vocab], r"prompt token id %d is outside" % vocab)):
+        with pytest.raises(tallow.IndexRangeError, match=match):
+            list(generate_ids(model, ids, max_tokens=2))
+        with pytest.raises(tallow.IndexRangeError):
+            model.generate(ids, max_tokens=2)
+    for ids in ([1.5], ["a"], 7):
+        with pytest.raises(tallow.DTypeError, match="token ids|list of token ids"):
+            list(generate_ids(model, ids, max_tokens=2))
+    with pytest.raises(tallow.IndexRangeError, match=r"embedding: id -1 is out of range"):
+        model([[3, -1]])  # the forward pass itself, too
+    assert len(list(generate_ids(model, [5, 6], max_tokens=2))) <= 2  # and the model still works

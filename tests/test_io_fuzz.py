@@ -104,6 +104,20 @@ def test_gguf_bad_headers(tmp_path):
         _refused(data, match, tmp_path, "bad.gguf")
 
 
+def test_gguf_metadata_work_is_bounded(tmp_path):
+    """Counts that fit in the file but would build millions of Python objects are refused up front."""
+    from tallow.io.gguf import MAX_METADATA_VALUES, MAX_NESTED_ARRAYS, MAX_TENSORS
+    kv = lambda key, t, payload: struct.pack("<Q", len(key)) + key + struct.pack("<I", t) + payload
+    n = MAX_METADATA_VALUES + 1  # u8 values: one byte each, so the count fits the file
+    _refused(_gguf_bytes(kv(b"k", 9, struct.pack("<IQ", 0, n) + b"\0" * n), 1), r"'k'.*more than 4194304 values",
+             tmp_path, "bad.gguf")
+    n = MAX_NESTED_ARRAYS + 1
+    _refused(_gguf_bytes(kv(b"k", 9, struct.pack("<IQ", 9, n) + struct.pack("<IQ", 4, 0) * n), 1),
+             r"'k'.*more than 65536 arrays nested", tmp_path, "bad.gguf")
+    _refused(_gguf_bytes(n_tensors=MAX_TENSORS + 1, data=b"\0" * (24 * (MAX_TENSORS + 1))),
+             r"tensor count 262145 is more than the 262144", tmp_path, "bad.gguf")
+
+
 def test_gguf_bad_tensors(tmp_path):
     data = b"\0" * 128
     cases = [

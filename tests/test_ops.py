@@ -399,6 +399,79 @@ def test_errors(device):
     assert isinstance(tallow.ShapeError("x"), tallow.Error)
 
 
+@pytest.mark.parametrize("op,bad", [("index_select", -1), ("index_select", 5), ("gather", -1), ("gather", 4),
+                                    ("scatter_add", 4), ("embedding", -1), ("embedding", 5)])
+def test_ids_out_of_range(device, op, bad):
+    """Every backend refuses an id outside [0, size) with one tallow error (torch refuses them too;
+    numpy would wrap -1), naming the op, the id and the valid range."""
+    a = rnd(5, 4)
+    x = T(a, device)
+    ids = [0, bad, 1]
+    if op == "index_select":
+        dim, run, ref = 0, lambda: x.index_select(0, tallow.tensor(ids, device=device)), \
+            lambda: torch.index_select(tt(a), 0, torch.tensor(ids))
+    elif op == "gather":
+        dim, run, ref = 1, lambda: x.gather(1, tallow.tensor([ids], device=device)), \
+            lambda: torch.gather(tt(a), 1, torch.tensor([ids]))
+    elif op == "scatter_add":
+        src = rnd(1, 3)
+        dim, run, ref = 1, lambda: x.scatter_add(1, tallow.tensor([ids], device=device), T(src, device)), \
+            lambda: tt(a).scatter_add(1, torch.tensor([ids]), tt(src))
+    else:
+        dim, run, ref = 0, lambda: F.embedding(tallow.tensor([ids], device=device), x), \
+            lambda: torch.nn.functional.embedding(torch.tensor([ids]), tt(a))
+    with pytest.raises((IndexError, RuntimeError)):
+        ref()
+    size = a.shape[dim]
+    with pytest.raises(tallow.IndexRangeError, match=rf"{op}: .*{bad} is out of range for dim {dim} of size {size} "
+                                                     rf"\(valid: 0 to {size - 1}\)") as e:
+        run()
+    assert isinstance(e.value, IndexError) and isinstance(e.value, tallow.ShapeError)
+
+
+def test_ids_wrong_dtype_and_in_range(device):
+    x = T(rnd(5, 4), device)
+    for ids in (tallow.tensor([0.0, 1.0], device=device), tallow.tensor([True, False], device=device)):
+        with pytest.raises(tallow.DTypeError, match="must be an integer tensor"):
+            x.index_select(0, ids)
+        with pytest.raises(tallow.DTypeError, match="must be an integer tensor"):
+            F.embedding(ids, x)
+    for dtype in (tallow.i64, tallow.i32, tallow.u8, tallow.i8, tallow.u32):  # the edges of the range pass
+        assert x.index_select(0, tallow.tensor([4, 0], dtype, device)).shape == (2, 4)
+    assert x[[-1]].shape == (1, 4)  # Python-style negative indexing stays (t[...] is not index_select)
+    with pytest.raises(tallow.IndexRangeError, match=r"index 5 is out of range for dim 0 of size 5"):
+        x[[5]]
+
+
+@pytest.mark.parametrize("value,dtype", [(2 ** 40, "i32"), (2 ** 40, "u8"), (-1, "u32"), (-1, "u8"), (256, "u8"),
+                                         (-129, "i8"), (2 ** 63, "i64"), (2 ** 32, "u32")])
+def test_int_out_of_range_for_dtype(device, value, dtype):
+    """numpy refuses these (OverflowError; torch even wraps -1 into uint8); tallow says which
+    value and dtype on every backend, instead of a backend's own error or a wrap-around."""
+    with pytest.raises(OverflowError):
+        np.array([value], dtype=tallow.get_dtype(dtype).np_name)
+    with pytest.raises(tallow.ValueRangeError, match=rf"tensor: {value} is out of range for {dtype}"):
+        tallow.tensor([1, value], dtype=dtype, device=device)
+    with pytest.raises(tallow.ValueRangeError, match=rf"full: {value} is out of range for {dtype}"):
+        tallow.full((2,), value, dtype=dtype, device=device)
+    with pytest.raises(OverflowError):  # still what plain Python code expects
+        tallow.tensor(value, dtype=dtype, device=device)
+
+
+def test_int_range_edges_and_non_finite(device):
+    assert tallow.tensor([2 ** 31 - 1, -2 ** 31], dtype="i32", device=device).tolist() == [2 ** 31 - 1, -2 ** 31]
+    assert tallow.tensor([0, 255], dtype="u8", device=device).tolist() == [0, 255]
+    if device.type == "wgpu":  # it keeps i64 as i32 on the GPU, and says so
+        with pytest.raises(tallow.UnsupportedError, match="outside the i32 range"):
+            tallow.tensor([2 ** 63 - 1], device=device)
+    else:
+        assert tallow.tensor([2 ** 63 - 1], device=device).tolist() == [2 ** 63 - 1]
+    assert tallow.tensor([-0.5, 2.9], dtype="u8", device=device).tolist() == [0, 2]  # truncated, as torch does
+    for v in (float("nan"), float("inf")):
+        with pytest.raises(tallow.ValueRangeError, match="not a finite number"):
+            tallow.tensor([v], dtype="i64", device=device)
+
+
 def test_two_devices_error(device):
     other = "python" if device.type != "python" else "cpu"
     try:

@@ -16,8 +16,10 @@ import sys
 import unicodedata
 import zipfile
 
+import numpy as np
 import pytest
 
+import tallow
 from tallow.errors import Error, FormatError, UnsupportedError
 from tallow.tokenizer import ChatTemplateError, Tokenizer
 from tallow.tokenizer.unicode_classes import compile_pattern, translate
@@ -242,6 +244,49 @@ def test_bad_ids_and_inputs_raise_clear_errors(whisper_pair):
             tok.encode(b"bytes")
     with pytest.raises(UnsupportedError, match="unknown tokenizer backend"):
         Tokenizer.from_dict(json.loads('{"model": {"type": "BPE", "vocab": {}, "merges": []}}'), backend="rust")
+
+
+def test_negative_and_non_integer_ids_are_refused(whisper_pair):
+    for tok in whisper_pair:
+        with pytest.raises(tallow.IndexRangeError, match="decode: token id -1 is negative"):
+            tok.decode([15496, -1])
+        with pytest.raises(tallow.IndexRangeError, match="id_to_token: token id -5 is negative"):
+            tok.id_to_token(-5)
+        with pytest.raises(tallow.DTypeError, match="token ids must be integers"):
+            tok.decode([15496, 1.5])
+        assert tok.decode(np.array([15496, 995])) == tok.decode([15496, 995])  # numpy ints are ids
+
+
+def _transformers_whisper(whisper_json):
+    """transformers' WhisperTokenizerFast over the same tokenizer.json, its special tokens
+    registered as a checkpoint's tokenizer_config.json would (so timestamps follow <|notimestamps|>)."""
+    transformers = pytest.importorskip("transformers")
+    with open(whisper_json, encoding="utf-8") as f:
+        added = [d["content"] for d in json.load(f)["added_tokens"] if d["special"] and d["content"] != "<|endoftext|>"]
+    return transformers.WhisperTokenizerFast(tokenizer_file=whisper_json, additional_special_tokens=added,
+                                             bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                             unk_token="<|endoftext|>")
+
+
+def test_whisper_timestamp_ids_decode_like_transformers(whisper_pair, whisper_json):
+    """<|0.00|>.. are not in tokenizer.json: the library drops them, transformers' WhisperTokenizer
+    writes them with decode_with_timestamps=True; tallow does both instead of refusing them."""
+    import tokenizers
+    ref = _transformers_whisper(whisper_json)
+    lib = tokenizers.Tokenizer.from_file(whisper_json)
+    begin = ref.convert_tokens_to_ids("<|notimestamps|>") + 1
+    text = [ref.convert_tokens_to_ids(t) for t in ("<|startoftranscript|>", "<|notimestamps|>")]
+    ids = text + [begin, 1770, 13, begin + 51, begin + 56, 2159, begin + 137, begin + 1500,
+                  ref.convert_tokens_to_ids("<|endoftext|>")]
+    for tok in whisper_pair:
+        for skip in (False, True):
+            assert tok.decode(ids, skip) == lib.decode(ids, skip_special_tokens=skip) == \
+                ref.decode(ids, skip_special_tokens=skip)
+            got = tok.decode(ids, skip, decode_with_timestamps=True)
+            assert got == ref.decode(ids, skip_special_tokens=skip, decode_with_timestamps=True)
+        assert "<|1.02|>" in got and got.endswith("<|30.00|>")
+        with pytest.raises(FormatError, match="outside the vocabulary"):
+            tok.decode([begin + 1501])  # past <|30.00|> an id is not a timestamp
 
 
 # ---- SmolLM2 GGUF -----------------------------------------------------------
@@ -582,3 +627,41 @@ def test_pure_python_tokenizer_inside_pyodide_equals_library(pyodide_runner, whi
         if got["unicode"] >= "16":
             assert kept == onig, cls
     print("seconds inside Pyodide:", got["seconds"])
+
+
+def test_fuzz_malformed_tokenizer_json_is_a_tallow_error():
+    """One value of a small real tokenizer.json replaced by junk: both backends either work
+    or raise a tallow Error (the pure-Python one used to raise TypeError/AttributeError)."""
+    import tokenizers
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    tok.post_processor = tokenizers.processors.TemplateProcessing(single="$A <|endoftext|>",
+                                                                  special_tokens=[("<|endoftext|>", 0)])
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox", "hello world"] * 10, trainer)
+    spec = json.loads(tok.to_str())
+    paths = []
+
+    def walk(v, path):
+        paths.append(path)
+        children = v.items() if isinstance(v, dict) else enumerate(v[:3]) if isinstance(v, list) else ()
+        for k, x in children:
+            walk(x, path + [k])
+    walk(spec, [])
+    rng = random.Random(0)
+    junk = [0, -1, "x", None, [], {}, [1], 1.5, True, 10 ** 12]
+    for _ in range(150):
+        bad = copy.deepcopy(spec)
+        path = rng.choice(paths[1:])
+        node = bad
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = rng.choice(junk)
+        for backend in ("tokenizers", "python"):
+            try:
+                t = Tokenizer.from_dict(bad, backend=backend)
+                t.decode(t.encode("the quick hello"))
+            except Error:
+                pass

@@ -12,7 +12,7 @@ from array import array
 from itertools import accumulate
 
 from ..dtypes import bf16, bool_, f16, f32, i64
-from ..errors import DTypeError, FormatError, ShapeError, UnsupportedError
+from ..errors import DTypeError, FormatError, IndexRangeError, ShapeError, UnsupportedError
 from ..layout import Layout, broadcast_shapes, contiguous_strides
 from . import python_elementwise as ew
 from . import python_fused as fused
@@ -32,11 +32,12 @@ def _numel(shape):
 
 
 def _checked_ids(values, size, op):
-    """Indices with negatives counted from the end (as numpy); out of range is an error."""
+    """Indices with negatives counted from the end (the backend contract, as numpy; Tensor
+    refuses negative ids before they get here); out of range is an error."""
     out = [i + size if i < 0 else i for i in values]
     for i, j in zip(values, out):
         if not 0 <= j < size:
-            raise ShapeError(f"{op}: index {i} is out of range for a dim of size {size}")
+            raise IndexRangeError(f"{op}: index {i} is out of range for a dim of size {size}")
     return out
 
 

@@ -20,6 +20,13 @@ MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 8
 MAX_NESTING = 16
+# Bounds on the Python objects a header may make us build, far above real files (the largest
+# vocabularies hold ~260k tokens, so tokens + merges + types + scores stay under ~2M values;
+# arrays of arrays are rare and short). Without them a 96 MB file of 8M empty nested arrays
+# took tens of seconds and ~2 GB to open.
+MAX_METADATA_VALUES = 1 << 22
+MAX_NESTED_ARRAYS = 1 << 16
+MAX_TENSORS = 1 << 18  # real checkpoints hold thousands
 
 # metadata value types
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
@@ -46,6 +53,7 @@ class _Cursor:
         # size: the bytes at hand (the whole file, or a prefix of it); file_size: the whole file's
         self.data, self.pos, self.path, self.size, self.file_size = data, 0, path, len(data), file_size
         self.what = "header"
+        self.values_left, self.nested_left = MAX_METADATA_VALUES, MAX_NESTED_ARRAYS
 
     def fail(self, problem):
         raise FormatError(f"{self.path}: {self.what}: {problem}")
@@ -109,6 +117,18 @@ class _Cursor:
             self.fail(f"{what} count {n} cannot fit in the remaining {self.file_size - self.pos} bytes")
         return n
 
+    def spend(self, n, nested):
+        """Charge n array elements to the header's budgets before building them."""
+        self.values_left -= n
+        if self.values_left < 0:
+            self.fail(f"the metadata arrays hold more than {MAX_METADATA_VALUES} values in all (a real GGUF "
+                      f"holds a few hundred thousand)")
+        if nested:
+            self.nested_left -= n
+            if self.nested_left < 0:
+                self.fail(f"more than {MAX_NESTED_ARRAYS} arrays nested inside metadata arrays in all "
+                          f"(this array alone holds {n})")
+
     def value(self, vtype, depth=0):
         """(value, type descriptor): scalars' descriptor is the type code; arrays'
         is (ARRAY, element code), or (ARRAY, [descriptor per element]) for arrays of arrays."""
@@ -126,6 +146,7 @@ class _Cursor:
             if etype not in _MIN_SIZE:
                 self.fail(f"unknown array element type {etype}")
             n = self.count(self.u64(), _MIN_SIZE[etype], "array")
+            self.spend(n, etype == ARRAY)
             if etype in _SCALAR:
                 self.need(n * _SIZE[etype])
                 values = list(struct.unpack_from(f"<{n}{_SCALAR[etype]}", self.data, self.pos))
@@ -163,6 +184,8 @@ class GGUFFile(LazyFile):
         if self.version not in (2, 3):
             self._fail(f"GGUF version {self.version} is not supported (2 and 3 are)")
         n_tensors = c.count(c.u64(), 24, "tensor")
+        if n_tensors > MAX_TENSORS:
+            c.fail(f"tensor count {n_tensors} is more than the {MAX_TENSORS} tallow reads (real files hold thousands)")
         n_kv = c.count(c.u64(), 12, "metadata")
         self.metadata_types = {}
         for i in range(n_kv):

@@ -53,6 +53,22 @@ class SafetensorsFile(LazyFile):
         for name, entry in header.items():
             self.infos[name] = self._parse_entry(name, entry, start, size)
         self._check_extents(start, size)
+        self._check_coverage(start, size)
+
+    def _check_coverage(self, start, size):
+        """The safetensors library's rule: sorted by offset, the tensors tile the data section
+        exactly, from its first byte to the end of the file. A header length that is off
+        (N-1 still parses when the header ends in padding) then shows as bytes left over
+        instead of as every weight shifted by one byte."""
+        covered = 0
+        for info in sorted(self.infos.values(), key=lambda i: (i.offset, i.nbytes)):
+            if info.offset - start != covered:
+                self._fail(f"data starts at {info.offset - start} of the data section, but the tensors before "
+                           f"it end at {covered} (the offsets must be contiguous from 0)", info.name)
+            covered += info.nbytes
+        if start + covered != size:
+            self._fail(f"the header length and the tensors' offsets account for {start + covered} bytes, the "
+                       f"file has {size}: the header length or data_offsets are wrong (incomplete metadata)")
 
     def _parse_entry(self, name, entry, start, size):
         if not isinstance(entry, dict):

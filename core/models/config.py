@@ -5,88 +5,114 @@ Checkpoints spell the rotary settings two ways: older config.json files have
 top-level `rope_theta` / `rope_scaling` / `partial_rotary_factor`, newer ones
 (transformers 5) a `rope_parameters` dict. Both are read here, once.
 """
-import json
 import os
 
-from ..errors import FormatError
+from ..config_fields import MAX_COUNT, Fields
+from ..errors import FormatError, UnsupportedError
+from ..json_file import read_json
 
-
-def read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no such file") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise FormatError(f"{path}: not valid JSON: {e}") from None
+# rope_scaling kinds tallow implements (nn/rotary.py)
+ROPE_KINDS = ("default", "linear", "llama3", "longrope", "su", "freq_factors")
 
 
 class DecoderConfig:
-    """The fields a decoder-only transformer needs, with the checkpoints' defaults."""
+    """The fields a decoder-only transformer needs, with the checkpoints' defaults,
+    each checked for type and range (see config_fields.py)."""
 
     def __init__(self, raw, source="config.json"):
         if not isinstance(raw, dict):
             raise FormatError(f"{source}: a config must be a JSON object")
         self.raw, self.source = raw, source
-        self.model_type = raw.get("model_type", "llama")
-        self.vocab_size = self._int("vocab_size")
-        self.hidden_size = self._int("hidden_size")
-        self.intermediate_size = self._int("intermediate_size", 4 * self.hidden_size)
-        self.num_layers = self._int("num_hidden_layers")
-        self.num_heads = self._int("num_attention_heads")
-        self.num_kv_heads = int(raw.get("num_key_value_heads") or self.num_heads)
-        self.head_dim = int(raw.get("head_dim") or self.hidden_size // self.num_heads)
+        f = self.fields = Fields(raw, source)
+        self.model_type = f.str("model_type", "llama")
+        self.vocab_size = f.int("vocab_size", lo=1, hi=MAX_COUNT)
+        self.hidden_size = f.int("hidden_size", lo=1, hi=MAX_COUNT)
+        self.intermediate_size = f.int("intermediate_size", 4 * self.hidden_size, lo=1, hi=MAX_COUNT)
+        self.num_layers = f.int("num_hidden_layers", lo=1, hi=MAX_COUNT)
+        self.num_heads = f.int("num_attention_heads", lo=1, hi=self.hidden_size)
+        self.num_kv_heads = f.int("num_key_value_heads", self.num_heads, lo=1, hi=self.num_heads)
         if self.num_heads % self.num_kv_heads:
-            raise FormatError(f"{source}: num_attention_heads {self.num_heads} is not a multiple of "
-                              f"num_key_value_heads {self.num_kv_heads}")
-        self.max_position_embeddings = int(raw.get("max_position_embeddings") or 2048)
-        self.rms_norm_eps = float(raw.get("rms_norm_eps", 1e-6))
-        self.layer_norm_eps = float(raw.get("layer_norm_eps", 1e-5))
-        self.hidden_act = raw.get("hidden_act", "silu")
-        self.tie_word_embeddings = bool(raw.get("tie_word_embeddings", False))
-        self.attention_bias = bool(raw.get("attention_bias", False))
-        self.mlp_bias = bool(raw.get("mlp_bias", False))
-        self.qk_layernorm = bool(raw.get("qk_layernorm", False))
+            f.fail("num_key_value_heads", self.num_kv_heads,
+                   f"a divisor of num_attention_heads ({self.num_heads})")
+        if not f.has("head_dim") and self.hidden_size % self.num_heads:
+            f.fail("num_attention_heads", self.num_heads, f"a divisor of hidden_size ({self.hidden_size})")
+        self.head_dim = f.int("head_dim", self.hidden_size // self.num_heads, lo=1, hi=MAX_COUNT)
+        self.max_position_embeddings = f.int("max_position_embeddings", 2048, lo=1)
+        self.rms_norm_eps = f.float("rms_norm_eps", 1e-6, positive=True)
+        self.layer_norm_eps = f.float("layer_norm_eps", 1e-5, positive=True)
+        self.hidden_act = f.str("hidden_act", "silu")
+        self.tie_word_embeddings = f.bool("tie_word_embeddings", False)
+        self.attention_bias = f.bool("attention_bias", False)
+        self.mlp_bias = f.bool("mlp_bias", False)
+        self.qk_layernorm = f.bool("qk_layernorm", False)
         self.sliding_window = self._sliding_window()
         self._read_rope()
         # GGUF llama weights have q/k rows permuted for interleaved rotary (see gguf_names.py).
-        self.rope_interleaved = bool(raw.get("rope_interleaved", False))
-        self.bos_token_id = raw.get("bos_token_id")
-        eos = raw.get("eos_token_id")
-        self.eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-
-    def _int(self, key, default=None):
-        value = self.raw.get(key, default)
-        if value is None:
-            raise FormatError(f"{self.source}: missing {key!r}")
-        return int(value)
+        self.rope_interleaved = f.bool("rope_interleaved", False)
+        self.bos_token_id = f.token_id("bos_token_id", self.vocab_size)
+        self.eos_token_ids = f.token_ids("eos_token_id", self.vocab_size)
 
     def _sliding_window(self):
-        window = self.raw.get("sliding_window")
+        f = self.fields
         # Qwen2 configs carry a window but only use it when use_sliding_window is set.
-        if self.raw.get("use_sliding_window") is False:
+        if f.get("use_sliding_window", None) is False:
             return None
-        return int(window) if window else None
+        return f.int("sliding_window", 0, lo=0) or None
 
     def _read_rope(self):
-        raw = self.raw
-        params = dict(raw.get("rope_parameters") or {})
-        scaling = dict(raw.get("rope_scaling") or {})
-        self.rope_theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
-        self.partial_rotary_factor = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+        f = self.fields
+        params = f.dict("rope_parameters")
+        scaling = f.dict("rope_scaling")
+        p = Fields(params, self.source, label="rope_parameters.")
+        self.rope_theta = p.float("rope_theta", f.float("rope_theta", 10000.0, positive=True), positive=True)
+        self.partial_rotary_factor = p.float("partial_rotary_factor", f.float("partial_rotary_factor", 1.0, lo=0.0, hi=1.0),
+                                             lo=0.0, hi=1.0)
         kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+        if kind not in ROPE_KINDS:
+            raise UnsupportedError(f"{self.source}: rope type {kind!r} is not supported "
+                                   f"(supported: {', '.join(ROPE_KINDS)})")
+        self.rotary_dim = int(self.head_dim * self.partial_rotary_factor)
+        if self.rotary_dim % 2 or self.rotary_dim == 0:
+            raise FormatError(f"{self.source}: the rotary dim {self.rotary_dim} (head_dim {self.head_dim} x "
+                              f"partial_rotary_factor {self.partial_rotary_factor}) must be even and > 0")
         if kind == "default":
             self.rope_scaling = None
-        else:
-            merged = {**scaling, **params, "rope_type": kind}
-            for key in ("original_max_position_embeddings", "max_position_embeddings"):
-                if key not in merged and raw.get(key):
-                    merged[key] = raw[key]
-            self.rope_scaling = merged
-        self.rotary_dim = int(self.head_dim * self.partial_rotary_factor)
-        if self.rotary_dim % 2:
-            raise FormatError(f"{self.source}: the rotary dim {self.rotary_dim} (head_dim {self.head_dim} x "
-                              f"partial_rotary_factor {self.partial_rotary_factor}) must be even")
+            return
+        merged = {**scaling, **params, "rope_type": kind}
+        for key in ("original_max_position_embeddings", "max_position_embeddings"):
+            if key not in merged and self.raw.get(key):
+                merged[key] = self.raw[key]
+        self.rope_scaling = merged
+        self._check_rope_scaling(Fields(merged, self.source, label="rope_scaling."), kind)
+
+    def _check_rope_scaling(self, s, kind):
+        """The fields nn/rotary.py reads for this kind, checked before the first forward needs them."""
+        half = self.rotary_dim // 2
+        if kind == "linear":
+            s.float("factor", positive=True)
+        elif kind == "llama3":
+            s.float("factor", positive=True)
+            low, high = s.float("low_freq_factor", positive=True), s.float("high_freq_factor", positive=True)
+            if low == high:
+                s.fail("high_freq_factor", high, "different from low_freq_factor")
+            s.positive_int("original_max_position_embeddings")
+        elif kind in ("longrope", "su"):
+            s.positive_int("original_max_position_embeddings")
+            for key in ("long_factor", "short_factor"):
+                self._factor_list(s, key, half)
+            s.float("factor", None, positive=True)
+            s.float("attention_factor", None, positive=True)
+            if not s.has("factor"):
+                s.positive_int("max_position_embeddings")
+        elif kind == "freq_factors":
+            self._factor_list(s, "factors", half)
+
+    @staticmethod
+    def _factor_list(s, key, n):
+        value = s.get(key)
+        if (not isinstance(value, list) or len(value) != n
+                or not all(type(v) in (int, float) and 0 < v < float("inf") for v in value)):
+            s.fail(key, value, f"a list of {n} finite numbers > 0 (one per rotary frequency)")
 
     @property
     def longrope_switch(self):

@@ -14,6 +14,7 @@ Two conversions llama.cpp makes are undone here without touching weights:
 """
 import re
 
+from ..config_fields import MAX_COUNT, Fields
 from ..creation import from_buffer
 from ..errors import FormatError, UnsupportedError
 
@@ -62,49 +63,53 @@ def config_from_gguf(reader):
     meta = reader.metadata
     path = getattr(reader, "path", "GGUF")
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise UnsupportedError(f"{path}: GGUF architecture {arch!r} is not supported "
                                f"(supported: {', '.join(sorted(ARCHITECTURES))})")
     model_type = ARCHITECTURES[arch]
 
-    def g(key, default=None):
-        return meta.get(f"{arch}.{key}", default)
-
-    for key in ("embedding_length", "block_count", "attention.head_count"):
-        if g(key) is None:
-            raise FormatError(f"{path}: GGUF metadata lacks {arch}.{key}")
-    heads = int(g("attention.head_count"))
-    kv_heads = g("attention.head_count_kv", heads)
-    if isinstance(kv_heads, list):
+    g = Fields(meta, path, prefix=f"{arch}.")
+    if isinstance(g.get("attention.head_count_kv", None), list):
         raise UnsupportedError(f"{path}: per-layer head_count_kv is not supported")
-    hidden = int(g("embedding_length"))
-    head_dim = int(g("attention.key_length") or hidden // heads)
+    hidden = g.int("embedding_length", lo=1, hi=MAX_COUNT)
+    heads = g.int("attention.head_count", lo=1, hi=hidden)
+    kv_heads = g.int("attention.head_count_kv", heads, lo=1, hi=heads)
+    if heads % kv_heads:
+        g.fail("attention.head_count_kv", kv_heads, f"a divisor of attention.head_count ({heads})")
+    if not g.has("attention.key_length") and hidden % heads:
+        g.fail("attention.head_count", heads, f"a divisor of embedding_length ({hidden})")
+    head_dim = g.int("attention.key_length", hidden // heads, lo=1, hi=MAX_COUNT)
     if "token_embd.weight" not in reader:
         raise FormatError(f"{path}: GGUF has no token_embd.weight")
+    embd_shape = reader.info("token_embd.weight").shape
+    if len(embd_shape) != 2 or embd_shape[1] != hidden:
+        raise FormatError(f"{path}: token_embd.weight has shape {embd_shape}, expected (vocab, {arch}.embedding_length "
+                          f"= {hidden})")
+    tok = Fields(meta, path, prefix="tokenizer.ggml.")  # bos/eos must be rows of token_embd
     cfg = {
         "model_type": model_type,
-        "vocab_size": int(reader.info("token_embd.weight").shape[0]),
+        "vocab_size": int(embd_shape[0]),
         "hidden_size": hidden,
-        "intermediate_size": int(g("feed_forward_length", 4 * hidden)),
-        "num_hidden_layers": int(g("block_count")),
+        "intermediate_size": g.int("feed_forward_length", 4 * hidden, lo=1, hi=MAX_COUNT),
+        "num_hidden_layers": g.int("block_count", lo=1, hi=MAX_COUNT),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(kv_heads),
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "max_position_embeddings": int(g("context_length", 2048)),
-        "rope_theta": float(g("rope.freq_base", 10000.0)),
+        "max_position_embeddings": g.int("context_length", 2048, lo=1),
+        "rope_theta": g.float("rope.freq_base", 10000.0, positive=True),
         "tie_word_embeddings": "output.weight" not in reader,
         "rope_interleaved": arch == "llama",
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "bos_token_id": tok.token_id("bos_token_id", int(embd_shape[0])),
+        "eos_token_id": tok.token_id("eos_token_id", int(embd_shape[0])),
     }
-    if g("attention.layer_norm_rms_epsilon") is not None:
-        cfg["rms_norm_eps"] = float(g("attention.layer_norm_rms_epsilon"))
-    if g("attention.layer_norm_epsilon") is not None:
-        cfg["layer_norm_eps"] = float(g("attention.layer_norm_epsilon"))
-    if g("rope.dimension_count"):
-        cfg["partial_rotary_factor"] = int(g("rope.dimension_count")) / head_dim
-    if g("attention.sliding_window"):
-        cfg["sliding_window"] = int(g("attention.sliding_window"))
+    if g.has("attention.layer_norm_rms_epsilon"):
+        cfg["rms_norm_eps"] = g.float("attention.layer_norm_rms_epsilon", positive=True)
+    if g.has("attention.layer_norm_epsilon"):
+        cfg["layer_norm_eps"] = g.float("attention.layer_norm_epsilon", positive=True)
+    if g.has("rope.dimension_count"):
+        cfg["partial_rotary_factor"] = g.int("rope.dimension_count", lo=2, hi=head_dim) / head_dim
+    if g.get("attention.sliding_window", None):
+        cfg["sliding_window"] = g.int("attention.sliding_window", lo=1)
     if model_type == "phi":
         cfg["hidden_act"] = "gelu_new"
     cfg["rope_scaling"] = _rope_scaling(reader, g, path, cfg)
@@ -113,23 +118,23 @@ def config_from_gguf(reader):
 
 def _rope_scaling(reader, g, path, cfg):
     if "rope_factors_long.weight" in reader:  # Phi-3.5 / Phi-4-mini longrope
-        original = g("rope.scaling.original_context_length")
-        if original is None:
+        if not g.has("rope.scaling.original_context_length"):
             raise FormatError(f"{path}: longrope factors without rope.scaling.original_context_length")
-        scaling = {"rope_type": "longrope", "original_max_position_embeddings": int(original),
+        scaling = {"rope_type": "longrope",
+                   "original_max_position_embeddings": g.positive_int("rope.scaling.original_context_length"),
                    "max_position_embeddings": cfg["max_position_embeddings"],
                    "long_factor": _floats(reader, "rope_factors_long.weight"),
                    "short_factor": _floats(reader, "rope_factors_short.weight")}
-        if g("rope.scaling.attn_factor") is not None:
-            scaling["attention_factor"] = float(g("rope.scaling.attn_factor"))
+        if g.has("rope.scaling.attn_factor"):
+            scaling["attention_factor"] = g.float("rope.scaling.attn_factor", positive=True)
         return scaling
     if "rope_freqs.weight" in reader:  # Llama 3.1+: llama.cpp stores the per-frequency divisors
         return {"rope_type": "freq_factors", "factors": _floats(reader, "rope_freqs.weight")}
-    kind = g("rope.scaling.type")
+    kind = g.str("rope.scaling.type", None)
     if kind in (None, "none"):
         return None
     if kind == "linear":
-        return {"rope_type": "linear", "factor": float(g("rope.scaling.factor"))}
+        return {"rope_type": "linear", "factor": g.float("rope.scaling.factor", positive=True)}
     raise UnsupportedError(f"{path}: GGUF rope scaling {kind!r} is not supported (linear, longrope, rope_freqs)")
 
 

@@ -8,9 +8,11 @@ model_type or the GGUF's general.architecture.
 """
 import os
 
+from ..config_fields import Fields
 from ..device import Device, default_device
 from ..errors import Error, FormatError, UnsupportedError
-from .config import DecoderConfig, read_json
+from ..json_file import read_json
+from .config import DecoderConfig
 
 
 def _decoder_class(model_type, source):
@@ -46,16 +48,21 @@ def _build(cls, weights, cfg, device, dtype):
 def load_directory(path, device=None, dtype=None):
     """A decoder from config.json + *.safetensors (sharded too) + tokenizer.json."""
     from .. import io
-    raw = read_json(os.path.join(path, "config.json"))
+    config_path = os.path.join(path, "config.json")
+    raw = read_json(config_path)
+    if not isinstance(raw, dict):
+        raise FormatError(f"{config_path}: a config must be a JSON object")
     model_type = raw.get("model_type")
     if model_type == "whisper":
         from . import whisper
         return whisper.load(path, device=device, dtype=dtype)
-    cfg = DecoderConfig(raw, source=os.path.join(path, "config.json"))
+    cfg = DecoderConfig(raw, source=config_path)
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.exists(gen_path):  # chat models list their end-of-turn ids here
-        eos = read_json(gen_path).get("eos_token_id")
-        for tid in [eos] if isinstance(eos, int) else (eos or []):
+        gen = read_json(gen_path)
+        if not isinstance(gen, dict):
+            raise FormatError(f"{gen_path}: a generation config must be a JSON object")
+        for tid in Fields(gen, gen_path).token_ids("eos_token_id", cfg.vocab_size):
             if tid not in cfg.eos_token_ids:
                 cfg.eos_token_ids.append(tid)
     model = _build(_decoder_class(model_type, path), io.open(path), cfg, device, dtype)
@@ -75,7 +82,7 @@ def load_gguf(path, device=None, dtype=None):
     model = _build(_decoder_class(raw["model_type"], path), GGUFWeights(reader, raw), cfg, device, dtype)
     if "tokenizer.ggml.model" in reader.metadata:
         from ..tokenizer import Tokenizer
-        model.tokenizer = Tokenizer.from_gguf(reader.metadata)
+        model.tokenizer = Tokenizer.from_gguf(reader)
     return model
 
 

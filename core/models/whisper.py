@@ -12,15 +12,16 @@ decoder = tokens + learned positions, pre-LN blocks of causal self-attention
 (KV cache) and cross-attention (encoder K/V computed once per audio), LN,
 logits through the tied token embedding.
 """
-import json
 import math
 import os
 from pathlib import Path
 
 from .. import functional as F
+from ..config_fields import MAX_COUNT, Fields
 from ..creation import tensor
 from ..device import Device, default_device
 from ..errors import Error, FormatError, ShapeError
+from ..json_file import read_json
 from ..nn import Conv1d, Embedding, KVCache, LayerNorm, Linear, Module, VarBuilder
 
 _ACTIVATIONS = {
@@ -35,45 +36,44 @@ class WhisperConfig:
     """The fields of transformers' WhisperConfig that inference needs."""
 
     def __init__(self, d, source="config.json"):
-        def need(key):
-            if key not in d:
-                raise FormatError(f"{source}: Whisper config has no {key!r}")
-            return d[key]
-
-        self.d_model = need("d_model")
-        self.encoder_layers = need("encoder_layers")
-        self.decoder_layers = need("decoder_layers")
-        self.encoder_heads = need("encoder_attention_heads")
-        self.decoder_heads = need("decoder_attention_heads")
-        self.encoder_ffn_dim = d.get("encoder_ffn_dim", 4 * self.d_model)
-        self.decoder_ffn_dim = d.get("decoder_ffn_dim", 4 * self.d_model)
-        self.num_mel_bins = d.get("num_mel_bins", 80)
-        self.max_source_positions = d.get("max_source_positions", 1500)
-        self.max_target_positions = d.get("max_target_positions", 448)
-        self.vocab_size = need("vocab_size")
-        self.activation = d.get("activation_function", "gelu")
-        if self.activation not in _ACTIVATIONS:
-            raise FormatError(f"{source}: unsupported activation_function {self.activation!r} "
-                              f"(supported: {', '.join(_ACTIVATIONS)})")
-        for heads in (self.encoder_heads, self.decoder_heads):
+        if not isinstance(d, dict):
+            raise FormatError(f"{source}: a config must be a JSON object")
+        f = Fields(d, source)
+        self.d_model = f.int("d_model", lo=1, hi=MAX_COUNT)
+        self.encoder_layers = f.int("encoder_layers", lo=1, hi=MAX_COUNT)
+        self.decoder_layers = f.int("decoder_layers", lo=1, hi=MAX_COUNT)
+        self.encoder_heads = f.int("encoder_attention_heads", lo=1, hi=self.d_model)
+        self.decoder_heads = f.int("decoder_attention_heads", lo=1, hi=self.d_model)
+        self.encoder_ffn_dim = f.int("encoder_ffn_dim", 4 * self.d_model, lo=1, hi=MAX_COUNT)
+        self.decoder_ffn_dim = f.int("decoder_ffn_dim", 4 * self.d_model, lo=1, hi=MAX_COUNT)
+        self.num_mel_bins = f.int("num_mel_bins", 80, lo=1, hi=MAX_COUNT)
+        self.max_source_positions = f.int("max_source_positions", 1500, lo=1, hi=MAX_COUNT)
+        self.max_target_positions = f.int("max_target_positions", 448, lo=1, hi=MAX_COUNT)
+        self.vocab_size = f.int("vocab_size", lo=1, hi=MAX_COUNT)
+        self.activation = f.str("activation_function", "gelu", choices=_ACTIVATIONS)
+        for key, heads in (("encoder_attention_heads", self.encoder_heads), ("decoder_attention_heads", self.decoder_heads)):
             if self.d_model % heads:
-                raise FormatError(f"{source}: d_model {self.d_model} is not a multiple of {heads} heads")
-        self.suppress_tokens = d.get("suppress_tokens")
-        self.begin_suppress_tokens = d.get("begin_suppress_tokens")
-        self.decoder_start_token_id = d.get("decoder_start_token_id")
-        self.eos_token_id = d.get("eos_token_id")
+                f.fail(key, heads, f"a divisor of d_model ({self.d_model})")
+        # suppress lists may name ids past the vocabulary (decoding drops those), but must be ids
+        self.suppress_tokens = self._id_list(f, "suppress_tokens")
+        self.begin_suppress_tokens = self._id_list(f, "begin_suppress_tokens")
+        self.decoder_start_token_id = f.token_id("decoder_start_token_id", self.vocab_size)
+        self.eos_token_id = f.token_id("eos_token_id", self.vocab_size)
         self.raw = dict(d)
+
+    @staticmethod
+    def _id_list(f, key):
+        value = f.get(key, None)
+        if value is not None and not (isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)):
+            f.fail(key, value, "a list of token ids (integers >= 0)")
+        return value
 
     @classmethod
     def from_file(cls, path):
         path = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                d = json.load(fh)
-        except FileNotFoundError:
-            raise FormatError(f"{path}: no such config file") from None
-        except ValueError as e:
-            raise FormatError(f"{path}: not valid JSON: {e}") from None
+        d = read_json(path)
+        if not isinstance(d, dict):
+            raise FormatError(f"{path}: a config must be a JSON object")
         if d.get("model_type", "whisper") != "whisper":
             raise FormatError(f"{path}: model_type is {d.get('model_type')!r}, not 'whisper'")
         return cls(d, path)

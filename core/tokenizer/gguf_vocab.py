@@ -6,6 +6,7 @@ chosen by `tokenizer.ggml.pre`, following llama.cpp's table (llama-vocab.cpp)
 written as the tokenizer.json components the original Hugging Face
 tokenizers use.
 """
+from ..config_fields import Fields
 from ..errors import FormatError, UnsupportedError
 
 _LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -51,14 +52,25 @@ _SPECIAL_KEYS = ("bos", "eos", "unknown", "padding", "eot", "eom", "sep", "cls",
 _CONTROL, _USER_DEFINED, _UNKNOWN = 3, 4, 2
 
 
-def special_token_ids(meta):
-    """{"bos": id, "eos": id, "unk": id, "pad": id, ...} from GGUF keys that are present."""
+def special_token_ids(meta, source="GGUF metadata"):
+    """{"bos": id, "eos": id, "unk": id, "pad": id, ...} from GGUF keys that are present,
+    each checked to be an id of the vocabulary (tokenizer.ggml.tokens)."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    fields = Fields(meta, source, "tokenizer.ggml.")
     out = {}
     for key in _SPECIAL_KEYS:
-        v = meta.get(f"tokenizer.ggml.{key}_token_id")
-        if v is not None:
-            out[{"unknown": "unk", "padding": "pad"}.get(key, key)] = int(v)
+        tid = fields.token_id(f"{key}_token_id", len(tokens) if isinstance(tokens, list) else 0)
+        if tid is not None:
+            out[{"unknown": "unk", "padding": "pad"}.get(key, key)] = tid
     return out
+
+
+def _string_list(meta, key, source, allow_empty=False):
+    value = meta.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or not (value or allow_empty):
+        raise FormatError(f"{source}: {key} = {value!r:.80}: must be a{'' if allow_empty else ' non-empty'} "
+                          f"array of strings")
+    return value
 
 
 def to_tokenizer_json(meta, source="GGUF metadata"):
@@ -68,15 +80,15 @@ def to_tokenizer_json(meta, source="GGUF metadata"):
         raise FormatError(f"{source}: no tokenizer.ggml.model key, so it holds no tokenizer")
     if model != "gpt2":
         raise UnsupportedError(f"{source}: GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    merges = meta.get("tokenizer.ggml.merges")
-    if not isinstance(tokens, list) or not isinstance(merges, list):
-        raise FormatError(f"{source}: tokenizer.ggml.tokens and tokenizer.ggml.merges must both be arrays")
+    tokens = _string_list(meta, "tokenizer.ggml.tokens", source)
+    merges = _string_list(meta, "tokenizer.ggml.merges", source, allow_empty=True)
     pre = meta.get("tokenizer.ggml.pre", "gpt2")
-    if pre not in PRE_TOKENIZERS:
+    if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
         raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(PRE_TOKENIZERS))})")
     pre_tokenizer, normalizer, ignore_merges, default_bos = PRE_TOKENIZERS[pre]
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if not isinstance(types, list) or not all(type(t) is int for t in types):
+        raise FormatError(f"{source}: tokenizer.ggml.token_type = {types!r:.80}: must be an array of integers")
     if len(types) != len(tokens):
         raise FormatError(f"{source}: {len(types)} token types for {len(tokens)} tokens")
 
@@ -88,7 +100,7 @@ def to_tokenizer_json(meta, source="GGUF metadata"):
          "normalized": False, "special": ty != _USER_DEFINED}
         for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (_CONTROL, _USER_DEFINED, _UNKNOWN)
     ]
-    special = special_token_ids(meta)
+    special = special_token_ids(meta, source)
     template = []
     if meta.get("tokenizer.ggml.add_bos_token", default_bos) and "bos" in special:
         template.append({"SpecialToken": {"id": tokens[special["bos"]], "type_id": 0}})
@@ -114,4 +126,7 @@ def to_tokenizer_json(meta, source="GGUF metadata"):
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
                   "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
     }
-    return spec, special, meta.get("tokenizer.chat_template")
+    chat = meta.get("tokenizer.chat_template")
+    if chat is not None and not isinstance(chat, str):
+        raise FormatError(f"{source}: tokenizer.chat_template = {chat!r:.80}: must be a string")
+    return spec, special, chat

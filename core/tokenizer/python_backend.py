@@ -1,9 +1,24 @@
 """Pure-Python tokenizer: runs a tokenizer.json description without the
 `tokenizers` library (Pyodide), giving the library's ids token for token."""
-from ..errors import FormatError, UnsupportedError
+from ..errors import Error, FormatError, UnsupportedError
 from . import decoders, normalizers, post_processors, pre_tokenizers
 from .added_tokens import AddedToken, AddedTokenMatcher
 from .bpe import BPE
+
+
+def _component(source, spec, key, build):
+    """A normalizer / pre-tokenizer / decoder / post-processor built from its description.
+    The builders read well-formed descriptions; a malformed one (a number where an object
+    belongs, a missing field) is reported here as the file's fault, naming the component."""
+    value = spec.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise FormatError(f"{source}: {key} = {value!r:.80}: must be an object or null")
+    try:
+        return build(value)
+    except (Error, NotImplementedError):
+        raise
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as e:
+        raise FormatError(f"{source}: {key} is malformed ({type(e).__name__}: {e})") from None
 
 
 class PythonTokenizer:
@@ -16,11 +31,16 @@ class PythonTokenizer:
         if model.get("dropout"):
             raise UnsupportedError(f"{source}: BPE dropout is not supported (it makes encoding random)")
         vocab = model.get("vocab")
-        if not isinstance(vocab, dict):
-            raise FormatError(f"{source}: model.vocab must be an object of token -> id")
+        if not isinstance(vocab, dict) or not all(type(i) is int and i >= 0 for i in vocab.values()):
+            raise FormatError(f"{source}: model.vocab must be an object of token -> id (an integer >= 0)")
         self.vocab = dict(vocab)
+        merges = model.get("merges", [])
+        if not isinstance(merges, list) or not all(
+                isinstance(m, str) or (isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m))
+                for m in merges):
+            raise FormatError(f"{source}: model.merges must be a list of \"a b\" strings or [a, b] pairs")
         self.bpe = BPE(
-            self.vocab, BPE.parse_merges(model.get("merges", [])),
+            self.vocab, BPE.parse_merges(merges),
             unk_token=model.get("unk_token"), fuse_unk=model.get("fuse_unk", False),
             byte_fallback=model.get("byte_fallback", False), ignore_merges=model.get("ignore_merges", False),
             continuing_subword_prefix=model.get("continuing_subword_prefix") or "",
@@ -36,10 +56,11 @@ class PythonTokenizer:
         self.added_vocab = {t.content: t.id for t in self.added}
         self.special_ids = {t.id for t in self.added if t.special}
         self.id_to_vocab = {i: t for t, i in self.vocab.items()}
-        self.normalizer = normalizers.build(spec.get("normalizer"))
-        self.pre_tokenizer = pre_tokenizers.build(spec.get("pre_tokenizer"))
-        self.decoder = decoders.build(spec.get("decoder"))
-        self.post_processor = post_processors.build(spec.get("post_processor"), self.token_to_id)
+        self.normalizer = _component(source, spec, "normalizer", normalizers.build)
+        self.pre_tokenizer = _component(source, spec, "pre_tokenizer", pre_tokenizers.build)
+        self.decoder = _component(source, spec, "decoder", decoders.build)
+        self.post_processor = _component(source, spec, "post_processor",
+                                         lambda d: post_processors.build(d, self.token_to_id))
         self.size = max([*self.vocab.values(), *(t.id for t in self.added), -1]) + 1
 
     def token_to_id(self, token):

@@ -1,10 +1,10 @@
 """tallow.Tokenizer: one interface over the `tokenizers` library and the
 pure-Python byte-level BPE, loaded from tokenizer.json or GGUF metadata."""
-import json
 import os
 
-from ..errors import FormatError, UnsupportedError
-from . import chat_template, hf_backend
+from ..errors import DTypeError, FormatError, IndexRangeError, UnsupportedError
+from ..json_file import read_json
+from . import chat_template, hf_backend, timestamps
 from .gguf_vocab import to_tokenizer_json
 from .python_backend import PythonTokenizer
 from .stream import StreamDecoder
@@ -25,11 +25,22 @@ def _make_backend(spec, backend, source):
     raise UnsupportedError(f"unknown tokenizer backend {backend!r} (expected one of {', '.join(BACKENDS)} or None)")
 
 
-def _config_token(value):
-    """tokenizer_config.json stores a token as a string or an AddedToken dict."""
-    if isinstance(value, dict):
-        return value.get("content")
+def _token_id(value, op):
+    """A token id as an int >= 0; anything else is a tallow error rather than a wrapped index."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise DTypeError(f"{op}: token ids must be integers, got {value!r:.40}")
+    value = value.__index__()
+    if value < 0:
+        raise IndexRangeError(f"{op}: token id {value} is negative (ids run from 0 to the vocabulary size - 1)")
     return value
+
+
+def _config_token(value):
+    """tokenizer_config.json stores a token as a string or an AddedToken dict; anything
+    else names no token (the fallback names are tried)."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
 class Tokenizer:
@@ -42,17 +53,23 @@ class Tokenizer:
                                for d in spec.get("added_tokens") or [] if d.get("special")}
         self._special_ids = dict(special_ids or {})
         self.chat_template = chat_template
+        self._timestamp_begin = timestamps.timestamp_begin(self._impl)
 
     # construction -------------------------------------------------------
 
     @classmethod
     def from_dict(cls, spec, backend=None, config=None, source="tokenizer.json"):
         """A parsed tokenizer.json; `config` is an optional parsed tokenizer_config.json."""
-        if not isinstance(spec, dict) or "model" not in spec:
+        if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
             raise FormatError(f"{source}: not a tokenizer.json (no 'model' object)")
         config = config or {}
         vocab = spec["model"].get("vocab") or {}
-        added = {d["content"]: d["id"] for d in spec.get("added_tokens") or []}
+        added_list = spec.get("added_tokens") or []
+        if not isinstance(added_list, list) or not all(
+                isinstance(d, dict) and isinstance(d.get("content"), str) and type(d.get("id")) is int and d["id"] >= 0
+                for d in added_list):
+            raise FormatError(f"{source}: added_tokens must be a list of {{'id': int >= 0, 'content': str, ...}}")
+        added = {d["content"]: d["id"] for d in added_list}
 
         def lookup(token):
             return added.get(token, vocab.get(token) if isinstance(vocab, dict) else None)
@@ -68,8 +85,11 @@ class Tokenizer:
                     break
         template = config.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in template}
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
+        if template is not None and not isinstance(template, str):
+            raise FormatError(f"{source}: chat_template = {template!r:.80}: must be a string "
+                              f"(or a list of {{'name', 'template'}})")
         return cls(spec, backend, special_ids, template, source)
 
     @classmethod
@@ -79,18 +99,15 @@ class Tokenizer:
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, "tokenizer.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                spec = json.load(f)
-        except FileNotFoundError:
-            raise FormatError(f"{path}: no such tokenizer file") from None
-        except (ValueError, UnicodeDecodeError) as e:
-            raise FormatError(f"{path}: not valid JSON: {e}") from None
+        if not os.path.exists(path):
+            raise FormatError(f"{path}: no such tokenizer file")
+        spec = read_json(path)
         config = None
         config_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
         if os.path.exists(config_path):
-            with open(config_path, encoding="utf-8") as f:
-                config = json.load(f)
+            config = read_json(config_path)
+            if not isinstance(config, dict):
+                raise FormatError(f"{config_path}: must be a JSON object")
         return cls.from_dict(spec, backend, config, source=path)
 
     @classmethod
@@ -125,8 +142,15 @@ class Tokenizer:
             raise FormatError(f"encode expects a str, got {type(text).__name__}")
         return self._impl.encode(text, add_special_tokens)
 
-    def decode(self, ids, skip_special_tokens=False):
-        return self._impl.decode([int(i) for i in ids], skip_special_tokens)
+    def decode(self, ids, skip_special_tokens=False, decode_with_timestamps=False):
+        """Text of token ids. Whisper's timestamp ids are dropped, or written as "<|1.02|>"
+        with decode_with_timestamps=True (see timestamps.py)."""
+        ids = [_token_id(i, "decode") for i in ids]
+        begin = self._timestamp_begin
+        if begin is None or not any(i >= begin for i in ids):
+            return self._impl.decode(ids, skip_special_tokens)
+        return timestamps.decode(lambda run: self._impl.decode(run, skip_special_tokens), ids, begin,
+                                 decode_with_timestamps)
 
     def token_to_id(self, token):
         """The id of a token string, or None."""
@@ -134,7 +158,7 @@ class Tokenizer:
 
     def id_to_token(self, token_id):
         """The token string of an id, or None."""
-        return self._impl.id_to_token(int(token_id))
+        return self._impl.id_to_token(_token_id(token_id, "id_to_token"))
 
     def stream_decoder(self, skip_special_tokens=False):
         """A StreamDecoder: `.step(id) -> str` of newly completed text, `.flush()`."""
