@@ -41,9 +41,9 @@ def bench_tallow(runs):
     seconds, result = best_of(runs, run)
     # where the time goes, for one run
     from tallow.models.whisper_decoding import DecodingOptions, decode
-    from tallow.models.whisper_transcribe import _Mel, _samples
+    from tallow.models.whisper_transcribe import _Mel
     t0 = time.perf_counter()
-    mel = _Mel(_samples(str(JFK)), 80, model.mel_filters)
+    mel = _Mel(str(JFK), 80, model.mel_filters)
     t1 = time.perf_counter()
     features = model.encode(mel.window(0))
     features.numpy()
