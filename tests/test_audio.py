@@ -455,3 +455,17 @@ def test_mel_windows_equal_the_whole_audio_log_mel():
     python = MelWindows([A.load_audio(JFK)], use_numpy=False).window(0)
     single = A.log_mel_spectrogram(jfk, padding=A.N_SAMPLES)[:, :3000]
     np.testing.assert_allclose(np.array([list(r) for r in python]), single, atol=2e-4, rtol=0)
+
+
+def test_wav_blocks_stay_small_for_wide_frames(tmp_path):
+    """8 channels of float64 at 768 kHz: a 10 s chunk would be 490 MB; blocks stay at 4 MiB."""
+    from tallow.audio.wav import MAX_BLOCK_BYTES, open_wav, read_blocks
+    x = np.zeros((100_000, 8), "<f8")  # 6.4 MB
+    x[:, 3] = np.linspace(-0.5, 0.5, len(x))
+    path = tmp_path / "wide.wav"
+    path.write_bytes(make_wav(x.tobytes(), code=3, channels=8, rate=768000, bits=64))
+    with open(path, "rb") as fh:
+        info, offset, size = open_wav(fh, path.name)
+        blocks = list(read_blocks(fh, info, offset, size, frames_per_block=10 * 768000))
+    assert len(blocks) == 2 and all(len(b) * 64 <= MAX_BLOCK_BYTES for b in blocks)
+    np.testing.assert_allclose(np.concatenate(blocks), x.mean(axis=1), atol=1e-7)

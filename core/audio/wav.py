@@ -15,6 +15,7 @@ PCM, IEEE_FLOAT, EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
 # data, up to 768 kHz studio converters). Anything else is a corrupt header, and
 # resampling from it would be pointless work.
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1000, 768000
+MAX_BLOCK_BYTES = 4 << 20  # read_blocks reads at most this much of the file at a time
 # The 14 bytes after the format code in an extensible SubFormat GUID.
 _GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
 _FORMAT_NAMES = {0x0002: "MS ADPCM", 0x0006: "A-law", 0x0007: "mu-law", 0x0011: "IMA ADPCM", 0x0055: "MP3"}
@@ -124,11 +125,12 @@ def read_blocks(fh, info, offset, size, frames_per_block=160000, use_numpy=None)
     """The data chunk decoded block by block (mono floats, as decode_wav returns them):
     memory stays at one block whatever the file's length."""
     frame = info.channels * info.bits // 8
+    block = max(1, min(frames_per_block, MAX_BLOCK_BYTES // frame)) * frame  # 8 channels of f64 at 768 kHz stay small
     np = numpy_or_none(use_numpy)
     fh.seek(offset)
     left = size
     while left > 0:
-        raw = fh.read(min(left, frames_per_block * frame))
+        raw = fh.read(min(left, block))
         if not raw:
             return
         left -= len(raw)
