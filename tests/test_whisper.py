@@ -246,3 +246,23 @@ def test_two_threads_transcribe_like_one(tiny):
     assert not errors, errors
     assert results == [alone, alone]
     assert _words(alone) == _words(SENTENCE)
+
+
+@pytest.mark.parametrize("fmt", ["txt", "srt", "vtt"])
+def test_cli_live_output_is_the_finished_transcript(fmt):
+    """`tallow transcribe` prints segments as they come: the same text as the whole result's format()."""
+    import io
+    from types import SimpleNamespace
+
+    from tallow.cli_transcribe import LiveTranscript
+    from tallow.models.whisper_transcribe import Segment, TranscriptionResult
+    r = SimpleNamespace(temperature=0.0, avg_logprob=-0.2, compression_ratio=1.1, no_speech_prob=0.01)
+    texts = [(0.0, 2.5, " Hello there."), (2.5, 3.0, " "), (3.0, 3661.25, " And a long one.")]
+    for segments in ([], [Segment(i, 0, s, e, t, [], r) for i, (s, e, t) in enumerate(texts)]):
+        out = io.StringIO()
+        live = LiveTranscript(fmt, out)
+        for seg in segments:
+            if seg.text:  # transcribe calls on_segment for segments with text
+                live.add(seg)
+        live.close()
+        assert out.getvalue() == TranscriptionResult("", segments, "en", 3700.0).format(fmt)
