@@ -1,4 +1,6 @@
-"""`tallow transcribe AUDIO`: speech to text with Whisper; a timing line on stderr."""
+"""`tallow transcribe AUDIO`: speech to text with Whisper; a timing line on stderr.
+On stdout, txt/srt/vtt segments are printed as each is decoded (long audio shows
+progress at once); json, and --output files, are written when the whole is done."""
 import os
 import sys
 import time
@@ -39,20 +41,53 @@ def run(args):
     loaded = time.perf_counter()
     options = dict(language=args.language, task=args.task, beam_size=args.beam_size, timestamps=args.timestamps or args.format in ("srt", "vtt"),
                    temperature=DEFAULT_TEMPERATURES if args.temperature is None else args.temperature)
-    result = model.transcribe(args.audio, **options)
+    live = None if args.output or args.format == "json" else LiveTranscript(args.format, sys.stdout)
+    result = model.transcribe(args.audio, on_segment=live and live.add, **options)
     done = time.perf_counter()
-    text = result.format(args.format)
-    if args.output:
+    if live is not None:
+        live.close()
+    elif args.output:
+        text = result.format(args.format)
         try:
             with atomic_output(args.output, "w", encoding="utf-8") as fh:
                 fh.write(text)
         except OSError as e:
             raise Error(f"{args.output}: cannot write the transcript: {e.strerror or e}") from None
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(result.format(args.format))
         sys.stdout.flush()
     wall = done - loaded
     rtf = wall / result.duration if result.duration else float("nan")
     print(f"{result.duration:.1f} s of audio ({result.language}) in {wall:.2f} s on {model.device}: "
           f"real-time factor {rtf:.3f} (model load {loaded - start:.2f} s)", file=sys.stderr)
     return 0
+
+
+class LiveTranscript:
+    """Writes segments as they come, in the same text TranscriptionResult.format gives."""
+
+    def __init__(self, fmt, out):
+        self.fmt, self.out, self.n = fmt, out, 0
+
+    def add(self, seg):
+        from .models.whisper_transcribe import format_timestamp
+
+        text = seg.text.strip()
+        if not text:
+            return
+        if self.fmt == "vtt" and self.n == 0:
+            self.out.write("WEBVTT\n")
+        self.n += 1
+        if self.fmt == "txt":
+            self.out.write(text + "\n")
+        elif self.fmt == "srt":
+            self.out.write(f"{chr(10) if self.n > 1 else ''}{self.n}\n{format_timestamp(seg.start, True, ',')} --> "
+                           f"{format_timestamp(seg.end, True, ',')}\n{text}\n")
+        else:
+            self.out.write(f"\n{format_timestamp(seg.start)} --> {format_timestamp(seg.end)}\n{text}\n")
+        self.out.flush()
+
+    def close(self):
+        if self.fmt == "vtt" and self.n == 0:
+            self.out.write("WEBVTT\n")
+        self.out.flush()

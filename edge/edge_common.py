@@ -50,21 +50,41 @@ def peak_rss_mb():
 
 # ---- audio sources: iterators of float sample chunks at 16 kHz mono ------------------------------
 def wav_chunks(path, chunk_seconds, pace=False, max_seconds=None):
-    """A WAV (any rate/channels: tallow.audio resamples) cut into chunks as a microphone would
-    deliver them; pace=True sleeps so that chunks arrive in real time."""
+    """An audio file (any rate/channels; other formats through ffmpeg) cut into array('f')
+    chunks as a microphone would deliver them, decoded as a stream so memory stays bounded;
+    pace=True sleeps so that chunks arrive in real time."""
     if not os.path.exists(path):
         raise ScriptError(f"{path}: no such audio file")
-    samples = tallow.audio.load_audio(path)
-    if max_seconds:
-        samples = samples[:int(max_seconds * SAMPLE_RATE)]
+    limit = int(max_seconds * SAMPLE_RATE) if max_seconds else None
     step = max(1, int(chunk_seconds * SAMPLE_RATE))
-    start = time.monotonic()
-    for i in range(0, len(samples), step):
+    start, sent = time.monotonic(), 0
+    for chunk in _rechunk(tallow.audio.stream_audio(path, SAMPLE_RATE), step):
+        if limit is not None:
+            if sent >= limit:
+                return
+            chunk = chunk[:limit - sent]
         if pace:
-            delay = start + (i + step) / SAMPLE_RATE - time.monotonic()
+            delay = start + (sent + len(chunk)) / SAMPLE_RATE - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-        yield samples[i:i + step]
+        yield chunk
+        sent += len(chunk)
+
+
+def _rechunk(chunks, step):
+    """array('f') chunks of exactly `step` samples (the last may be shorter)."""
+    from array import array
+    pending = array("f")
+    for chunk in chunks:
+        if isinstance(chunk, array):
+            pending.extend(chunk)
+        else:  # numpy float32
+            pending.frombytes(chunk.astype("=f4").tobytes())
+        while len(pending) >= step:
+            yield pending[:step]
+            del pending[:step]
+    if pending:
+        yield pending
 
 
 def microphone_chunks(chunk_seconds, max_seconds=None):

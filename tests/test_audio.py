@@ -30,7 +30,7 @@ def _chunk(cid, body):
 
 def _fmt(code, channels, rate, bits, extensible=False):
     block = channels * bits // 8
-    base = struct.pack("<HHIIHH", 0xFFFE if extensible else code, channels, rate, rate * block, block, bits)
+    base = struct.pack("<HHIIHH", 0xFFFE if extensible else code, channels, rate, (rate * block) & 0xFFFFFFFF, block, bits)
     if extensible:
         guid = struct.pack("<H", code) + b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
         base += struct.pack("<HHI", 22, bits, 0) + guid
@@ -308,3 +308,164 @@ def test_pad_or_trim():
     n = A.pad_or_trim(np.ones(5, np.float32), 8)
     assert isinstance(n, np.ndarray) and n.tolist() == [1] * 5 + [0] * 3
     assert len(A.pad_or_trim(np.ones(A.N_SAMPLES + 7))) == A.N_SAMPLES
+
+
+# ---- hostile and long input: bounded work, streaming, NaN ------------------------------
+def _tone_wav(path, rate, seconds, channels=1, freqs=(440.0, 1234.0, 2900.0)):
+    """A band-limited 16-bit PCM WAV through Python's `wave` module; returns the exact floats."""
+    t = np.arange(int(rate * seconds)) / rate
+    x = sum(np.sin(2 * np.pi * f * t) for f in freqs) / (len(freqs) + 0.5)
+    ints = np.round(np.repeat(x[:, None], channels, axis=1) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(ints.tobytes())
+    return ints[:, 0] / 32768.0
+
+
+@pytest.mark.parametrize("rate", [0, 999, 768001, 999_999_937, 2**31, 2**32 - 1])
+def test_absurd_wav_sample_rates_are_rejected_at_once(tmp_path, rate):
+    import time
+    path = tmp_path / f"rate{rate}.wav"
+    path.write_bytes(make_wav(np.zeros(48000, "<i2").tobytes(), rate=rate))
+    start = time.perf_counter()
+    with pytest.raises(FormatError) as e:
+        A.load_audio(path)
+    assert time.perf_counter() - start < 10  # was: minutes and gigabytes building filter taps
+    assert path.name in str(e.value) and f"{rate} Hz" in str(e.value) and "1000-768000 Hz" in str(e.value)
+
+
+def test_resampler_work_is_bounded_for_any_rates():
+    import time
+    from tallow.audio.resample import MAX_RATIO_TERMS, rate_ratio
+    for orig in (7919, 767_999, 44_101, 1001, 999_983, 31_999_999):
+        up, down = rate_ratio(orig, 16000)
+        assert max(up, down) <= MAX_RATIO_TERMS
+        assert abs(up / down / (16000 / orig) - 1) < 2e-5  # 0.2 s over 3 hours at worst
+    start = time.perf_counter()
+    y = A.resample(np.ones(1000), 999_983, 16000)  # a prime rate: 16000/999983 in lowest terms
+    assert time.perf_counter() - start < 10 and len(y) == -(-1000 * 16000 // 999_983)
+    with pytest.raises(Error, match="differ by more than a factor of 2000"):
+        A.resample(np.ones(10), 2**31, 16000)
+
+
+@pytest.mark.parametrize("rate", [44100, 22050, 8000, 11025, 96000, 7919])
+def test_odd_but_valid_rates_resample_like_scipy(tmp_path, rate):
+    signal = pytest.importorskip("scipy.signal")
+    from math import gcd
+    x = _tone_wav(tmp_path / "t.wav", rate, 0.5)
+    g = gcd(rate, 16000)
+    ref = signal.resample_poly(x, 16000 // g, rate // g)  # the exact ratio, e.g. 16000/7919
+    y = np.asarray(A.load_audio(tmp_path / "t.wav"), np.float64)
+    assert len(y) == len(ref) == -(-len(x) * 16000 // rate)
+    # exact ratios agree to float32 rounding; 7919 Hz is resampled at 1679/831 (8e-8 off: the
+    # samples drift 3e-4 of a sample over this 0.5 s, so they differ by up to 3e-4 of full scale)
+    np.testing.assert_allclose(y, ref, atol=1e-6 if max(16000 // g, rate // g) <= 2000 else 1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("use_numpy", PATHS)
+def test_streaming_resampler_equals_one_shot(use_numpy):
+    x = _signal(7000 if use_numpy else 2500, seed=3)[:, 0].astype(np.float32)
+    whole = np.asarray(A.resample(x, 44100, 16000, use_numpy=use_numpy))
+    r = A.Resampler(44100, 16000, use_numpy=use_numpy)
+    rng = np.random.default_rng(1)
+    parts, pos = [], 0
+    while pos < len(x):
+        n = int(rng.integers(1, 900))
+        parts.append(np.asarray(r.process(x[pos:pos + n] if use_numpy else list(x[pos:pos + n])), np.float32))
+        pos += n
+    parts.append(np.asarray(r.finish(), np.float32))
+    assert np.array_equal(np.concatenate(parts), whole)  # the same sums in the same order
+
+
+def test_stream_audio_wav_equals_whole_file_decoding(tmp_path):
+    path = tmp_path / "stereo44k.wav"
+    _tone_wav(path, 44100, 3.0, channels=2)
+    samples, info = A.decode_wav(path.read_bytes())
+    whole = np.asarray(A.resample(samples, info.sample_rate, 16000), np.float32)
+    chunks = list(A.stream_audio(path, chunk_seconds=0.37))
+    assert len(chunks) > 5
+    assert np.array_equal(np.concatenate(chunks), whole)
+    assert np.array_equal(np.concatenate(list(A.stream_audio(path.read_bytes(), chunk_seconds=1))), whole)
+    assert np.array_equal(np.asarray(A.load_audio(path)), whole)
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed on this machine")
+@pytest.mark.parametrize("ext", ["mp3", "flac"])
+def test_stream_audio_ffmpeg_equals_ffmpeg_itself(tmp_path, ext):
+    wav, coded = tmp_path / "t.wav", tmp_path / f"t.{ext}"
+    _tone_wav(wav, 44100, 3.0)
+    subprocess.run(["ffmpeg", "-nostdin", "-loglevel", "error", "-i", str(wav), str(coded)], check=True)
+
+    def ffmpeg(source, data=None):
+        cmd = ["ffmpeg", "-nostdin", "-loglevel", "error", "-i", source, "-f", "f32le", "-ac", "1", "-ar", "16000", "pipe:1"]
+        return np.frombuffer(subprocess.run(cmd, input=data, check=True, capture_output=True).stdout, "<f4")
+
+    chunks = list(A.stream_audio(coded, chunk_seconds=0.5))
+    assert len(chunks) > 4
+    assert np.array_equal(np.concatenate(chunks), ffmpeg(str(coded)))
+    # bytes (the browser's way) go through a pipe, where ffmpeg cannot seek to trim an mp3's end padding
+    data = coded.read_bytes()
+    assert np.array_equal(np.concatenate(list(A.stream_audio(data, chunk_seconds=0.5))), ffmpeg("pipe:0", data))
+
+
+def test_streaming_a_long_wav_keeps_memory_bounded(tmp_path):
+    import tracemalloc
+    path = tmp_path / "long.wav"  # 4 minutes at 48 kHz: 23 MB
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(48000)
+        block = (np.sin(np.arange(48000) * 0.05) * 8000).astype("<i2").tobytes()
+        for _ in range(240):
+            w.writeframes(block)
+    tracemalloc.start()
+    try:
+        n = sum(len(c) for c in A.stream_audio(path, chunk_seconds=2))  # memory follows the chunk, not the file
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert n == 240 * 16000
+    assert peak < path.stat().st_size / 4, f"peak {peak / 1e6:.1f} MB while streaming a {path.stat().st_size / 1e6:.0f} MB file"
+
+
+@pytest.mark.parametrize("use_numpy", PATHS)
+def test_nan_and_inf_samples_are_a_format_error(tmp_path, use_numpy):
+    x = np.zeros(20000, "<f4")
+    x[1234], x[5000], x[19999] = np.nan, np.inf, -np.inf
+    path = tmp_path / "broken.wav"
+    path.write_bytes(make_wav(x.tobytes(), code=3, bits=32, rate=22050))
+    with pytest.raises(FormatError) as e:
+        A.load_audio(path, use_numpy=use_numpy)
+    msg = str(e.value)
+    assert "broken.wav" in msg and "3 of 20000 samples are NaN or infinite" in msg and "sample 1234" in msg, msg
+
+
+def test_mel_windows_equal_the_whole_audio_log_mel():
+    from tallow.audio.mel_windows import MelWindows
+    jfk = np.frombuffer(A.load_audio(JFK), np.float32)
+    audio = np.concatenate([jfk, jfk])  # 22 s; the copies are 1100 frames apart and have the same maximum
+    whole = A.log_mel_spectrogram(audio, padding=A.N_SAMPLES)
+    windows = MelWindows([audio[i:i + 7777] for i in range(0, len(audio), 7777)])
+    assert windows.has_frames(0) and windows.frames_from(0) == 2200
+    for seek in (0, 1100):
+        np.testing.assert_allclose(windows.window(seek), whole[:, seek:seek + 3000], atol=1e-6, rtol=0)
+    assert not windows.has_frames(2200) and windows.duration == 22.0
+    python = MelWindows([A.load_audio(JFK)], use_numpy=False).window(0)
+    single = A.log_mel_spectrogram(jfk, padding=A.N_SAMPLES)[:, :3000]
+    np.testing.assert_allclose(np.array([list(r) for r in python]), single, atol=2e-4, rtol=0)
+
+
+def test_wav_blocks_stay_small_for_wide_frames(tmp_path):
+    """8 channels of float64 at 768 kHz: a 10 s chunk would be 490 MB; blocks stay at 4 MiB."""
+    from tallow.audio.wav import MAX_BLOCK_BYTES, open_wav, read_blocks
+    x = np.zeros((100_000, 8), "<f8")  # 6.4 MB
+    x[:, 3] = np.linspace(-0.5, 0.5, len(x))
+    path = tmp_path / "wide.wav"
+    path.write_bytes(make_wav(x.tobytes(), code=3, channels=8, rate=768000, bits=64))
+    with open(path, "rb") as fh:
+        info, offset, size = open_wav(fh, path.name)
+        blocks = list(read_blocks(fh, info, offset, size, frames_per_block=10 * 768000))
+    assert len(blocks) == 2 and all(len(b) * 64 <= MAX_BLOCK_BYTES for b in blocks)
+    np.testing.assert_allclose(np.concatenate(blocks), x.mean(axis=1), atol=1e-7)

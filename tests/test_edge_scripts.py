@@ -86,6 +86,25 @@ def test_transcription_service_writes_txt_and_srt_once(tmp_path):
     assert again.returncode == 0 and again.stdout == "" and (tmp_path / "meeting.txt").stat().st_mtime_ns == before
 
 
+def test_transcription_service_skips_a_wav_with_an_absurd_sample_rate(tmp_path):
+    """A header claiming 999,999,937 Hz once hung the service building filter taps; now that
+    file gets one error line and the next file is transcribed."""
+    import struct
+    _need(WHISPER)
+    fmt = struct.pack("<HHIIHH", 1, 1, 999_999_937, 1_999_999_874, 2, 16)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", 32000) + bytes(32000)
+    (tmp_path / "a-bad.wav").write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    (tmp_path / "b-good.wav").write_bytes(open(JFK, "rb").read())
+    for name in ("a-bad.wav", "b-good.wav"):
+        os.utime(tmp_path / name, (1_000_000_000, 1_000_000_000))
+    proc = run_script("transcribe_service.py", "--watch", str(tmp_path), "--once", "--settle", "0", timeout=120)
+    assert proc.returncode == 1, proc.stderr  # one file failed
+    assert "a-bad.wav: error: " in proc.stderr and "999999937 Hz" in proc.stderr and "1000-768000 Hz" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert EXPECTED in (tmp_path / "b-good.txt").read_text().lower().replace(",", "")
+    assert not (tmp_path / "a-bad.txt").exists()
+
+
 def test_bench_reports_real_time_factor_and_tokens_per_second():
     _need(WHISPER, LLM)
     code = ("import sys\nfrom tallow import cli\n"

@@ -79,8 +79,8 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def jfk_features(tiny):
-    from tallow.models.whisper_transcribe import _Mel, _samples
-    mel = _Mel(_samples(str(JFK)), 80, tiny.mel_filters)
+    from tallow.models.whisper_transcribe import _Mel
+    mel = _Mel(str(JFK), 80, tiny.mel_filters)
     return mel, tiny.encode(mel.window(0))
 
 
@@ -156,10 +156,33 @@ def test_beam_search_jfk(tiny):
     assert result.text.strip() == SENTENCE
 
 
-def test_long_form_three_times(tiny):
+def test_audio_as_samples_and_bad_input(tiny, tmp_path):
+    with pytest.raises(tallow.Error, match="English-only"):
+        tiny.transcribe(array("f", [0.0] * 16000), language="de")
+    bad = tmp_path / "notes.wav"
+    bad.write_bytes(b"this is not audio at all" * 10)
+    with pytest.raises(tallow.FormatError, match="notes.wav"):
+        tiny.transcribe(str(bad))
+
+
+# ---- streaming, hostile input, threads --------------------------------------------------------
+def _write_wav(path, samples, rate=16000):
+    import wave
     np = pytest.importorskip("numpy")
-    samples = np.frombuffer(tallow.audio.load_audio(str(JFK)), np.float32)
-    result = tiny.transcribe(np.concatenate([samples] * 3), temperature=0.0)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.round(np.asarray(samples) * 32768).clip(-32768, 32767).astype("<i2").tobytes())
+
+
+def test_long_form_three_times_streamed_from_a_file(tiny, tmp_path, monkeypatch):
+    """jfk.wav three times (33 s): every sentence found; from a file, the first segment comes
+    before the audio is read to its end, and the result is that of the same samples passed whole."""
+    np = pytest.importorskip("numpy")
+    from tallow.models import whisper_transcribe as wt
+    samples = np.concatenate([np.frombuffer(tallow.audio.load_audio(str(JFK)), np.float32)] * 3)
+    result = tiny.transcribe(samples, temperature=0.0)
     assert result.duration > 32
     assert result.segments[-1].end > 30 and result.segments[0].start < 1
     starts = [s.start for s in result.segments]
@@ -168,11 +191,78 @@ def test_long_form_three_times(tiny):
     assert words.count("ask not what your country can do for you") == 3, result.text
     assert words.count("ask what you can do for your country") == 3, result.text
 
+    path = tmp_path / "jfk3.wav"
+    _write_wav(path, samples)  # jfk.wav is 16-bit: the same samples
+    read = []
 
-def test_audio_as_samples_and_bad_input(tiny, tmp_path):
-    with pytest.raises(tallow.Error, match="English-only"):
-        tiny.transcribe(array("f", [0.0] * 16000), language="de")
-    bad = tmp_path / "notes.wav"
-    bad.write_bytes(b"this is not audio at all" * 10)
-    with pytest.raises(tallow.FormatError, match="notes.wav"):
-        tiny.transcribe(str(bad))
+    def counting_stream(source):
+        for chunk in tallow.audio.stream_audio(source, chunk_seconds=1):
+            read.append(len(chunk))
+            yield chunk
+
+    monkeypatch.setattr(wt, "stream_audio", counting_stream)
+    read_at_segment = []
+    streamed = tiny.transcribe(str(path), temperature=0.0, on_segment=lambda s: read_at_segment.append(len(read)))
+    assert len(read) == 33
+    assert read_at_segment[0] == 31 < len(read)  # the first window needs 30 s and the frame after
+    assert streamed.text == result.text and streamed.duration == result.duration
+    assert [(s.start, s.end, s.text) for s in streamed.segments] == [(s.start, s.end, s.text) for s in result.segments]
+
+
+def test_nan_wav_is_a_clear_cli_error(tiny, tmp_path, capsys):
+    import struct
+    np = pytest.importorskip("numpy")
+    from tallow.cli import main
+    x = np.zeros(16000, "<f4")
+    x[100:110] = np.nan
+    fmt = struct.pack("<HHIIHH", 3, 1, 16000, 64000, 4, 32)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", x.nbytes) + x.tobytes()
+    path = tmp_path / "nan.wav"
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    code = main(["transcribe", str(path), "--model", str(tiny.name), "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert "nan.wav: 10 of 16000 samples are NaN or infinite (the first at sample 100" in err, err
+    with pytest.raises(tallow.Error, match="NaN or infinite"):
+        tiny.transcribe(x)  # samples in memory too
+
+
+def test_two_threads_transcribe_like_one(tiny):
+    import threading
+    alone = tiny.transcribe(str(JFK), temperature=0.0).text
+    results, errors = [None, None], []
+
+    def work(i):
+        try:
+            results[i] = tiny.transcribe(str(JFK), temperature=0.0).text
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert results == [alone, alone]
+    assert _words(alone) == _words(SENTENCE)
+
+
+@pytest.mark.parametrize("fmt", ["txt", "srt", "vtt"])
+def test_cli_live_output_is_the_finished_transcript(fmt):
+    """`tallow transcribe` prints segments as they come: the same text as the whole result's format()."""
+    import io
+    from types import SimpleNamespace
+
+    from tallow.cli_transcribe import LiveTranscript
+    from tallow.models.whisper_transcribe import Segment, TranscriptionResult
+    r = SimpleNamespace(temperature=0.0, avg_logprob=-0.2, compression_ratio=1.1, no_speech_prob=0.01)
+    texts = [(0.0, 2.5, " Hello there."), (2.5, 3.0, " "), (3.0, 3661.25, " And a long one.")]
+    for segments in ([], [Segment(i, 0, s, e, t, [], r) for i, (s, e, t) in enumerate(texts)]):
+        out = io.StringIO()
+        live = LiveTranscript(fmt, out)
+        for seg in segments:
+            if seg.text:  # transcribe calls on_segment for segments with text
+                live.add(seg)
+        live.close()
+        assert out.getvalue() == TranscriptionResult("", segments, "en", 3700.0).format(fmt)

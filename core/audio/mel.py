@@ -58,12 +58,29 @@ def log_mel_spectrogram(samples, n_mels=80, padding=0, filters=None, use_numpy=N
     return _log_mel_python(samples, padding, bank)
 
 
+def log_mel_frames(x, n_frames, n_mels=80, filters=None, use_numpy=None):
+    """Whisper's log-mel of n_frames frames where frame f is x[160 f : 160 f + 400]:
+    the caller has done the padding (log_mel_spectrogram: reflect; the transcriber:
+    the neighbouring audio), and the floor at (max - 8) is over these frames only."""
+    if len(x) < (n_frames - 1) * HOP_LENGTH + N_FFT:
+        raise Error(f"log_mel_frames: {n_frames} frames need {(n_frames - 1) * HOP_LENGTH + N_FFT} samples, got {len(x)}")
+    np = numpy_or_none(use_numpy)
+    bank = mel_filters(n_mels, filters)
+    if np is not None:
+        return _frames_numpy(np, np.asarray(x, dtype=np.float32).ravel(), n_frames, bank)
+    return _frames_python(x, n_frames, bank)
+
+
 def _log_mel_numpy(np, samples, padding, bank):
     x = np.asarray(samples, dtype=np.float32).ravel()
     if padding:
         x = np.concatenate([x, np.zeros(padding, np.float32)])
-    x = np.pad(x, N_FFT // 2, mode="reflect")
-    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP_LENGTH][:-1]
+    n_frames = len(x) // HOP_LENGTH  # torch.stft gives one more; Whisper drops it
+    return _frames_numpy(np, np.pad(x, N_FFT // 2, mode="reflect"), n_frames, bank)
+
+
+def _frames_numpy(np, x, n_frames, bank):
+    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP_LENGTH][:n_frames]
     window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
     spectrum = np.fft.rfft(frames * window, axis=-1)
     power = (spectrum.real**2 + spectrum.imag**2).astype(np.float32)  # (frames, 201)
@@ -79,8 +96,12 @@ def _log_mel_python(samples, padding, bank):
         x.extend([0.0] * padding)
     half = N_FFT // 2
     x = x[half:0:-1] + x + x[-2:-half - 2:-1]  # reflect: the edge sample is not repeated
-    window = [0.5 - 0.5 * math.cos(2 * math.pi * i / N_FFT) for i in range(N_FFT)]
     n_frames = (len(x) - N_FFT) // HOP_LENGTH  # torch.stft gives one more; Whisper drops it
+    return _frames_python(x, n_frames, bank)
+
+
+def _frames_python(x, n_frames, bank):
+    window = [0.5 - 0.5 * math.cos(2 * math.pi * i / N_FFT) for i in range(N_FFT)]
     sparse = bank.sparse_rows()
     rows = [array("f", bytes(4 * n_frames)) for _ in sparse]
     log10 = math.log10

@@ -11,6 +11,11 @@ from array import array
 from ..errors import FormatError
 
 PCM, IEEE_FLOAT, EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
+# Sample rates a real recording can have (telephone 8 kHz down to 1 kHz for sensor
+# data, up to 768 kHz studio converters). Anything else is a corrupt header, and
+# resampling from it would be pointless work.
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1000, 768000
+MAX_BLOCK_BYTES = 4 << 20  # read_blocks reads at most this much of the file at a time
 # The 14 bytes after the format code in an extensible SubFormat GUID.
 _GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
 _FORMAT_NAMES = {0x0002: "MS ADPCM", 0x0006: "A-law", 0x0007: "mu-law", 0x0011: "IMA ADPCM", 0x0055: "MP3"}
@@ -75,11 +80,62 @@ def parse_fmt(fmt, name):
     if bits not in supported:
         kind = "PCM" if code == PCM else "float"
         raise FormatError(f"{name}: unsupported bit depth {bits} for {kind} WAV (supported: {supported})")
-    if channels < 1 or rate < 1:
-        raise FormatError(f"{name}: WAV header has {channels} channels at {rate} Hz")
+    if channels < 1:
+        raise FormatError(f"{name}: WAV header has {channels} channels")
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise FormatError(f"{name}: WAV header says {rate} Hz; the accepted sample rates are "
+                          f"{MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz: the header is corrupt, or convert the audio "
+                          "(e.g. `ffmpeg -i IN -ar 16000 OUT.wav`)")
     if block_align != channels * bits // 8:
         raise FormatError(f"{name}: WAV block align {block_align} does not match {channels} channels x {bits} bits")
     return WavInfo(code, channels, rate, bits)
+
+
+def open_wav(fh, name):
+    """(WavInfo, data offset, data size) of a RIFF/WAVE file object, reading only the
+    chunk headers and the fmt chunk: the samples stay in the file until read_blocks."""
+    head = fh.read(12)
+    if not is_wav(head):
+        raise FormatError(f"{name}: not a RIFF/WAVE file (starts with {head!r})")
+    file_size = fh.seek(0, 2)
+    pos, fmt, data = 12, None, None
+    while pos + 8 <= file_size:
+        fh.seek(pos)
+        chunk_id, size = struct.unpack("<4sI", fh.read(8))
+        if chunk_id == b"fmt ":
+            fmt = fh.read(min(size, 4096))  # 40 bytes matter; a huge size is read no further
+        elif chunk_id == b"data":
+            have = max(0, min(size, file_size - pos - 8))
+            if have < size:
+                raise FormatError(f"{name}: truncated data chunk: header says {size} bytes, file has {have}")
+            data = (pos + 8, size)
+        pos += 8 + size + (size & 1)  # chunks are padded to an even size
+    if fmt is None:
+        raise FormatError(f"{name}: WAV file has no 'fmt ' chunk")
+    if data is None:
+        raise FormatError(f"{name}: WAV file has no 'data' chunk")
+    info = parse_fmt(fmt, name)
+    frame = info.channels * info.bits // 8
+    if data[1] % frame:
+        raise FormatError(f"{name}: truncated data chunk: {data[1]} bytes is not a whole number of {frame}-byte frames")
+    return info, data[0], data[1]
+
+
+def read_blocks(fh, info, offset, size, frames_per_block=160000, use_numpy=None):
+    """The data chunk decoded block by block (mono floats, as decode_wav returns them):
+    memory stays at one block whatever the file's length."""
+    frame = info.channels * info.bits // 8
+    block = max(1, min(frames_per_block, MAX_BLOCK_BYTES // frame)) * frame  # 8 channels of f64 at 768 kHz stay small
+    np = numpy_or_none(use_numpy)
+    fh.seek(offset)
+    left = size
+    while left > 0:
+        raw = fh.read(min(left, block))
+        if not raw:
+            return
+        left -= len(raw)
+        raw = raw[: len(raw) // frame * frame]
+        yield _decode_numpy(np, raw, info) if np is not None else _decode_python(raw, info)
 
 
 def decode_wav(data, name="<bytes>", use_numpy=None):

@@ -1,11 +1,17 @@
-"""Long-form transcription, after openai-whisper's transcribe.py (MIT): the log-mel
-of the whole audio, 30 s windows, each decoded with temperature fallback, cut
-into segments at timestamp pairs, and the next window starting at the last
-timestamp (so no speech is cut in half); the previous text is the next prompt.
+"""Long-form transcription, after openai-whisper's transcribe.py (MIT): 30 s log-mel
+windows, each decoded with temperature fallback, cut into segments at timestamp
+pairs, and the next window starting at the last timestamp (so no speech is cut
+in half); the previous text is the next prompt.
+
+The audio streams in: a file is decoded chunk by chunk and the log-mel computed
+per window (tallow.audio.MelWindows), so memory stays bounded however long the
+audio, and each segment reaches on_segment as soon as its window is decoded.
 """
 import json
 
-from ..audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, load_audio, log_mel_spectrogram
+from ..audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, stream_audio
+from ..audio.mel_windows import MelWindows
+from ..audio.stream import check_samples
 from ..creation import from_buffer
 from ..errors import Error
 from .whisper_decoding import DecodingOptions, decode, detect_language_from_features
@@ -79,44 +85,47 @@ def format_timestamp(seconds, always_include_hours=False, decimal_marker="."):
 
 
 # ---- audio -> mel windows ---------------------------------------------------------------------
-def _samples(audio):
+def _chunks(audio):
+    """The audio as an iterable of 16 kHz sample chunks: files stream, samples are one chunk."""
     if isinstance(audio, (str, bytes, bytearray, memoryview)) or hasattr(audio, "__fspath__"):
-        return load_audio(audio)
+        return stream_audio(audio)
+    if hasattr(audio, "numpy") and not hasattr(audio, "__array_interface__"):
+        audio = audio.numpy()  # a tallow or torch tensor
     if hasattr(audio, "shape") and len(audio.shape) != 1:
         raise Error(f"whisper: audio samples must be 1-D (mono, 16 kHz), got shape {tuple(audio.shape)}")
-    return audio
+    check_samples(audio, "whisper: audio samples")
+    return [audio]
 
 
 class _Mel:
-    """The log-mel of the whole audio plus 30 s of silence, cut into (1, n_mels, 3000)
-    tensor windows. A window that runs past the audio is filled with the log-mel of
-    that silence, as transformers' feature extractor pads (openai-whisper pads the
-    log-mel with zeros instead, a value no real audio has: with tiny.en that costs the
-    comma in the jfk.wav reference transcript)."""
+    """30 s windows of the audio's log-mel as (1, n_mels, 3000) tensors, computed as
+    the transcription reaches them. A window that runs past the audio has the
+    log-mel of silence there, as transformers' feature extractor pads (openai-whisper
+    pads the log-mel with zeros instead, a value no real audio has: with tiny.en that
+    costs the comma in the jfk.wav reference transcript)."""
 
-    def __init__(self, samples, n_mels, filters):
-        self.mel = log_mel_spectrogram(samples, n_mels, padding=N_SAMPLES, filters=filters)
-        self.numpy = hasattr(self.mel, "shape")
+    def __init__(self, audio, n_mels, filters):
+        self.mel = MelWindows(_chunks(audio), n_mels, filters)
         self.n_mels = n_mels
-        self.frames = self.mel.shape[1] if self.numpy else len(self.mel[0])
 
     def window(self, seek):
-        """Frames [seek, seek + 3000) as a float32 tensor (seek < frames - 3000)."""
-        if self.numpy:
+        """Frames [seek, seek + 3000) as a float32 tensor."""
+        mel = self.mel.window(seek)
+        if hasattr(mel, "shape"):
             import numpy as np
-            data = memoryview(np.ascontiguousarray(self.mel[:, seek:seek + N_FRAMES], dtype="<f4")).cast("B")
+            data = memoryview(np.ascontiguousarray(mel, dtype="<f4")).cast("B")
         else:
             from array import array
             data = array("f")
-            for row in self.mel:
-                data.extend(row[seek:seek + N_FRAMES])
+            for row in mel:
+                data.extend(row)
             data = data.tobytes()
         return from_buffer(data, "f32", (1, self.n_mels, N_FRAMES))
 
 
 def detect_language(model, audio):
     """{language code: probability} for the first 30 s of audio."""
-    mel = _Mel(_samples(audio), model.config.num_mel_bins, model.mel_filters)
+    mel = _Mel(audio, model.config.num_mel_bins, model.mel_filters)
     return detect_language_from_features(model, model.encode(mel.window(0)))[1]
 
 
@@ -160,10 +169,7 @@ def transcribe(model, audio, language=None, task="transcribe", beam_size=None, b
     Returns a TranscriptionResult: .text, .segments (.start, .end, .text), .language.
     """
     tok = model.tokens
-    samples = _samples(audio)
-    mel = _Mel(samples, model.config.num_mel_bins, model.mel_filters)
-    content_frames = mel.frames - N_FRAMES
-    duration = content_frames * HOP_LENGTH / SAMPLE_RATE
+    mel = _Mel(audio, model.config.num_mel_bins, model.mel_filters)
     if not model.is_multilingual:
         if language not in (None, "en", "english", "English"):
             raise Error(f"{model.name} is an English-only model; language {language!r} is not available")
@@ -189,10 +195,10 @@ def transcribe(model, audio, language=None, task="transcribe", beam_size=None, b
         all_tokens.extend(tok.tokenizer.encode(" " + initial_prompt.strip(), add_special_tokens=False))
     n_initial = len(all_tokens)
     seek = 0
-    while seek < content_frames:
+    while mel.mel.has_frames(seek):
         window_seek = seek
         time_offset = seek * HOP_LENGTH / SAMPLE_RATE
-        size = min(N_FRAMES, content_frames - seek)
+        size = mel.mel.frames_from(seek)
         window_seconds = size * HOP_LENGTH / SAMPLE_RATE
         features = model.encode(mel.window(seek))
         options["prompt"] = all_tokens[prompt_reset_since:]
@@ -233,7 +239,9 @@ def transcribe(model, audio, language=None, task="transcribe", beam_size=None, b
             text = tok.decode_text(part)
             if start == end or not text.strip():
                 text, part = "", []
-            end = max(start, min(end, duration))  # the last timestamp may overshoot the padded audio
+            if mel.mel.duration is not None:  # the last timestamp may overshoot the padded audio
+                end = min(end, mel.mel.duration)
+            end = max(start, end)
             seg = Segment(len(segments), window_seek, start, end, text, part, result)
             segments.append(seg)
             all_tokens.extend(part)
@@ -243,4 +251,4 @@ def transcribe(model, audio, language=None, task="transcribe", beam_size=None, b
             prompt_reset_since = len(all_tokens)
 
     text = tok.decode_text(all_tokens[n_initial:])
-    return TranscriptionResult(text, segments, language, duration)
+    return TranscriptionResult(text, segments, language, mel.mel.duration or 0.0)
