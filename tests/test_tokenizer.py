@@ -351,7 +351,7 @@ def test_llama_bpe_adds_bos_and_ignores_merges(smollm2_meta):
     del meta["tokenizer.ggml.add_bos_token"]
     tok = Tokenizer.from_gguf(meta, backend="python")
     assert tok.encode("Hello")[0] == tok.bos_id == 1
-    assert tok._impl.bpe.ignore_merges
+    assert tok._impl.model.ignore_merges
 
 
 def test_smollm2_transformers_tokenizer_agrees(transformers_smollm2, smollm2_meta):
