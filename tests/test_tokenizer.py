@@ -722,6 +722,19 @@ def test_gguf_sentencepiece_vocabulary_equals_transformers(tmp_path, llama_style
         if "<s>" not in text and "</s>" not in text:
             assert ours.decode(ids, skip_special_tokens=True) == text  # round trip, bytes included
     assert byte_tokens > 100
+    # Streaming gives the same text, never a broken character. (Not _check_stream: ByteFallback decodes a
+    # run of byte tokens all or nothing, so a prefix ending mid-character shows U+FFFD for the whole run.)
+    held_back = 0
+    for line in MULTIBYTE_LINES:
+        ids = ours.encode(line)
+        final, dec, emitted = ours.decode(ids, skip_special_tokens=True), ours.stream_decoder(True), ""
+        for tid in ids:
+            piece = dec.step(tid)
+            held_back += piece == ""
+            emitted += piece
+            assert final.startswith(emitted), line  # final == line: no U+FFFD the line does not hold
+        assert emitted + dec.flush() == final == line
+    assert held_back >= 10  # characters split across byte tokens waited until complete
 
 
 def test_gguf_sentencepiece_flags_and_errors(tmp_path, llama_style_bpe):
