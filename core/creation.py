@@ -22,7 +22,7 @@ def _leaf(t, requires_grad, op):
     """t as a leaf that records gradients when asked (torch's `requires_grad=` argument);
     integer and bool tensors cannot carry gradients, as in torch."""
     if requires_grad:
-        if not t.dtype.is_float or t.dtype.is_quantized:
+        if not t.dtype.is_float:
             raise DTypeError(f"{op}: requires_grad=True needs a float dtype (f32, f16, bf16, f64), got {t.dtype.name}; "
                              f"pass dtype=tallow.f32 or leave requires_grad off")
         t.requires_grad = True
