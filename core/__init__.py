@@ -5,7 +5,7 @@ from . import dtypes, functional  # noqa: F401
 from .autograd import enable_grad, is_grad_enabled, no_grad  # noqa: F401
 from .custom_op import CustomOp, custom_op  # noqa: F401
 from .creation import (  # noqa: F401
-    arange, cat, chunk, eye, from_buffer, from_numpy, full, full_like, linspace, manual_seed, ones, ones_like,
+    arange, cat, chunk, empty, eye, from_buffer, from_numpy, full, full_like, linspace, manual_seed, ones, ones_like,
     pad, rand, randint, randn, split, stack, tensor, where, zeros, zeros_like,
 )
 from .device import Device, default_device, devices, set_default_device  # noqa: F401

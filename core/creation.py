@@ -18,6 +18,17 @@ def _make(storage, shape, dtype, device):
     return Tensor(storage, Layout(tuple(shape)), dtype, device)
 
 
+def _leaf(t, requires_grad, op):
+    """t as a leaf that records gradients when asked (torch's `requires_grad=` argument);
+    integer and bool tensors cannot carry gradients, as in torch."""
+    if requires_grad:
+        if not t.dtype.is_float:
+            raise DTypeError(f"{op}: requires_grad=True needs a float dtype (f32, f16, bf16, f64), got {t.dtype.name}; "
+                             f"pass dtype=tallow.f32 or leave requires_grad off")
+        t.requires_grad = True
+    return t
+
+
 def _flatten_nested(data):
     """(flat values, shape) of a nested list/tuple; ragged input is a ShapeError."""
     if isinstance(data, (list, tuple)):
@@ -41,12 +52,17 @@ def _infer_dtype(flat):
     return D.i64
 
 
-def tensor(data, dtype=None, device=None):
-    """A tensor from nested lists, a scalar, a numpy array or another tensor (copied)."""
+def tensor(data, dtype=None, device=None, requires_grad=False):
+    """A tensor from nested lists, a scalar, a numpy array or another tensor (copied);
+    requires_grad=True makes it a leaf that records gradients."""
+    return _leaf(_tensor(data, dtype, device), requires_grad, "tensor")
+
+
+def _tensor(data, dtype, device):
     dtype = D.get_dtype(dtype)
     dev = _device(device)
     if isinstance(data, Tensor):
-        return data.to(dev).to(dtype or data.dtype).clone()
+        return data.detach().to(dev).to(dtype or data.dtype).clone()
     if hasattr(data, "__array_interface__") or type(data).__module__ == "numpy":
         t = from_numpy(data, device=dev)
         return t.to(dtype) if dtype else t
@@ -59,7 +75,7 @@ def tensor(data, dtype=None, device=None):
                 raise DTypeError(f"tensor: cannot make a tensor from a {type(v).__name__}") from None
     dtype = dtype or _infer_dtype(flat)
     if dtype.is_quantized:
-        return tensor(data, D.f32, dev).to(dtype)
+        return _tensor(data, D.f32, dev).to(dtype)
     if dtype.is_float:
         flat = [float(v) for v in flat]
     elif dtype is D.bool_:
@@ -70,7 +86,7 @@ def tensor(data, dtype=None, device=None):
     return _make(dev.backend.from_list(flat, dtype), shape, dtype, dev)
 
 
-def from_numpy(array, device=None):
+def from_numpy(array, device=None, requires_grad=False):
     """A tensor holding a copy of a numpy array (bf16 is not a numpy dtype: pass uint16 bits through from_buffer)."""
     import numpy as np
     array = np.asarray(array)
@@ -82,7 +98,7 @@ def from_numpy(array, device=None):
     else:
         raise DTypeError(f"from_numpy: numpy dtype {array.dtype} has no tallow equivalent")
     data = np.array(array, dtype=array.dtype.newbyteorder("<"), order="C", copy=True).reshape(-1)
-    return from_buffer(memoryview(data.view(np.uint8)), dtype, array.shape, device)
+    return _leaf(from_buffer(memoryview(data.view(np.uint8)), dtype, array.shape, device), requires_grad, "from_numpy")
 
 
 def from_buffer(data, dtype, shape, device=None):
@@ -100,33 +116,38 @@ def from_buffer(data, dtype, shape, device=None):
     return _make(dev.backend.from_bytes(data, dtype), shape, dtype, dev)
 
 
-def full(shape, value, dtype=None, device=None):
+def full(shape, value, dtype=None, device=None, requires_grad=False):
     shape = _shape_arg(shape)
     dtype = D.get_dtype(dtype) or D.default_for(value)
     if dtype.is_int:
         D.check_ints_fit([value], dtype, "full")
     dev = _device(device)
-    return _make(dev.backend.full(numel_of(shape), value, dtype), shape, dtype, dev)
+    return _leaf(_make(dev.backend.full(numel_of(shape), value, dtype), shape, dtype, dev), requires_grad, "full")
 
 
-def zeros(*shape, dtype=D.f32, device=None):
-    return full(_shape_arg(shape), 0, dtype, device)
+def zeros(*shape, dtype=D.f32, device=None, requires_grad=False):
+    return _leaf(full(_shape_arg(shape), 0, dtype, device), requires_grad, "zeros")
 
 
-def ones(*shape, dtype=D.f32, device=None):
-    return full(_shape_arg(shape), 1, dtype, device)
+def empty(*shape, dtype=D.f32, device=None, requires_grad=False):
+    """torch.empty's spelling; tallow fills it with zeros (no uninitialised memory)."""
+    return _leaf(full(_shape_arg(shape), 0, dtype, device), requires_grad, "empty")
 
 
-def zeros_like(t, dtype=None, device=None):
-    return full(t.shape, 0, dtype or t.dtype, device or t.device)
+def ones(*shape, dtype=D.f32, device=None, requires_grad=False):
+    return _leaf(full(_shape_arg(shape), 1, dtype, device), requires_grad, "ones")
 
 
-def ones_like(t, dtype=None, device=None):
-    return full(t.shape, 1, dtype or t.dtype, device or t.device)
+def zeros_like(t, dtype=None, device=None, requires_grad=False):
+    return _leaf(full(t.shape, 0, dtype or t.dtype, device or t.device), requires_grad, "zeros_like")
 
 
-def full_like(t, value, dtype=None, device=None):
-    return full(t.shape, value, dtype or t.dtype, device or t.device)
+def ones_like(t, dtype=None, device=None, requires_grad=False):
+    return _leaf(full(t.shape, 1, dtype or t.dtype, device or t.device), requires_grad, "ones_like")
+
+
+def full_like(t, value, dtype=None, device=None, requires_grad=False):
+    return _leaf(full(t.shape, value, dtype or t.dtype, device or t.device), requires_grad, "full_like")
 
 
 def _shape_arg(shape):
@@ -140,7 +161,7 @@ def _shape_arg(shape):
     return shape
 
 
-def arange(start, end=None, step=1, dtype=None, device=None):
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
     if end is None:
         start, end = 0, start
     if step == 0:
@@ -148,20 +169,21 @@ def arange(start, end=None, step=1, dtype=None, device=None):
     n = max(0, math.ceil((end - start) / step))
     dtype = D.get_dtype(dtype) or (D.f32 if any(isinstance(v, float) for v in (start, end, step)) else D.i64)
     dev = _device(device)
-    return _make(dev.backend.arange(start, step, n, dtype), (n,), dtype, dev)
+    return _leaf(_make(dev.backend.arange(start, step, n, dtype), (n,), dtype, dev), requires_grad, "arange")
 
 
-def linspace(start, end, steps, dtype=D.f32, device=None):
+def linspace(start, end, steps, dtype=D.f32, device=None, requires_grad=False):
     step = (end - start) / (steps - 1) if steps > 1 else 0.0
     values = [start + i * step for i in range(steps)]
     if steps > 1:
         values[-1] = float(end)
-    return tensor(values, dtype, device)
+    return _leaf(tensor(values, dtype, device), requires_grad, "linspace")
 
 
-def eye(n, m=None, dtype=D.f32, device=None):
+def eye(n, m=None, dtype=D.f32, device=None, requires_grad=False):
     m = n if m is None else m
-    return tensor([[1.0 if i == j else 0.0 for j in range(m)] for i in range(n)] if n * m else [], dtype, device).reshape(n, m)
+    t = tensor([[1.0 if i == j else 0.0 for j in range(m)] for i in range(n)] if n * m else [], dtype, device).reshape(n, m)
+    return _leaf(t, requires_grad, "eye")
 
 
 # ---- random ------------------------------------------------------------------------------------
@@ -174,16 +196,17 @@ def manual_seed(seed):
     _rng.seed(seed)
 
 
-def rand(*shape, dtype=D.f32, device=None):
+def rand(*shape, dtype=D.f32, device=None, requires_grad=False):
     shape = _shape_arg(shape)
     r = _rng.random
-    return tensor([r() for _ in range(numel_of(shape))], dtype, device).reshape(shape)
+    return _leaf(tensor([r() for _ in range(numel_of(shape))], dtype, device).reshape(shape), requires_grad, "rand")
 
 
-def randn(*shape, dtype=D.f32, device=None):
+def randn(*shape, dtype=D.f32, device=None, requires_grad=False):
     shape = _shape_arg(shape)
     g = _rng.gauss
-    return tensor([g(0.0, 1.0) for _ in range(numel_of(shape))], dtype, device).reshape(shape)
+    return _leaf(tensor([g(0.0, 1.0) for _ in range(numel_of(shape))], dtype, device).reshape(shape),
+                 requires_grad, "randn")
 
 
 def randint(low, high, shape, dtype=D.i64, device=None):

@@ -153,3 +153,60 @@ def test_no_tape_without_requires_grad(device):
         out.backward()
     with pytest.raises(tallow.DTypeError):
         tallow.tensor([1, 2], device=device).requires_grad_()
+
+
+def test_requires_grad_at_creation_gives_torch_gradients(device):
+    """`requires_grad=True` on every float creation function: a leaf whose gradients equal torch's."""
+    a = rnd(3, 4)
+    made = {
+        "tensor": (tallow.tensor(a.tolist(), device=device, requires_grad=True),
+                   torch.tensor(a.tolist(), requires_grad=True)),
+        "from_numpy": (tallow.from_numpy(a, device, requires_grad=True), torch.tensor(a, requires_grad=True)),
+        "zeros": (tallow.zeros(3, 4, device=device, requires_grad=True), torch.zeros(3, 4, requires_grad=True)),
+        "ones": (tallow.ones((3, 4), device=device, requires_grad=True), torch.ones(3, 4, requires_grad=True)),
+        "empty": (tallow.empty(3, 4, device=device, requires_grad=True), torch.zeros(3, 4, requires_grad=True)),
+        "full": (tallow.full((3, 4), 0.5, device=device, requires_grad=True), torch.full((3, 4), 0.5, requires_grad=True)),
+        "rand": (tallow.rand(3, 4, device=device, requires_grad=True), None),
+        "randn": (tallow.randn(3, 4, device=device, requires_grad=True), None),
+        "arange": (tallow.arange(0.0, 12.0, device=device, requires_grad=True),
+                   torch.arange(0.0, 12.0, requires_grad=True)),
+        "linspace": (tallow.linspace(0, 1, 12, device=device, requires_grad=True),
+                     torch.linspace(0, 1, 12, requires_grad=True)),
+        "eye": (tallow.eye(3, 4, device=device, requires_grad=True), torch.eye(3, 4, requires_grad=True)),
+        "zeros_like": (tallow.zeros_like(tallow.from_numpy(a, device), requires_grad=True),
+                       torch.zeros_like(torch.from_numpy(a), requires_grad=True)),
+        "ones_like": (tallow.ones_like(tallow.from_numpy(a, device), requires_grad=True),
+                      torch.ones_like(torch.from_numpy(a), requires_grad=True)),
+        "full_like": (tallow.full_like(tallow.from_numpy(a, device), 2.0, requires_grad=True),
+                      torch.full_like(torch.from_numpy(a), 2.0, requires_grad=True)),
+    }
+    weight = rnd(4)
+    for name, (ours, theirs) in made.items():
+        if theirs is None:  # tallow's random stream is its own: torch starts from the same values
+            theirs = torch.from_numpy(ours.numpy().copy()).requires_grad_()
+        assert ours.requires_grad and ours.grad is None, name
+        x, y = ours.reshape(3, 4), theirs.reshape(3, 4)
+        ((x * x).sin() * tallow.from_numpy(weight, device)).sum().backward()
+        ((y * y).sin() * torch.from_numpy(weight)).sum().backward()
+        np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-5, atol=1e-5, err_msg=name)
+    # A tensor made from another is a new leaf, cut from the graph of its source (as torch.tensor does).
+    src = tallow.from_numpy(a, device, requires_grad=True)
+    copy = tallow.tensor(src * 2, requires_grad=True)
+    (copy * 3).sum().backward()
+    assert src.grad is None and np.allclose(copy.grad.numpy(), 3)
+    assert not tallow.zeros(2, device=device).requires_grad
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tallow.tensor([1, 2], requires_grad=True),
+    lambda: tallow.tensor([1.0], dtype=tallow.i32, requires_grad=True),
+    lambda: tallow.zeros(2, dtype=tallow.i64, requires_grad=True),
+    lambda: tallow.full((2,), True, requires_grad=True),
+    lambda: tallow.arange(5, requires_grad=True),
+    lambda: tallow.from_numpy(np.arange(3), requires_grad=True),
+])
+def test_requires_grad_at_creation_refuses_integer_dtypes(make):
+    with pytest.raises(tallow.DTypeError, match="requires_grad=True needs a float dtype"):
+        make()
+    with pytest.raises(RuntimeError, match="floating point"):  # torch refuses the same
+        torch.tensor([1, 2], requires_grad=True)

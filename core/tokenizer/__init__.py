@@ -1,5 +1,5 @@
 """Tokenizers: `Tokenizer` wraps the `tokenizers` library when it imports and
-otherwise runs a pure-Python byte-level BPE giving the same ids (Pyodide)."""
+otherwise runs a pure-Python BPE / Unigram giving the same ids (Pyodide)."""
 from .chat_template import ChatTemplateError
 from .stream import StreamDecoder
 from .tokenizer import Tokenizer

@@ -7,6 +7,7 @@ import re
 
 from ..errors import FormatError
 from .byte_level import token_bytes
+from .pre_tokenizers import prepend_scheme
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>\Z")
 
@@ -78,6 +79,17 @@ def _replace(spec):
     return lambda tokens: [regex.sub(lambda _m: content, t) for t in tokens]
 
 
+def _metaspace(spec):
+    """"▁" back to spaces; in the first token every "▁" goes (the prepended space) unless
+    prepend_scheme is "never" -- the `tokenizers` library's rule, kept exactly."""
+    replacement = spec.get("replacement", "\u2581")
+    strip_first = prepend_scheme(spec) != "never"
+
+    def run(tokens):
+        return [t.replace(replacement, "" if i == 0 and strip_first else " ") for i, t in enumerate(tokens)]
+    return run
+
+
 def build(spec):
     """tokenizer.json "decoder" object (or None) -> function(tokens) -> list of str."""
     if spec is None:
@@ -87,6 +99,8 @@ def build(spec):
         return _byte_level
     if kind == "ByteFallback":
         return _byte_fallback
+    if kind == "Metaspace":
+        return _metaspace(spec)
     if kind == "Fuse":
         return lambda tokens: ["".join(tokens)]
     if kind == "Strip":

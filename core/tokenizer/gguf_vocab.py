@@ -8,6 +8,7 @@ tokenizers use.
 """
 from ..config_fields import Fields
 from ..errors import FormatError, UnsupportedError
+from . import gguf_spm
 
 _LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -78,14 +79,10 @@ def to_tokenizer_json(meta, source="GGUF metadata"):
     model = meta.get("tokenizer.ggml.model")
     if model is None:
         raise FormatError(f"{source}: no tokenizer.ggml.model key, so it holds no tokenizer")
-    if model != "gpt2":
-        raise UnsupportedError(f"{source}: GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+    if model not in ("gpt2", "llama"):
+        raise UnsupportedError(f"{source}: GGUF tokenizer model {model!r} is not supported "
+                               f"(byte-level BPE 'gpt2' and SentencePiece 'llama' are)")
     tokens = _string_list(meta, "tokenizer.ggml.tokens", source)
-    merges = _string_list(meta, "tokenizer.ggml.merges", source, allow_empty=True)
-    pre = meta.get("tokenizer.ggml.pre", "gpt2")
-    if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
-        raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(PRE_TOKENIZERS))})")
-    pre_tokenizer, normalizer, ignore_merges, default_bos = PRE_TOKENIZERS[pre]
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     if not isinstance(types, list) or not all(type(t) is int for t in types):
         raise FormatError(f"{source}: tokenizer.ggml.token_type = {types!r:.80}: must be an array of integers")
@@ -95,6 +92,11 @@ def to_tokenizer_json(meta, source="GGUF metadata"):
     vocab = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)  # a duplicated string keeps its first id, like llama.cpp
+    if model == "llama":
+        model_spec, normalizer, pre_tokenizer, decoder = gguf_spm.components(meta, tokens, vocab, source)
+        default_bos = True  # llama.cpp adds bos to SentencePiece text unless the file says not to
+    else:
+        model_spec, normalizer, pre_tokenizer, decoder, default_bos = _byte_level_components(meta, vocab, source)
     added = [
         {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": ty != _USER_DEFINED}
@@ -121,12 +123,24 @@ def to_tokenizer_json(meta, source="GGUF metadata"):
         "post_processor": {"type": "TemplateProcessing", "single": template,
                            "pair": template + [{"Sequence": {"id": "B", "type_id": 1}}],
                            "special_tokens": special_map},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                  "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
+        "decoder": decoder,
+        "model": model_spec,
     }
     chat = meta.get("tokenizer.chat_template")
     if chat is not None and not isinstance(chat, str):
         raise FormatError(f"{source}: tokenizer.chat_template = {chat!r:.80}: must be a string")
     return spec, special, chat
+
+
+def _byte_level_components(meta, vocab, source):
+    """(model, normalizer, pre_tokenizer, decoder, default add_bos) of a byte-level BPE vocabulary."""
+    merges = _string_list(meta, "tokenizer.ggml.merges", source, allow_empty=True)
+    pre = meta.get("tokenizer.ggml.pre", "gpt2")
+    if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
+        raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(PRE_TOKENIZERS))})")
+    pre_tokenizer, normalizer, ignore_merges, default_bos = PRE_TOKENIZERS[pre]
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+             "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges}
+    decoder = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    return model, normalizer, pre_tokenizer, decoder, default_bos

@@ -33,7 +33,10 @@ class LibraryTokenizer:
         return self.tok.id_to_token(tid)
 
     def encode(self, text, add_special_tokens=True):
-        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        except Exception as e:  # e.g. a Unigram model meeting an unknown character with no unk_id
+            raise FormatError(f"the tokenizers library cannot encode {text!r:.60}: {e}") from None
 
     def _check(self, ids):
         for tid in ids:

@@ -28,6 +28,14 @@ def _strip(left, right):
     return run
 
 
+# SentencePiece's "nmt_nfkc" clean-up, as the `tokenizers` library's Nmt normalizer does it:
+# most ASCII control characters go, other space-like characters become a plain space.
+_NMT_DROP = {c: None for c in [*range(0x01, 0x09), 0x0B, *range(0x0E, 0x20), 0x7F, 0x8F, 0x9F]}
+_NMT_SPACE = {c: " " for c in [0x09, 0x0A, 0x0C, 0x0D, 0x1680, *range(0x200B, 0x2010), 0x2028, 0x2029,
+                               0x2581, 0xFEFF, 0xFFFD]}
+_NMT_TABLE = {**_NMT_DROP, **_NMT_SPACE}
+
+
 def build(spec):
     """tokenizer.json "normalizer" object (or None) -> function(text) -> text."""
     if spec is None:
@@ -35,6 +43,8 @@ def build(spec):
     kind = spec.get("type")
     if kind in ("NFC", "NFD", "NFKC", "NFKD"):
         return lambda text: unicodedata.normalize(kind, text)
+    if kind == "Nmt":
+        return lambda text: text.translate(_NMT_TABLE)
     if kind == "Lowercase":
         return str.lower
     if kind == "Prepend":

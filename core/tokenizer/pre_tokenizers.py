@@ -1,7 +1,9 @@
 """tokenizer.json pre-tokenizers: list of pieces -> list of pieces.
 
 Each pre-tokenizer refines every current piece, as in the `tokenizers`
-library; BPE then runs on each final piece separately.
+library; the model (BPE, Unigram) then runs on each final piece separately.
+`first` says whether pieces[0] begins the text (nothing, not even an added
+token, before it): Metaspace's prepend_scheme "first" needs to know.
 """
 import re
 
@@ -24,7 +26,7 @@ def _byte_level(spec):
     add_prefix_space = spec.get("add_prefix_space", False)
     regex = compile_pattern(GPT2_PATTERN) if spec.get("use_regex", True) else None
 
-    def run(pieces):
+    def run(pieces, first=False):
         out = []
         for piece in pieces:
             if add_prefix_space and not piece.startswith(" "):
@@ -34,8 +36,38 @@ def _byte_level(spec):
     return run
 
 
+def _metaspace(spec):
+    """SentencePiece's convention: spaces become "▁", a "▁" is prepended (always, to the
+    text's first piece only, or never), and with split=True each "▁" starts a new piece."""
+    replacement = spec.get("replacement", "\u2581")
+    if not isinstance(replacement, str) or len(replacement) != 1:
+        raise FormatError(f"Metaspace replacement {replacement!r} must be one character")
+    scheme = prepend_scheme(spec)
+    split_on = re.compile(re.escape(replacement)) if spec.get("split", True) else None
+
+    def run(pieces, first=False):
+        out = []
+        for i, piece in enumerate(pieces):
+            piece = piece.replace(" ", replacement)
+            if not piece.startswith(replacement) and (scheme == "always" or (scheme == "first" and first and i == 0)):
+                piece = replacement + piece
+            out.extend(split(split_on, piece, "MergedWithNext") if split_on is not None else [piece])
+        return out
+    return run
+
+
+def prepend_scheme(spec):
+    """prepend_scheme, or the older add_prefix_space flag it replaced."""
+    scheme = spec.get("prepend_scheme")
+    if scheme is None:
+        scheme = "always" if spec.get("add_prefix_space", True) else "never"
+    if scheme not in ("always", "first", "never"):
+        raise FormatError(f"Metaspace prepend_scheme {scheme!r} must be 'always', 'first' or 'never'")
+    return scheme
+
+
 def _splitter(regex, behavior, invert=False):
-    def run(pieces):
+    def run(pieces, first=False):
         out = []
         for piece in pieces:
             out.extend(split(regex, piece, behavior, invert))
@@ -52,6 +84,8 @@ def build(spec):
         return _byte_level(spec)
     if kind == "Split":
         return _splitter(_split_pattern(spec), spec.get("behavior", "Isolated"), spec.get("invert", False))
+    if kind == "Metaspace":
+        return _metaspace(spec)
     if kind == "Digits":
         # Rust's char::is_numeric is the Unicode N category.
         digit = re.compile("[" + property_class_body("N") + "]")
@@ -60,9 +94,12 @@ def build(spec):
         steps = [build(s) for s in spec["pretokenizers"]]
         steps = [s for s in steps if s is not None]
 
-        def run(pieces):
+        def run(pieces, first=False):
             for step in steps:
-                pieces = step(pieces)
+                head = pieces[0] if pieces else ""
+                pieces = step(pieces, first)
+                # Still the text's start only if this step kept the first piece's beginning.
+                first = first and bool(pieces) and head.startswith(pieces[0])
             return pieces
         return run
     raise FormatError(f"tokenizer pre_tokenizer type {kind!r} is not supported by tallow's pure-Python tokenizer")

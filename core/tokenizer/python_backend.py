@@ -4,6 +4,7 @@ from ..errors import Error, FormatError, UnsupportedError
 from . import decoders, normalizers, post_processors, pre_tokenizers
 from .added_tokens import AddedToken, AddedTokenMatcher
 from .bpe import BPE
+from .unigram import Unigram
 
 
 def _component(source, spec, key, build):
@@ -26,26 +27,15 @@ class PythonTokenizer:
 
     def __init__(self, spec, source="tokenizer.json"):
         model = spec.get("model") or {}
-        if model.get("type", "BPE") != "BPE":
-            raise UnsupportedError(f"{source}: model type {model.get('type')!r} is not supported by the pure-Python tokenizer (only BPE)")
-        if model.get("dropout"):
-            raise UnsupportedError(f"{source}: BPE dropout is not supported (it makes encoding random)")
-        vocab = model.get("vocab")
-        if not isinstance(vocab, dict) or not all(type(i) is int and i >= 0 for i in vocab.values()):
-            raise FormatError(f"{source}: model.vocab must be an object of token -> id (an integer >= 0)")
-        self.vocab = dict(vocab)
-        merges = model.get("merges", [])
-        if not isinstance(merges, list) or not all(
-                isinstance(m, str) or (isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m))
-                for m in merges):
-            raise FormatError(f"{source}: model.merges must be a list of \"a b\" strings or [a, b] pairs")
-        self.bpe = BPE(
-            self.vocab, BPE.parse_merges(merges),
-            unk_token=model.get("unk_token"), fuse_unk=model.get("fuse_unk", False),
-            byte_fallback=model.get("byte_fallback", False), ignore_merges=model.get("ignore_merges", False),
-            continuing_subword_prefix=model.get("continuing_subword_prefix") or "",
-            end_of_word_suffix=model.get("end_of_word_suffix") or "",
-        )
+        kind = model.get("type", "BPE")
+        if kind == "BPE":
+            self.model = _bpe(model, source)
+        elif kind == "Unigram":
+            self.model = _unigram(model, source)
+        else:
+            raise UnsupportedError(f"{source}: model type {kind!r} is not supported by the pure-Python tokenizer "
+                                   f"(BPE and Unigram are)")
+        self.vocab = self.model.vocab
         self.added = [AddedToken.from_json(d) for d in spec.get("added_tokens") or []]
         for t in self.added:
             # A string the model already has keeps the model's id, as in `tokenizers`.
@@ -55,13 +45,14 @@ class PythonTokenizer:
         self.normalized_matcher = AddedTokenMatcher([t for t in self.added if t.normalized])
         self.added_vocab = {t.content: t.id for t in self.added}
         self.special_ids = {t.id for t in self.added if t.special}
-        self.id_to_vocab = {i: t for t, i in self.vocab.items()}
+        self.id_to_vocab = ({i: t for i, (t, _score) in enumerate(self.model.pieces)} if kind == "Unigram"
+                            else {i: t for t, i in self.vocab.items()})
         self.normalizer = _component(source, spec, "normalizer", normalizers.build)
         self.pre_tokenizer = _component(source, spec, "pre_tokenizer", pre_tokenizers.build)
         self.decoder = _component(source, spec, "decoder", decoders.build)
         self.post_processor = _component(source, spec, "post_processor",
                                          lambda d: post_processors.build(d, self.token_to_id))
-        self.size = max([*self.vocab.values(), *(t.id for t in self.added), -1]) + 1
+        self.size = max([*self.id_to_vocab, *(t.id for t in self.added), -1]) + 1
 
     def token_to_id(self, token):
         tid = self.added_vocab.get(token)
@@ -73,25 +64,27 @@ class PythonTokenizer:
             return tok.content
         return self.id_to_vocab.get(tid)
 
-    def _encode_piece(self, text, out):
-        """Text free of raw added tokens -> ids appended to `out`."""
+    def _encode_piece(self, text, out, first):
+        """Text free of raw added tokens -> ids appended to `out`; `first`: it begins the text."""
         if self.normalizer is not None:
             text = self.normalizer(text)
-        for piece, tid in self.normalized_matcher.split(text):
+        for i, (piece, tid) in enumerate(self.normalized_matcher.split(text)):
             if tid is not None:
                 out.append(tid)
                 continue
-            words = self.pre_tokenizer([piece]) if self.pre_tokenizer is not None else [piece]
+            if not piece:
+                continue
+            words = self.pre_tokenizer([piece], first and i == 0) if self.pre_tokenizer is not None else [piece]
             for w in words:
-                out.extend(self.bpe.tokenize(w))
+                out.extend(self.model.tokenize(w))
 
     def encode(self, text, add_special_tokens=True):
         ids = []
-        for piece, tid in self.raw_matcher.split(text):
+        for i, (piece, tid) in enumerate(self.raw_matcher.split(text)):
             if tid is not None:
                 ids.append(tid)
             elif piece:
-                self._encode_piece(piece, ids)
+                self._encode_piece(piece, ids, i == 0)
         if add_special_tokens and self.post_processor is not None:
             ids = self.post_processor(ids)
         return ids
@@ -112,3 +105,35 @@ class PythonTokenizer:
         if self.decoder is None:
             return " ".join(tokens)
         return "".join(self.decoder(tokens))
+
+
+def _bpe(model, source):
+    if model.get("dropout"):
+        raise UnsupportedError(f"{source}: BPE dropout is not supported (it makes encoding random)")
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not all(type(i) is int and i >= 0 for i in vocab.values()):
+        raise FormatError(f"{source}: model.vocab must be an object of token -> id (an integer >= 0)")
+    merges = model.get("merges", [])
+    if not isinstance(merges, list) or not all(
+            isinstance(m, str) or (isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m))
+            for m in merges):
+        raise FormatError(f"{source}: model.merges must be a list of \"a b\" strings or [a, b] pairs")
+    return BPE(
+        dict(vocab), BPE.parse_merges(merges),
+        unk_token=model.get("unk_token"), fuse_unk=model.get("fuse_unk", False),
+        byte_fallback=model.get("byte_fallback", False), ignore_merges=model.get("ignore_merges", False),
+        continuing_subword_prefix=model.get("continuing_subword_prefix") or "",
+        end_of_word_suffix=model.get("end_of_word_suffix") or "",
+    )
+
+
+def _unigram(model, source):
+    pieces = model.get("vocab")
+    if not isinstance(pieces, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+            and isinstance(p[1], (int, float)) and not isinstance(p[1], bool) for p in pieces):
+        raise FormatError(f"{source}: a Unigram model.vocab must be a list of [piece, score] pairs")
+    unk_id = model.get("unk_id")
+    if unk_id is not None and type(unk_id) is not int:
+        raise FormatError(f"{source}: Unigram unk_id = {unk_id!r:.40}: must be an integer or null")
+    return Unigram([(p, float(score)) for p, score in pieces], unk_id, bool(model.get("byte_fallback", False)))

@@ -1,5 +1,6 @@
 """tallow.Tokenizer: one interface over the `tokenizers` library and the
-pure-Python byte-level BPE, loaded from tokenizer.json or GGUF metadata."""
+pure-Python tokenizer (byte-level BPE, SentencePiece BPE with byte fallback,
+Unigram), loaded from tokenizer.json or GGUF metadata ('gpt2' or 'llama')."""
 import os
 
 from ..errors import DTypeError, FormatError, IndexRangeError, UnsupportedError
