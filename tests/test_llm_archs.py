@@ -113,11 +113,12 @@ def _llama3_rope_freqs(cfg):
     return np.array(out, np.float32)
 
 
-def _write_gguf(model, path, arch, fuse_qkv=False):
+def _write_gguf(model, path, arch, fuse_qkv=False, q8_0=False):
     cfg = model.config
     tensors = {n: w.detach().numpy().astype(np.float32) for n, w in model.state_dict().items()}
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
+    w.add_vocab_size(cfg.vocab_size)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -158,7 +159,12 @@ def _write_gguf(model, path, arch, fuse_qkv=False):
             t = _permute(t, cfg.num_attention_heads)
         elif arch == "llama" and n.endswith("k_proj.weight"):
             t = _permute(t, cfg.num_key_value_heads)
-        w.add_tensor(names.get_name(n, try_suffixes=(".weight", ".bias")), t)
+        name = names.get_name(n, try_suffixes=(".weight", ".bias"))
+        if q8_0 and t.ndim == 2:  # llama.cpp keeps 1-D norms and biases in f32
+            w.add_tensor(name, gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -220,6 +226,19 @@ def test_gemma3_gguf_matches_transformers(tmp_path):
     model, _ = _gemma3(tmp_path, rope_parameters=GEMMA3_ROPE)
     ours = _check(model, _write_gguf(model, tmp_path / "gemma3.gguf", "gemma3"))
     assert ours.config.layer_types == model.config.layer_types and ours.config.sliding_window == WINDOW
+
+
+def test_gemma3_q8_0_gguf_matches_transformers_on_the_same_file(tmp_path):
+    """transformers' own GGUF loader (it subtracts the 1 from the norms) reading the same Q8_0 file
+    agrees with tallow, quantised embedding table included. transformers takes query_pre_attn_scalar
+    from its default (256) where llama.cpp uses head_dim, so head_dim is 256 here, as in Gemma 3 1B."""
+    pytest.importorskip("accelerate")  # transformers needs it to read GGUF
+    model, _ = _gemma3(tmp_path, head_dim=256, query_pre_attn_scalar=256)
+    path = _write_gguf(model, tmp_path / "gemma3-q8_0.gguf", "gemma3", q8_0=True)
+    ref = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
+    assert ref.config.layer_types == model.config.layer_types
+    ours = _check(ref, path)
+    assert not ours.embed_tokens.weight.dtype.is_float  # the table stayed quantised
 
 
 def test_gemma3_bad_layer_types_is_a_format_error(tmp_path):
