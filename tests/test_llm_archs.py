@@ -241,17 +241,46 @@ def test_gemma3_q8_0_gguf_matches_transformers_on_the_same_file(tmp_path):
     assert not ours.embed_tokens.weight.dtype.is_float  # the table stayed quantised
 
 
-def test_gemma3_bad_layer_types_is_a_format_error(tmp_path):
+@pytest.mark.parametrize("edit,match", [
+    ({"layer_types": ["sliding_attention"]}, "layer_types"),                      # one entry for two layers
+    ({"layer_types": ["sliding_attention", "local"]}, "layer_types"),
+    ({"layer_types": None, "sliding_window_pattern": 0}, "sliding_window_pattern"),
+    ({"query_pre_attn_scalar": -1}, "query_pre_attn_scalar"),
+    ({"final_logit_softcapping": "30"}, "final_logit_softcapping"),
+    ({"rope_parameters": {"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 0}}},
+     r"rope_parameters\.sliding_attention\.rope_theta"),
+    ({"rope_parameters": {"full_attention": [], "sliding_attention": {}}}, r"rope_parameters\.full_attention"),
+])
+def test_gemma3_bad_config_values_are_named(tmp_path, edit, match):
     _, path = _gemma3(tmp_path, num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
     raw = json.loads((path / "config.json").read_text())
-    raw["layer_types"] = ["sliding_attention"]  # one entry for two layers
+    raw.update(edit)
     (path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(FormatError, match="layer_types"):
+    with pytest.raises(FormatError, match=match):
         tallow.load_model(path, device="cpu")
-    raw.update(model_type="gemma3", layer_types=["sliding_attention", "full_attention"])  # the multimodal wrapper's
+
+
+def test_gemma3_multimodal_config_is_refused_with_a_hint(tmp_path):
+    _, path = _gemma3(tmp_path, num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+    raw = json.loads((path / "config.json").read_text())
+    raw["model_type"] = "gemma3"  # Gemma3ForConditionalGeneration's config
     (path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(UnsupportedError, match="gemma3_text"):
         tallow.load_model(path, device="cpu")
+
+
+def test_gemma3_gguf_bad_sliding_window_pattern_is_named(tmp_path):
+    from tallow.io.gguf import write_gguf
+    model, _ = _gemma3(tmp_path, num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+    src = tallow.io.open(_write_gguf(model, tmp_path / "gemma3.gguf", "gemma3"))
+    meta, types = dict(src.metadata), dict(src.metadata_types)
+    for bad in ([True], 0):  # one flag for two blocks; a pattern of 0
+        meta["gemma3.attention.sliding_window_pattern"] = bad
+        types.pop("gemma3.attention.sliding_window_pattern", None)
+        out = tmp_path / "bad.gguf"
+        write_gguf(out, {n: src.tensor(n, "cpu") for n in src.keys()}, meta, metadata_types=types)
+        with pytest.raises(FormatError, match="sliding_window_pattern"):
+            tallow.load_model(out, device="cpu")
 
 
 # ---- Qwen3 ------------------------------------------------------------------------------------------
