@@ -72,9 +72,9 @@ def _reference(model, prompt=PROMPT, steps=STEPS):
     return logits, fed
 
 
-def _check(model, path, tol=1e-4):
-    ref, fed = _reference(model)
-    ours = tallow.load_model(path, device="cpu")
+def _check(model, path, tol=1e-4, device="cpu", steps=STEPS):
+    ref, fed = _reference(model, steps=steps)
+    ours = tallow.load_model(path, device=device)
     got = [ours(PROMPT)] + [ours([t]) for t in fed]
     for i, (r, g) in enumerate(zip(ref, got)):
         g = g.numpy()[0]
@@ -83,7 +83,7 @@ def _check(model, path, tol=1e-4):
     assert float(np.abs(ref[0]).max()) > 0.5  # not a comparison of near-zero logits
     # greedy decoding through tallow's generate picks transformers' tokens
     ours.reset()
-    assert list(generate_ids(ours, PROMPT, max_tokens=STEPS, stop_tokens=[])) == fed
+    assert list(generate_ids(ours, PROMPT, max_tokens=steps, stop_tokens=[])) == fed
     return ours
 
 
@@ -205,6 +205,15 @@ def test_gemma3_final_softcapping_matches_transformers(tmp_path):
     (path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(UnsupportedError, match="attn_logit_softcapping"):
         tallow.load_model(path, device="cpu")
+
+
+def test_gemma3_on_the_python_device(tmp_path):
+    """The pure-Python backend (the browser's fallback) runs Gemma 3 too: kept tiny, it is slow."""
+    model, path = _gemma3(tmp_path, num_hidden_layers=2, hidden_size=32, intermediate_size=48, head_dim=16,
+                          num_attention_heads=2, query_pre_attn_scalar=16,
+                          layer_types=["sliding_attention", "full_attention"])
+    ours = _check(model, path, device="python", steps=3)
+    assert ours.device.type == "python"
 
 
 def test_gemma3_hub_style_config(tmp_path):

@@ -143,7 +143,7 @@ def _gemma3(g, cfg):
     out = {"layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
            "rope_local_base_freq": 10000.0, "hidden_act": "gelu_pytorch_tanh", "norm_weight_offset": 0.0,
            "query_pre_attn_scalar": cfg["hidden_size"] // cfg["num_attention_heads"] if n == 62 else cfg["head_dim"]}
-    if "rope_theta" in cfg and not g.has("rope.freq_base"):
+    if not g.has("rope.freq_base"):
         out["rope_theta"] = 1_000_000.0  # transformers' Gemma 3 default for global layers
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if g.has(key):
