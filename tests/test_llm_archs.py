@@ -113,12 +113,15 @@ def _llama3_rope_freqs(cfg):
     return np.array(out, np.float32)
 
 
-def _write_gguf(model, path, arch, fuse_qkv=False, q8_0=False):
+def _write_gguf(model, path, arch, fuse_qkv=False, q8_0=False, eot=None):
     cfg = model.config
     tensors = {n: w.detach().numpy().astype(np.float32) for n, w in model.state_dict().items()}
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
     w.add_vocab_size(cfg.vocab_size)
+    w.add_eos_token_id(cfg.eos_token_id)
+    if eot is not None:
+        w.add_eot_token_id(eot)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -233,8 +236,9 @@ def test_gemma3_gguf_matches_transformers(tmp_path):
     """llama.cpp's gemma3 GGUF: norms with +1 baked in, every 6th layer global, sliding base 10000,
     query_pre_attn_scalar = head_dim, linear scaling on global layers, tied output."""
     model, _ = _gemma3(tmp_path, rope_parameters=GEMMA3_ROPE)
-    ours = _check(model, _write_gguf(model, tmp_path / "gemma3.gguf", "gemma3"))
+    ours = _check(model, _write_gguf(model, tmp_path / "gemma3.gguf", "gemma3", eot=250))
     assert ours.config.layer_types == model.config.layer_types and ours.config.sliding_window == WINDOW
+    assert ours.eos_token_ids == [model.config.eos_token_id, 250]  # <eos> and <end_of_turn> both end a reply
 
 
 def test_gemma3_q8_0_gguf_matches_transformers_on_the_same_file(tmp_path):

@@ -108,7 +108,7 @@ def config_from_gguf(reader):
         "tie_word_embeddings": "output.weight" not in reader,
         "rope_interleaved": arch == "llama",
         "bos_token_id": tok.token_id("bos_token_id", int(embd_shape[0])),
-        "eos_token_id": tok.token_id("eos_token_id", int(embd_shape[0])),
+        "eos_token_id": _end_ids(tok, int(embd_shape[0])),
     }
     if g.has("attention.layer_norm_rms_epsilon"):
         cfg["rms_norm_eps"] = g.float("attention.layer_norm_rms_epsilon", positive=True)
@@ -124,6 +124,17 @@ def config_from_gguf(reader):
         cfg.update(_gemma3(g, cfg))
     cfg["rope_scaling"] = _rope_scaling(reader, g, path, cfg)
     return cfg
+
+
+def _end_ids(tok, vocab_size):
+    """The ids that end a reply: eos, and the end-of-turn / end-of-message tokens that chat
+    GGUFs may name separately (Gemma's <end_of_turn>, Llama 3's <|eot_id|>)."""
+    ids = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        tid = tok.token_id(key, vocab_size)
+        if tid is not None and tid not in ids:
+            ids.append(tid)
+    return ids
 
 
 def _gemma3(g, cfg):
