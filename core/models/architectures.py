@@ -24,7 +24,9 @@ def traits(model_type):
 
 def decoder_class(model_type, source):
     if model_type not in DECODERS:
-        hint = " (multimodal Gemma 3: tallow runs the text-only gemma3_text checkpoints)" if model_type == "gemma3" else ""
+        hint = ""
+        if model_type == "gemma3":  # Gemma3ForConditionalGeneration (4B+ with vision)
+            hint = " (multimodal Gemma 3: tallow runs the text-only gemma3_text checkpoints)"
         raise UnsupportedError(f"{source}: model_type {model_type!r} is not supported{hint} "
                                f"(supported: {', '.join(sorted(DECODERS))}, whisper)")
     module, name, _ = DECODERS[model_type]
