@@ -1,4 +1,4 @@
-"""Ready models: llama (Llama, SmolLM2, Qwen2), phi, phi3, whisper.
+"""Ready models: llama (Llama 2/3/3.2, SmolLM2, Qwen2, Qwen3), phi, phi3, gemma3_text, whisper.
 `load_model` picks the implementation from the config or GGUF metadata."""
 
 

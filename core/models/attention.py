@@ -59,10 +59,12 @@ class Step:
                 keys = range(self.key_start, total)
                 self.mask = tensor([[p > q - window for p in keys] for q in range(offset, total)], device=device)
 
-    def attend(self, q, k, v, kv_cache):
-        """Append k, v to the layer's cache and attend causally over everything it holds."""
+    def attend(self, q, k, v, kv_cache, scale=None):
+        """Append k, v to the layer's cache and attend causally over everything it holds.
+        scale: of the scores (default head_dim**-0.5; Gemma 3: query_pre_attn_scalar**-0.5)."""
         keys, values = kv_cache.append(k, v)
         if self.key_start:
             n = keys.shape[2] - self.key_start
             keys, values = keys.narrow(2, self.key_start, n), values.narrow(2, self.key_start, n)
-        return F.scaled_dot_product_attention(q, keys, values, mask=self.mask, is_causal=True)
+        return F.scaled_dot_product_attention(q, keys, values, mask=self.mask, is_causal=True, scale=scale)
+

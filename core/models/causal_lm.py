@@ -64,7 +64,9 @@ class CausalLM(Module):
         self.device = device
         self.dtype = dtype
         self.tokenizer = None
-        self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling, device, dtype)
+        # One rotary table per layer type (Gemma 3's sliding layers have their own base).
+        self.rotaries = {kind: RotaryEmbedding(config.rotary_dim, theta, scaling, device, dtype)
+                         for kind, (theta, scaling) in config.ropes.items()}
         self.cache = None
         self._lock = threading.RLock()
         self._cache_in_use = False
@@ -131,10 +133,12 @@ class CausalLM(Module):
             return self._forward(ids, cache, last_only)
 
     def _forward(self, ids, cache, last_only):
-        step = Step(cache.length, ids.shape[1], self.rotary, self.config.sliding_window, self.device)
+        cfg = self.config
+        steps = {kind: Step(cache.length, ids.shape[1], self.rotaries[kind], cfg.window(kind), self.device)
+                 for kind in set(cfg.layer_types)}
         hidden = self.embed(ids)
-        for layer, kv in zip(self.layers, cache.layers):
-            hidden = layer(hidden, step, kv)
+        for layer, kind, kv in zip(self.layers, cfg.layer_types, cache.layers):
+            hidden = layer(hidden, steps[kind], kv)
         if last_only and hidden.shape[1] > 1:
             hidden = hidden.narrow(1, hidden.shape[1] - 1, 1)
         return self.lm_head(self.final_norm(hidden))

@@ -10,9 +10,13 @@ import os
 from ..config_fields import MAX_COUNT, Fields
 from ..errors import FormatError, UnsupportedError
 from ..json_file import read_json
+from .architectures import traits
 
 # rope_scaling kinds tallow implements (nn/rotary.py)
 ROPE_KINDS = ("default", "linear", "llama3", "longrope", "su", "freq_factors")
+# What each layer's attention is (transformers' config.layer_types)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+GEMMA3 = "gemma3_text"
 
 
 class DecoderConfig:
@@ -40,13 +44,30 @@ class DecoderConfig:
         self.max_position_embeddings = f.int("max_position_embeddings", 2048, lo=1)
         self.rms_norm_eps = f.float("rms_norm_eps", 1e-6, positive=True)
         self.layer_norm_eps = f.float("layer_norm_eps", 1e-5, positive=True)
-        self.hidden_act = f.str("hidden_act", "silu")
-        self.tie_word_embeddings = f.bool("tie_word_embeddings", False)
+        # Gemma names it hidden_activation
+        self.hidden_act = f.str("hidden_activation", None) or f.str("hidden_act", "silu")
+        self.tie_word_embeddings = f.bool("tie_word_embeddings", self.model_type == GEMMA3)
         self.attention_bias = f.bool("attention_bias", False)
         self.mlp_bias = f.bool("mlp_bias", False)
         self.qk_layernorm = f.bool("qk_layernorm", False)
+        implied = traits(self.model_type)
+        self.qkv_bias = self.attention_bias or implied.get("qkv_bias", False)
+        self.qk_norm = implied.get("qk_norm", False)  # Qwen3: RMSNorm on each q/k head
         self.sliding_window = self._sliding_window()
+        self.layer_types = self._layer_types()
         self._read_rope()
+        # Gemma 3: attention scaled by query_pre_attn_scalar**-0.5 instead of head_dim**-0.5,
+        # an optional tanh soft cap on the final logits, and RMSNorm weights stored as
+        # offsets from 1 (GGUF files hold them with the 1 already added: offset 0).
+        scalar = f.float("query_pre_attn_scalar", None, positive=True)
+        self.attention_scale = None if scalar is None else scalar ** -0.5
+        if f.float("attn_logit_softcapping", None, positive=True) is not None:
+            # Gemma 2's score cap: transformers' Gemma 3 ignores it, llama.cpp refuses it.
+            raise UnsupportedError(f"{source}: attn_logit_softcapping = {raw['attn_logit_softcapping']} is not "
+                                   "supported (Gemma 3 checkpoints leave it null; set it to null to run as "
+                                   "transformers' Gemma 3 does)")
+        self.final_logit_softcapping = f.float("final_logit_softcapping", None, positive=True)
+        self.norm_weight_offset = f.float("norm_weight_offset", 1.0 if self.model_type == GEMMA3 else 0.0)
         # GGUF llama weights have q/k rows permuted for interleaved rotary (see gguf_names.py).
         self.rope_interleaved = f.bool("rope_interleaved", False)
         self.bos_token_id = f.token_id("bos_token_id", self.vocab_size)
@@ -59,31 +80,69 @@ class DecoderConfig:
             return None
         return f.int("sliding_window", 0, lo=0) or None
 
+    def _layer_types(self):
+        """Each layer's attention: config.layer_types, else Gemma 3's sliding_window_pattern
+        (every n-th layer global), else every layer alike (sliding when a window is set)."""
+        f = self.fields
+        types = f.get("layer_types", None)
+        if types is not None:
+            if not isinstance(types, list) or len(types) != self.num_layers or any(t not in LAYER_TYPES for t in types):
+                f.fail("layer_types", types, f"a list of {self.num_layers} (num_hidden_layers) entries, "
+                                             f"each one of {', '.join(LAYER_TYPES)}")
+            return list(types)
+        if self.model_type == GEMMA3:
+            n = f.int("sliding_window_pattern", 6, lo=1)
+            return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(self.num_layers)]
+        return ["sliding_attention" if self.sliding_window else "full_attention"] * self.num_layers
+
+    def window(self, layer_type):
+        """The attention window of a layer type (None: the whole context)."""
+        return self.sliding_window if layer_type == "sliding_attention" else None
+
     def _read_rope(self):
+        """The rotary settings of full-attention layers (rope_theta, rope_scaling) and of
+        sliding ones (`ropes`): Gemma 3 gives its sliding layers their own base, either as
+        rope_local_base_freq or (transformers 5) as rope_parameters.sliding_attention."""
         f = self.fields
         params = f.dict("rope_parameters")
-        scaling = f.dict("rope_scaling")
-        p = Fields(params, self.source, label="rope_parameters.")
-        self.rope_theta = p.float("rope_theta", f.float("rope_theta", 10000.0, positive=True), positive=True)
+        per_type = any(t in params for t in LAYER_TYPES)
+        full = Fields(params, self.source, label="rope_parameters.").dict("full_attention") if per_type else params
+        gemma = self.model_type == GEMMA3
+        p = Fields(full, self.source, label="rope_parameters.full_attention." if per_type else "rope_parameters.")
         self.partial_rotary_factor = p.float("partial_rotary_factor", f.float("partial_rotary_factor", 1.0, lo=0.0, hi=1.0),
                                              lo=0.0, hi=1.0)
-        kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-        if kind not in ROPE_KINDS:
-            raise UnsupportedError(f"{self.source}: rope type {kind!r} is not supported "
-                                   f"(supported: {', '.join(ROPE_KINDS)})")
         self.rotary_dim = int(self.head_dim * self.partial_rotary_factor)
         if self.rotary_dim % 2 or self.rotary_dim == 0:
             raise FormatError(f"{self.source}: the rotary dim {self.rotary_dim} (head_dim {self.head_dim} x "
                               f"partial_rotary_factor {self.partial_rotary_factor}) must be even and > 0")
+        default_theta = f.float("rope_theta", 1_000_000.0 if gemma else 10000.0, positive=True)
+        self.rope_theta, self.rope_scaling = self._rope(full, f.dict("rope_scaling"), default_theta, p.label)
+        if per_type and "sliding_attention" in params:
+            label = "rope_parameters.sliding_attention."
+            sliding = self._rope(Fields(params, self.source, label="rope_parameters.").dict("sliding_attention"),
+                                 {}, 10000.0, label)
+        elif gemma:  # older Gemma 3 configs: the scaling applies to global layers only
+            sliding = (f.float("rope_local_base_freq", 10000.0, positive=True), None)
+        else:
+            sliding = (self.rope_theta, self.rope_scaling)
+        self.ropes = {"full_attention": (self.rope_theta, self.rope_scaling), "sliding_attention": sliding}
+
+    def _rope(self, params, scaling, default_theta, label):
+        """(theta, rope_scaling or None) from one rope_parameters dict and a rope_scaling dict."""
+        p = Fields(params, self.source, label=label)
+        theta = p.float("rope_theta", default_theta, positive=True)
+        kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+        if kind not in ROPE_KINDS:
+            raise UnsupportedError(f"{self.source}: rope type {kind!r} is not supported "
+                                   f"(supported: {', '.join(ROPE_KINDS)})")
         if kind == "default":
-            self.rope_scaling = None
-            return
+            return theta, None
         merged = {**scaling, **params, "rope_type": kind}
         for key in ("original_max_position_embeddings", "max_position_embeddings"):
             if key not in merged and self.raw.get(key):
                 merged[key] = self.raw[key]
-        self.rope_scaling = merged
         self._check_rope_scaling(Fields(merged, self.source, label="rope_scaling."), kind)
+        return theta, merged
 
     def _check_rope_scaling(self, s, kind):
         """The fields nn/rotary.py reads for this kind, checked before the first forward needs them."""

@@ -9,6 +9,9 @@ Two conversions llama.cpp makes are undone here without touching weights:
   pairs). A per-head row permutation applied to both q and k leaves q.k
   unchanged, so instead of un-permuting (quantised) rows we rotate interleaved
   pairs: the config gets rope_interleaved=True.
+- Gemma 3's norm weights hold the full scale (llama.cpp's converter adds the 1
+  that Hugging Face's Gemma RMSNorm adds at run time): the config gets
+  norm_weight_offset=0.
 - Phi-2's fused attn_qkv is split into q/k/v by row ranges of its bytes, which
   works for quantised blocks too (a row is whole blocks).
 """
@@ -19,7 +22,8 @@ from ..creation import from_buffer
 from ..errors import FormatError, UnsupportedError
 
 # general.architecture -> the model_type of our implementations
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "phi2": "phi"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "phi2": "phi",
+                 "gemma3": "gemma3_text"}
 
 # per-block names: llama.cpp -> HF, by architecture family
 _BLOCK_COMMON = {
@@ -34,6 +38,10 @@ _BLOCK = {
     "phi": {**_BLOCK_COMMON, "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"},
 }
 _BLOCK["qwen2"] = _BLOCK["llama"]
+_QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_BLOCK["qwen3"] = {**_BLOCK["llama"], **_QK_NORM}
+_BLOCK["gemma3_text"] = {**_BLOCK["llama"], **_QK_NORM, "post_attention_norm": "post_attention_layernorm",
+                         "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _TOP_PHI = {**_TOP, "output_norm": "model.final_layernorm"}
 # tensors that are settings, not weights (read into the config)
@@ -100,7 +108,7 @@ def config_from_gguf(reader):
         "tie_word_embeddings": "output.weight" not in reader,
         "rope_interleaved": arch == "llama",
         "bos_token_id": tok.token_id("bos_token_id", int(embd_shape[0])),
-        "eos_token_id": tok.token_id("eos_token_id", int(embd_shape[0])),
+        "eos_token_id": _end_ids(tok, int(embd_shape[0])),
     }
     if g.has("attention.layer_norm_rms_epsilon"):
         cfg["rms_norm_eps"] = g.float("attention.layer_norm_rms_epsilon", positive=True)
@@ -112,8 +120,46 @@ def config_from_gguf(reader):
         cfg["sliding_window"] = g.int("attention.sliding_window", lo=1)
     if model_type == "phi":
         cfg["hidden_act"] = "gelu_new"
+    if model_type == "gemma3_text":
+        cfg.update(_gemma3(g, cfg))
     cfg["rope_scaling"] = _rope_scaling(reader, g, path, cfg)
     return cfg
+
+
+def _end_ids(tok, vocab_size):
+    """The ids that end a reply: eos, and the end-of-turn / end-of-message tokens that chat
+    GGUFs may name separately (Gemma's <end_of_turn>, Llama 3's <|eot_id|>)."""
+    ids = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        tid = tok.token_id(key, vocab_size)
+        if tid is not None and tid not in ids:
+            ids.append(tid)
+    return ids
+
+
+def _gemma3(g, cfg):
+    """What llama.cpp fixes for gemma3 rather than storing: every 6th layer global unless
+    attention.sliding_window_pattern says otherwise (an int n, or one bool per layer, true
+    = sliding), a rope base of 10000 on sliding layers, query_pre_attn_scalar = head_dim
+    (hidden / heads for the 62-layer 27B), GELU-tanh; norms stored with the 1 added."""
+    n = cfg["num_hidden_layers"]
+    pattern = g.get("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):
+        if len(pattern) != n or any(type(v) is not bool for v in pattern):
+            g.fail("attention.sliding_window_pattern", pattern, f"an integer or {n} booleans (one per block)")
+        sliding = pattern
+    else:
+        every = g.int("attention.sliding_window_pattern", 6, lo=1)
+        sliding = [bool((i + 1) % every) for i in range(n)]
+    out = {"layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+           "rope_local_base_freq": 10000.0, "hidden_act": "gelu_pytorch_tanh", "norm_weight_offset": 0.0,
+           "query_pre_attn_scalar": cfg["hidden_size"] // cfg["num_attention_heads"] if n == 62 else cfg["head_dim"]}
+    if not g.has("rope.freq_base"):
+        out["rope_theta"] = 1_000_000.0  # transformers' Gemma 3 default for global layers
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if g.has(key):
+            out[key] = g.float(key, positive=True)
+    return out
 
 
 def _rope_scaling(reader, g, path, cfg):
@@ -147,8 +193,9 @@ class GGUFWeights:
         model_type = config["model_type"]
         self._names = {}   # HF name -> GGUF name
         self._splits = {}  # HF name -> (GGUF name, first row, rows)
+        fused_qkv = model_type == "phi"  # split into q/k/v below
         for name in reader.keys():
-            if name in _SETTINGS:
+            if name in _SETTINGS or (fused_qkv and ".attn_qkv." in name):
                 continue
             mapped = hf_name(name, model_type)
             if mapped is None:

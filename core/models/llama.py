@@ -1,7 +1,8 @@
-"""Llama-family decoders: Llama 2/3, SmolLM/SmolLM2, TinyLlama, Qwen2/2.5.
+"""Llama-family decoders: Llama 2/3/3.2, SmolLM/SmolLM2, TinyLlama, Qwen2/2.5, Qwen3.
 
 Pre-norm blocks (RMSNorm), grouped-query attention with rotary embeddings
-(plain, linear or llama3 scaling), SwiGLU MLP. Qwen2 adds q/k/v biases.
+(plain, linear or llama3 scaling), SwiGLU MLP. Qwen2 adds q/k/v biases; Qwen3
+instead normalises each q/k head (RMSNorm) before the rotary embedding.
 Weight names are the Hugging Face checkpoint's (model.layers.N.self_attn.q_proj...).
 """
 from .. import functional as F
@@ -12,12 +13,15 @@ from .causal_lm import CausalLM
 
 class LlamaAttention(Module):
     def __init__(self, vb, cfg):
-        qkv_bias = cfg.attention_bias or cfg.model_type == "qwen2"
+        qkv_bias = cfg.qkv_bias
         h, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_proj = Linear(vb.pp("q_proj"), cfg.hidden_size, h * d, bias=qkv_bias)
         self.k_proj = Linear(vb.pp("k_proj"), cfg.hidden_size, hk * d, bias=qkv_bias)
         self.v_proj = Linear(vb.pp("v_proj"), cfg.hidden_size, hk * d, bias=qkv_bias)
         self.o_proj = Linear(vb.pp("o_proj"), h * d, cfg.hidden_size, bias=cfg.attention_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(vb.pp("q_norm"), d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(vb.pp("k_norm"), d, cfg.rms_norm_eps)
         self.cfg = cfg
 
     def forward(self, x, step, kv_cache):
@@ -25,6 +29,8 @@ class LlamaAttention(Module):
         q = split_heads(self.q_proj(x), cfg.num_heads, cfg.head_dim)
         k = split_heads(self.k_proj(x), cfg.num_kv_heads, cfg.head_dim)
         v = split_heads(self.v_proj(x), cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
         k = apply_rotary(k, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
         return self.o_proj(merge_heads(step.attend(q, k, v, kv_cache)))

@@ -10,22 +10,10 @@ import os
 
 from ..config_fields import Fields
 from ..device import Device, default_device
-from ..errors import Error, FormatError, UnsupportedError
+from ..errors import Error, FormatError
 from ..json_file import read_json
+from .architectures import decoder_class
 from .config import DecoderConfig
-
-
-def _decoder_class(model_type, source):
-    if model_type in ("llama", "qwen2"):
-        from .llama import LlamaForCausalLM
-        return LlamaForCausalLM
-    if model_type == "phi":
-        from .phi import PhiForCausalLM
-        return PhiForCausalLM
-    if model_type == "phi3":
-        from .phi3 import Phi3ForCausalLM
-        return Phi3ForCausalLM
-    raise UnsupportedError(f"{source}: model_type {model_type!r} is not supported (llama, qwen2, phi, phi3, whisper)")
 
 
 def _resolve(name_or_path):
@@ -65,7 +53,7 @@ def load_directory(path, device=None, dtype=None):
         for tid in Fields(gen, gen_path).token_ids("eos_token_id", cfg.vocab_size):
             if tid not in cfg.eos_token_ids:
                 cfg.eos_token_ids.append(tid)
-    model = _build(_decoder_class(model_type, path), io.open(path), cfg, device, dtype)
+    model = _build(decoder_class(model_type, path), io.open(path), cfg, device, dtype)
     if os.path.exists(os.path.join(path, "tokenizer.json")):
         from ..tokenizer import Tokenizer
         model.tokenizer = Tokenizer.from_file(path)
@@ -79,7 +67,7 @@ def load_gguf(path, device=None, dtype=None):
     reader = io.open(path, format="gguf")
     raw = config_from_gguf(reader)
     cfg = DecoderConfig(raw, source=path)
-    model = _build(_decoder_class(raw["model_type"], path), GGUFWeights(reader, raw), cfg, device, dtype)
+    model = _build(decoder_class(raw["model_type"], path), GGUFWeights(reader, raw), cfg, device, dtype)
     if "tokenizer.ggml.model" in reader.metadata:
         from ..tokenizer import Tokenizer
         model.tokenizer = Tokenizer.from_gguf(reader)
