@@ -180,6 +180,21 @@ class CTranslate2File:
         self.close()
 
 
+def is_ctranslate2_model(path):
+    """True when the file at `path` starts like a CTranslate2 model.bin: a version 2 to 6
+    and a spec name such as "WhisperSpec" (reads a few bytes; False for anything else)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(6 + 256)
+    except OSError:
+        return False
+    if len(head) < 6:
+        return False
+    version, length = struct.unpack("<IH", head[:6])
+    spec = head[6:6 + length].rstrip(b"\0")
+    return 2 <= version <= 6 and 0 < length <= 256 and spec.endswith(b"Spec") and spec.isascii()
+
+
 def load_ctranslate2(source):
     """Open a CTranslate2 model.bin (a path, or bytes) without reading tensor data."""
     name = "<bytes>" if isinstance(source, (bytes, bytearray, memoryview)) else str(source)

@@ -149,9 +149,29 @@ def whisper_config(ct2, tokenizer, ct2_config=None):
     }
 
 
+def _optional_id(tokenizer, content):
+    try:
+        return _token_id(tokenizer, content)
+    except FormatError:
+        return None
+
+
+def _language_ids(tokenizer, sot, translate):
+    """{"<|en|>": id, ...}: the tokens between <|startoftranscript|> and <|translate|>,
+    where every Whisper vocabulary keeps its languages (large-v3 has one more)."""
+    found = {t["content"]: t["id"] for t in tokenizer.get("added_tokens", []) if sot < t["id"] < translate}
+    if not found:
+        raise FormatError(f"tokenizer.json has no language tokens between <|startoftranscript|> ({sot}) "
+                          f"and <|translate|> ({translate}); it does not match a multilingual Whisper model")
+    return dict(sorted(found.items(), key=lambda kv: kv[1]))
+
+
 def whisper_generation_config(config, tokenizer, ct2_config=None):
-    """generation_config.json for transformers' Whisper generate()."""
+    """generation_config.json for transformers' Whisper generate(), with the fields
+    openai/whisper-* ship: without lang_to_id/task_to_id transformers refuses
+    generate(language=..., task=...) ("generation config is outdated")."""
     ct2_config = ct2_config or {}
+    multilingual = config["vocab_size"] >= 51865
     gen = {
         "decoder_start_token_id": config["decoder_start_token_id"],
         "bos_token_id": config["bos_token_id"],
@@ -161,10 +181,21 @@ def whisper_generation_config(config, tokenizer, ct2_config=None):
         "suppress_tokens": config["suppress_tokens"],
         "begin_suppress_tokens": config["begin_suppress_tokens"],
         "no_timestamps_token_id": _token_id(tokenizer, "<|notimestamps|>"),
-        "is_multilingual": config["vocab_size"] >= 51865,
-        "alignment_heads": ct2_config.get("alignment_heads", []),
+        "is_multilingual": multilingual,
+        "max_initial_timestamp_index": 50,  # openai-whisper's 1.0 s limit on the first timestamp
+        "return_timestamps": False,
     }
-    if config["forced_decoder_ids"]:
+    prev_sot = _optional_id(tokenizer, "<|startofprev|>")
+    if prev_sot is not None:
+        gen["prev_sot_token_id"] = prev_sot
+    if ct2_config.get("alignment_heads"):  # unknown: left out, transformers then uses its own default
+        gen["alignment_heads"] = [list(pair) for pair in ct2_config["alignment_heads"]]
+    if multilingual:
+        translate, transcribe = _token_id(tokenizer, "<|translate|>"), _token_id(tokenizer, "<|transcribe|>")
+        gen["lang_to_id"] = _language_ids(tokenizer, config["decoder_start_token_id"], translate)
+        gen["task_to_id"] = {"translate": translate, "transcribe": transcribe}
+        gen["forced_decoder_ids"] = [[1, None], [2, transcribe]]  # language detected, transcribe
+    elif config["forced_decoder_ids"]:
         gen["forced_decoder_ids"] = config["forced_decoder_ids"]
     return gen
 

@@ -93,6 +93,9 @@ def load_model(name_or_path, device=None, dtype=None):
     path = _resolve(name_or_path)
     device = default_device() if device is None else Device(device)
     if os.path.isdir(path):
+        from ..converter import is_ctranslate2_dir, not_converted_error
+        if is_ctranslate2_dir(path):  # a faster-whisper folder: its config.json is not a model config
+            raise not_converted_error(path)
         if not os.path.exists(os.path.join(path, "config.json")):
             raise FormatError(f"{path}: a model directory needs a config.json (Hugging Face layout)")
         return load_directory(path, device, dtype)

@@ -314,6 +314,9 @@ def resolve(path_or_name, progress=True):
     if p.is_file() and p.name == "config.json":
         p = p.parent
     if p.is_dir():
+        from ..converter import is_ctranslate2_dir, not_converted_error
+        if is_ctranslate2_dir(p):
+            raise not_converted_error(p)
         return p
     if p.exists():
         raise FormatError(f"{p}: expected a Whisper model directory (config.json, model.safetensors, tokenizer.json)")
