@@ -106,6 +106,17 @@ def _token_id(tokenizer, content):
     return found
 
 
+def _id_list(ct2_config, key, default, vocab):
+    """A token id list from CTranslate2's config.json; null or absent: `default`."""
+    value = ct2_config.get(key)
+    if value is None:
+        return list(default)
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab
+                                              for i in value):
+        raise FormatError(f"config.json: {key!r} must be a list of token ids in [0, {vocab}), got {str(value)[:80]}")
+    return list(value)
+
+
 def whisper_config(ct2, tokenizer, ct2_config=None):
     """transformers' WhisperConfig (as a dict) for the model in `ct2`, with the
     special token ids looked up in the tokenizer.json dict `tokenizer`."""
@@ -143,8 +154,8 @@ def whisper_config(ct2, tokenizer, ct2_config=None):
         "pad_token_id": eot,
         "decoder_start_token_id": sot,
         "forced_decoder_ids": None if multilingual else [[1, no_ts]],
-        "suppress_tokens": list(ct2_config.get("suppress_ids", [])),
-        "begin_suppress_tokens": list(ct2_config.get("suppress_ids_begin", [eot])),
+        "suppress_tokens": _id_list(ct2_config, "suppress_ids", [], vocab),
+        "begin_suppress_tokens": _id_list(ct2_config, "suppress_ids_begin", [220, eot], vocab),
         "torch_dtype": {"f16": "float16", "bf16": "bfloat16"}.get(ct2["decoder/embeddings/weight"].dtype, "float32"),
     }
 
@@ -188,7 +199,7 @@ def whisper_generation_config(config, tokenizer, ct2_config=None):
     prev_sot = _optional_id(tokenizer, "<|startofprev|>")
     if prev_sot is not None:
         gen["prev_sot_token_id"] = prev_sot
-    if ct2_config.get("alignment_heads"):  # unknown: left out, transformers then uses its own default
+    if isinstance(ct2_config.get("alignment_heads"), list) and ct2_config["alignment_heads"]:  # unknown: left out, transformers then uses its own default
         gen["alignment_heads"] = [list(pair) for pair in ct2_config["alignment_heads"]]
     if multilingual:
         translate, transcribe = _token_id(tokenizer, "<|translate|>"), _token_id(tokenizer, "<|transcribe|>")
