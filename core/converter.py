@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import Error, FormatError
 from .io.atomic_output import atomic_output, same_file
-from .io.ctranslate2 import is_ctranslate2_model
+from .io.ctranslate2 import is_ctranslate2_model  # noqa: F401  (the loaders ask it through here)
 
 # What a faster-whisper folder may hold besides model.bin; only tokenizer.json is needed.
 TOKENIZER_FILES = ("tokenizer.json", "vocabulary.json", "vocabulary.txt")

@@ -365,6 +365,9 @@ def validate_local(path):
         if not any(path.glob("*.safetensors")) and not (path / "model.safetensors.index.json").is_file():
             raise FormatError(f"{path}: a model directory needs *.safetensors weights (Hugging Face layout)")
         return path
+    from .converter import is_ctranslate2_model, not_converted_error
+    if is_ctranslate2_model(path):
+        raise not_converted_error(path.resolve().parent)
     if path.suffix.lower() == ".gguf":
         with open(path, "rb") as fh:
             magic = fh.read(4)

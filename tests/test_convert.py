@@ -75,12 +75,23 @@ def _build(root, multilingual):
     return ref, hf, ct2
 
 
-@pytest.fixture(scope="module", params=["english", "multilingual"])
-def built(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp(request.param)
-    ref, hf, ct2 = _build(root, request.param == "multilingual")
-    out = tallow.convert(ct2, root / "converted")
-    return ref, hf, ct2, out
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """kind -> (transformers model, HF folder, CTranslate2 folder, converted folder), built once."""
+    cache = {}
+
+    def get(kind):
+        if kind not in cache:
+            root = tmp_path_factory.mktemp(kind)
+            ref, hf, ct2 = _build(root, kind == "multilingual")
+            cache[kind] = ref, hf, ct2, tallow.convert(ct2, root / "converted")
+        return cache[kind]
+    return get
+
+
+@pytest.fixture(params=["english", "multilingual"])
+def built(request, models):
+    return models(request.param)
 
 
 def _features(seed=3):
@@ -164,6 +175,55 @@ def test_real_tiny_en_converts_to_what_fetch_made(tmp_path):
         assert (out / name).read_bytes() == (fetched / name).read_bytes(), name
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["forced_decoder_ids"] == [[1, 50362]] and gen["is_multilingual"] is False
+    recipe = tmp_path / "recipe"  # the fetch recipe now goes through the same converter
+    recipe.mkdir()
+    assert hub.KNOWN["whisper-tiny.en"][0](recipe, tmp_path, False) == "."
+    assert sorted(p.name for p in recipe.iterdir()) == sorted(p.name for p in fetched.iterdir() if p.name != ".complete")
+    for p in recipe.iterdir():
+        assert p.read_bytes() == (out / p.name if p.name != "mel_filters.npz" else fetched / p.name).read_bytes()
+
+
+def _stacked_max(original, name):
+    """Largest |w| of the CTranslate2 tensor that holds `name`: it stacks q/k/v of
+    self-attention and k/v of cross-attention before quantising."""
+    stem, _, proj = name.rpartition(".")[0].rpartition(".")
+    stacked = {"self_attn": ("q_proj", "k_proj", "v_proj"), "encoder_attn": ("k_proj", "v_proj")}
+    group = stacked.get(stem.rpartition(".")[2], ())
+    names = [f"{stem}.{p}.weight" for p in group] if proj in group and name.endswith("weight") else [name]
+    return max(float(original[n].abs().max()) for n in names)
+
+
+@pytest.mark.parametrize("quantization", ["float16", "bfloat16", "int8", "int8_float16", "int16"])
+def test_float16_bfloat16_and_quantised_models(models, tmp_path, quantization):
+    """faster-whisper ships float16 and int8 conversions: weights come back as the model's
+    floats, within CTranslate2's rounding step of the original weights for the quantised ones."""
+    from safetensors.torch import load_file
+
+    ref, hf, _, _ = models("english")
+    ct2 = tmp_path / "ct2"
+    ctranslate2.converters.TransformersConverter(str(hf), copy_files=["tokenizer.json"]).convert(
+        str(ct2), quantization=quantization)
+    out = tallow.convert(ct2, tmp_path / "out")
+    ours = load_file(str(out / "model.safetensors"))
+    original = {k: v for k, v in ref.state_dict().items() if k != "proj_out.weight"}
+    assert ours.keys() == original.keys()
+    float_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "int8_float16": torch.float16}.get(
+        quantization, torch.float32)
+    for name, w in original.items():
+        got = ours[name]
+        assert got.dtype == float_dtype, name
+        if quantization in ("float16", "bfloat16"):
+            assert torch.equal(got, w.to(float_dtype)), name
+            continue
+        rows = w.reshape(len(w), -1) if w.dim() > 1 else w.reshape(-1, 1)
+        if quantization == "int16":  # one scale per stored tensor: 2**10 steps up to its largest |w|
+            step = _stacked_max(original, name) / 2 ** 10
+        else:  # one scale per row: 127 steps up to the row's largest |w|
+            step = rows.abs().amax(dim=1, keepdim=True).reshape(-1, *[1] * (w.dim() - 1)) / 127
+        tolerance = step * 0.5 + w.abs() * 1e-3 + 1e-7  # half a step, plus f16 rounding of the result
+        assert bool(((got.float() - w).abs() <= tolerance).all()), name
+    model = whisper.load(out, device="cpu")  # tallow reads every dtype the converter writes
+    assert model.config.vocab_size == 51864
 
 
 def _suggested_command(message):
@@ -177,8 +237,9 @@ def test_unconverted_folder_names_the_command_that_converts_it(built, tmp_path, 
     src = tmp_path / "faster whisper"  # a space: the suggested command must quote it
     shutil.copytree(ct2, src)
     for load in (tallow.load_model, whisper.load, hub.fetch):
-        with pytest.raises(FormatError, match=r"is a CTranslate2 \(faster-whisper\) model") as caught:
-            load(str(src))
+        for given in (src, src / "model.bin"):
+            with pytest.raises(FormatError, match=r"is a CTranslate2 \(faster-whisper\) model") as caught:
+                load(str(given))
     assert cli_main(["transcribe", "--model", str(src), str(Path(__file__).parent / "data" / "jfk.wav")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("tallow transcribe: error: ") and "\n" not in err and "tallow convert" in err
