@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import Error, FormatError
 from .io.atomic_output import atomic_output, same_file
-from .io.ctranslate2 import is_ctranslate2_model  # noqa: F401  (the loaders ask it through here)
+from .io.ctranslate2 import ctranslate2_spec, is_ctranslate2_model
 
 # What a faster-whisper folder may hold besides model.bin; only tokenizer.json is needed.
 TOKENIZER_FILES = ("tokenizer.json", "vocabulary.json", "vocabulary.txt")
@@ -30,10 +30,16 @@ def is_ctranslate2_dir(path):
     return path.is_dir() and is_ctranslate2_model(path / "model.bin")
 
 
-def not_converted_error(folder):
-    """The error for a CTranslate2 folder given where a Hugging Face-layout one is needed:
-    what it is, and the exact command that converts it."""
-    folder = os.fspath(folder).rstrip("/\\") or os.fspath(folder)
+def not_converted_error(path):
+    """The error for a CTranslate2 folder (or its model.bin) given where a Hugging Face-layout
+    model is needed: what it is, and the exact command that converts it."""
+    path = os.fspath(path)
+    model_bin = path if os.path.isfile(path) else os.path.join(path, "model.bin")
+    folder = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else path.rstrip("/\\") or path
+    spec = ctranslate2_spec(model_bin)
+    if spec != "WhisperSpec":
+        return FormatError(f"{folder}: is a CTranslate2 model of spec {spec!r}, which tallow does not load; "
+                           "tallow convert handles CTranslate2 Whisper models (WhisperSpec) only")
     target = folder + "-hf"
     return FormatError(f"{folder}: is a CTranslate2 (faster-whisper) model (model.bin), which tallow does not load "
                        f"directly; convert it once with `tallow convert {shlex.quote(folder)} {shlex.quote(target)}` "
@@ -68,8 +74,12 @@ def _check_source(src):
         raise Error(f"{src}: is a file; give the CTranslate2 model folder that holds model.bin")
     if not (src / "model.bin").is_file():
         raise FormatError(f"{src}: has no model.bin; tallow convert reads CTranslate2 (faster-whisper) model folders")
-    if not is_ctranslate2_model(src / "model.bin"):
+    spec = ctranslate2_spec(src / "model.bin")
+    if spec is None:
         raise FormatError(f"{src / 'model.bin'}: is not a CTranslate2 model (its header does not match)")
+    if spec != "WhisperSpec":
+        raise FormatError(f"{src / 'model.bin'}: is a CTranslate2 model of spec {spec!r}; tallow convert handles "
+                          "CTranslate2 Whisper models (WhisperSpec) only")
     if not (src / "tokenizer.json").is_file():
         present = [n for n in TOKENIZER_FILES if (src / n).is_file()]
         raise FormatError(f"{src}: has no tokenizer.json (found {', '.join(present) or 'no tokenizer file'}); "

@@ -367,7 +367,7 @@ def validate_local(path):
         return path
     from .converter import is_ctranslate2_model, not_converted_error
     if is_ctranslate2_model(path):
-        raise not_converted_error(path.resolve().parent)
+        raise not_converted_error(path)
     if path.suffix.lower() == ".gguf":
         with open(path, "rb") as fh:
             magic = fh.read(4)

@@ -11,6 +11,7 @@ import copy
 import json
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -300,6 +301,13 @@ def test_bad_sources_and_destinations(built, tmp_path, capsys):
     (broken / "model.bin").write_bytes(b"\x00" * 64)
     with pytest.raises(FormatError, match="is not a CTranslate2 model"):
         tallow.convert(broken, tmp_path / "o5")
+    spec = b"TransformerDecoderSpec\0"  # a CTranslate2 language model, say
+    (broken / "model.bin").write_bytes(struct.pack("<IH", 6, len(spec)) + spec + struct.pack("<II", 1, 0))
+    (broken / "tokenizer.json").write_text("{}")
+    with pytest.raises(FormatError, match="spec 'TransformerDecoderSpec'; tallow convert handles CTranslate2 Whisper"):
+        tallow.convert(broken, tmp_path / "o6")
+    with pytest.raises(FormatError, match="spec 'TransformerDecoderSpec', which tallow does not load"):
+        tallow.load_model(broken)
 
 
 def test_a_failed_conversion_leaves_nothing(built, tmp_path):

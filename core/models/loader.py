@@ -105,5 +105,5 @@ def load_model(name_or_path, device=None, dtype=None):
         return load_gguf(path, device, dtype)
     from ..converter import is_ctranslate2_model, not_converted_error
     if is_ctranslate2_model(path):  # the model.bin of a faster-whisper folder
-        raise not_converted_error(os.path.dirname(os.path.abspath(path)))
+        raise not_converted_error(path)
     raise FormatError(f"{path}: not a model directory or a GGUF file (starts with {magic!r})")

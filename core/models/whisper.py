@@ -321,7 +321,7 @@ def resolve(path_or_name, progress=True):
     if p.exists():
         from ..converter import is_ctranslate2_model, not_converted_error
         if is_ctranslate2_model(p):
-            raise not_converted_error(p.resolve().parent)
+            raise not_converted_error(p)
         raise FormatError(f"{p}: expected a Whisper model directory (config.json, model.safetensors, tokenizer.json)")
     from .. import hub
     if str(path_or_name) in hub.KNOWN:
