@@ -328,3 +328,20 @@ def test_a_failed_conversion_leaves_nothing(built, tmp_path):
     assert not out.exists() and _leftovers(tmp_path) == []
     out.mkdir()  # an empty folder made beforehand is fine
     assert tallow.convert(ct2, out) == out and (out / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_tallow_detects_the_language_transformers_detects(models, seed):
+    """tallow's own multilingual path on the converted folder: language detection picks
+    the token transformers' detect_language picks (it needs the converted lang_to_id)."""
+    from tallow.models.whisper_decoding import detect_language_from_features
+
+    _, _, _, out = models("multilingual")
+    feats = _features(seed)
+    with torch.no_grad():
+        reference = transformers.WhisperForConditionalGeneration.from_pretrained(str(out)).eval()
+        expected = int(reference.detect_language(input_features=feats)[0])
+    model = whisper.load(out, device="cpu")
+    code, probs = detect_language_from_features(model, model.encode(tallow.tensor(feats.numpy())))
+    assert len(probs) == 99 and abs(sum(probs.values()) - 1) < 1e-6
+    assert model.tokens.languages[code] == expected
