@@ -7,7 +7,8 @@ preprocessor_config.json, tokenizer.json.
 DST appears whole or not at all: the files are written into a temporary folder
 next to it, which is renamed to DST at the end. DST must not exist yet (an empty
 folder is fine), and cannot be SRC. Weights keep their stored dtype (f16 for
-faster-whisper's models). Native only (needs numpy).
+faster-whisper's models, bf16, f32); int8/int16-quantised ones are dequantised
+to the model's float dtype. Native only (needs numpy).
 """
 import json
 import os
@@ -54,13 +55,14 @@ def convert(src, dst, progress=False):
     _check_destination(src, dst)
     tokenizer = _read_json(src / "tokenizer.json")
     ct2_config = _read_json(src / "config.json") if (src / "config.json").is_file() else {}
-    tmp = dst.parent / f".{dst.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    target = Path(os.path.abspath(dst))  # "out/", "./out": the temp folder goes next to the real name
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
         _write_hf_folder(src, tmp, tokenizer, ct2_config, progress)
-        if dst.is_dir():
-            dst.rmdir()  # the empty folder the caller made (a rename over a folder fails on Windows)
-        os.replace(tmp, dst)  # DST is whole or absent
+        if target.is_dir():
+            target.rmdir()  # the empty folder the caller made (a rename over a folder fails on Windows)
+        os.replace(tmp, target)  # DST is whole or absent
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -92,10 +94,11 @@ def _check_destination(src, dst):
         raise Error(f"{dst}: is the source folder {src}; write the converted model to a different folder")
     if dst.exists() and not (dst.is_dir() and not any(dst.iterdir())):
         raise Error(f"{dst}: already exists; remove it or choose a new folder for the converted model")
-    if not dst.parent.is_dir():
-        raise Error(f"{dst}: the folder {dst.parent} does not exist; create it first")
-    if not os.access(dst.parent, os.W_OK | os.X_OK):
-        raise Error(f"{dst}: cannot write in {dst.parent} (permission denied); choose another folder")
+    parent = Path(os.path.abspath(dst)).parent
+    if not parent.is_dir():
+        raise Error(f"{dst}: the folder {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise Error(f"{dst}: cannot write in {parent} (permission denied); choose another folder")
 
 
 def _read_json(path):
