@@ -30,6 +30,9 @@ def __getattr__(name):
     if name == "Tokenizer":
         from .tokenizer import Tokenizer
         return Tokenizer
+    if name == "convert":
+        from .converter import convert
+        return convert
     if name == "load_model":
         from .models import load_model
         return load_model

@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "transcribe": ("tallow.cli_transcribe", "speech to text with Whisper"),
     "generate": ("tallow.cli_generate", "generate text with a language model (streams tokens)"),
     "chat": ("tallow.cli_chat", "interactive chat with a language model"),
+    "convert": ("tallow.cli_convert", "convert a CTranslate2 Whisper model (faster-whisper folder) to Hugging Face layout"),
     "quantize": ("tallow.io.quantize", "quantise a safetensors/GGUF file into GGUF (q8_0, q4_0, q4_1, q4_k)"),
     "bench": ("tallow.cli_bench", "real-time factor (Whisper) and tokens/s (LLM) on this box"),
     "web": ("tallow.cli_web", "build and serve the in-browser demo (Pyodide + WebGPU)"),

@@ -164,23 +164,11 @@ def _whisper_tiny_en_ct2(work, downloads, progress):
 
 
 def _whisper_tiny_en(work, downloads, progress):
-    from .io.ctranslate2_whisper import PREPROCESSOR_CONFIG, convert_whisper
-    from .io.safetensors import write_safetensors
+    from .converter import convert
 
     ct2_dir = fetch("whisper-tiny.en-ct2", progress)
     assets = fetch("whisper-assets", progress)
-    tokenizer = json.loads((ct2_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    ct2_config = json.loads((ct2_dir / "config.json").read_text(encoding="utf-8"))
-    _say(progress, "converting the CTranslate2 model to Hugging Face layout")
-    state, config, generation = convert_whisper(ct2_dir / "model.bin", tokenizer, ct2_config)
-    bar = _Progress(progress, "writing model.safetensors", 1)
-    write_safetensors(work / "model.safetensors", state, metadata={"format": "pt"})
-    bar.advance()
-    preprocessor = dict(PREPROCESSOR_CONFIG, feature_size=config["num_mel_bins"])
-    for name, obj in (("config.json", config), ("generation_config.json", generation),
-                      ("preprocessor_config.json", preprocessor)):
-        (work / name).write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-    shutil.copyfile(ct2_dir / "tokenizer.json", work / "tokenizer.json")
+    convert(ct2_dir, work, progress)  # the public converter: `tallow convert` gives the same folder
     shutil.copyfile(assets / "mel_filters.npz", work / "mel_filters.npz")
     return "."
 
@@ -369,11 +357,17 @@ def validate_local(path):
     """A local model path returned as is, after checking it looks usable."""
     path = Path(path)
     if path.is_dir():
+        from .converter import is_ctranslate2_dir, not_converted_error
+        if is_ctranslate2_dir(path):
+            raise not_converted_error(path)
         if not (path / "config.json").is_file():
             raise FormatError(f"{path}: a model directory needs a config.json (Hugging Face layout)")
         if not any(path.glob("*.safetensors")) and not (path / "model.safetensors.index.json").is_file():
             raise FormatError(f"{path}: a model directory needs *.safetensors weights (Hugging Face layout)")
         return path
+    from .converter import is_ctranslate2_model, not_converted_error
+    if is_ctranslate2_model(path):
+        raise not_converted_error(path)
     if path.suffix.lower() == ".gguf":
         with open(path, "rb") as fh:
             magic = fh.read(4)

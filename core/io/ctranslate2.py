@@ -180,6 +180,28 @@ class CTranslate2File:
         self.close()
 
 
+def ctranslate2_spec(path):
+    """The spec name ("WhisperSpec", ...) when the file at `path` starts like a CTranslate2
+    model.bin (a version 2 to 6, then a spec name); None for anything else. Reads a few bytes."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(6 + 256)
+    except OSError:
+        return None
+    if len(head) < 6:
+        return None
+    version, length = struct.unpack("<IH", head[:6])
+    spec = head[6:6 + length].rstrip(b"\0")
+    if 2 <= version <= 6 and 0 < length <= 256 and spec.endswith(b"Spec") and spec.isascii():
+        return spec.decode("ascii")
+    return None
+
+
+def is_ctranslate2_model(path):
+    """True when the file at `path` starts like a CTranslate2 model.bin."""
+    return ctranslate2_spec(path) is not None
+
+
 def load_ctranslate2(source):
     """Open a CTranslate2 model.bin (a path, or bytes) without reading tensor data."""
     name = "<bytes>" if isinstance(source, (bytes, bytearray, memoryview)) else str(source)

@@ -5,12 +5,14 @@ Hugging Face layout: model.safetensors with the parameter names and shapes of
 CTranslate2 stacks the self-attention q/k/v (3d x d) in `linear_0` and the
 cross-attention k/v (2d x d) in `linear_1`; Whisper has no key bias, so the
 stored zero key biases are dropped. Weights keep their stored dtype (f16 for
-the faster-whisper models). The output projection is tied to the decoder
+the faster-whisper models; bf16 stays bf16); int8/int16-quantised weights are
+dequantised to the model's float dtype. The output projection is tied to the decoder
 token embedding, as in transformers, so it is not written separately.
-Native only (needs numpy).
+Native only (needs numpy). tallow.convert (core/converter.py) writes the folder.
 """
+import numpy as np
+
 from ..errors import FormatError
-from .ctranslate2 import load_ctranslate2
 
 _NORM = {"gamma": "weight", "beta": "bias"}
 
@@ -28,14 +30,30 @@ def _scalar(ct2, name, default):
 
 def whisper_state_dict(ct2):
     """{transformers parameter name: numpy array} from an open CTranslate2File."""
-    import numpy as np
 
     if ct2.spec != "WhisperSpec":
-        raise FormatError(f"{ct2.path}: spec is {ct2.spec!r}, expected 'WhisperSpec'")
+        raise FormatError(f"{ct2.path}: spec is {ct2.spec!r}, expected 'WhisperSpec'; tallow convert "
+                          "handles CTranslate2 Whisper models")
     out = {}
+    float_dtype = ct2["encoder/layer_norm/gamma"].numpy().dtype  # what the unquantised tensors are stored as
+
+    def array(ct2_name):
+        """The stored array; a quantised weight (int8/int16 with a `_scale`) comes back as
+        floats, q / scale, as CTranslate2 computes q = round(w * scale)."""
+        value = ct2[ct2_name].numpy()
+        scale_name = f"{ct2_name}_scale"
+        if scale_name not in ct2:
+            if value.dtype.kind == "i":
+                raise FormatError(f"{ct2.path}: {ct2_name} is {value.dtype} without a {scale_name}; "
+                                  "not a quantisation tallow knows")
+            return value
+        scale = ct2[scale_name].numpy().astype(np.float32)
+        scale = scale.reshape(scale.shape + (1,) * (value.ndim - scale.ndim))  # per row, or one for all
+        to = float_dtype if float_dtype in (np.float16, np.float32) else np.float32  # bf16 bits: f32
+        return (value.astype(np.float32) / scale).astype(to)
 
     def put(name, ct2_name):
-        out[name] = ct2[ct2_name].numpy()
+        out[name] = array(ct2_name)
 
     def norm(prefix, ct2_prefix):
         for ct2_key, key in _NORM.items():
@@ -48,7 +66,7 @@ def whisper_state_dict(ct2):
     def split(names, ct2_prefix):
         """Split a stacked projection; names[i] None for a part that is dropped
         (the key bias, which must be zero)."""
-        weight, bias = ct2[f"{ct2_prefix}/weight"].numpy(), ct2[f"{ct2_prefix}/bias"].numpy()
+        weight, bias = array(f"{ct2_prefix}/weight"), array(f"{ct2_prefix}/bias")
         parts = len(names)
         if weight.shape[0] % parts or bias.shape[0] != weight.shape[0]:
             raise FormatError(f"{ct2.path}: {ct2_prefix} {weight.shape} does not stack {parts} projections")
@@ -93,7 +111,8 @@ def whisper_state_dict(ct2):
     proj = ct2.aliases.get("decoder/projection/weight")
     if proj not in (None, "decoder/embeddings/weight"):
         raise FormatError(f"{ct2.path}: output projection is not tied to the token embedding; not supported")
-    return out
+    # bf16 travels as its uint16 bits (numpy has no bf16); the writers take it as a (dtype, shape, bytes) triple
+    return {k: ("bf16", v.shape, np.ascontiguousarray(v)) if v.dtype == np.uint16 else v for k, v in out.items()}
 
 
 def _token_id(tokenizer, content):
@@ -104,6 +123,17 @@ def _token_id(tokenizer, content):
     if found is None:
         raise FormatError(f"tokenizer.json has no token {content!r}")
     return found
+
+
+def _id_list(ct2_config, key, default, vocab):
+    """A token id list from CTranslate2's config.json; null or absent: `default`."""
+    value = ct2_config.get(key)
+    if value is None:
+        return list(default)
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab
+                                              for i in value):
+        raise FormatError(f"config.json: {key!r} must be a list of token ids in [0, {vocab}), got {str(value)[:80]}")
+    return list(value)
 
 
 def whisper_config(ct2, tokenizer, ct2_config=None):
@@ -143,15 +173,35 @@ def whisper_config(ct2, tokenizer, ct2_config=None):
         "pad_token_id": eot,
         "decoder_start_token_id": sot,
         "forced_decoder_ids": None if multilingual else [[1, no_ts]],
-        "suppress_tokens": list(ct2_config.get("suppress_ids", [])),
-        "begin_suppress_tokens": list(ct2_config.get("suppress_ids_begin", [eot])),
-        "torch_dtype": {"f16": "float16", "bf16": "bfloat16"}.get(ct2["decoder/embeddings/weight"].dtype, "float32"),
+        "suppress_tokens": _id_list(ct2_config, "suppress_ids", [], vocab),
+        "begin_suppress_tokens": _id_list(ct2_config, "suppress_ids_begin", [220, eot], vocab),
+        "torch_dtype": {"f16": "float16", "bf16": "bfloat16"}.get(ct2["encoder/layer_norm/gamma"].dtype, "float32"),
     }
 
 
+def _optional_id(tokenizer, content):
+    try:
+        return _token_id(tokenizer, content)
+    except FormatError:
+        return None
+
+
+def _language_ids(tokenizer, sot, translate):
+    """{"<|en|>": id, ...}: the tokens between <|startoftranscript|> and <|translate|>,
+    where every Whisper vocabulary keeps its languages (large-v3 has one more)."""
+    found = {t["content"]: t["id"] for t in tokenizer.get("added_tokens", []) if sot < t["id"] < translate}
+    if not found:
+        raise FormatError(f"tokenizer.json has no language tokens between <|startoftranscript|> ({sot}) "
+                          f"and <|translate|> ({translate}); it does not match a multilingual Whisper model")
+    return dict(sorted(found.items(), key=lambda kv: kv[1]))
+
+
 def whisper_generation_config(config, tokenizer, ct2_config=None):
-    """generation_config.json for transformers' Whisper generate()."""
+    """generation_config.json for transformers' Whisper generate(), with the fields
+    openai/whisper-* ship: without lang_to_id/task_to_id transformers refuses
+    generate(language=..., task=...) ("generation config is outdated")."""
     ct2_config = ct2_config or {}
+    multilingual = config["vocab_size"] >= 51865
     gen = {
         "decoder_start_token_id": config["decoder_start_token_id"],
         "bos_token_id": config["bos_token_id"],
@@ -161,10 +211,21 @@ def whisper_generation_config(config, tokenizer, ct2_config=None):
         "suppress_tokens": config["suppress_tokens"],
         "begin_suppress_tokens": config["begin_suppress_tokens"],
         "no_timestamps_token_id": _token_id(tokenizer, "<|notimestamps|>"),
-        "is_multilingual": config["vocab_size"] >= 51865,
-        "alignment_heads": ct2_config.get("alignment_heads", []),
+        "is_multilingual": multilingual,
+        "max_initial_timestamp_index": 50,  # openai-whisper's 1.0 s limit on the first timestamp
+        "return_timestamps": False,
     }
-    if config["forced_decoder_ids"]:
+    prev_sot = _optional_id(tokenizer, "<|startofprev|>")
+    if prev_sot is not None:
+        gen["prev_sot_token_id"] = prev_sot
+    if isinstance(ct2_config.get("alignment_heads"), list) and ct2_config["alignment_heads"]:  # unknown: left out, transformers then uses its own default
+        gen["alignment_heads"] = [list(pair) for pair in ct2_config["alignment_heads"]]
+    if multilingual:
+        translate, transcribe = _token_id(tokenizer, "<|translate|>"), _token_id(tokenizer, "<|transcribe|>")
+        gen["lang_to_id"] = _language_ids(tokenizer, config["decoder_start_token_id"], translate)
+        gen["task_to_id"] = {"translate": translate, "transcribe": transcribe}
+        gen["forced_decoder_ids"] = [[1, None], [2, transcribe]]  # language detected, transcribe
+    elif config["forced_decoder_ids"]:
         gen["forced_decoder_ids"] = config["forced_decoder_ids"]
     return gen
 
@@ -176,11 +237,3 @@ PREPROCESSOR_CONFIG = {
     "n_fft": 400, "n_samples": 480000, "nb_max_frames": 3000,
     "padding_side": "right", "padding_value": 0.0, "return_attention_mask": False,
 }
-
-
-def convert_whisper(model_bin, tokenizer, ct2_config=None):
-    """(state dict, config, generation config) for a CTranslate2 Whisper model.bin path."""
-    with load_ctranslate2(model_bin) as ct2:
-        state = {k: v.copy() for k, v in whisper_state_dict(ct2).items()}  # copies: the file is closed after
-        config = whisper_config(ct2, tokenizer, ct2_config)
-    return state, config, whisper_generation_config(config, tokenizer, ct2_config)
