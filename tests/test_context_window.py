@@ -15,6 +15,7 @@ import pytest
 import tallow
 from tallow.errors import ContextWindowError
 from tallow.generate import chat_prompt_ids, generate_ids
+from tiny_llama import save_tiny_llama
 
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
@@ -22,8 +23,6 @@ tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
 WINDOW = 48
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TEXT = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine", "all that glitters is not gold",
         "system\nuser\nassistant\n", "fox 0 fox 1 fox 2 fox 3 fox 4 fox 5 fox 6 fox 7 fox 8 fox 9"] * 20
 
@@ -31,19 +30,7 @@ TEXT = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves n
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama-window")
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(TEXT, trainer)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": CHAT_TEMPLATE}))
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2,
-                         max_position_embeddings=WINDOW, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    tf.LlamaForCausalLM(cfg).eval().save_pretrained(path, safe_serialization=True)
+    save_tiny_llama(path, TEXT, max_position_embeddings=WINDOW)
     return path
 
 

@@ -10,13 +10,12 @@ import pytest
 
 import tallow
 from tallow.generate import Sampler, StopText, chat_prompt_ids, generate_ids
+from tiny_llama import save_tiny_llama
 
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TEXT = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
         "to be or not to be, that is the question", "all that glitters is not gold"] * 20
 
@@ -25,20 +24,7 @@ TEXT = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves n
 def model_dir(tmp_path_factory):
     """A random Llama (transformers) saved with a trained byte-level BPE tokenizer and a chat template."""
     path = tmp_path_factory.mktemp("tiny-llama")
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(TEXT, trainer)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": CHAT_TEMPLATE}))
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2,
-                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    ref = tf.LlamaForCausalLM(cfg).eval()
-    ref.save_pretrained(path, safe_serialization=True)
+    save_tiny_llama(path, TEXT)
     return path
 
 
