@@ -6,7 +6,6 @@ positions and a small trained BPE tokenizer; the real SmolLM2 GGUF for the
 default window read from its metadata."""
 import argparse
 import io
-import json
 import os
 import time
 
