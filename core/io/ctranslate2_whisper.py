@@ -10,7 +10,6 @@ dequantised to the model's float dtype. The output projection is tied to the dec
 token embedding, as in transformers, so it is not written separately.
 Native only (needs numpy). tallow.convert (core/converter.py) writes the folder.
 """
-import numpy as np
 
 from ..errors import FormatError
 
@@ -30,6 +29,7 @@ def _scalar(ct2, name, default):
 
 def whisper_state_dict(ct2):
     """{transformers parameter name: numpy array} from an open CTranslate2File."""
+    import numpy as np  # lazily: this module imports in Pyodide, which may lack numpy
 
     if ct2.spec != "WhisperSpec":
         raise FormatError(f"{ct2.path}: spec is {ct2.spec!r}, expected 'WhisperSpec'; tallow convert "
