@@ -46,7 +46,8 @@ def run(args):
     if is_batch(args):
         return run_batch(args)
     if not args.audio:
-        raise Error("give an audio file (or several, a folder or --manifest with --output-dir)")
+        raise Error("the following arguments are required: audio (a file; or several, a folder, "
+                    "a glob or --manifest FILE, with --output-dir)")
     args.audio = args.audio[0]
     from .models import whisper
 
