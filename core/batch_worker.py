@@ -12,10 +12,13 @@ from .io.atomic_output import atomic_output
 
 
 class Settings:
-    """What every worker needs to build its model and format its outputs (picklable)."""
+    """What every worker needs to build its model and format its outputs (picklable).
+    options: model.transcribe's keywords; timestamps default as on the command line
+    (on for srt/vtt, which need them; off otherwise)."""
 
     def __init__(self, model="whisper-tiny.en", device=None, fmt="txt", options=None):
-        self.model, self.device, self.fmt, self.options = model, device, fmt, dict(options or {})
+        self.model, self.device, self.fmt = model, device, fmt
+        self.options = {"timestamps": fmt in ("srt", "vtt"), **(options or {})}
 
 
 class Outcome:
