@@ -7,11 +7,14 @@ they run again, each alone (so an innocent file is not blamed for its neighbour)
 A job whose worker died MAX_CRASHES times is reported as failed, so a file that
 kills its worker cannot stop the batch."""
 import concurrent.futures as cf
+import contextlib
 import multiprocessing
+import os
 
 from .batch_worker import Outcome, Transcriber
 
 MAX_CRASHES = 2
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 _transcriber = None  # the model of this worker process
 
@@ -42,9 +45,28 @@ def run_local(jobs, settings, workers=1, on_outcome=None):
 
     crashes = {}
     pending = list(jobs)
-    while pending:
-        pending = _run_pool(pending, settings, workers, finish, crashes)
+    with _threads_per_worker(max(1, (os.cpu_count() or 1) // workers)):
+        while pending:
+            pending = _run_pool(pending, settings, workers, finish, crashes)
     return outcomes
+
+
+@contextlib.contextmanager
+def _threads_per_worker(threads):
+    """BLAS threads for the worker processes started meanwhile (they inherit the environment):
+    N workers each running all cores' threads fight over them (measured: several times slower).
+    A thread count the user set is kept."""
+    saved = {var: os.environ.get(var) for var in THREAD_VARIABLES}
+    for var in THREAD_VARIABLES:
+        os.environ.setdefault(var, str(threads))
+    try:
+        yield
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
 
 
 def _run_pool(jobs, settings, workers, finish, crashes):
