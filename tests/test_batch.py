@@ -163,10 +163,15 @@ def test_inputs_globs_folders_and_manifests(tmp_path):
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tallow[ray]')")
+    saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = cli_env()["PYTHONPATH"]  # the workers import this tree's tallow
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+    if saved is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = saved
 
 
 def actor_pids():
