@@ -1,6 +1,9 @@
 """`tallow transcribe AUDIO`: speech to text with Whisper; a timing line on stderr.
 On stdout, txt/srt/vtt segments are printed as each is decoded (long audio shows
-progress at once); json, and --output files, are written when the whole is done."""
+progress at once); json, and --output files, are written when the whole is done.
+
+Many inputs (files, globs, folders, --manifest), or --output-dir / --workers / --ray,
+make it a batch (cli_transcribe_batch): one output file per input in --output-dir."""
 import os
 import sys
 import time
@@ -11,7 +14,9 @@ from .io.atomic_output import atomic_output, check_output_path
 
 
 def add_arguments(parser):
-    parser.add_argument("audio", help="audio file (WAV; other formats need ffmpeg on PATH)")
+    parser.add_argument("audio", nargs="*",
+                        help="audio file (WAV; other formats need ffmpeg on PATH); several files, "
+                             "globs or folders make a batch (needs --output-dir)")
     parser.add_argument("--model", default="whisper-tiny.en",
                         help="a known model name (fetched on first use) or a Hugging Face-layout directory")
     parser.add_argument("--device", default=None, help="cpu, python, wgpu, ... (default: the best available)")
@@ -25,11 +30,26 @@ def add_arguments(parser):
                         help="a single sampling temperature (default: 0 with fallback 0.2 ... 1.0)")
     parser.add_argument("--format", default="txt", choices=("txt", "srt", "vtt", "json"))
     parser.add_argument("--output", "-o", default=None, help="write the transcript to this file instead of stdout")
+    from .cli_transcribe_batch import add_batch_arguments
+    add_batch_arguments(parser)
+
+
+def decoding_options(args):
+    from .models.whisper_transcribe import DEFAULT_TEMPERATURES
+    return dict(language=args.language, task=args.task, beam_size=args.beam_size,
+                timestamps=args.timestamps or args.format in ("srt", "vtt"),
+                temperature=DEFAULT_TEMPERATURES if args.temperature is None else args.temperature)
 
 
 def run(args):
+    from .cli_transcribe_batch import is_batch, run_batch
+    if is_batch(args):
+        return run_batch(args)
+    if not args.audio:
+        raise Error("the following arguments are required: audio (a file; or several, a folder, "
+                    "a glob or --manifest FILE, with --output-dir)")
+    args.audio = args.audio[0]
     from .models import whisper
-    from .models.whisper_transcribe import DEFAULT_TEMPERATURES
 
     # Checked before the model loads: a typo should not cost a model load.
     if not os.path.isfile(args.audio):
@@ -39,8 +59,7 @@ def run(args):
     start = time.perf_counter()
     model = whisper.load(args.model, device=args.device)
     loaded = time.perf_counter()
-    options = dict(language=args.language, task=args.task, beam_size=args.beam_size, timestamps=args.timestamps or args.format in ("srt", "vtt"),
-                   temperature=DEFAULT_TEMPERATURES if args.temperature is None else args.temperature)
+    options = decoding_options(args)
     live = None if args.output or args.format == "json" else LiveTranscript(args.format, sys.stdout)
     result = model.transcribe(args.audio, on_segment=live and live.add, **options)
     done = time.perf_counter()
