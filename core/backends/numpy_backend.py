@@ -63,6 +63,8 @@ class _DequantCache:
     dequantised once and kept, up to $TALLOW_QUANT_CACHE_MB (default: a quarter
     of physical memory, at most 4 GiB); past the budget the per-call chunked path
     keeps memory bounded (a Raspberry Pi with a large model). 0 disables it.
+    With numba installed the formats its kernels handle skip this cache entirely
+    (quant/cpu_matmul.py): they compute on the mapped blocks.
     """
 
     def __init__(self):
@@ -275,6 +277,9 @@ class NumpyBackend(Backend):
 
     def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
         xv = self.load(x, lx, dtype).astype(np.float32, copy=False)
+        from ..quant import cpu_matmul
+        if cpu_matmul.supports(wdtype):  # numba kernels on the blocks: no f32 copy of w
+            return self.store(cpu_matmul.qmatmul(xv, w, wdtype, n, k), dtype)
         wf = _DEQUANT_CACHE.get(w, wdtype, n, k)
         if wf is not None:
             if xv.size == k:  # one row: matrix-vector path (see matmul)
@@ -290,7 +295,9 @@ class NumpyBackend(Backend):
     def index_select(self, st, layout, dtype, ids, lids, dim):
         idx = self.view(ids, lids)
         if dtype.is_quantized:
-            from ..quant import dequantize_rows_numpy
+            from ..quant import cpu_matmul, dequantize_rows_numpy
+            if cpu_matmul.supports(dtype):
+                return self.store(cpu_matmul.dequant_rows(st, dtype, layout.shape[1], idx), f32)
             return self.store(dequantize_rows_numpy(st, dtype, layout.shape[1], idx), f32)
         return self.store(np.take(self.view(st, layout), idx, axis=dim), dtype)
 
