@@ -100,6 +100,7 @@ def test_bad_shapes_raise_tallow_errors():
 
 def test_backend_uses_kernels_and_no_f32_copy(monkeypatch):
     from tallow.backends import numpy_backend
+    monkeypatch.delenv("TALLOW_QUANT_CACHE_MB", raising=False)
     rng = np.random.default_rng(4)
     w = rng.standard_normal((6, 64)).astype(np.float32)
     x = rng.standard_normal((1, 64)).astype(np.float32)
@@ -110,6 +111,10 @@ def test_backend_uses_kernels_and_no_f32_copy(monkeypatch):
     assert numpy_backend._DEQUANT_CACHE.used == used  # the kernels read the blocks; nothing was cached
     ids = tallow.from_numpy(np.array([5, 0], dtype=np.int64))
     np.testing.assert_array_equal(wq.index_select(0, ids).numpy(), deq[[5, 0]])  # an embedding lookup
+    monkeypatch.setenv("TALLOW_QUANT_CACHE_MB", "64")  # asked for: f32 copies even with the kernels
+    np.testing.assert_allclose((tallow.from_numpy(x) @ wq.T).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)
+    assert numpy_backend._DEQUANT_CACHE.used == used + w.size * 4
+    monkeypatch.delenv("TALLOW_QUANT_CACHE_MB")
     monkeypatch.setenv("TALLOW_CPU_KERNELS", "0")  # the numpy path (f32 copy) is still there
     assert not cpu_matmul.supports("q4_0")
     np.testing.assert_allclose((tallow.from_numpy(x) @ wq.T).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)

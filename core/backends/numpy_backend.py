@@ -63,8 +63,8 @@ class _DequantCache:
     dequantised once and kept, up to $TALLOW_QUANT_CACHE_MB (default: a quarter
     of physical memory, at most 4 GiB); past the budget the per-call chunked path
     keeps memory bounded (a Raspberry Pi with a large model). 0 disables it.
-    With numba installed the formats its kernels handle skip this cache entirely
-    (quant/cpu_matmul.py): they compute on the mapped blocks.
+    With numba installed the formats its kernels handle (quant/cpu_matmul.py) skip
+    this cache unless $TALLOW_QUANT_CACHE_MB is set: they compute on the mapped blocks.
     """
 
     def __init__(self):
@@ -84,6 +84,14 @@ class _DequantCache:
                     phys = 8 * 2**30
                 self.budget = min(phys // 4, 4 * 2**30)
         return self.budget
+
+    @staticmethod
+    def requested():
+        """True when the user set a non-zero budget (f32 copies wanted even with the kernels)."""
+        try:
+            return float(os.environ.get("TALLOW_QUANT_CACHE_MB", "0")) > 0
+        except ValueError:
+            return False
 
     def get(self, w, wdtype, n, k):
         key = id(w)
@@ -278,13 +286,16 @@ class NumpyBackend(Backend):
     def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
         xv = self.load(x, lx, dtype).astype(np.float32, copy=False)
         from ..quant import cpu_matmul
-        if cpu_matmul.supports(wdtype):  # numba kernels on the blocks: no f32 copy of w
-            return self.store(cpu_matmul.qmatmul(xv, w, wdtype, n, k), dtype)
-        wf = _DEQUANT_CACHE.get(w, wdtype, n, k)
+        kernels = cpu_matmul.supports(wdtype)
+        # With the numba kernels the blocks are used as they are (mapped from the file);
+        # f32 copies only when $TALLOW_QUANT_CACHE_MB asks for them (faster decode where RAM is plenty).
+        wf = _DEQUANT_CACHE.get(w, wdtype, n, k) if not kernels or _DEQUANT_CACHE.requested() else None
         if wf is not None:
             if xv.size == k:  # one row: matrix-vector path (see matmul)
                 return self.store(np.matmul(wf, xv.reshape(k)), dtype)
             return self.store(np.matmul(xv, wf.T), dtype)
+        if kernels:
+            return self.store(cpu_matmul.qmatmul(xv, w, wdtype, n, k), dtype)
         from ..quant import qmatmul_numpy
         return self.store(qmatmul_numpy(xv, w, wdtype, n, k), dtype)
 

@@ -4,9 +4,9 @@ Imported only by the numpy backend, and only when numba is installed
 (`pip install 'tallow[cpu]'`): `import tallow` never imports numba.
 
 Each weight row is a run of GGUF blocks. `decode_block` turns one block into
-block_size float32 values in a small per-thread buffer (it stays in L1), which
-the caller dots with the activations, so every weight byte is read once per call
-and no f32 copy of the matrix exists. Rows are split across threads (prange).
+block_size float32 values in a small per-thread row buffer (it stays in L1),
+which the caller dots with the activations, so every weight byte is read once
+per call and no f32 copy of the matrix exists. Rows are split across threads (prange).
 The arithmetic follows ggml's `dequantize_row_*` (see dequant_numpy.py); the
 sums are reassociated (fastmath) so they vectorise, hence not bit-identical.
 
@@ -53,36 +53,44 @@ def _scale_min_k4(j, raw, s):
     return sc, mn
 
 
-@njit(cache=True)
-def decode_block(fmt, raw, o, table, buf):
-    """Write the values of the block at raw[o:] into buf[:block_size] (float32), bit-identical
-    to ggml's dequantisation (same operations in the same order, no fastmath)."""
-    if fmt == 0 or fmt == 2:  # q4_0: (q - 8) * d ; q5_0: (q - 16) * d, bit 4 of element j is bit j of qh
+@njit(cache=True, inline="always")
+def decode_block(fmt, raw, raw8, o, table, buf, bo):
+    """Write the values of the block at raw[o:] into buf[bo:bo + block_size] (float32),
+    bit-identical to ggml's dequantisation where the caller is compiled without fastmath
+    (same operations in the same order). raw8 is raw viewed as int8 (Q8_0's values)."""
+    if fmt <= 1:  # q4_0: (q - 8) * d ; q4_1: q * d + m
         d = _f16(raw, o, table)
-        off = 8 if fmt == 0 else 16
-        q = o + 2 if fmt == 0 else o + 6
-        qh = np.uint32(0) if fmt == 0 else _u32(raw, o + 2)
-        for j in range(16):
-            b = np.int32(raw[q + j])
-            lo = (b & 0x0F) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
-            hi = (b >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))
-            buf[j] = np.float32(lo - off) * d
-            buf[j + 16] = np.float32(hi - off) * d
-    elif fmt == 1 or fmt == 3:  # q4_1: q * d + m ; q5_1 likewise with the fifth bit from qh
+        if fmt == 0:
+            for j in range(16):
+                v = raw[o + 2 + j]
+                buf[bo + j] = np.float32(np.int32(v & 15) - 8) * d
+                buf[bo + j + 16] = np.float32(np.int32(v >> 4) - 8) * d
+        else:
+            m = _f16(raw, o + 2, table)
+            for j in range(16):
+                v = raw[o + 4 + j]
+                buf[bo + j] = np.float32(v & 15) * d + m
+                buf[bo + j + 16] = np.float32(v >> 4) * d + m
+    elif fmt <= 3:  # q5_0: (q - 16) * d ; q5_1: q * d + m ; bit 4 of element j is bit j of qh
         d = _f16(raw, o, table)
-        m = _f16(raw, o + 2, table)
-        q = o + 4 if fmt == 1 else o + 8
-        qh = np.uint32(0) if fmt == 1 else _u32(raw, o + 4)
+        m = np.float32(0.0) if fmt == 2 else _f16(raw, o + 2, table)
+        off = 16 if fmt == 2 else 0
+        h = o + 2 if fmt == 2 else o + 4
+        qh = _u32(raw, h)
         for j in range(16):
-            b = np.int32(raw[q + j])
-            lo = (b & 0x0F) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
-            hi = (b >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))
-            buf[j] = np.float32(lo) * d + m
-            buf[j + 16] = np.float32(hi) * d + m
+            b = np.int32(raw[h + 4 + j])
+            lo = ((b & 0x0F) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))) - off
+            hi = ((b >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))) - off
+            if fmt == 2:
+                buf[bo + j] = np.float32(lo) * d
+                buf[bo + j + 16] = np.float32(hi) * d
+            else:
+                buf[bo + j] = np.float32(lo) * d + m
+                buf[bo + j + 16] = np.float32(hi) * d + m
     elif fmt == 4:  # q8_0: int8 * d
         d = _f16(raw, o, table)
         for j in range(32):
-            buf[j] = _i8(raw, o + 2 + j) * d
+            buf[bo + j] = np.float32(raw8[o + 2 + j]) * d
     elif fmt == 5 or fmt == 6:  # q4_k / q5_k: 8 sub-blocks of 32, each with a 6-bit scale and min
         d = _f16(raw, o, table)
         dmin = _f16(raw, o + 2, table)
@@ -103,8 +111,8 @@ def decode_block(fmt, raw, o, table, buf):
                     h = np.int32(raw[o + 16 + l])
                     lo |= ((h >> (2 * g)) & 1) << 4
                     hi |= ((h >> (2 * g + 1)) & 1) << 4
-                buf[base + l] = d1 * np.float32(lo) - n1
-                buf[base + 32 + l] = d2 * np.float32(hi) - n2
+                buf[bo + base + l] = d1 * np.float32(lo) - n1
+                buf[bo + base + 32 + l] = d2 * np.float32(hi) - n2
     else:  # fmt 7, q6_k: 16 sub-blocks of 16 with int8 scales; 4 low bits in ql, 2 high in qh
         d = _f16(raw, o + 208, table)
         for half in range(2):
@@ -121,121 +129,34 @@ def decode_block(fmt, raw, o, table, buf):
                 q2 = ((c & 0x0F) | (((h >> 2) & 3) << 4)) - 32
                 q3 = ((a >> 4) | (((h >> 4) & 3) << 4)) - 32
                 q4 = ((c >> 4) | (((h >> 6) & 3) << 4)) - 32
-                buf[base + l] = d * _i8(raw, sc + s) * np.float32(q1)
-                buf[base + l + 32] = d * _i8(raw, sc + s + 2) * np.float32(q2)
-                buf[base + l + 64] = d * _i8(raw, sc + s + 4) * np.float32(q3)
-                buf[base + l + 96] = d * _i8(raw, sc + s + 6) * np.float32(q4)
-
-
-@njit(cache=True, fastmath=True, inline="always")
-def dot_block(fmt, raw, o, table, x, xo, xs, so):
-    """The dot product of the block at raw[o:] with x[xo:xo + block_size].
-
-    Only loads and sums (no stores), so the loops vectorise. Offsets (the m of
-    q4_1, the -8 of q4_0, the mins of the k-quants) are applied once per 32
-    values through xs[so:], the sums of x over each run of 32."""
-    if fmt <= 3:  # q4_0, q4_1, q5_0, q5_1
-        d = _f16(raw, o, table)
-        if fmt == 0:
-            m = np.float32(-8.0) * d
-            q = o + 2
-        elif fmt == 1:
-            m = _f16(raw, o + 2, table)
-            q = o + 4
-        elif fmt == 2:
-            m = np.float32(-16.0) * d
-            q = o + 6
-        else:
-            m = _f16(raw, o + 2, table)
-            q = o + 8
-        lo = np.float32(0.0)
-        hi = np.float32(0.0)
-        if fmt <= 1:
-            for j in range(16):
-                b = np.int32(raw[q + j])
-                lo += np.float32(b & 0x0F) * x[xo + j]
-                hi += np.float32(b >> 4) * x[xo + 16 + j]
-        else:  # bit 4 of element j is bit j of the 32-bit qh before the nibbles
-            qh = _u32(raw, q - 4)
-            for j in range(16):
-                b = np.int32(raw[q + j])
-                lo += np.float32((b & 0x0F) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))) * x[xo + j]
-                hi += np.float32((b >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))) * x[xo + 16 + j]
-        return d * (lo + hi) + m * xs[so]
-    if fmt == 4:  # q8_0
-        s = np.float32(0.0)
-        for j in range(32):
-            s += _i8(raw, o + 2 + j) * x[xo + j]
-        return _f16(raw, o, table) * s
-    if fmt <= 6:  # q4_k, q5_k: per 32 values d * scale * sum(q x) - dmin * min * sum(x)
-        d = _f16(raw, o, table)
-        dmin = _f16(raw, o + 2, table)
-        ql = o + 16 if fmt == 5 else o + 48
-        total = np.float32(0.0)
-        for g in range(4):
-            sc1, m1 = _scale_min_k4(2 * g, raw, o + 4)
-            sc2, m2 = _scale_min_k4(2 * g + 1, raw, o + 4)
-            lo = np.float32(0.0)
-            hi = np.float32(0.0)
-            if fmt == 5:
-                for l in range(32):
-                    b = np.int32(raw[ql + 32 * g + l])
-                    lo += np.float32(b & 0x0F) * x[xo + 64 * g + l]
-                    hi += np.float32(b >> 4) * x[xo + 64 * g + 32 + l]
-            else:
-                for l in range(32):
-                    b = np.int32(raw[ql + 32 * g + l])
-                    h = np.int32(raw[o + 16 + l])
-                    lo += np.float32((b & 0x0F) | (((h >> (2 * g)) & 1) << 4)) * x[xo + 64 * g + l]
-                    hi += np.float32((b >> 4) | (((h >> (2 * g + 1)) & 1) << 4)) * x[xo + 64 * g + 32 + l]
-            total += (d * np.float32(sc1)) * lo - (dmin * np.float32(m1)) * xs[so + 2 * g]
-            total += (d * np.float32(sc2)) * hi - (dmin * np.float32(m2)) * xs[so + 2 * g + 1]
-        return total
-    # q6_k: 16 runs of 16 values, each with an int8 scale; q = 6 bits - 32
-    total = np.float32(0.0)
-    for half in range(2):
-        ql = o + 64 * half
-        qh = o + 128 + 32 * half
-        sc = o + 192 + 8 * half
-        xb = xo + 128 * half
-        for s in range(2):
-            s1 = np.float32(0.0)
-            s2 = np.float32(0.0)
-            s3 = np.float32(0.0)
-            s4 = np.float32(0.0)
-            for l in range(16 * s, 16 * s + 16):
-                a = np.int32(raw[ql + l])
-                c = np.int32(raw[ql + l + 32])
-                h = np.int32(raw[qh + l])
-                s1 += np.float32(((a & 0x0F) | ((h & 3) << 4)) - 32) * x[xb + l]
-                s2 += np.float32(((c & 0x0F) | (((h >> 2) & 3) << 4)) - 32) * x[xb + l + 32]
-                s3 += np.float32(((a >> 4) | (((h >> 4) & 3) << 4)) - 32) * x[xb + l + 64]
-                s4 += np.float32(((c >> 4) | (((h >> 6) & 3) << 4)) - 32) * x[xb + l + 96]
-            total += (_i8(raw, sc + s) * s1 + _i8(raw, sc + s + 2) * s2 + _i8(raw, sc + s + 4) * s3
-                      + _i8(raw, sc + s + 6) * s4)
-    return _f16(raw, o + 208, table) * total
+                buf[bo + base + l] = d * _i8(raw, sc + s) * np.float32(q1)
+                buf[bo + base + l + 32] = d * _i8(raw, sc + s + 2) * np.float32(q2)
+                buf[bo + base + l + 64] = d * _i8(raw, sc + s + 4) * np.float32(q3)
+                buf[bo + base + l + 96] = d * _i8(raw, sc + s + 6) * np.float32(q4)
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def qmatmul_blocks(fmt, block_size, block_bytes, raw, x, xs, n, table, out):
-    """out (m, n) = x (m, k) times the transpose of the (n, k) block matrix in raw (uint8);
-    xs (m, k // 32) holds the sums of x over each run of 32 values.
+def qmatmul_blocks(fmt, block_size, block_bytes, raw, x, n, table, out):
+    """out (m, n) = x (m, k) times the transpose of the (n, k) block matrix in raw (uint8).
 
-    For the few rows of a decoding step: each weight byte is read once per row of x
-    (and stays in cache across the rows)."""
+    For the few rows of a decoding step: each weight row is decoded once into a
+    per-thread buffer of k floats (it stays in L1) and dotted with every row of x.
+    Decoding a whole row, then one long dot, vectorises far better than a dot per
+    block (measured 4x on Q8_0 and Q4_1)."""
     m, k = x.shape
     blocks = k // block_size
-    runs = block_size // 32
     row_bytes = blocks * block_bytes
+    raw8 = raw.view(np.int8)
     for task in prange((n + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        buf = np.empty(k, np.float32)
         for r in range(task * ROWS_PER_TASK, min(n, (task + 1) * ROWS_PER_TASK)):
+            for b in range(blocks):
+                decode_block(fmt, raw, raw8, r * row_bytes + b * block_bytes, table, buf, b * block_size)
             for i in range(m):
-                acc = np.float32(0.0)
-                xi = x[i]
-                xsi = xs[i]
-                for b in range(blocks):
-                    acc += dot_block(fmt, raw, r * row_bytes + b * block_bytes, table, xi, b * block_size, xsi, b * runs)
-                out[i, r] = acc
+                s = np.float32(0.0)
+                for j in range(k):
+                    s += buf[j] * x[i, j]
+                out[i, r] = s
 
 
 @njit(cache=True, parallel=True)
@@ -244,12 +165,12 @@ def dequant_rows_blocks(fmt, block_size, block_bytes, raw, rows, k, table, out):
     and tiles of rows for the matrix-matrix path)."""
     blocks = k // block_size
     row_bytes = blocks * block_bytes
+    raw8 = raw.view(np.int8)
     for i in prange(rows.shape[0]):
-        buf = np.empty(block_size, np.float32)
         r = rows[i]
+        row = out[i]
         for b in range(blocks):
-            decode_block(fmt, raw, r * row_bytes + b * block_bytes, table, buf)
-            out[i, b * block_size:(b + 1) * block_size] = buf
+            decode_block(fmt, raw, raw8, r * row_bytes + b * block_bytes, table, row, b * block_size)
 
 
 @njit(cache=True, parallel=True, fastmath=True)
