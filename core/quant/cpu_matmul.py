@@ -27,6 +27,9 @@ def kernels():
     if os.environ.get("TALLOW_CPU_KERNELS", "1") == "0":
         return None
     if "module" not in _state:
+        # One thread count for BLAS and the kernels: numba reads this when it is first imported.
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit() and "NUMBA_NUM_THREADS" not in os.environ:
+            os.environ["NUMBA_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
         try:
             from . import cpu_kernels
         except ImportError:
