@@ -159,14 +159,14 @@ def qmatmul_blocks(fmt, block_size, block_bytes, raw, x, n, table, out):
                 out[i, r] = s
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def dequant_rows_blocks(fmt, block_size, block_bytes, raw, rows, k, table, out):
     """out (len(rows), k) float32: the listed rows of the block matrix in raw (embedding lookups,
-    and tiles of rows for the matrix-matrix path)."""
+    and tiles of rows for the matrix-matrix path). One thread (see cpu_matmul.py)."""
     blocks = k // block_size
     row_bytes = blocks * block_bytes
     raw8 = raw.view(np.int8)
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         row = out[i]
         for b in range(blocks):
