@@ -1,6 +1,9 @@
-"""SmolLM2-135M-Instruct (Q4_1 GGUF): prefill and decode speed and peak memory,
-tallow (numpy) vs transformers + PyTorch (same GGUF, dequantised to f32) vs
-llama.cpp (llama-cpp-python, when installed), plus the memory-bandwidth floor.
+"""SmolLM2-135M-Instruct (Q4_1 GGUF): prefill and decode speed, peak memory and time
+from process start to the first token: tallow (numba kernels on the GGUF blocks when
+numba is installed; "tallow-no-kernels" is the numpy path with f32 copies) vs
+transformers + PyTorch (same GGUF, dequantised to f32) vs llama.cpp
+(llama-cpp-python, when installed), plus the memory-bandwidth floor. The last line
+is `decode_vs_llamacpp=X prefill_vs_llamacpp=Y rss_vs_llamacpp=Z` (n/a without llama.cpp).
 
     python bench/llm.py [--gguf PATH] [--prompt-tokens 64] [--decode-tokens 32]
 
