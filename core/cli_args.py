@@ -14,54 +14,20 @@ def _number(text, kind):
     return value
 
 
-def non_negative_float(text):
-    """temperature, min-p style values: finite and >= 0."""
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
-    return value
+def _checked(kind, ok, rule):
+    """A `type=` function: parse as `kind` (floats must be finite), then require ok(value)."""
+    def parse(text):
+        value = _number(text, kind)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{text} {rule}")
+        return value
+    return parse
 
 
-def positive_float(text):
-    """repetition penalty: finite and > 0."""
-    value = _number(text, float)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be > 0")
-    return value
-
-
-def probability(text):
-    """top-p: a probability mass in (0, 1]."""
-    value = _number(text, float)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} must be in (0, 1]")
-    return value
-
-
-def fraction(text):
-    """min-p: in [0, 1]."""
-    value = _number(text, float)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} must be in [0, 1]")
-    return value
-
-
-def non_negative_int(text):
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
-    return value
-
-
-def positive_int(text):
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 1")
-    return value
-
-
-def port(text):
-    value = _number(text, int)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (0 to 65535; 0 picks a free one)")
-    return value
+non_negative_float = _checked(float, lambda v: v >= 0, "must be >= 0")      # temperature
+positive_float = _checked(float, lambda v: v > 0, "must be > 0")            # repetition penalty
+probability = _checked(float, lambda v: 0 < v <= 1, "must be in (0, 1]")    # top-p
+fraction = _checked(float, lambda v: 0 <= v <= 1, "must be in [0, 1]")      # min-p
+non_negative_int = _checked(int, lambda v: v >= 0, "must be >= 0")          # top-k
+positive_int = _checked(int, lambda v: v >= 1, "must be >= 1")              # max tokens, beam size, workers
+port = _checked(int, lambda v: 0 <= v <= 65535, "is not a TCP port (0 to 65535; 0 picks a free one)")
