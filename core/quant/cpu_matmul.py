@@ -89,21 +89,12 @@ def qmatmul(x, raw, qtype, n, k):
 def dequant_rows(raw, qtype, k, row_ids):
     """(len(row_ids), k) float32: the listed rows of a block matrix of rows of k (an embedding lookup)."""
     import numpy as np
+    from .dequant_numpy import block_rows
     mod = kernels()
-    d = quant_dtype(qtype)
-    if k % d.block_size:
-        raise FormatError(f"{d.name}: row length {k} is not a whole number of {d.block_size}-element blocks")
-    arr = raw if isinstance(raw, np.ndarray) else np.frombuffer(raw, dtype=np.uint8)
-    arr = arr.reshape(-1).view(np.uint8)
-    row_bytes = k // d.block_size * d.block_bytes
-    if arr.size % row_bytes:
-        raise FormatError(f"{d.name}: {arr.size} bytes is not a whole number of {row_bytes}-byte rows of {k}")
-    ids = np.asarray(row_ids, dtype=np.int64).reshape(-1)
-    n = arr.size // row_bytes
-    if ids.size and (ids.min() < 0 or ids.max() >= n):
-        raise FormatError(f"{d.name}: row index out of range for {n} rows")
+    d, rows, ids = block_rows(raw, qtype, k, row_ids)
     out = np.empty((ids.size, k), dtype=np.float32)
-    mod.dequant_rows_blocks(mod.FORMATS[d.name], d.block_size, d.block_bytes, arr, ids, k, mod.F16_TABLE, out)
+    mod.dequant_rows_blocks(mod.FORMATS[d.name], d.block_size, d.block_bytes, rows.reshape(-1), ids, k,
+                            mod.F16_TABLE, out)
     return out
 
 

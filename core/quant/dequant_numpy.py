@@ -184,8 +184,10 @@ def dequantize_numpy(raw, qtype, numel):
         return DECODERS[d.name](blocks).reshape(numel)
 
 
-def dequantize_rows_numpy(raw, qtype, k, row_ids):
-    """(len(row_ids), k) float32: the listed rows of a matrix of rows of k elements (an embedding lookup)."""
+def block_rows(raw, qtype, k, row_ids):
+    """Checked inputs of a row lookup in a block matrix of rows of k elements: (dtype info,
+    rows as a (n, row_bytes) uint8 array, the row ids as int64). Shared by the numpy and
+    numba embedding lookups."""
     np = _np()
     d = quant_dtype(qtype)
     if k % d.block_size:
@@ -199,6 +201,13 @@ def dequantize_rows_numpy(raw, qtype, k, row_ids):
     ids = np.asarray(row_ids, dtype=np.int64).reshape(-1)
     if ids.size and (ids.min() < 0 or ids.max() >= rows.shape[0]):
         raise FormatError(f"{d.name}: row index out of range for {rows.shape[0]} rows")
+    return d, rows, ids
+
+
+def dequantize_rows_numpy(raw, qtype, k, row_ids):
+    """(len(row_ids), k) float32: the listed rows of a matrix of rows of k elements (an embedding lookup)."""
+    np = _np()
+    d, rows, ids = block_rows(raw, qtype, k, row_ids)
     picked = rows[ids].reshape(-1, d.block_bytes)
     with np.errstate(all="ignore"):
         return DECODERS[d.name](picked).reshape(ids.size, k)
