@@ -3,7 +3,6 @@ strings, streaming, prefix reuse, and `tallow generate` / `tallow chat`, on a
 tiny random Llama with a small byte-level BPE tokenizer trained here."""
 import io
 import json
-import random
 
 import numpy as np
 import pytest

@@ -1,7 +1,6 @@
 """Bad weight files: every corruption is a tallow.Error naming the file (and tensor),
 never a crash, a hang, or a large allocation. Hand-made cases, then a bounded
 hypothesis fuzz over mutated real files."""
-import glob
 import json
 import os
 import struct
@@ -10,7 +9,6 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import tallow
 import tallow.io as tio
 from tallow.errors import Error, FormatError
 

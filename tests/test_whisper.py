@@ -235,7 +235,7 @@ def test_two_threads_transcribe_like_one(tiny):
     def work(i):
         try:
             results[i] = tiny.transcribe(str(JFK), temperature=0.0).text
-        except Exception as e:  # noqa: BLE001 - reported below
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]

@@ -29,7 +29,7 @@ __all__ = ["open", "load_file", "save_file", "GGUFFile", "SafetensorsFile", "Sha
 _INDEX = "model.safetensors.index.json"
 
 
-def open(source, format=None):  # noqa: A001  (tallow.io.open, like builtins.open for weights)
+def open(source, format=None):
     """A lazy reader for a weights file (path, directory, a bytes-like buffer, or a ByteSource
     such as JsArrayBufferSource: the header is read, tensors are copied when asked).
     The format comes from `format` ("safetensors", "gguf", "npz"), else the file's
