@@ -61,7 +61,8 @@ def test_a_prompt_that_fills_the_window_fails_at_the_call(model):
 
 
 def test_generation_that_fills_the_window_stops_with_finish_reason_context(model_dir, model):
-    prompt = model.tokenizer.encode("the quick brown fox jumps over the lazy dog a stitch in time saves nine all that glitters")
+    prompt = model.tokenizer.encode("the quick brown fox jumps over the lazy dog "
+                                    "a stitch in time saves nine all that glitters")
     room = WINDOW - len(prompt)
     assert 0 < room <= 12
     stream = model.stream(prompt, max_tokens=50, stop_tokens=[])
@@ -120,7 +121,8 @@ def test_cli_chat_refuses_or_drops_turns(model_dir, capsys):
     out = io.StringIO()
     assert cli_chat.run(args, stdin=io.StringIO(lines), stdout=out) == 0
     err = capsys.readouterr().err
-    assert f"context window of {WINDOW}" in err and "--drop-oldest-turns" in err  # refused with the way out, not a crash
+    # refused with the way out, not a crash
+    assert f"context window of {WINDOW}" in err and "--drop-oldest-turns" in err
     cli_chat, args = _chat_args(model_dir, "--drop-oldest-turns")
     out = io.StringIO()
     assert cli_chat.run(args, stdin=io.StringIO(lines), stdout=out) == 0

@@ -195,7 +195,8 @@ def test_smollm2_tensors_dequantise_like_gguf(smollm2):
         rows = np.frombuffer(f.raw(name), np.uint8).reshape(info.shape[0], -1)[:8]
         ref = gguf.quants.dequantize(rows, T[info.file_dtype])
         np.testing.assert_array_equal(dequantize_numpy(rows, info.dtype, 8 * k).reshape(8, k), ref)
-        np.testing.assert_array_equal(np.frombuffer(dequantize_python(rows.tobytes(), info.dtype, 8 * k), np.float32), ref.reshape(-1))
+        np.testing.assert_array_equal(np.frombuffer(dequantize_python(rows.tobytes(), info.dtype, 8 * k), np.float32),
+                                      ref.reshape(-1))
     rows = np.frombuffer(f.raw("token_embd.weight"), np.uint8).reshape(49152, -1)[[1, 100, 49151]]
     for device in ("cpu", "python"):
         emb = f.tensor("token_embd.weight", device=device)
@@ -207,7 +208,8 @@ def test_quantize_cli(tmp_path):
     from tallow.io.quantize import main
     st_numpy = pytest.importorskip("safetensors.numpy")
     rng = np.random.default_rng(2)
-    src = {"w": rng.standard_normal((16, 512)).astype(np.float32), "odd": rng.standard_normal((4, 100)).astype(np.float32),
+    src = {"w": rng.standard_normal((16, 512)).astype(np.float32),
+           "odd": rng.standard_normal((4, 100)).astype(np.float32),
            "norm": np.ones(512, np.float32), "pos": np.arange(4, dtype=np.int64), "f64": np.ones((2, 256))}
     st_numpy.save_file(src, str(tmp_path / "in.safetensors"), metadata={"source": "test"})
     assert main([str(tmp_path / "in.safetensors"), str(tmp_path / "out.gguf"), "--type", "q4_k"]) == 0
@@ -216,7 +218,8 @@ def test_quantize_cli(tmp_path):
     assert types == {"w": T.Q4_K, "odd": T.F32, "norm": T.F32, "pos": T.I64, "f64": T.Q4_K}
     w = next(t for t in r.tensors if t.name == "w")
     np.testing.assert_array_equal(gguf.quants.dequantize(w.data, T.Q4_K),
-                                  dequantize_numpy(quantize_numpy(src["w"], "q4_k"), "q4_k", src["w"].size).reshape(16, 512))
+                                  dequantize_numpy(quantize_numpy(src["w"], "q4_k"), "q4_k",
+                                                   src["w"].size).reshape(16, 512))
     assert r.fields["source"].contents() == "test"
     assert main([str(tmp_path / "in.safetensors"), str(tmp_path / "o2.gguf"), "--type", "q8_0"]) == 0
     assert main([str(tmp_path / "missing.safetensors"), str(tmp_path / "o3.gguf")]) == 2

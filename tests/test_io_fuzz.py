@@ -61,7 +61,8 @@ def test_safetensors_bad_tensor_entries(tmp_path):
         return _safetensors_bytes({"w": entry}, data)
     _refused(one({"dtype": "Q9", "shape": [4], "data_offsets": [0, 16]}), r"'w'.*unknown dtype 'Q9'", tmp_path)
     _refused(one({"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}), r"'w'.*needs 20 bytes", tmp_path)
-    _refused(one({"dtype": "F32", "shape": [10 ** 6, 10 ** 6], "data_offsets": [0, 16]}), r"needs 4000000000000 bytes", tmp_path)
+    _refused(one({"dtype": "F32", "shape": [10 ** 6, 10 ** 6], "data_offsets": [0, 16]}), r"needs 4000000000000 bytes",
+             tmp_path)
     _refused(one({"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}), "non-negative", tmp_path)
     _refused(one({"dtype": "F32", "shape": [4], "data_offsets": [16, 0]}), "begin <= end", tmp_path)
     _refused(one({"dtype": "F32", "shape": [4]}), "data_offsets", tmp_path)

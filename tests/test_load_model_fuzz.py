@@ -122,9 +122,11 @@ def _load_or_tallow_error(path):
     ("llama.attention.layer_norm_rms_epsilon", -0.5, r"layer_norm_rms_epsilon = -0\.5: must be a number > 0"),
     ("llama.rope.freq_base", 0.0, r"llama\.rope\.freq_base = 0\.0: must be a number > 0"),
     ("llama.rope.dimension_count", 65, r"rope\.dimension_count = 65"),
-    ("tokenizer.ggml.eos_token_id", 10 ** 6, r"tokenizer\.ggml\.eos_token_id = 1000000: must be a token id in \[0, 1024\)"),
+    ("tokenizer.ggml.eos_token_id", 10 ** 6,
+     r"tokenizer\.ggml\.eos_token_id = 1000000: must be a token id in \[0, 1024\)"),
     ("tokenizer.ggml.bos_token_id", -1, r"tokenizer\.ggml\.bos_token_id = -1"),
-    ("tokenizer.ggml.tokens", [1, 2, 3], r"tokenizer\.ggml\.tokens = \[1, 2, 3\]: must be a non-empty array of strings"),
+    ("tokenizer.ggml.tokens", [1, 2, 3],
+     r"tokenizer\.ggml\.tokens = \[1, 2, 3\]: must be a non-empty array of strings"),
     ("tokenizer.ggml.pre", ["smollm"], r"pre-tokenizer \['smollm'\] is not supported"),
 ])
 def test_gguf_bad_metadata_is_named(tmp_path, smollm2_parts, key, value, match):
@@ -240,11 +242,12 @@ _NUMERIC_KEYS = ["llama.block_count", "llama.context_length", "llama.embedding_l
                  "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id",
                  "tokenizer.ggml.add_bos_token", "tokenizer.ggml.pre", "tokenizer.ggml.model", "general.architecture",
                  "tokenizer.chat_template", "tokenizer.ggml.token_type"]
-_BAD_VALUES = [0, -1, 1, 3, 2 ** 31, 2 ** 40, "x", "linear", [1, 2], [], 0.5, -0.0, math.nan, math.inf, 1e30, True, None]
+_BAD_VALUES = [0, -1, 1, 3, 2 ** 31, 2 ** 40, "x", "linear", [1, 2], [], 0.5, -0.0, math.nan, math.inf, 1e30, True,
+               None]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-          derandomize=True)
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture], derandomize=True)
 @given(edits=st.dictionaries(st.sampled_from(_NUMERIC_KEYS), st.sampled_from(_BAD_VALUES), min_size=1, max_size=3))
 def test_fuzz_gguf_metadata_values(tmp_path, smollm2_parts, edits):
     path = _write_gguf(tmp_path / "fuzz.gguf", smollm2_parts, **edits)
@@ -257,8 +260,8 @@ def smollm2_trimmed_bytes(tmp_path_factory, smollm2_parts):
     return path.read_bytes(), tio.open(path).data_start
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-          derandomize=True)
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture], derandomize=True)
 @given(data=st.data())
 def test_fuzz_gguf_header_bytes(tmp_path, smollm2_trimmed_bytes, data):
     """Byte flips in the header region (counts, keys, types, tensor infos) and truncations."""
@@ -279,8 +282,8 @@ _CONFIG_VALUES = _BAD_VALUES + [{"rope_type": "linear", "factor": 0}, {"rope_typ
                                  "original_max_position_embeddings": 8}]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-          derandomize=True)
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture], derandomize=True)
 @given(edits=st.dictionaries(st.sampled_from(_CONFIG_KEYS), st.sampled_from(_CONFIG_VALUES), min_size=1, max_size=3),
        flips=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=2),
        length_delta=st.sampled_from([0, 0, 0, -1, 1, -8]))

@@ -72,7 +72,8 @@ def test_bf16_both_ways(tmp_path):
 
 def test_low_level_writer_inputs(tmp_path):
     p = tmp_path / "mixed.safetensors"
-    tio.write_safetensors(p, {"np": np.ones((2, 2), np.float32), "triple": ("i32", (3,), np.arange(3, dtype=np.int32).tobytes()),
+    tio.write_safetensors(p, {"np": np.ones((2, 2), np.float32),
+                              "triple": ("i32", (3,), np.arange(3, dtype=np.int32).tobytes()),
                               "tensor": tallow.tensor([1.0, 2.0])})
     back = st_numpy.load_file(str(p))
     np.testing.assert_array_equal(back["triple"], [0, 1, 2])
@@ -84,7 +85,8 @@ def test_low_level_writer_inputs(tmp_path):
 
 def test_unsupported_dtypes_are_refused_clearly(tmp_path):
     p = tmp_path / "i16.safetensors"
-    st_numpy.save_file({"ok": np.ones(2, np.float32), "small": np.ones(3, np.int16), "big": np.ones(2, np.uint64)}, str(p))
+    st_numpy.save_file({"ok": np.ones(2, np.float32), "small": np.ones(3, np.int16), "big": np.ones(2, np.uint64)},
+                       str(p))
     f = tio.open(p)
     assert f.info("small").file_dtype == "I16" and f.info("small").dtype is None
     np.testing.assert_array_equal(f.tensor("ok").numpy(), [1, 1])

@@ -100,4 +100,5 @@ def save_file(tensors, path, metadata=None):
         return write_safetensors(path, tensors, metadata)
     if path.endswith(".gguf"):
         return write_gguf(path, tensors, metadata)
-    raise FormatError(f"{path}: save_file writes .safetensors or .gguf files, not {os.path.splitext(path)[1] or 'no extension'}")
+    raise FormatError(f"{path}: save_file writes .safetensors or .gguf files, "
+                      f"not {os.path.splitext(path)[1] or 'no extension'}")

@@ -218,7 +218,8 @@ def whisper_generation_config(config, tokenizer, ct2_config=None):
     prev_sot = _optional_id(tokenizer, "<|startofprev|>")
     if prev_sot is not None:
         gen["prev_sot_token_id"] = prev_sot
-    if isinstance(ct2_config.get("alignment_heads"), list) and ct2_config["alignment_heads"]:  # unknown: left out, transformers then uses its own default
+    # unknown: left out, transformers then uses its own default
+    if isinstance(ct2_config.get("alignment_heads"), list) and ct2_config["alignment_heads"]:
         gen["alignment_heads"] = [list(pair) for pair in ct2_config["alignment_heads"]]
     if multilingual:
         translate, transcribe = _token_id(tokenizer, "<|translate|>"), _token_id(tokenizer, "<|transcribe|>")

@@ -210,7 +210,8 @@ class GGUFFile(LazyFile):
             entries.append((name, dims, c.u32(), c.u64()))
         self.data_start = -(-c.pos // self.alignment) * self.alignment
         if self.data_start > self.size and n_tensors:
-            self._fail(f"truncated: the data section would start at {self.data_start}, past the end ({self.size} bytes)")
+            self._fail(f"truncated: the data section would start at {self.data_start}, "
+                       f"past the end ({self.size} bytes)")
         for name, dims, type_id, offset in entries:
             if name in self.infos:
                 self._fail("duplicate tensor name", name)
