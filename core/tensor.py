@@ -63,7 +63,7 @@ class Tensor(TensorBase):
     shape = property(lambda self: self._layout.shape)
     strides = property(lambda self: self._layout.strides)
     ndim = property(lambda self: len(self._layout.shape))
-    T = property(lambda self: self.t())
+    T = property(lambda self: ops.t(self))
 
     def numel(self) -> int:
         return self._layout.numel()
@@ -213,12 +213,12 @@ class Tensor(TensorBase):
     def div(self, o: Operand) -> Tensor: return ops.binary(self, o, "div")
     def maximum(self, o: Operand) -> Tensor: return ops.binary(self, o, "maximum")
     def minimum(self, o: Operand) -> Tensor: return ops.binary(self, o, "minimum")
-    def eq(self, o: Operand) -> Tensor: return ops.compare(self, o, "eq")
-    def ne(self, o: Operand) -> Tensor: return ops.compare(self, o, "ne")
-    def lt(self, o: Operand) -> Tensor: return ops.compare(self, o, "lt")
-    def le(self, o: Operand) -> Tensor: return ops.compare(self, o, "le")
-    def gt(self, o: Operand) -> Tensor: return ops.compare(self, o, "gt")
-    def ge(self, o: Operand) -> Tensor: return ops.compare(self, o, "ge")
+    def eq(self, o: Operand) -> Tensor: return ops.binary(self, o, "eq")
+    def ne(self, o: Operand) -> Tensor: return ops.binary(self, o, "ne")
+    def lt(self, o: Operand) -> Tensor: return ops.binary(self, o, "lt")
+    def le(self, o: Operand) -> Tensor: return ops.binary(self, o, "le")
+    def gt(self, o: Operand) -> Tensor: return ops.binary(self, o, "gt")
+    def ge(self, o: Operand) -> Tensor: return ops.binary(self, o, "ge")
 
     __add__ = add
     __sub__ = sub

@@ -120,9 +120,13 @@ def _operand(a, other, op):
     return a._new(a.device.backend.full(1, other, dtype), (), dtype), dtype
 
 
+# Binary ops whose result is a bool tensor (Backend.compare); the others keep the promoted dtype (Backend.binary).
+COMPARISONS = frozenset(("eq", "ne", "lt", "le", "gt", "ge"))
+
+
 def binary(a, other, op, reverse=False):
-    """a op other (other op a when reverse); other a tensor or a Python number."""
-    if type(other) is type(a) and other.dtype is a.dtype and other._layout.shape == a._layout.shape \
+    """a op other (other op a when reverse); other a tensor or a Python number, broadcast."""
+    if op not in COMPARISONS and type(other) is type(a) and other.dtype is a.dtype and other._layout.shape == a._layout.shape \
             and other.device is a.device and (op != "div" or a.dtype.kind == "f"):
         # Fast path (same dtype, same shape): nothing to promote or broadcast.
         if reverse:
@@ -132,26 +136,9 @@ def binary(a, other, op, reverse=False):
         if (a.requires_grad or other.requires_grad) and _Mode.enabled:
             record(out, (a, other), G.binary(op, a, other, out))
         return out
-    a, b, shape, la, lb, dtype = _broadcast_pair(a, other, op, reverse)
-    if a is None:
-        return NotImplemented
-    out = a._new(a.device.backend.binary(op, a._storage, la, b._storage, lb, dtype), shape, dtype)
-    return record_if_needed(out, (a, b), lambda: G.binary(op, a, b, out))
-
-
-def compare(a, other, op, reverse=False):
-    """a op other as a bool tensor (eq, ne, lt, le, gt, ge)."""
-    a, b, shape, la, lb, dtype = _broadcast_pair(a, other, op, reverse)
-    if a is None:
-        return NotImplemented
-    return a._new(a.device.backend.compare(op, a._storage, la, b._storage, lb, dtype), shape, D.bool_)
-
-
-def _broadcast_pair(a, other, op, reverse):
-    """Both operands in their common dtype, the broadcast shape and both layouts broadcast to it."""
     b, dtype = _operand(a, other, op)
     if b is None:
-        return (None,) * 6
+        return NotImplemented
     if reverse:
         a, b = b, a
     if op == "div" and not dtype.is_float:
@@ -163,7 +150,11 @@ def _broadcast_pair(a, other, op, reverse):
     shape = broadcast_shapes(a.shape, b.shape, op)
     la = a._layout if a.shape == shape else a._layout.broadcast_to(shape, op)
     lb = b._layout if b.shape == shape else b._layout.broadcast_to(shape, op)
-    return a, b, shape, la, lb, dtype
+    be = a.device.backend
+    if op in COMPARISONS:
+        return a._new(be.compare(op, a._storage, la, b._storage, lb, dtype), shape, D.bool_)
+    out = a._new(be.binary(op, a._storage, la, b._storage, lb, dtype), shape, dtype)
+    return record_if_needed(out, (a, b), lambda: G.binary(op, a, b, out))
 
 
 def logical(a, other, op):

@@ -10,7 +10,8 @@ from .new import new_full
 
 
 def reshape(x, shape):
-    shape = shape_args(shape)
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):  # shape_args, inlined: the hot path
+        shape = tuple(shape[0])
     lay = x._layout
     if lay._contiguous and lay.offset == 0 and -1 not in shape and numel_of(shape) == numel_of(lay.shape) \
             and all(type(s) is int and s >= 0 for s in shape):
