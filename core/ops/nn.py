@@ -10,7 +10,6 @@ import math
 from .. import dtypes as D
 from ..autograd import _Mode, needs_grad, record
 from ..errors import ShapeError
-from ..layout import Layout
 from .arguments import check_devices, float_input, parts
 from .new import new_arange, new_full
 from .shape import cat, pad, stack
