@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import random as _pyrandom
-from typing import Any, Sequence, TypeAlias
+from collections.abc import Sequence
 
 from . import dtypes as D
 from .device import Device, default_device
@@ -15,8 +15,8 @@ from .nested import coerce, flatten_nested, infer_dtype
 from .ops import cat  # noqa: F401  (models/attention.py imports cat from here; drop when the models move)
 from .tensor import Number, Tensor
 
-DTypeLike: TypeAlias = "D.DType | str | None"
-DeviceLike: TypeAlias = "Device | str | None"
+DTypeLike = D.DType | str | None
+DeviceLike = Device | str | None
 
 
 def _device(device):
@@ -38,7 +38,7 @@ def _leaf(t, requires_grad, op):
     return t
 
 
-def tensor(data: Any, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
+def tensor(data: object, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
     """A tensor from nested lists, a scalar, a numpy array or another tensor (copied);
     requires_grad=True makes it a leaf that records gradients."""
     return _leaf(_tensor(data, dtype, device), requires_grad, "tensor")
@@ -59,7 +59,7 @@ def _tensor(data, dtype, device):
     return _make(dev.backend.from_list(coerce(flat, dtype, "tensor"), dtype), shape, dtype, dev)
 
 
-def from_numpy(array: Any, device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
+def from_numpy(array: object, device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
     """A tensor holding a copy of a numpy array (bf16 is not a numpy dtype: pass uint16 bits through from_buffer)."""
     import numpy as np
     array = np.asarray(array)
@@ -74,7 +74,7 @@ def from_numpy(array: Any, device: DeviceLike = None, requires_grad: bool = Fals
     return _leaf(from_buffer(memoryview(data.view(np.uint8)), dtype, array.shape, device), requires_grad, "from_numpy")
 
 
-def from_buffer(data: Any, dtype: D.DType | str, shape: Sequence[int], device: DeviceLike = None) -> Tensor:
+def from_buffer(data: object, dtype: D.DType | str, shape: Sequence[int], device: DeviceLike = None) -> Tensor:
     """A tensor over raw little-endian bytes (quantised dtypes: the GGUF blocks)."""
     dtype = D.get_dtype(dtype)
     shape = tuple(int(s) for s in shape)

@@ -4,7 +4,7 @@ and the public functions that join, split or pick among tensors (tallow.cat, ...
 Each is one call into the op front end (ops/) or a composition of ops."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import ops
 from .errors import ShapeError

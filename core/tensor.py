@@ -5,7 +5,7 @@ arguments, promotes dtypes, records gradients and calls one backend primitive.
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence, TypeAlias, Union
+from collections.abc import Iterator, Sequence  # not typing: `import tallow` stays light
 
 from . import dtypes as D
 from . import indexing, ops
@@ -16,9 +16,8 @@ from .layout import Layout
 from .nested import nest
 from .tensor_base import TensorBase
 
-Number: TypeAlias = Union[int, float, bool]
-Operand: TypeAlias = "Tensor | Number"  # a tensor, or a Python number broadcast against it
-Dims: TypeAlias = Union[int, Sequence[int], None]
+Number = int | float | bool
+Dims = int | Sequence[int] | None
 
 
 class Tensor(TensorBase):
@@ -224,8 +223,8 @@ class Tensor(TensorBase):
     __sub__ = sub
     __mul__ = mul
     __truediv__ = div
-    __eq__ = eq
-    __ne__ = ne
+    __eq__ = eq  # type: ignore[assignment]  (element-wise, as in numpy and torch)
+    __ne__ = ne  # type: ignore[assignment]
     __lt__ = lt
     __le__ = le
     __gt__ = gt
@@ -281,3 +280,6 @@ class Tensor(TensorBase):
 
     def scatter_add(self, dim: int, index: Tensor | Sequence, src: Tensor) -> Tensor:
         return ops.scatter_add(self, dim, index, src)
+
+
+Operand = Tensor | int | float | bool  # a tensor, or a Python number broadcast against it

@@ -4,7 +4,6 @@ from .. import dtypes as D
 from ..autograd import record_if_needed
 from ..errors import ShapeError, UnsupportedError
 from ..layout import Layout
-from ..quant.quantize_tensor import quantize_bytes
 
 
 def base_quant(t, op):
@@ -29,6 +28,7 @@ def quantize(t, dtype):
     if not t.shape or t.shape[-1] % dtype.block_size:
         raise ShapeError(f"quantize to {dtype.name}: the last dim must be a multiple of {dtype.block_size}, "
                          f"got shape {tuple(t.shape)}")
+    from ..quant.quantize_tensor import quantize_bytes  # tallow.quant loads on first use: `import tallow` stays light
     data = quantize_bytes(t.to(D.f32), dtype)
     return t._new(t.device.backend.from_bytes(data, dtype), t.shape, dtype)
 
