@@ -5,8 +5,8 @@ from . import dtypes, functional  # noqa: F401
 from .autograd import enable_grad, is_grad_enabled, no_grad  # noqa: F401
 from .custom_op import CustomOp, custom_op  # noqa: F401
 from .creation import (  # noqa: F401
-    arange, cat, chunk, empty, eye, from_buffer, from_numpy, full, full_like, linspace, manual_seed, ones, ones_like,
-    pad, rand, randint, randn, split, stack, tensor, where, zeros, zeros_like,
+    arange, empty, eye, from_buffer, from_numpy, full, full_like, linspace, manual_seed, ones, ones_like, rand,
+    randint, randn, tensor, zeros, zeros_like,
 )
 from .device import Device, default_device, devices, set_default_device  # noqa: F401
 from .dtypes import bf16, bool_, f16, f32, f64, i8, i32, i64, u8, u32, DType, get_dtype, promote  # noqa: F401
@@ -15,7 +15,7 @@ from .errors import (  # noqa: F401
     UnsupportedError, ValueRangeError,
 )
 from .functional import (  # noqa: F401
-    conv1d, conv2d, gelu, layer_norm, linear, log_softmax, relu, rms_norm, rotary_emb, scaled_dot_product_attention,
+    cat, chunk, pad, split, stack, where, conv1d, conv2d, gelu, layer_norm, linear, log_softmax, relu, rms_norm, rotary_emb, scaled_dot_product_attention,
     sigmoid, silu, softmax,
 )
 from .tensor import Tensor  # noqa: F401
