@@ -81,7 +81,7 @@ def load_model(name_or_path, device=None, dtype=None):
     path = _resolve(name_or_path)
     device = default_device() if device is None else Device(device)
     if os.path.isdir(path):
-        from ..converter import is_ctranslate2_dir, not_converted_error
+        from ..io.ctranslate2_convert import is_ctranslate2_dir, not_converted_error
         if is_ctranslate2_dir(path):  # a faster-whisper folder: its config.json is not a model config
             raise not_converted_error(path)
         if not os.path.exists(os.path.join(path, "config.json")):
@@ -91,7 +91,7 @@ def load_model(name_or_path, device=None, dtype=None):
         magic = f.read(4)
     if magic == b"GGUF":
         return load_gguf(path, device, dtype)
-    from ..converter import is_ctranslate2_model, not_converted_error
+    from ..io.ctranslate2_convert import is_ctranslate2_model, not_converted_error
     if is_ctranslate2_model(path):  # the model.bin of a faster-whisper folder
         raise not_converted_error(path)
     raise FormatError(f"{path}: not a model directory or a GGUF file (starts with {magic!r})")
