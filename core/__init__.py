@@ -1,4 +1,10 @@
-"""tallow: a minimalist ML framework for inference in the browser and on edge boxes."""
+"""tallow: a minimalist ML framework for inference in the browser and on edge boxes.
+
+This module is the facade, the top of the layers (tests/test_layers.py): it imports
+the tensor core now and the rest on first use (tallow.load_model, tallow.convert,
+tallow.Tokenizer, tallow.hub, tallow.generation, ...). No module of a lower layer imports it:
+inside the package, import from the module that defines a name.
+"""
 from .version import __version__  # noqa: F401
 
 from . import dtypes, functional  # noqa: F401

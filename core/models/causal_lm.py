@@ -143,7 +143,7 @@ class CausalLM(Module):
             hidden = hidden.narrow(1, hidden.shape[1] - 1, 1)
         return self.lm_head(self.final_norm(hidden))
 
-    # ---- generation (core/generate.py) ----------------------------------------------
+    # ---- generation (tallow.generation) --------------------------------------------
     def generate(self, prompt, **options):
         """Text continuation of a prompt (str or token ids); see tallow.generation.generate."""
         from ..generation import generate
