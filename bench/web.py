@@ -60,7 +60,7 @@ def browser_figures(demo, query, tokens, whisper):
 
 def native_figures(device, tokens, whisper):
     import tallow
-    from tallow.generate import chat
+    from tallow.generation import chat
     out = {}
     started = time.perf_counter()
     model = tallow.load_model("smollm2-135m-instruct", device=device)

@@ -178,7 +178,7 @@ def _native_greedy_ids(dist, messages, n):
     """tallow on numpy, natively: the reference the browser must reproduce token for token."""
     pytest.importorskip("numpy")
     import tallow
-    from tallow.generate import chat
+    from tallow.generation import chat
     entry = harness.manifest(dist)["models"]["smollm2-135m-instruct"]
     path = os.path.join(dist, "models", "smollm2-135m-instruct", entry["files"][0]["name"])
     model = tallow.load_model(os.path.realpath(path), device="cpu")

@@ -13,7 +13,7 @@ import pytest
 
 import tallow
 from tallow.errors import ContextWindowError
-from tallow.generate import chat_prompt_ids, generate_ids
+from tallow.generation import chat_prompt_ids, generate_ids
 from tiny_llama import save_tiny_llama
 
 torch = pytest.importorskip("torch")
@@ -109,7 +109,7 @@ def test_drop_oldest_still_refuses_a_last_message_that_cannot_fit(model):
 
 
 def _chat_args(model_dir, *extra):
-    from tallow import cli_chat
+    from tallow.cli import chat as cli_chat
     parser = argparse.ArgumentParser()
     cli_chat.add_arguments(parser)
     return cli_chat, parser.parse_args(["--model", str(model_dir), "--max-tokens", "3", "--system", "all", *extra])

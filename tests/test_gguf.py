@@ -205,14 +205,14 @@ def test_smollm2_tensors_dequantise_like_gguf(smollm2):
 
 
 def test_quantize_cli(tmp_path):
-    from tallow.io.quantize import main
+    from tallow.cli import main
     st_numpy = pytest.importorskip("safetensors.numpy")
     rng = np.random.default_rng(2)
     src = {"w": rng.standard_normal((16, 512)).astype(np.float32),
            "odd": rng.standard_normal((4, 100)).astype(np.float32),
            "norm": np.ones(512, np.float32), "pos": np.arange(4, dtype=np.int64), "f64": np.ones((2, 256))}
     st_numpy.save_file(src, str(tmp_path / "in.safetensors"), metadata={"source": "test"})
-    assert main([str(tmp_path / "in.safetensors"), str(tmp_path / "out.gguf"), "--type", "q4_k"]) == 0
+    assert main(["quantize", str(tmp_path / "in.safetensors"), str(tmp_path / "out.gguf"), "--type", "q4_k"]) == 0
     r = gguf.GGUFReader(str(tmp_path / "out.gguf"))
     types = {t.name: t.tensor_type for t in r.tensors}
     assert types == {"w": T.Q4_K, "odd": T.F32, "norm": T.F32, "pos": T.I64, "f64": T.Q4_K}
@@ -221,5 +221,5 @@ def test_quantize_cli(tmp_path):
                                   dequantize_numpy(quantize_numpy(src["w"], "q4_k"), "q4_k",
                                                    src["w"].size).reshape(16, 512))
     assert r.fields["source"].contents() == "test"
-    assert main([str(tmp_path / "in.safetensors"), str(tmp_path / "o2.gguf"), "--type", "q8_0"]) == 0
-    assert main([str(tmp_path / "missing.safetensors"), str(tmp_path / "o3.gguf")]) == 2
+    assert main(["quantize", str(tmp_path / "in.safetensors"), str(tmp_path / "o2.gguf"), "--type", "q8_0"]) == 0
+    assert main(["quantize", str(tmp_path / "missing.safetensors"), str(tmp_path / "o3.gguf")]) == 2

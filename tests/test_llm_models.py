@@ -158,7 +158,7 @@ def test_phi3_generate_matches_transformers_across_longrope_switch(tmp_path):
                              pad_token_id=0)[0, len(PROMPT):].tolist()
     assert len(ref) == 8
     ours = tallow.load_model(path)
-    from tallow.generate import generate_ids
+    from tallow.generation import generate_ids
     assert list(generate_ids(ours, PROMPT, max_tokens=8, stop_tokens=[])) == ref
 
 
@@ -349,7 +349,7 @@ def test_smollm2_greedy_matches_transformers_token_for_token():
     ref = tf.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                   dtype=torch.float32).eval()
     ref.generation_config.eos_token_id = None  # both sides run the full 32 tokens, past an eos
-    from tallow.generate import chat_prompt_ids, generate_ids
+    from tallow.generation import chat_prompt_ids, generate_ids
     for prompt in SMOL_PROMPTS:
         ids = chat_prompt_ids(ours, [{"role": "user", "content": prompt}])
         got = list(generate_ids(ours, ids, max_tokens=32, stop_tokens=[]))

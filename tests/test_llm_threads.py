@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import tallow
-from tallow.generate import chat_prompt_ids, generate_ids
+from tallow.generation import chat_prompt_ids, generate_ids
 
 pytest.importorskip("jinja2")
 

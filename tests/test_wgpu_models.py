@@ -36,7 +36,7 @@ def test_whisper_tiny_en_transcribes_jfk_on_wgpu():
 
 
 def test_smollm2_greedy_on_wgpu_matches_numpy():
-    from tallow.generate import chat_prompt_ids, generate_ids
+    from tallow.generation import chat_prompt_ids, generate_ids
     path = tallow.hub.fetch("smollm2-135m-instruct", progress=False)
     gpu = tallow.load_model(path, device="wgpu")
     cpu = tallow.load_model(path, device="cpu")

@@ -254,7 +254,7 @@ def test_cli_live_output_is_the_finished_transcript(fmt):
     import io
     from types import SimpleNamespace
 
-    from tallow.cli_transcribe import LiveTranscript
+    from tallow.cli.transcribe import LiveTranscript
     from tallow.models.whisper_transcribe import Segment, TranscriptionResult
     r = SimpleNamespace(temperature=0.0, avg_logprob=-0.2, compression_ratio=1.1, no_speech_prob=0.01)
     texts = [(0.0, 2.5, " Hello there."), (2.5, 3.0, " "), (3.0, 3661.25, " And a long one.")]

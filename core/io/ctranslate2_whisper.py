@@ -8,7 +8,7 @@ stored zero key biases are dropped. Weights keep their stored dtype (f16 for
 the faster-whisper models; bf16 stays bf16); int8/int16-quantised weights are
 dequantised to the model's float dtype. The output projection is tied to the decoder
 token embedding, as in transformers, so it is not written separately.
-Native only (needs numpy). tallow.convert (core/converter.py) writes the folder.
+Native only (needs numpy). tallow.convert (io/ctranslate2_convert.py) writes the folder.
 """
 
 from ..errors import FormatError

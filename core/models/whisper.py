@@ -314,12 +314,12 @@ def resolve(path_or_name, progress=True):
     if p.is_file() and p.name == "config.json":
         p = p.parent
     if p.is_dir():
-        from ..converter import is_ctranslate2_dir, not_converted_error
+        from ..io.ctranslate2_convert import is_ctranslate2_dir, not_converted_error
         if is_ctranslate2_dir(p):
             raise not_converted_error(p)
         return p
     if p.exists():
-        from ..converter import is_ctranslate2_model, not_converted_error
+        from ..io.ctranslate2_convert import is_ctranslate2_model, not_converted_error
         if is_ctranslate2_model(p):
             raise not_converted_error(p)
         raise FormatError(f"{p}: expected a Whisper model directory (config.json, model.safetensors, tokenizer.json)")

@@ -135,7 +135,7 @@ def transcribe(key, audio, is_samples, on_segment, timestamps=True):
 
 async def chat(key, messages_json, max_tokens, on_token, is_stopped):
     """Stream a greedy reply; between tokens yield to the event loop so a Stop message is seen."""
-    from tallow.generate import chat as run_chat
+    from tallow.generation import chat as run_chat
 
     model = _model(key)
     messages = json.loads(messages_json)

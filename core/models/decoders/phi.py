@@ -5,10 +5,12 @@ One LayerNorm per block feeding attention and MLP in parallel
 head), q/k/v/dense and fc1/fc2 with biases, gelu_new, optional per-head
 LayerNorm on q and k (qk_layernorm), a final LayerNorm and an lm_head with bias.
 """
-from .. import functional as F
-from ..nn import Embedding, LayerNorm, Linear, Module
-from .attention import activation, apply_rotary, merge_heads, split_heads
-from .causal_lm import CausalLM
+from ... import functional as F
+from ...nn import Embedding, LayerNorm, Linear, Module
+from ..architectures import GGUF_TOP, Architecture, register
+from ..attention import activation, apply_rotary, merge_heads, split_heads
+from ..causal_lm import CausalLM
+from ..gguf_names import ATTENTION_BLOCKS
 
 
 class PhiAttention(Module):
@@ -58,8 +60,6 @@ class PhiBlock(Module):
 
 class PhiForCausalLM(CausalLM):
     def __init__(self, vb, cfg):
-        if cfg.raw.get("hidden_act") is None:
-            cfg.hidden_act = "gelu_new"  # PhiConfig's default
         super().__init__(cfg, vb.device, vb.dtype)
         m = vb.pp("model")
         self.embed_tokens = Embedding(m.pp("embed_tokens"), cfg.vocab_size, cfg.hidden_size)
@@ -81,3 +81,10 @@ class PhiForCausalLM(CausalLM):
 
     def lm_head(self, hidden):
         return F.linear(hidden, self.lm_head_weight, self.lm_head_bias)
+
+
+# PhiConfig's default activation; llama.cpp calls Phi-2 "phi2" and fuses q/k/v into attn_qkv.
+register(Architecture("phi", PhiForCausalLM, {"hidden_act": "gelu_new"}, gguf_arch="phi2",
+                      gguf_blocks={**ATTENTION_BLOCKS, "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1",
+                                   "ffn_down": "mlp.fc2"},
+                      gguf_top={**GGUF_TOP, "output_norm": "model.final_layernorm"}, gguf_fused_qkv="attn_qkv"))

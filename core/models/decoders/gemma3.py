@@ -12,11 +12,13 @@ config.py: transformers' Gemma 3 ignores it and llama.cpp refuses it.)
 """
 import math
 
-from .. import functional as F
-from ..creation import tensor
-from ..nn import Embedding, Linear, Module
-from .attention import activation, apply_rotary, merge_heads, split_heads
-from .causal_lm import CausalLM
+from ... import functional as F
+from ...creation import tensor
+from ...nn import Embedding, Linear, Module
+from ..architectures import Architecture, refuse, register
+from ..attention import activation, apply_rotary, merge_heads, split_heads
+from ..causal_lm import CausalLM
+from ..gguf_names import LLAMA_BLOCKS, QK_NORM_BLOCKS
 
 
 class GemmaRMSNorm(Module):
@@ -105,3 +107,42 @@ class Gemma3ForCausalLM(CausalLM):
         logits = F.linear(hidden, self.lm_head_weight)
         cap = self.config.final_logit_softcapping
         return logits if cap is None else (logits * (1.0 / cap)).tanh() * cap
+
+
+def _gguf_config(g, cfg):
+    """What llama.cpp fixes for gemma3 rather than storing: every 6th layer global unless
+    attention.sliding_window_pattern says otherwise (an int n, or one bool per layer, true
+    = sliding), a rope base of 10000 on sliding layers, query_pre_attn_scalar = head_dim
+    (hidden / heads for the 62-layer 27B), GELU-tanh; norms stored with the 1 added."""
+    n = cfg["num_hidden_layers"]
+    pattern = g.get("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):
+        if len(pattern) != n or any(type(v) is not bool for v in pattern):
+            g.fail("attention.sliding_window_pattern", pattern, f"an integer or {n} booleans (one per block)")
+        sliding = pattern
+    else:
+        every = g.int("attention.sliding_window_pattern", 6, lo=1)
+        sliding = [bool((i + 1) % every) for i in range(n)]
+    out = {"layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+           "rope_local_base_freq": 10000.0, "hidden_act": "gelu_pytorch_tanh", "norm_weight_offset": 0.0,
+           "query_pre_attn_scalar": cfg["hidden_size"] // cfg["num_attention_heads"] if n == 62 else cfg["head_dim"]}
+    if not g.has("rope.freq_base"):
+        out["rope_theta"] = 1_000_000.0  # transformers' Gemma 3 default for global layers
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if g.has(key):
+            out[key] = g.float(key, positive=True)
+    return out
+
+
+# What Gemma 3 configs leave to transformers' defaults: tied embeddings, RMSNorm weights
+# stored as offsets from 1, a rope base of 1e6 on global layers and 1e4 on sliding ones,
+# every 6th layer global.
+CONFIG_DEFAULTS = {"tie_word_embeddings": True, "norm_weight_offset": 1.0, "rope_theta": 1_000_000.0,
+                   "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6}
+register(Architecture("gemma3_text", Gemma3ForCausalLM, CONFIG_DEFAULTS, gguf_arch="gemma3",
+                      gguf_blocks={**LLAMA_BLOCKS, **QK_NORM_BLOCKS,
+                                   "post_attention_norm": "post_attention_layernorm",
+                                   "ffn_norm": "pre_feedforward_layernorm",
+                                   "post_ffw_norm": "post_feedforward_layernorm"},
+                      gguf_config=_gguf_config))
+refuse("gemma3", "multimodal Gemma 3: tallow runs the text-only gemma3_text checkpoints")  # 4B+ with vision

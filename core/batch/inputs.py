@@ -7,7 +7,7 @@ collide); a collision that remains is an error before anything runs."""
 import glob
 import os
 
-from .errors import Error
+from ..errors import Error
 
 AUDIO_EXTENSIONS = (".wav", ".mp3", ".flac", ".ogg", ".opus", ".m4a", ".aac", ".webm", ".mp4", ".mkv", ".wma", ".aiff")
 GLOB_CHARS = "*?["
@@ -111,7 +111,7 @@ def _glob_root(pattern):
 def wav_seconds(path):
     """The duration a WAV file's header gives, or None (not WAV, unreadable): the progress
     bar's total, known before any audio is decoded."""
-    from .audio.wav import open_wav
+    from ..audio.wav import open_wav
     try:
         with open(path, "rb") as fh:
             info, _, size = open_wav(fh, path)

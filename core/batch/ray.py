@@ -6,8 +6,8 @@ node (a shared filesystem); the driver ships only paths and gets back Outcomes.
 A killed actor is restarted by Ray and its job retried (max_restarts,
 max_task_retries); the worker's skip-if-the-output-exists plus atomic writes mean
 a retried job never writes its output twice. Needs `pip install 'tallow[ray]'`."""
-from .batch_worker import Outcome
-from .errors import Error
+from .worker import Outcome
+from ..errors import Error
 
 TASK_RETRIES = 3
 
@@ -36,7 +36,7 @@ class _Actor:
     """A Ray actor around one Transcriber: the model loads once per actor."""
 
     def __init__(self, settings):
-        from .batch_worker import Transcriber
+        from .worker import Transcriber
         self.transcriber = Transcriber(settings)
 
     def run(self, source, output):

@@ -5,8 +5,8 @@ skipped), bad files reported and skipped. --workers N runs N processes here;
 was transcribed or skipped, 1 when some failed (listed in the summary)."""
 import os
 
-from .cli_args import positive_int
-from .errors import Error
+from .args import positive_int
+from ..errors import Error
 
 
 def add_batch_arguments(parser):
@@ -30,11 +30,11 @@ def is_batch(args):
     return bool(many or args.output_dir or args.manifest or args.workers or args.ray is not None)
 
 
-def run_batch(args):
-    from .batch_inputs import expand_inputs, plan_jobs, wav_seconds
-    from .batch_progress import Progress
-    from .batch_worker import Settings
-    from .cli_transcribe import decoding_options
+def run_batch(args, options):
+    """options: the decoding options (transcribe.decoding_options) for every input."""
+    from ..batch.inputs import expand_inputs, plan_jobs, wav_seconds
+    from ..batch.progress import Progress
+    from ..batch.worker import Settings
 
     if args.ray and os.path.exists(args.ray):  # `--ray a.wav b.wav`: the first input is not an address
         args.audio.insert(0, args.ray)
@@ -50,7 +50,7 @@ def run_batch(args):
         raise Error("no input: give audio files, globs, folders or --manifest FILE")
     jobs = plan_jobs(inputs, args.output_dir, args.format)
     os.makedirs(args.output_dir, exist_ok=True)
-    settings = Settings(args.model, args.device, args.format, decoding_options(args))
+    settings = Settings(args.model, args.device, args.format, options)
     # Resume: a complete output exists (outputs are written atomically), so the job is done.
     todo = [job for job in jobs if not os.path.exists(job.output)]
     seconds = [wav_seconds(job.source) for job in todo]
@@ -59,10 +59,10 @@ def run_batch(args):
         if job not in todo:
             progress.skipped += 1
     if args.ray is not None:
-        from .batch_ray import run_ray
+        from ..batch.ray import run_ray
         run_ray(todo, settings, args.workers, args.ray or None, on_outcome=progress.add)
     else:
-        from .batch_local import run_local
+        from ..batch.local import run_local
         run_local(todo, settings, args.workers or 1, on_outcome=progress.add)
     progress.summary()
     return 1 if progress.failed else 0

@@ -2,7 +2,7 @@
 the token count and speed go to stderr."""
 import sys
 
-from .cli_args import fraction, non_negative_float, non_negative_int, positive_float, positive_int, probability
+from .args import fraction, non_negative_float, non_negative_int, positive_float, positive_int, probability
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -39,10 +39,10 @@ def sampling_options(args):
 
 
 def load(args):
-    import tallow
-    model = tallow.load_model(args.model, device=args.device)
+    from ..models import load_model
+    model = load_model(args.model, device=args.device)
     if getattr(model, "tokenizer", None) is None or not hasattr(model, "stream"):
-        from .errors import Error
+        from ..errors import Error
         raise Error(f"{args.model} is not a language model with a tokenizer")
     return model
 

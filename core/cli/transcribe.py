@@ -3,14 +3,14 @@ On stdout, txt/srt/vtt segments are printed as each is decoded (long audio shows
 progress at once); json, and --output files, are written when the whole is done.
 
 Many inputs (files, globs, folders, --manifest), or --output-dir / --workers / --ray,
-make it a batch (cli_transcribe_batch): one output file per input in --output-dir."""
+make it a batch (transcribe_batch.py): one output file per input in --output-dir."""
 import os
 import sys
 import time
 
-from .cli_args import non_negative_float, positive_int
-from .errors import Error
-from .io.atomic_output import atomic_output, check_output_path
+from .args import non_negative_float, positive_int
+from ..errors import Error
+from ..io.atomic_output import atomic_output, check_output_path
 
 
 def add_arguments(parser):
@@ -30,26 +30,26 @@ def add_arguments(parser):
                         help="a single sampling temperature (default: 0 with fallback 0.2 ... 1.0)")
     parser.add_argument("--format", default="txt", choices=("txt", "srt", "vtt", "json"))
     parser.add_argument("--output", "-o", default=None, help="write the transcript to this file instead of stdout")
-    from .cli_transcribe_batch import add_batch_arguments
+    from .transcribe_batch import add_batch_arguments
     add_batch_arguments(parser)
 
 
 def decoding_options(args):
-    from .models.whisper_transcribe import DEFAULT_TEMPERATURES
+    from ..models.whisper_transcribe import DEFAULT_TEMPERATURES
     return dict(language=args.language, task=args.task, beam_size=args.beam_size,
                 timestamps=args.timestamps or args.format in ("srt", "vtt"),
                 temperature=DEFAULT_TEMPERATURES if args.temperature is None else args.temperature)
 
 
 def run(args):
-    from .cli_transcribe_batch import is_batch, run_batch
+    from .transcribe_batch import is_batch, run_batch
     if is_batch(args):
-        return run_batch(args)
+        return run_batch(args, decoding_options(args))
     if not args.audio:
         raise Error("the following arguments are required: audio (a file; or several, a folder, "
                     "a glob or --manifest FILE, with --output-dir)")
     args.audio = args.audio[0]
-    from .models import whisper
+    from ..models import whisper
 
     # Checked before the model loads: a typo should not cost a model load.
     if not os.path.isfile(args.audio):
@@ -89,7 +89,7 @@ class LiveTranscript:
         self.fmt, self.out, self.n = fmt, out, 0
 
     def add(self, seg):
-        from .models.whisper_transcribe import format_timestamp
+        from ..models.whisper_transcribe import format_timestamp
 
         text = seg.text.strip()
         if not text:

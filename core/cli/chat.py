@@ -8,8 +8,8 @@ with a message (the session goes on: /reset, or a shorter message); with
 stays), and a note on stderr says how many."""
 import sys
 
-from .cli_generate import add_model_arguments, load, report, sampling_options
-from .errors import ContextWindowError
+from .generate import add_model_arguments, load, report, sampling_options
+from ..errors import ContextWindowError
 
 
 def add_arguments(parser):

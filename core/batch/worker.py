@@ -7,8 +7,8 @@ a retry after a worker was killed, skips it instead of writing it twice."""
 import os
 import time
 
-from .errors import Error
-from .io.atomic_output import atomic_output
+from ..errors import Error
+from ..io.atomic_output import atomic_output
 
 
 class Settings:
@@ -34,7 +34,7 @@ class Outcome:
 
 class Transcriber:
     def __init__(self, settings):
-        from .models import whisper
+        from ..models import whisper
         self.settings = settings
         self.model = whisper.load(settings.model, device=settings.device, progress=False)
 

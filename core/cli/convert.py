@@ -10,7 +10,7 @@ def add_arguments(p):
 
 
 def run(args):
-    from .converter import convert
+    from ..io.ctranslate2_convert import convert
     out = convert(args.src, args.dst, progress=not args.quiet)
     if not args.quiet:
         print(f"tallow: converted {args.src} -> {out}; load it with `tallow transcribe --model {out} AUDIO`",

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from .cli_args import positive_int
+from .args import positive_int
 
 
 def add_arguments(parser):
@@ -23,13 +23,13 @@ def add_arguments(parser):
 
 
 def _jfk():
-    from . import hub
+    from .. import hub
     path = hub.fetch("jfk.wav", progress=False)
     return os.path.join(path, "jfk.wav") if os.path.isdir(path) else os.fspath(path)
 
 
 def bench_whisper(args, device):
-    from .models import load_model
+    from ..models import load_model
     audio = args.audio or _jfk()
     start = time.perf_counter()
     model = load_model(args.whisper, device=device)
@@ -47,7 +47,7 @@ def bench_whisper(args, device):
 
 
 def bench_llm(args, device):
-    from .models import load_model
+    from ..models import load_model
     start = time.perf_counter()
     model = load_model(args.llm, device=device)
     load_s = time.perf_counter() - start
@@ -74,7 +74,7 @@ def _peak_rss_mb():
 
 
 def run(args):
-    from .device import Device, default_device
+    from ..device import Device, default_device
     device = Device(args.device) if args.device else default_device()  # DeviceError names what is missing
     report = {"device": str(device), "features": device.backend.features()}
     if not args.skip_whisper:

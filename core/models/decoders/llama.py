@@ -5,10 +5,12 @@ Pre-norm blocks (RMSNorm), grouped-query attention with rotary embeddings
 instead normalises each q/k head (RMSNorm) before the rotary embedding.
 Weight names are the Hugging Face checkpoint's (model.layers.N.self_attn.q_proj...).
 """
-from .. import functional as F
-from ..nn import Embedding, Linear, Module, RMSNorm
-from .attention import activation, apply_rotary, merge_heads, split_heads
-from .causal_lm import CausalLM
+from ... import functional as F
+from ...nn import Embedding, Linear, Module, RMSNorm
+from ..architectures import Architecture, register
+from ..attention import activation, apply_rotary, merge_heads, split_heads
+from ..causal_lm import CausalLM
+from ..gguf_names import LLAMA_BLOCKS, QK_NORM_BLOCKS
 
 
 class LlamaAttention(Module):
@@ -81,3 +83,18 @@ class LlamaForCausalLM(CausalLM):
 
     def lm_head(self, hidden):
         return F.linear(hidden, self.lm_head_weight)
+
+
+def _interleaved_rope(fields, config):
+    # llama.cpp's converter permutes the rows of attn_q/attn_k inside each head (HF's
+    # half-split rotary -> ggml's interleaved pairs). The same per-head permutation of q
+    # and k leaves q.k unchanged, so instead of un-permuting (quantised) rows the model
+    # rotates interleaved pairs.
+    return {"rope_interleaved": True}
+
+
+register(Architecture("llama", LlamaForCausalLM, gguf_arch="llama", gguf_blocks=LLAMA_BLOCKS,
+                      gguf_config=_interleaved_rope))
+register(Architecture("qwen2", LlamaForCausalLM, {"qkv_bias": True}, gguf_arch="qwen2", gguf_blocks=LLAMA_BLOCKS))
+register(Architecture("qwen3", LlamaForCausalLM, {"qk_norm": True}, gguf_arch="qwen3",
+                      gguf_blocks={**LLAMA_BLOCKS, **QK_NORM_BLOCKS}))

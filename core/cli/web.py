@@ -10,8 +10,8 @@ runtime, and `tallow fetch whisper-tiny.en smollm2-135m-instruct` the models.
 import importlib.util
 import os
 
-from .cli_args import port
-from .errors import Error
+from .args import port
+from ..errors import Error
 
 
 def add_arguments(parser):

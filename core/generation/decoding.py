@@ -17,7 +17,7 @@ finish_reason "context". chat(..., history_policy="drop_oldest") drops the
 oldest turns instead (chat_history.py).
 
 Several threads may generate from one model at once: each gets the tokens it
-would get alone (see causal_lm.py: forward holds a lock; a second concurrent
+would get alone (see models/causal_lm.py: forward holds a lock; a second concurrent
 generation uses a private KV cache).
 """
 import bisect
@@ -26,8 +26,9 @@ import itertools
 import math
 import time
 
-from .creation import generator, manual_seed
-from .errors import ContextWindowError, DTypeError, Error, FormatError, IndexRangeError
+from ..creation import generator, manual_seed
+from ..errors import ContextWindowError, DTypeError, Error, FormatError, IndexRangeError
+from .chat_history import chat_prompt_ids, fit_history
 
 
 class Sampler:
@@ -343,16 +344,6 @@ def generate(model, prompt, **options):
     return stream(model, prompt, **options).text()
 
 
-def chat_prompt_ids(model, messages):
-    """Token ids of a conversation rendered by the model's chat template, ready for a reply."""
-    if model.tokenizer is None:
-        raise Error("chat() needs a tokenizer with a chat template")
-    if isinstance(messages, str):
-        messages = [{"role": "user", "content": messages}]
-    text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    return model.tokenizer.encode(text, add_special_tokens=False)
-
-
 HISTORY_POLICIES = ("error", "drop_oldest")
 
 
@@ -367,7 +358,6 @@ def chat(model, messages, stream=False, history_policy="error", **options):
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
     if history_policy == "drop_oldest":
-        from .chat_history import fit_history
         messages, ids = fit_history(model, messages, options.get("max_tokens", 256))
     else:
         ids = chat_prompt_ids(model, messages)

@@ -4,8 +4,8 @@
     tallow fetch --verify NAME          # sha256 of every file against the record made at fetch time
     tallow fetch --refresh NAME         # fetch again, replacing the cached copy when the new one is complete
 """
-from . import hub
-from .errors import Error
+from .. import hub
+from ..errors import Error
 
 
 def add_arguments(parser):
@@ -22,8 +22,8 @@ def run(args):
     if args.list or not args.names:
         if args.verify or args.refresh:
             raise Error("--verify and --refresh need the names to act on (see `tallow fetch --list`)")
-        for key, (_, about) in hub.KNOWN.items():
-            print(f"{key:<24} {about}")
+        for key, recipe in hub.KNOWN.items():
+            print(f"{key:<24} {recipe.description}")
         return 0
     for name in args.names:
         if args.verify:

@@ -17,9 +17,9 @@ import shlex
 import shutil
 from pathlib import Path
 
-from .errors import Error, FormatError
-from .io.atomic_output import atomic_output, same_file
-from .io.ctranslate2 import ctranslate2_spec, is_ctranslate2_model
+from ..errors import Error, FormatError
+from .atomic_output import atomic_output, same_file
+from .ctranslate2 import ctranslate2_spec, is_ctranslate2_model
 
 # What a faster-whisper folder may hold besides model.bin; only tokenizer.json is needed.
 TOKENIZER_FILES = ("tokenizer.json", "vocabulary.json", "vocabulary.txt")
@@ -102,7 +102,7 @@ def _check_destination(src, dst):
 
 
 def _read_json(path):
-    from .json_file import read_json
+    from ..json_file import read_json
     value = read_json(path)
     if not isinstance(value, dict):
         raise FormatError(f"{path}: expected a JSON object")
@@ -115,10 +115,10 @@ def _write_json(path, value):
 
 
 def _write_hf_folder(src, out, tokenizer, ct2_config, progress):
-    from .io.ctranslate2 import load_ctranslate2
-    from .io.ctranslate2_whisper import PREPROCESSOR_CONFIG, whisper_config, whisper_generation_config, \
+    from .ctranslate2 import load_ctranslate2
+    from .ctranslate2_whisper import PREPROCESSOR_CONFIG, whisper_config, whisper_generation_config, \
         whisper_state_dict
-    from .io.safetensors import write_safetensors
+    from .safetensors import write_safetensors
 
     _say(progress, f"converting {src / 'model.bin'} (CTranslate2) to Hugging Face layout")
     with load_ctranslate2(src / "model.bin") as ct2:

@@ -11,7 +11,7 @@ import contextlib
 import multiprocessing
 import os
 
-from .batch_worker import Outcome, Transcriber
+from .worker import Outcome, Transcriber
 
 MAX_CRASHES = 2
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

@@ -7,19 +7,19 @@ import argparse
 import importlib
 import sys
 
-from . import __version__
+from ..version import __version__
 
 # name -> (module, help). A module has `add_arguments(parser)` and `run(args)`.
 SUBCOMMANDS = {
-    "devices": ("tallow.cli_devices", "list the devices that work here, with their features"),
-    "fetch": ("tallow.cli_fetch", "download and convert models into the cache ($TALLOW_HOME)"),
-    "transcribe": ("tallow.cli_transcribe", "speech to text with Whisper"),
-    "generate": ("tallow.cli_generate", "generate text with a language model (streams tokens)"),
-    "chat": ("tallow.cli_chat", "interactive chat with a language model"),
-    "convert": ("tallow.cli_convert", "convert a CTranslate2 Whisper model (faster-whisper folder) to Hugging Face layout"),
-    "quantize": ("tallow.io.quantize", "quantise a safetensors/GGUF file into GGUF (q8_0, q4_0, q4_1, q4_k)"),
-    "bench": ("tallow.cli_bench", "real-time factor (Whisper) and tokens/s (LLM) on this box"),
-    "web": ("tallow.cli_web", "build and serve the in-browser demo (Pyodide + WebGPU)"),
+    "devices": ("tallow.cli.devices", "list the devices that work here, with their features"),
+    "fetch": ("tallow.cli.fetch", "download and convert models into the cache ($TALLOW_HOME)"),
+    "transcribe": ("tallow.cli.transcribe", "speech to text with Whisper"),
+    "generate": ("tallow.cli.generate", "generate text with a language model (streams tokens)"),
+    "chat": ("tallow.cli.chat", "interactive chat with a language model"),
+    "convert": ("tallow.cli.convert", "convert a CTranslate2 Whisper model (faster-whisper folder) to Hugging Face layout"),
+    "quantize": ("tallow.cli.quantize", "quantise a safetensors/GGUF file into GGUF (q8_0, q4_0, q4_1, q4_k)"),
+    "bench": ("tallow.cli.bench", "real-time factor (Whisper) and tokens/s (LLM) on this box"),
+    "web": ("tallow.cli.web", "build and serve the in-browser demo (Pyodide + WebGPU)"),
 }
 
 
@@ -51,7 +51,7 @@ def main(argv=None):
 def _guarded(command, fn):
     """Run a subcommand; a tallow.Error, or an OSError about a user's file, becomes one
     readable line and exit status 2."""
-    from .errors import Error
+    from ..errors import Error
     try:
         return fn() or 0
     except Error as e:

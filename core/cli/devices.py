@@ -1,7 +1,7 @@
 """`tallow devices`: what works here and why the rest does not."""
 import json
 
-from .device import default_device, devices, unavailable
+from ..device import default_device, devices, unavailable
 
 
 def add_arguments(parser):

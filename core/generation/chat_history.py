@@ -1,13 +1,23 @@
-"""Fitting a conversation into the context window by dropping its oldest turns
-(chat(..., history_policy="drop_oldest"), `tallow chat --drop-oldest-turns`).
+"""A conversation as a prompt: rendered by the model's chat template, and fitted
+into the context window by dropping its oldest turns (chat(...,
+history_policy="drop_oldest"), `tallow chat --drop-oldest-turns`).
 
 System messages always stay, and so does the last message (the one being
 answered). Otherwise messages go oldest first, and a dropped user message takes
 the replies after it along, so the kept history still starts with a user turn
 (many templates refuse anything else).
 """
-from .errors import ContextWindowError
-from .generate import chat_prompt_ids
+from ..errors import ContextWindowError, Error
+
+
+def chat_prompt_ids(model, messages):
+    """Token ids of a conversation rendered by the model's chat template, ready for a reply."""
+    if model.tokenizer is None:
+        raise Error("chat() needs a tokenizer with a chat template")
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return model.tokenizer.encode(text, add_special_tokens=False)
 
 
 def _drop_oldest_turn(messages):

@@ -5,10 +5,12 @@ longrope scaling (short factors up to original_max_position_embeddings, long
 factors past it, cos/sin scaled by the attention factor), partial rotary
 (Phi-4-mini: 0.75), an optional sliding window and tied embeddings.
 """
-from .. import functional as F
-from ..nn import Embedding, Linear, Module, RMSNorm
-from .attention import activation, apply_rotary, merge_heads, split_heads
-from .causal_lm import CausalLM
+from ... import functional as F
+from ...nn import Embedding, Linear, Module, RMSNorm
+from ..architectures import Architecture, register
+from ..attention import activation, apply_rotary, merge_heads, split_heads
+from ..causal_lm import CausalLM
+from ..gguf_names import ATTENTION_BLOCKS
 
 
 class Phi3Attention(Module):
@@ -76,3 +78,9 @@ class Phi3ForCausalLM(CausalLM):
 
     def lm_head(self, hidden):
         return F.linear(hidden, self.lm_head_weight)
+
+
+register(Architecture("phi3", Phi3ForCausalLM, gguf_arch="phi3",
+                      gguf_blocks={**ATTENTION_BLOCKS, "attn_qkv": "self_attn.qkv_proj",
+                                   "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj",
+                                   "ffn_down": "mlp.down_proj"}))
