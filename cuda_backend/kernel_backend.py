@@ -10,12 +10,12 @@ the backend subclass provides matmul. Storage is a DeviceStorage.
 from tallow.backends.base import Backend
 from tallow.dtypes import bool_, f32, f64, i64
 from tallow.errors import ShapeError, UnsupportedError
-from tallow.layout import Layout, contiguous_strides, numel_of
+from tallow.layout import Layout, contiguous_strides, inverse_permutation, numel_of
 
 from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, IN_KERNEL_QUANTS, REDUCE_CODES,
                    SCATTER_WORK_DTYPES, U64, UNARY_CODES, Meta, conv_output_size, grid_1d, grid_qmatvec,
-                   inverse_permutation, kernel_name, move_dims_last, pack_meta, pack_values, rows_of, scalar_bits,
-                   staging_dtype, unpack_values, width_kernel)
+                   kernel_name, pack_meta, pack_values, rows_of, scalar_bits, staging_dtype, unpack_values,
+                   width_kernel)
 
 QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul
 ATTENTION_MAX_HEAD_DIM = 256  # kernels keep q and the output row in shared memory
@@ -184,7 +184,7 @@ class KernelBackend(Backend):
     def reduce(self, op, st, layout, dtype, dims):
         self._check(dtype, op)
         out_dtype = i64 if op in ("argmax", "argmin") or (op in ("sum", "prod") and not dtype.is_float) else dtype
-        _, pl = move_dims_last(layout, dims)
+        _, pl = layout.moved_last(dims)
         rows, length = rows_of(pl.shape, len(dims))
         if length == 0:
             if op in ("sum", "prod"):
@@ -209,7 +209,7 @@ class KernelBackend(Backend):
     def cumsum(self, st, layout, dtype, dim):
         self._check(dtype, "cumsum")
         out_dtype = dtype if dtype.is_float else i64
-        perm, pl = move_dims_last(layout, (dim,))
+        perm, pl = layout.moved_last((dim,))
         rows, length = rows_of(pl.shape, 1)
         n = rows * length
         if n == 0:

@@ -20,7 +20,7 @@ from array import array
 from tallow.backends.base import Backend
 from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u32
 from tallow.errors import DeviceError, ShapeError, UnsupportedError
-from tallow.layout import Layout, contiguous_strides, numel_of
+from tallow.layout import Layout, coalesce_dims, contiguous_strides, kernel_meta, numel_of
 
 from . import wgsl
 from .pool import BufferPool
@@ -65,37 +65,10 @@ def _pack(words):
     return struct.pack(f"<{len(words)}I", *[_u32(w) for w in words])
 
 
-def _coalesce(shape, strides_list):
-    """Drop size-1 dims and merge adjacent dims that are contiguous in every operand."""
-    dims = [d for d, s in enumerate(shape) if s != 1]
-    out_shape, out_strides = [], [[] for _ in strides_list]
-    for d in dims:
-        if out_shape and all(st[-1] == s[d] * shape[d] for st, s in zip(out_strides, strides_list)):
-            out_shape[-1] *= shape[d]
-            for st, s in zip(out_strides, strides_list):
-                st[-1] = s[d]
-        else:
-            out_shape.append(shape[d])
-            for st, s in zip(out_strides, strides_list):
-                st.append(s[d])
-    return out_shape, out_strides
-
-
 def _layout_words(shape, operands, coalesce=True, what="op"):
-    """Words 0..36 of the element-wise layout (see kernels/common.wgsl)."""
-    offsets = [o for o, _ in operands]
-    strides = [list(s) for _, s in operands]
-    if coalesce:
-        shape, strides = _coalesce(list(shape), strides)
-    if len(shape) > MAX_DIMS:
-        raise UnsupportedError(f"wgpu {what}: {len(shape)} dims after merging contiguous ones (max {MAX_DIMS})")
-    words = [numel_of(shape), len(shape)] + list(shape) + [1] * (MAX_DIMS - len(shape))
-    for j in range(3):
-        if j < len(operands):
-            words += [offsets[j]] + strides[j] + [0] * (MAX_DIMS - len(strides[j]))
-        else:
-            words += [0] * (MAX_DIMS + 1)
-    return words
+    """Words 0..36 of the element-wise layout (see kernels/common.wgsl): numel, then the
+    strided-kernel meta of tallow.layout.kernel_meta with three operand slots."""
+    return [numel_of(shape)] + kernel_meta(shape, operands, MAX_DIMS, f"wgpu {what}", slots=3, coalesce=coalesce)
 
 
 def _contig_strides(shape):
@@ -562,8 +535,8 @@ class WgpuBackend(Backend):
         subs = {"CA": ca, "INIT": init, "COMBINE": combine, "ARG": "true" if arg else "false",
                 "BETTER": f"v2 {cmp} v || (v2 == v && i2 < i)",
                 "WRITE": "y[o] = sy(i32(si[0]));" if arg else "y[o] = sy(CY(sv[0]));"}
-        perm = layout.permute(kept + list(dims))
-        words = _layout_words(perm.shape, [(perm.offset, perm.strides)], True, op)
+        _, perm = layout.moved_last(dims)
+        words = _layout_words(perm.shape, [perm], True, op)
         self._run("reduce", {"X": dtype, "Y": out_dtype}, [storage, out], self._params(words, [r_count, outputs]),
                   outputs, subs, label=f"reduce {op}")
         return out
@@ -574,10 +547,9 @@ class WgpuBackend(Backend):
         out = self._out(numel, out_dtype)
         if numel == 0:
             return out
-        order = [d for d in range(len(layout.shape)) if d != dim] + [dim]
-        perm = layout.permute(order)
+        order, perm = layout.moved_last((dim,))
         out_strides = _contig_strides(layout.shape)
-        words = _layout_words(perm.shape, [(perm.offset, perm.strides), (0, [out_strides[d] for d in order])],
+        words = _layout_words(perm.shape, [perm, (0, [out_strides[d] for d in order])],
                               False, "cumsum")
         length = layout.shape[dim]
         lines = numel // length
@@ -589,13 +561,12 @@ class WgpuBackend(Backend):
     def _batched(self, st, layout, dtype):
         """(storage, offset, batch stride, row stride, col stride) with the batch dims merged."""
         shape, strides = layout.shape, layout.strides
-        batch = [(s, t) for s, t in zip(shape[:-2], strides[:-2]) if s != 1]
-        ok = all(batch[i][1] == batch[i + 1][1] * batch[i + 1][0] for i in range(len(batch) - 1))
-        if not ok:
+        batch, (bstrides,) = coalesce_dims(shape[:-2], [strides[:-2]])
+        if len(batch) > 1:  # batch dims that do not merge into one stride: copy them contiguous
             st, layout = self.copy(st, layout, dtype), Layout(shape)
             strides = layout.strides
-            batch = [(s, t) for s, t in zip(shape[:-2], strides[:-2]) if s != 1]
-        bstride = batch[-1][1] if batch else 0
+            batch, (bstrides,) = coalesce_dims(shape[:-2], [strides[:-2]])
+        bstride = bstrides[-1] if batch else 0
         return st, layout.offset, bstride, strides[-2], strides[-1]
 
     def matmul(self, a, la, b, lb, dtype):
