@@ -53,6 +53,10 @@ class I64(int):
     """A 64-bit signed kernel argument (C `long long`; Metal `long`)."""
 
 
+class U32(int):
+    """A 32-bit unsigned kernel argument (C `unsigned int`; Metal `uint`): a custom op's numel."""
+
+
 class U64(int):
     """A 64-bit unsigned kernel argument (fill values as raw bits)."""
 

@@ -242,9 +242,12 @@ def test_real_cuda_device():
 
 
 def test_scalar_arguments_have_the_kernels_c_types():
-    """I32 -> int, I64 -> long long, U64 -> unsigned long long, F64 -> double, as the .cu kernels declare."""
+    """I32 -> int, I64 -> long long, U32 -> unsigned int (a custom op's numel), U64 -> unsigned long long,
+    F64 -> double, as the .cu kernels declare."""
     from tallow_cuda.cpu_driver import pack_cuda_arg
-    assert {k.__name__: v for k, v in SCALAR_TYPES.items()} == {"I32": "int32", "I64": "int64", "U64": "uint64", "F64": "float64"}
+    assert {k.__name__: v for k, v in SCALAR_TYPES.items()} == {"I32": "int32", "I64": "int64", "U32": "uint32",
+                                                                "U64": "uint64", "F64": "float64"}
+    assert pack_cuda_arg(host.U32(0xFFFFFFFF)) == np.uint32(0xFFFFFFFF).tobytes()
     assert pack_cuda_arg(host.F64(0.1)) == np.float64(0.1).tobytes()
     assert pack_cuda_arg(host.I64(-5)) == np.int64(-5).tobytes()
     assert pack_cuda_arg(host.Meta([3, -1])) == np.array([3, -1], np.int32).tobytes()

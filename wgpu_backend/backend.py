@@ -295,14 +295,13 @@ class WgpuBackend(Backend):
         copied into the GPU buffer in JS without entering the wasm heap; then widened on the GPU like
         from_bytes. None when that cannot be done (not the browser driver, or a dtype that needs the
         CPU: i64's range check, quantisations the kernels do not read): read the bytes and use from_bytes."""
-        write = getattr(self.driver, "write_buffer_from_js", None)
-        if write is None or dtype is i64 or (dtype.is_quantized and dtype.name not in IN_KERNEL_QUANTS):
+        if not self.driver.reads_js_buffers or dtype is i64 or (dtype.is_quantized and dtype.name not in IN_KERNEL_QUANTS):
             return None
         if not dtype.is_quantized and nbytes % dtype.itemsize:
             raise ShapeError(f"wgpu from_js_buffer: {nbytes} bytes is not a whole number of {dtype.name} elements")
         raw = self._alloc(nbytes)
         if nbytes:
-            write(raw.buf, 0, array_buffer, offset, nbytes)
+            self.driver.write_buffer_from_js(raw.buf, 0, array_buffer, offset, nbytes)
         if dtype.is_quantized or dtype.itemsize == 4 or (dtype is f16 and wgsl.storage_type(dtype, self.has_f16) == "f16"):
             return raw
         return self._widen_raw(raw, nbytes // dtype.itemsize, dtype)
