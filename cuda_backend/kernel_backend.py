@@ -250,16 +250,13 @@ class KernelBackend(Backend):
         return out if dtype is f32 else self.cast(out, Layout((numel,)), f32, dtype)
 
     def _host_dequantize(self, w, wdtype, numel, k, ids):
-        """Block formats without a kernel: dequantised by tallow.quant on the host (slow, but exact)."""
-        import numpy as np
-        from tallow.quant import dequantize_numpy, dequantize_rows_numpy
-        raw = np.frombuffer(self.driver.download(w, 0, w.nbytes), dtype=np.uint8)
+        """Block formats without a kernel: dequantised by the host backend (slow, but exact)."""
+        from tallow.backends.host import dequantize_on_host, dequantize_rows_on_host
+        raw = self.driver.download(w, 0, w.nbytes)
         if ids is None:
-            values = dequantize_numpy(raw, wdtype, numel)
-        else:
-            rows = np.frombuffer(self.driver.download(ids, 0, ids.nbytes), dtype=np.int64)
-            values = dequantize_rows_numpy(raw, wdtype, k, rows)
-        return self.driver.upload(np.ascontiguousarray(values, dtype=np.float32).tobytes(), f32)
+            return self.driver.upload(dequantize_on_host(raw, wdtype, numel), f32)
+        picked = self.driver.download(ids, 0, numel // k * 8)  # the numel // k row ids (i64)
+        return self.driver.upload(dequantize_rows_on_host(raw, wdtype, k, picked), f32)
 
     def index_select(self, st, layout, dtype, ids, lids, dim):
         ids64 = self._ids64(ids, lids)

@@ -71,3 +71,21 @@ def test_models_declare_their_kind():
     assert Whisper.kind == "whisper"
     for module, name, _ in DECODERS.values():
         assert getattr(importlib.import_module(f"tallow.models.{module}"), name).kind == "llm"
+
+
+@pytest.mark.parametrize("host", ["cpu", "python"])
+def test_host_dequantisation_agrees_with_ggml_reference(host, monkeypatch):
+    """GPU backends hand block formats their kernels do not read to the host backend,
+    whichever it is (numpy's, or pure Python's where numpy is missing)."""
+    from tallow.backends import host as host_module
+    from tallow.quant import dequantize_numpy, quantize_numpy
+    monkeypatch.setattr(host_module, "host_device", lambda: tallow.Device(host))
+    q5 = tallow.get_dtype("q5_0")
+    w = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    blocks = quantize_numpy(w, q5).tobytes()
+    want = dequantize_numpy(np.frombuffer(blocks, np.uint8), q5, w.size).reshape(4, 64)
+    got = np.frombuffer(host_module.dequantize_on_host(blocks, q5, w.size), "<f4").reshape(4, 64)
+    np.testing.assert_array_equal(got, want)
+    ids = np.array([3, 0, 3], np.int64).tobytes()
+    rows = np.frombuffer(host_module.dequantize_rows_on_host(blocks, q5, 64, ids), "<f4").reshape(3, 64)
+    np.testing.assert_array_equal(rows, want[[3, 0, 3]])

@@ -321,14 +321,8 @@ class WgpuBackend(Backend):
         return self._widen(raw, numel, dtype, expr)
 
     def _dequantize_on_upload(self, data, dtype):
-        try:
-            from tallow.quant import dequantize_numpy as dequant
-            values = dequant(data, dtype, len(memoryview(data).cast("B")) // dtype.block_bytes * dtype.block_size)
-            raw = values.astype("<f4").tobytes()
-        except ImportError:
-            from tallow.quant import dequantize_python as dequant
-            raw = dequant(data, dtype, len(memoryview(data).cast("B")) // dtype.block_bytes * dtype.block_size).tobytes()
-        st = self._upload(raw)
+        from tallow.backends.host import dequantize_on_host
+        st = self._upload(dequantize_on_host(data, dtype, len(memoryview(data).cast("B")) // dtype.block_bytes * dtype.block_size))
         st.dequantized = True
         return st
 
