@@ -45,6 +45,18 @@ def coalesce_dims(shape, strides_list):
     """Drop size-1 dims and merge neighbouring dims that are contiguous with each other in
     every operand (same shape, one strides list each), so most tensors need one or two dims
     whatever their rank; row-major element order is unchanged. Returns (shape, [strides...])."""
+    if len(strides_list) == 1:  # one operand (the pure-Python backend's reads): a tighter loop
+        out_shape, out_st = [], []
+        for size, stride in zip(shape, strides_list[0]):
+            if size == 1:
+                continue
+            if out_shape and out_st[-1] == stride * size:
+                out_shape[-1] *= size
+                out_st[-1] = stride
+            else:
+                out_shape.append(size)
+                out_st.append(stride)
+        return out_shape, [out_st]
     out_shape, out_strides = [], [[] for _ in strides_list]
     for d, size in enumerate(shape):
         if size == 1:
@@ -87,7 +99,7 @@ def kernel_meta(shape, operands, max_dims, what="op", slots=None, coalesce=True)
         words += [offset] + st + [0] * (max_dims - len(st))
     if slots is not None:
         words += [0] * ((max_dims + 1) * (slots - len(pairs)))
-    if any(abs(w) > INT32_MAX for w in words):
+    if max(words) > INT32_MAX or min(words) < -INT32_MAX:
         raise UnsupportedError(f"{what}: offsets or strides beyond 2**31 elements")
     return words
 

@@ -11,6 +11,7 @@ import sys
 from array import array
 
 from ..dtypes import bf16, bool_, f16
+from ..layout import coalesce_dims
 
 _BIG_ENDIAN = sys.byteorder == "big"
 # A 4-byte unsigned typecode to reinterpret f32 bits (bf16 rounding).
@@ -123,8 +124,8 @@ def read(storage, layout):
         return storage[0:0]
     if layout.is_contiguous():
         return storage[off:off + n]
-    merged = layout.coalesced()
-    dims = list(zip(merged.shape, merged.strides))
+    shape, (strides,) = coalesce_dims(layout.shape, [layout.strides])
+    dims = list(zip(shape, strides))
     size, stride = dims[-1]
     outer = offsets(off, [[k * st for k in range(s)] for s, st in dims[:-1]])
     if size < 8:  # short rows: gather by offset directly
