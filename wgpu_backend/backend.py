@@ -19,7 +19,7 @@ from array import array
 
 from tallow.backends.base import Backend
 from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u32
-from tallow.errors import DeviceError, ShapeError, UnsupportedError
+from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, coalesce_dims, contiguous_strides, kernel_meta, numel_of
 
 from . import wgsl
