@@ -14,6 +14,8 @@ Kernel conventions (so one source serves every tensor shape):
 * cuda: `extern "C" __global__ void main_kernel(const float* in0, ..., float* out, unsigned int numel)`.
 * msl: `kernel void main_kernel(device const float* in0 [[buffer(0)]], ..., device float* out [[buffer(n)]],
   constant uint& numel [[buffer(n+1)]], uint i [[thread_position_in_grid]])`.
+  cuda and msl kernels run one thread per output element in 1-D blocks of 256 threads; the grid
+  is rounded up to whole blocks, so the kernel returns when i >= numel. Inputs and output are f32.
 """
 from __future__ import annotations
 

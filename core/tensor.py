@@ -111,16 +111,9 @@ class Tensor(TensorBase):
 
     def numpy(self):
         """A numpy array (a copy). bf16 comes back as float32 (numpy has no bf16)."""
-        import numpy as np
         if self.dtype.is_quantized:
             return self.to(D.f32).numpy()
-        if self.device.type == "cpu":
-            v = self.device.backend.load(self._storage, self._layout, self.dtype)
-            return np.array(v, dtype=np.float16 if self.dtype is D.f16 else v.dtype, copy=True)
-        raw = np.frombuffer(bytes(self), dtype=np.dtype(self.dtype.np_name).newbyteorder("<"))
-        if self.dtype is D.bf16:
-            raw = (raw.astype(np.uint32) << 16).view(np.float32)
-        return raw.astype(raw.dtype.newbyteorder("="), copy=True).reshape(self.shape)
+        return self.device.backend.to_numpy(self._storage, self._layout, self.dtype)
 
     def to(self, target: Device | D.DType | str | None = None, dtype: D.DType | str | None = None) -> Tensor:
         """Move to a device and/or convert to a dtype: t.to("wgpu"), t.to(tallow.f16)."""

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tallow
-from tallow.layout import Layout, contiguous_strides
+from tallow.layout import Layout
 from tallow import device as device_module
 from tallow_cuda import host
 from tallow_cuda.driver import SCALAR_TYPES, kernel_source, storage_numpy_dtype
@@ -62,12 +62,7 @@ def test_pack_meta_locates_every_element(rank):
             assert host.meta_offset(meta, 1, i) == want_b[i]
 
 
-def test_coalesce_merges_contiguous_dims():
-    shape, (st,) = host.coalesce([2, 3, 4], [list(contiguous_strides((2, 3, 4)))])
-    assert shape == [24] and st == [1]
-    # a transposed pair stays two dims; size-1 dims disappear
-    shape, (sa, sb) = host.coalesce([4, 1, 3], [[3, 99, 1], [1, 5, 4]])
-    assert shape == [4, 3] and sa == [3, 1] and sb == [1, 4]
+def test_pack_meta_merges_contiguous_dims():
     # a 10-d contiguous tensor fits in one dim, so the 8-dim limit only bites for strided ones
     ten = (2,) * 10
     assert host.pack_meta(ten, [Layout(ten)])[0] == 1
@@ -81,17 +76,10 @@ def test_pack_meta_refuses_offsets_beyond_int32():
         host.pack_meta((2, 2), [Layout((2, 2), (1 << 31, 1))])
 
 
-def test_move_dims_last_and_inverse():
-    layout = Layout((2, 3, 4, 5))
-    perm, pl = host.move_dims_last(layout, (0, 2))
-    assert perm == [1, 3, 0, 2] and pl.shape == (3, 5, 2, 4)
+def test_rows_of_a_layout_with_reduced_dims_last():
+    _, pl = Layout((2, 3, 4, 5)).moved_last((0, 2))
     assert host.rows_of(pl.shape, 2) == (15, 8)
-    inv = host.inverse_permutation(perm)
-    assert [perm[i] for i in inv] == [0, 1, 2, 3]
-    # the reduced rows really are the reduced elements: compare with numpy
-    x = np.arange(120).reshape(2, 3, 4, 5)
-    rows = np.transpose(x, perm).reshape(15, 8)
-    np.testing.assert_array_equal(rows.sum(1).reshape(3, 5), x.sum(axis=(0, 2)))
+    assert host.rows_of(pl.shape, 0) == (120, 1)
 
 
 # ---- launch grids -------------------------------------------------------------------------------
@@ -254,9 +242,12 @@ def test_real_cuda_device():
 
 
 def test_scalar_arguments_have_the_kernels_c_types():
-    """I32 -> int, I64 -> long long, U64 -> unsigned long long, F64 -> double, as the .cu kernels declare."""
+    """I32 -> int, I64 -> long long, U32 -> unsigned int (a custom op's numel), U64 -> unsigned long long,
+    F64 -> double, as the .cu kernels declare."""
     from tallow_cuda.cpu_driver import pack_cuda_arg
-    assert {k.__name__: v for k, v in SCALAR_TYPES.items()} == {"I32": "int32", "I64": "int64", "U64": "uint64", "F64": "float64"}
+    assert {k.__name__: v for k, v in SCALAR_TYPES.items()} == {"I32": "int32", "I64": "int64", "U32": "uint32",
+                                                                "U64": "uint64", "F64": "float64"}
+    assert pack_cuda_arg(host.U32(0xFFFFFFFF)) == np.uint32(0xFFFFFFFF).tobytes()
     assert pack_cuda_arg(host.F64(0.1)) == np.float64(0.1).tobytes()
     assert pack_cuda_arg(host.I64(-5)) == np.int64(-5).tobytes()
     assert pack_cuda_arg(host.Meta([3, -1])) == np.array([3, -1], np.int32).tobytes()

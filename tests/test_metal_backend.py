@@ -18,7 +18,7 @@ import pytest
 
 import tallow
 from tallow import device as device_module
-from tallow_cuda.host import F64, I32, I64, U64, IN_KERNEL_QUANTS, Meta
+from tallow_cuda.host import F64, I32, I64, U32, U64, IN_KERNEL_QUANTS, Meta
 from tallow_metal.driver import MetalDriver, kernel_source, pack_arg
 
 import test_ops
@@ -134,6 +134,7 @@ def test_pack_arg_matches_the_msl_parameter_types():
     assert pack_arg(I32(-2)) == struct.pack("<i", -2)
     assert pack_arg(I64(1 << 40)) == struct.pack("<q", 1 << 40)
     assert pack_arg(U64((1 << 64) - 1)) == b"\xff" * 8
+    assert pack_arg(U32(7)) == struct.pack("<I", 7)  # a custom op's `constant uint& numel`
     assert pack_arg(F64(0.1)) == np.float32(0.1).tobytes()
     assert pack_arg(Meta([1, 2, -3])) == np.array([1, 2, -3], np.int32).tobytes()
     with pytest.raises(TypeError):

@@ -120,35 +120,53 @@ def test_timestamp_decoding_matches_transformers(tiny, jfk_features):
 
 
 def test_pure_python_logit_path_gives_same_tokens(tiny, jfk_features, monkeypatch):
+    """The logit filters on the pure-Python host backend (Pyodide without numpy) decode the same tokens."""
     _, features = jfk_features
     with_numpy = decode(tiny, features, DecodingOptions())
-    monkeypatch.setattr(whisper_logits, "_numpy", lambda: None)
+    monkeypatch.setattr(whisper_logits, "host_device", lambda: tallow.Device("python"))
     without = decode(tiny, features, DecodingOptions())
     assert without.tokens == with_numpy.tokens
     assert abs(without.sum_logprob - with_numpy.sum_logprob) < 1e-3
 
 
-def test_logit_rows_python_equals_numpy():
+@pytest.mark.parametrize("host", ["cpu", "python"])
+def test_logit_rows_match_numpy_on_either_host_backend(host, monkeypatch):
+    import random
     np = pytest.importorskip("numpy")
+    monkeypatch.setattr(whisper_logits, "host_device", lambda: tallow.Device(host))
     rng = np.random.default_rng(0)
     data = rng.standard_normal((3, 5000)).astype(np.float32) * 4
-    data[1, 17] = data[1, 4000] = data[1].max() + 1  # a tie: the lower id wins in both
-    rows = [whisper_logits.NumpyRows(data), whisper_logits.PythonRows(data.tolist())]
-    for r in rows:
-        r.suppress(0, 100, 200)
-        r.suppress(None, 4990)
-        r.suppress_ids([5, 6])
-    a, b = rows
+    data[1, 17] = data[1, 4000] = data[1].max() + 1  # a tie: the lower id wins
+    rows = whisper_logits.logit_rows(tallow.from_numpy(data))
+    rows.suppress(0, 100, 200)
+    rows.suppress(None, 4990)
+    rows.suppress_ids([5, 6, 6])
+    ref = data.copy()
+    ref[0, 100:200] = ref[:, 4990:] = ref[:, [5, 6]] = -np.inf
+    np.testing.assert_array_equal(rows.a.numpy(), ref)
+    assert data[0, 150] != -np.inf  # the caller's logits are untouched
     for k in range(3):
-        assert a.argmax(k) == b.argmax(k)
-        assert a.max(k, 0, 300) == pytest.approx(b.max(k, 0, 300))
+        row = ref[k].astype(np.float64)
+        assert rows.argmax(k) == int(np.argmax(ref[k]))
+        assert rows.max(k, 0, 300) == ref[k, :300].max()
         for start in (0, 150, 4000):
-            assert a.logsumexp(k, start) == pytest.approx(b.logsumexp(k, start), rel=1e-5)
-        lse = a.logsumexp(k)
-        top_a, top_b = a.topk(k, 6, lse), b.topk(k, 6, lse)
-        assert [t for _, t in top_a] == [t for _, t in top_b]
-        assert [v for v, _ in top_a] == pytest.approx([v for v, _ in top_b], abs=1e-5)
-    assert a.a[0, 150] == b.a[0][150] == float("-inf")
+            part = row[start:][np.isfinite(row[start:])]
+            want = part.max() + np.log(np.exp(part - part.max()).sum())
+            assert rows.logsumexp(k, start) == pytest.approx(want, rel=1e-6)
+        lse = rows.logsumexp(k)
+        order = np.lexsort((np.arange(5000), -ref[k]))[:6]  # by value, ties by lower id
+        top = rows.topk(k, 6, lse)
+        assert [t for _, t in top] == order.tolist()
+        assert [v for v, _ in top] == pytest.approx((ref[k, order] - lse).tolist(), abs=1e-5)
+        for seed in range(3):
+            z = row / 0.7
+            c = np.cumsum(np.exp(z - z.max()))
+            want = int(np.searchsorted(c, random.Random(seed).random() * c[-1], side="right"))
+            assert rows.sample(k, 0.7, random.Random(seed)) == want
+    assert rows.max(0, 4990) == rows.logsumexp(0, 4990) == float("-inf")
+    tiny_rows = whisper_logits.logit_rows(tallow.tensor([[1.0, 2.0, 0.5]]))
+    tiny_rows.suppress(0, 1)
+    assert tiny_rows.topk(0, 3, 0.0) == [(1.0, 0), (float("-inf"), 1), (float("-inf"), 2)]
 
 
 def test_beam_search_jfk(tiny):

@@ -58,6 +58,7 @@ class DecoderCache:
 class CausalLM(Module):
     """Subclasses build `self.layers` (each `layer(hidden, step, kv_cache)`), and
     define `embed(ids)`, `final_norm(hidden)` and `lm_head(hidden)`."""
+    kind = "llm"  # what the model does, for front ends that serve several (the web worker)
 
     def __init__(self, config, device, dtype):
         self.config = config

@@ -243,6 +243,7 @@ class DecoderState:
 
 class Whisper(Module):
     """The model, its tokenizer and its mel filters. Call `transcribe` (whisper_transcribe.py)."""
+    kind = "whisper"  # what the model does (see CausalLM.kind)
 
     def __init__(self, vb, cfg, tokenizer=None, mel_filters=None, name="whisper"):
         self.config = cfg

@@ -63,7 +63,7 @@ def load_model(key, path, device=None):
     model = tallow.load_model(path, device=dev)
     state["models"][key] = model
     return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
-                  "kind": "whisper" if hasattr(model, "encode") and hasattr(model, "tokens") else "llm"})
+                  "kind": model.kind})
 
 
 def load_model_from_js(key, folder, weights_name, js_bytes, device=None):
@@ -90,7 +90,7 @@ def load_model_from_js(key, folder, weights_name, js_bytes, device=None):
     if driver:
         driver.flush()  # the on-GPU conversions recorded while loading
     return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
-                  "kind": "whisper" if hasattr(model, "encode") and hasattr(model, "tokens") else "llm",
+                  "kind": model.kind,
                   # where the bytes went: read from the JS buffer into Python (headers, CPU-side tensors),
                   # written to GPU buffers straight from JS, and from Python memory (tables the model builds)
                   "weights_bytes": source.size, "read_into_python": source.bytes_read,
