@@ -162,12 +162,12 @@ def test_phi3_generate_matches_transformers_across_longrope_switch(tmp_path):
     assert list(generate_ids(ours, PROMPT, max_tokens=8, stop_tokens=[])) == ref
 
 
-def test_tiny_llama_on_the_python_device(tmp_path):
-    """The pure-Python backend runs the same model code (kept tiny: it is slow)."""
+def test_tiny_llama_on_every_device(tmp_path, device):
+    """Every device runs the same model code (kept tiny: pure Python and the emulators are slow)."""
     model, path = _hf("llama", tmp_path, hidden_size=32, intermediate_size=48, num_attention_heads=2,
                       num_key_value_heads=1, vocab_size=64, tie_word_embeddings=True)
-    ours, _ = _check_against(model, path, device="python", steps=3, prompt=[3, 17, 9, 5, 20, 31, 7])
-    assert ours.device.type == "python"
+    ours, _ = _check_against(model, path, device=device, steps=3, prompt=[3, 17, 9, 5, 20, 31, 7])
+    assert ours.device == device
 
 
 def test_explicit_cache_and_reset(tmp_path):
