@@ -80,8 +80,8 @@ def test_bad_config_and_missing_weights(tmp_path):
 
 # ---- real weights: Whisper tiny.en ---------------------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny():
-    return whisper.load(tallow.hub.fetch("whisper-tiny.en", progress=False), device="cpu")
+def tiny(whisper_tiny_dir):
+    return whisper.load(whisper_tiny_dir, device="cpu")
 
 
 @pytest.fixture(scope="module")
