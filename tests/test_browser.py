@@ -9,6 +9,7 @@ test-artifacts/browser/.
 """
 import importlib.util
 import os
+import sys
 import time
 
 import pytest
@@ -28,7 +29,10 @@ def _load(name, path):
 
 
 harness = _load("tallow_tests_browser_harness", os.path.join(HERE, "browser", "harness.py"))
-op_cases = _load("tallow_tests_pyodide_op_cases", os.path.join(HERE, "pyodide", "op_cases.py"))
+if os.path.join(HERE, "conformance") not in sys.path:  # cases.py and compare.py import each other by name
+    sys.path.insert(0, os.path.join(HERE, "conformance"))
+import cases  # noqa: E402  (the conformance op cases, shipped as they are into the page's Pyodide)
+from compare import assert_matches  # noqa: E402
 
 
 def _require(reason):
@@ -76,33 +80,22 @@ def _model_or_skip(dist, name):
     return entry
 
 
-# ---- 1. the op suite inside the browser, on both backends, against numpy/torch ----
-# wgpu computes in f32 on the GPU; WGSL only promises sin/cos to an absolute 2^-11 on [-pi, pi]
-# (SwiftShader is off by up to 1.9e-4), and exp/log/tanh to a few ulp.
-WGPU_TOL = {"rtol": 1e-4, "atol": 2.0 ** -11}
-WGPU_NOT_APPLICABLE = {"casts": "the wgpu backend has no f64 tensors by design (WGSL has no f64); the case casts to f64"}
-
-
-# The comparison the Node-hosted Pyodide suite uses (dtype, shape, values; exact for integers).
-_assert_matches = _load("tallow_tests_test_pyodide_helpers", os.path.join(HERE, "test_pyodide.py")).assert_matches
-
-
+# ---- 1. the conformance op cases inside the browser, on both backends, against numpy/torch ----
 @pytest.mark.parametrize("device", ["python", "wgpu"])
-@pytest.mark.parametrize("case", op_cases.CASES, ids=lambda c: c.name)
-def test_op_suite_in_chromium_matches_numpy(case, device, demo, ui, request):
+@pytest.mark.parametrize("name", sorted(cases.CASES))
+def test_op_suite_in_chromium_matches_numpy(name, device, demo, ui, request):
     np = pytest.importorskip("numpy")
+    case = cases.CASES[name]
     if case.torch:
         pytest.importorskip("torch")
     info = ui.evaluate("window.tallowDemo.ready")
-    if device == "wgpu" and case.name in WGPU_NOT_APPLICABLE:
-        pytest.skip(WGPU_NOT_APPLICABLE[case.name])
+    reason = case.not_applicable(device)
+    if reason:
+        pytest.skip(reason)
     if device == "wgpu":
         assert info["device"] == "wgpu", f"WebGPU did not come up in Chromium: {info['gpu_error']}"
-    got = demo.run(ui, case.source(device))
-    rtol, atol = case.rtol, case.atol
-    if device == "wgpu" and (rtol or atol):
-        rtol, atol = max(rtol, WGPU_TOL["rtol"]), max(atol, WGPU_TOL["atol"])
-    _assert_matches(got, case.reference(np), f"{case.name} on {device}", rtol, atol)
+    got = demo.run(ui, cases.source(name, device))
+    assert_matches(got, case.reference(np), f"{name} on {device}", *case.tolerance(device))
 
 
 def test_the_page_reports_the_webgpu_adapter(demo, ui):

@@ -6,7 +6,6 @@ positions and a small trained BPE tokenizer; the real SmolLM2 GGUF for the
 default window read from its metadata."""
 import argparse
 import io
-import os
 import time
 
 import pytest
@@ -132,16 +131,8 @@ def test_cli_chat_refuses_or_drops_turns(model_dir, capsys):
 
 # ---- the real SmolLM2-135M-Instruct: its 8192-token window, from the GGUF metadata -------------------------
 
-def _smollm2_gguf():
-    path = os.environ.get("TALLOW_SMOLLM2_GGUF") or os.path.join(
-        tallow.hub.home(), "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.exists(path):
-        pytest.skip("SmolLM2 GGUF not found: set TALLOW_SMOLLM2_GGUF or run `tallow fetch smollm2-135m-instruct`")
-    return path
-
-
-def test_smollm2_refuses_a_10000_token_prompt_before_computing():
-    model = tallow.load_model(_smollm2_gguf())
+def test_smollm2_refuses_a_10000_token_prompt_before_computing(smollm2_gguf):
+    model = tallow.load_model(smollm2_gguf)
     assert model.context_window == 8192  # llama.context_length
     t0 = time.perf_counter()
     with pytest.raises(ContextWindowError, match="10000 tokens .* context window of 8192"):

