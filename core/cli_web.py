@@ -10,8 +10,11 @@ runtime, and `tallow fetch whisper-tiny.en smollm2-135m-instruct` the models.
 import importlib.util
 import os
 
-from .cli_args import port
+from .cli_args import _checked, port
 from .errors import Error
+
+# 100 MB: GitHub Pages refuses bigger files (web/build.py's MAX_FILE_BYTES)
+part_mb = _checked(float, lambda v: 0 < v <= 100, "must be more than 0 and at most 100 (MB, the GitHub Pages file limit)")
 
 
 def add_arguments(parser):
@@ -20,7 +23,7 @@ def add_arguments(parser):
     parser.add_argument("--out", "--dist", dest="out", default=None,
                         help="output folder (default web/dist): self-contained, for any static host")
     parser.add_argument("--no-models", action="store_true", help="do not copy models from the tallow cache")
-    parser.add_argument("--part-mb", default=None,
+    parser.add_argument("--part-mb", type=part_mb, default=None,
                         help="split model files bigger than this many MB into parts (default 90; at most 100, "
                              "the GitHub Pages file limit; also $TALLOW_WEB_PART_MB)")
     parser.add_argument("--rebuild", action="store_true", help="serve: build even when dist exists")
@@ -48,7 +51,7 @@ def run(args):
     build = _load("build")
     dist = args.out or build.DEFAULT_DIST
     try:
-        part = build.checked_part_bytes(args.part_mb) if args.part_mb is not None else None
+        part = int(args.part_mb * build.MB) if args.part_mb is not None else None
         if args.action == "build" or args.rebuild or not build.is_built(dist):
             build.build(dist, models=not args.no_models, part_bytes=part)
     except build.BuildError as e:

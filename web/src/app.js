@@ -316,7 +316,8 @@ async function transcribe(fields, transfer, label) {
       onEvent, transfer, "speech");
     bar.hidden = true;
     lastTranscript = r;
-    $("transcript").textContent = r.no_speech ? "No speech detected." : r.text;
+    $("transcript").textContent = r.no_speech ? (r.text ? `No speech detected (the model rates it as probably not speech; ` +
+      `its guess was “${r.text}”).` : "No speech detected.") : r.text;
     $("transcript").dataset.noSpeech = r.no_speech ? "1" : "";
     $("export").hidden = r.no_speech;
     $("speech-stats").textContent = `${r.duration.toFixed(1)} s of audio in ${r.seconds.toFixed(1)} s: real-time factor ${r.rtf.toFixed(2)} (on ${loaded.get(key).device})`;

@@ -13,6 +13,8 @@ from array import array
 
 import tallow
 
+NO_SPEECH_THRESHOLD = 0.6  # transcribe()'s default no_speech_threshold
+
 state = {"device": None, "device_info": None, "gpu_error": None, "models": {}, "driver": None}
 
 
@@ -152,9 +154,13 @@ def transcribe(key, audio, is_samples, on_segment, timestamps=True, on_progress=
     result = run(model, samples, timestamps=timestamps, on_segment=segment, on_window=window,
                  language=language or None, task=task or "transcribe")
     seconds = time.perf_counter() - started
-    segments = [{"start": s.start, "end": s.end, "text": s.text} for s in result.segments if s.text.strip()]
+    segments = [{"start": s.start, "end": s.end, "text": s.text, "no_speech_prob": s.no_speech_prob}
+                for s in result.segments if s.text.strip()]
     text = result.text.strip()
-    return _json({"text": text, "no_speech": not text, "duration": duration, "seconds": seconds,
+    # Whisper "hears" a word or two in silence (tiny.en: " you") yet rates the window as probably
+    # not speech: when every segment is rated so, the page says no speech instead of the guess.
+    no_speech = not text or all(s["no_speech_prob"] > NO_SPEECH_THRESHOLD for s in segments)
+    return _json({"text": text, "no_speech": no_speech, "duration": duration, "seconds": seconds,
                   "language": result.language, "rtf": seconds / duration if duration else None,
                   "segments": segments})
 
