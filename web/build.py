@@ -261,7 +261,7 @@ def write_site_config(dist, archives, test_hooks=False):
     python = ["worker.py"] + ([TEST_HOOKS] if test_hooks else [])
     # What the worker fetches (the .mjs files are imported as modules, before any progress can show).
     runtime = [os.path.join("pyodide", n) for n in PYODIDE_FILES if not n.endswith(".mjs")] + \
-        [os.path.join("wheels", n) for n in archives] + python
+        [os.path.join("wheels", n) for n in ["index.json", *archives]] + python
     config = {"python": python, "example": f"examples/{os.path.basename(EXAMPLE_CLIP)}",
               "runtime_bytes": sum(os.path.getsize(os.path.join(dist, p)) for p in runtime)}
     with open(os.path.join(dist, "site.json"), "w") as f:
