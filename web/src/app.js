@@ -300,7 +300,7 @@ async function transcribe(fields, transfer, label) {
     const onEvent = (msg) => {
       if (msg.type === "segment") {
         const li = document.createElement("li");
-        li.textContent = `[${msg.segment.start.toFixed(2)} → ${msg.segment.end.toFixed(2)}] ${msg.segment.text}`;
+        li.textContent = `[${msg.segment.start.toFixed(2)} → ${msg.segment.end.toFixed(2)}] ${msg.segment.text.trim()}`;
         $("segments").append(li);
       } else if (msg.type === "window") {
         bar.value = msg.done_s / msg.duration;
@@ -320,6 +320,7 @@ async function transcribe(fields, transfer, label) {
       `its guess was “${r.text}”).` : "No speech detected.") : r.text;
     $("transcript").dataset.noSpeech = r.no_speech ? "1" : "";
     $("export").hidden = r.no_speech;
+    if (r.no_speech) $("segments").innerHTML = ""; // the guesses streamed in while it ran
     $("speech-stats").textContent = `${r.duration.toFixed(1)} s of audio in ${r.seconds.toFixed(1)} s: real-time factor ${r.rtf.toFixed(2)} (on ${loaded.get(key).device})`;
     setStatus(r.no_speech ? `No speech detected in ${label}.` : `Transcribed ${label}: ${r.segments.length} segment${r.segments.length === 1 ? "" : "s"}.`, "speech");
     return r;
@@ -337,9 +338,9 @@ function preview(blob) {
 }
 
 async function transcribeFile(file) {
-  preview(file);
   const bytes = await file.arrayBuffer();
   const fields = await prepareFile(file.name, bytes);
+  preview(file);
   return transcribe(fields, [fields.audio.buffer], file.name);
 }
 
