@@ -117,6 +117,7 @@ def test_the_shipped_site_has_no_run_hook_and_the_test_build_has_it(tmp_path):
     build.copy_site(str(dist), test_hooks=False)
     assert not (dist / build.TEST_HOOKS).exists()
     assert "run_code" not in (dist / "worker.py").read_text()
+    assert (dist / ".nojekyll").exists()  # GitHub Pages serves the folder as it is
     assert (dist / "examples" / "jfk.wav").read_bytes() == (REPO_ROOT / "tests" / "data" / "jfk.wav").read_bytes()
 
 

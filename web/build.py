@@ -7,7 +7,8 @@ The folder is self-contained, for any static host (GitHub Pages, a plain
 `python3 -m http.server`): real files only (no symlinks) and none over 100 MB.
 It gets:
     index.html app.js audio.js recorder-worklet.js transcript.js style.css worker.mjs worker.py (web/src/)
-    site.json       the Python modules the worker installs and the example clip
+    site.json       the Python modules the worker installs, the example clip, the runtime's size
+    .nojekyll       so GitHub Pages serves the folder as it is
     examples/       jfk.wav, the page's example clip
     pyodide/        the Pyodide runtime files from web/node_modules/pyodide (npm ci in web/)
     wheels/         the tallow wheel (built from this checkout), jinja2's wheel and a
@@ -251,6 +252,8 @@ def copy_site(dist, test_hooks=False):
         shutil.copy2(os.path.join(WEB, "testing", TEST_HOOKS), hooks)
     elif os.path.lexists(hooks):
         os.remove(hooks)  # a test build's leftover: the shipped site must not evaluate code on request
+    # GitHub Pages runs Jekyll on a pushed folder unless this file is there; the site needs none of it.
+    open(os.path.join(dist, ".nojekyll"), "w").close()
     os.makedirs(os.path.join(dist, "examples"), exist_ok=True)
     shutil.copy2(EXAMPLE_CLIP, os.path.join(dist, "examples", os.path.basename(EXAMPLE_CLIP)))
 
