@@ -1,6 +1,6 @@
 """`tallow web build|serve`: the browser demo (Pyodide + WebGPU) from a source checkout.
 
-    tallow web build              # assemble web/dist: Pyodide runtime, tallow wheel, page, model links
+    tallow web build [--out DIR]  # assemble a static site (web/dist): Pyodide runtime, tallow wheel, page, models
     tallow web serve [--port P]   # build when needed, then serve web/dist on http://127.0.0.1:P/
 
 The site's sources live in the repository's web/ folder (not in the wheel), so
@@ -10,15 +10,19 @@ runtime, and `tallow fetch whisper-tiny.en smollm2-135m-instruct` the models.
 import importlib.util
 import os
 
-from .args import port
 from ..errors import Error
+from .args import part_mb, port
 
 
 def add_arguments(parser):
     parser.add_argument("action", choices=("build", "serve"), help="build web/dist, or build if needed and serve it")
     parser.add_argument("--port", type=port, default=8000, help="port for serve (default 8000; 0 picks a free one)")
-    parser.add_argument("--dist", default=None, help="output folder (default web/dist)")
-    parser.add_argument("--no-models", action="store_true", help="do not link models from the tallow cache")
+    parser.add_argument("--out", "--dist", dest="out", default=None,
+                        help="output folder (default web/dist): self-contained, for any static host")
+    parser.add_argument("--no-models", action="store_true", help="do not copy models from the tallow cache")
+    parser.add_argument("--part-mb", type=part_mb, default=None,
+                        help="split model files bigger than this many MB into parts (default 90; at most 100, "
+                             "the GitHub Pages file limit; also $TALLOW_WEB_PART_MB)")
     parser.add_argument("--rebuild", action="store_true", help="serve: build even when dist exists")
 
 
@@ -42,13 +46,16 @@ def _load(name):
 
 def run(args):
     build = _load("build")
-    dist = args.dist or build.DEFAULT_DIST
+    dist = args.out or build.DEFAULT_DIST
     try:
+        part = int(args.part_mb * build.MB) if args.part_mb is not None else None
         if args.action == "build" or args.rebuild or not build.is_built(dist):
-            build.build(dist, models=not args.no_models)
+            build.build(dist, models=not args.no_models, part_bytes=part)
     except build.BuildError as e:
         raise Error(str(e)) from None
     if args.action == "build":
+        print(f"tallow web build: {dist} is a static site; serve it with any static server "
+              f"(python3 -m http.server -d {dist}) or publish it (GitHub Pages)", flush=True)
         return 0
     serve = _load("serve")
     try:
