@@ -66,11 +66,11 @@ def test_from_js_buffer_is_declined_without_a_browser(device):
 
 
 def test_models_declare_their_kind():
-    from tallow.models.architectures import DECODERS
+    from tallow.models.architectures import by_model_type, known
     from tallow.models.whisper import Whisper
     assert Whisper.kind == "whisper"
-    for module, name, _ in DECODERS.values():
-        assert getattr(importlib.import_module(f"tallow.models.{module}"), name).kind == "llm"
+    for model_type in known():
+        assert by_model_type(model_type, "test").model_class.kind == "llm"
 
 
 @pytest.mark.parametrize("host", ["cpu", "python"])

@@ -4,7 +4,7 @@ count, so it is pinned here; bench/gpu_host.py measures the time itself."""
 import pytest
 
 import tallow
-from tallow.device import use_backend
+from tallow.device import restore_backend, use_backend
 
 pytest.importorskip("transformers")
 from tallow_wgpu.backend import WgpuBackend  # noqa: E402
@@ -21,7 +21,6 @@ def _decode_dispatches(tmp_path, layers):
     folder.mkdir()
     save_tiny_llama(folder, ["hello world, the quick brown fox"] * 8, num_hidden_layers=layers)
     driver = NullDriver()
-    saved = tallow.device._instances.get("wgpu")
     try:
         dev = use_backend("wgpu", WgpuBackend(driver))
         model = tallow.load_model(str(folder), device=dev)
@@ -31,10 +30,7 @@ def _decode_dispatches(tmp_path, layers):
         model([4], cache=cache, last_only=True).tolist()
         return driver.dispatches, dict(driver.by_kernel)
     finally:
-        if saved is None:
-            tallow.device._instances.pop("wgpu", None)
-        else:
-            tallow.device._instances["wgpu"] = saved
+        restore_backend("wgpu")
 
 
 def test_decode_dispatches_per_layer_are_bounded(tmp_path):
