@@ -1,7 +1,6 @@
 """The optional capabilities every backend declares in the contract (tallow.backends.base),
 with defaults: to_numpy, from_js_buffer (custom is in test_custom_op.py); and the model kind
 that front ends read instead of guessing from attributes."""
-import importlib
 
 import numpy as np
 import pytest
