@@ -165,3 +165,14 @@ def smollm2_gguf(tallow_home):
 def jfk_wav():
     """The 11 s JFK clip (16 kHz mono WAV) kept in the repository."""
     return DATA / "jfk.wav"
+
+
+# Tests that read real model files carry the `models` marker, so `make check` (the fast loop)
+# can leave them out without each test saying so.
+MODEL_FIXTURES = frozenset({"whisper_tiny_dir", "whisper_assets_dir", "smollm2_gguf"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.models)

@@ -25,6 +25,8 @@ JFK_TEXT_TIMESTAMPS = JFK_TEXT.replace("for you,", "for you")
 # model flow below also checks that the worker joins the parts right.
 PART_BYTES = 30 * 10**6
 
+pytestmark = pytest.mark.browser
+
 
 def _load(name, path):
     spec = importlib.util.spec_from_file_location(name, path)

@@ -11,6 +11,8 @@ _spec = importlib.util.spec_from_file_location("tallow_tests_browser_harness_tra
 harness = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(harness)
 
+pytestmark = pytest.mark.browser
+
 # Synthetic data (scikit-learn's digits are not available inside Pyodide); the seed
 # drives Python's own generator, so native and Pyodide draw the same numbers.
 TRAIN = '''
