@@ -49,7 +49,7 @@ def page(tmp_path_factory):
         pytest.skip(missing)
     build = harness.load_web_module("build")
     out = str(tmp_path_factory.mktemp("web") / "dist")
-    build.build(out, models=False, quiet=True)
+    build.build(out, models=False, quiet=True, test_hooks=True)
     with harness.DemoBrowser(out, artifacts=os.path.join(os.path.dirname(HERE), "test-artifacts", "browser")) as demo:
         yield demo, demo.open()
 
