@@ -117,6 +117,7 @@ class BrowserDriver:
             "max_invocations": int(lim.maxComputeInvocationsPerWorkgroup),
             "max_workgroup_storage": int(lim.maxComputeWorkgroupStorageSize),
             "uniform_align": max(int(lim.minUniformBufferOffsetAlignment), 1),
+            "storage_align": max(int(lim.minStorageBufferOffsetAlignment), 4),
         }
         info = getattr(adapter, "info", None)
         get = (lambda k: str(getattr(info, k, "") or "")) if info is not None else (lambda k: "")
