@@ -4,8 +4,9 @@
 // order, except "stop", which is handled at once (the chat loop yields to the
 // event loop between tokens and checks it).
 //   load {model}                     fetch the manifest's files (Cache API) and load the model; the
-//                                    weights file stays a JS buffer (WebGPU copies tensors from it)
-//   open {key, files: [{name, data}]} load a model from files the user picked
+//                                    weights file stays a Blob read in slices (WebGPU copies tensors from it)
+//   open {key, files: [File]}        load a model from files the user picked (a .gguf, or a Hugging
+//                                    Face folder's files); weights are read in slices, never whole
 //   transcribe {model, audio, samples} Float32Array at 16 kHz (samples) or WAV bytes
 //   chat {model, messages, maxTokens} streams "token" messages
 //   run {code}                       evaluate Python; the JSON text of its last expression
@@ -14,6 +15,12 @@
 import { loadPyodide } from "./pyodide/pyodide.mjs";
 
 const CACHE_NAME = "tallow-models-v1";
+const params = new URL(self.location.href).searchParams;
+// Weights files are read in slices of this size (?slice_mb=, default 64 MiB), so no file is ever
+// one ArrayBuffer (the browser refuses those over 2 GB); ?max_binding_mb= lowers the GPU binding
+// size tallow assumes (tests use both to exercise slicing and splitting with small files).
+const SLICE_BYTES = Math.max(4, Math.round(Number(params.get("slice_mb") || 64) * 2 ** 20));
+const MAX_BINDING_MB = params.get("max_binding_mb");
 const post = (msg) => self.postMessage(msg);
 const stopped = new Set();
 let py = null;
@@ -45,50 +52,80 @@ async function boot() {
   py.runPython("import importlib; importlib.invalidate_caches()");
   api = py.pyimport("tallow_web_worker");
   manifest = await (await fetch("models/manifest.json")).json();
-  const wantGpu = !new URL(self.location.href).searchParams.has("cpu");
+  const wantGpu = !params.has("cpu");
   progress("Probing WebGPU");
-  const info = JSON.parse(await api.boot(wantGpu));
+  const info = JSON.parse(await api.boot(wantGpu, MAX_BINDING_MB === null ? null : Number(MAX_BINDING_MB)));
   info.boot_s = bootS;
   info.ready_s = (performance.now() - t0) / 1000;
   info.pyodide = py.version;
   post({ type: "ready", info, manifest });
 }
 
-// A model file: from the Cache API when it is there, else downloaded (with progress) and cached.
+// ---- model files, read in slices ------------------------------------------------
+// A weights file as a Blob (a picked File, or a Cache API response's blob: both stay on disk)
+// read slice by slice: Python reads the header through read(); WebGPU copies each tensor to its
+// GPU buffer slice by slice (tallow_wgpu's driver.js writeFromSlices).
+class SlicedFile {
+  constructor(blob, sliceBytes = SLICE_BYTES) {
+    this.blob = blob;
+    this.size = blob.size;
+    this.sliceBytes = sliceBytes;
+    this.slices = 0; // slices read, and the largest: what the tests check
+    this.largestSlice = 0;
+  }
+
+  async read(offset, size) {
+    if (offset < 0 || offset + size > this.size) throw new Error(`read [${offset}, ${offset + size}) outside a ${this.size}-byte file`);
+    if (size <= this.sliceBytes) return this.slice(offset, size);
+    const out = new Uint8Array(size); // a header spanning several slices (a few MB at most)
+    for (let done = 0; done < size; done += this.sliceBytes) {
+      out.set(await this.slice(offset + done, Math.min(this.sliceBytes, size - done)), done);
+    }
+    return out;
+  }
+
+  async slice(offset, n) {
+    this.slices += 1;
+    this.largestSlice = Math.max(this.largestSlice, n);
+    return new Uint8Array(await this.blob.slice(offset, offset + n).arrayBuffer());
+  }
+}
+
+// A model file as a Blob: from the Cache API when it is there, else downloaded into the cache as a
+// stream (with progress), never held whole in memory.
 async function cachedFile(url, size, report) {
   const cache = await caches.open(CACHE_NAME);
   const hit = await cache.match(url);
   if (hit) {
-    const bytes = new Uint8Array(await hit.arrayBuffer());
-    report(bytes.length, true);
-    return { bytes, cached: true };
+    const blob = await hit.blob();
+    report(blob.size, true);
+    return { blob, cached: true };
   }
   const response = await fetch(url);
   if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
-  const reader = response.body.getReader();
-  const chunks = [];
   let loaded = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    chunks.push(value);
-    loaded += value.length;
-    report(loaded, false);
-  }
-  const bytes = new Uint8Array(loaded);
-  let at = 0;
-  for (const c of chunks) {
-    bytes.set(c, at);
-    at += c.length;
-  }
-  await cache.put(url, new Response(bytes, { headers: { "Content-Type": "application/octet-stream" } }));
-  return { bytes, cached: false };
+  const counted = response.body.pipeThrough(new TransformStream({
+    transform(chunk, controller) {
+      loaded += chunk.length;
+      report(loaded, false);
+      controller.enqueue(chunk);
+    },
+  }));
+  await cache.put(url, new Response(counted, { headers: { "Content-Type": "application/octet-stream" } }));
+  const stored = await cache.match(url);
+  if (!stored) throw new Error(`${url}: the browser did not keep it in the Cache API (storage full?)`);
+  return { blob: await stored.blob(), cached: false };
 }
 
-// The weights file stays in JS memory (Python reads its header; WebGPU takes each tensor from it);
-// the small files (config, tokenizer, mel filters) go to Python's file system.
+// Weights files stay Blobs read in slices (Python reads their header; WebGPU takes each tensor
+// from them); the small files (config, tokenizer, mel filters) go to Python's file system.
 const isWeights = (name) => /\.(gguf|safetensors)$/i.test(name);
 const heapBytes = () => py._module.HEAP8.length;
+const sliceStats = (files) => ({
+  slices: files.reduce((s, f) => s + f.slices, 0),
+  largest_slice: Math.max(0, ...files.map((f) => f.largestSlice)),
+  slice_bytes: SLICE_BYTES,
+});
 
 async function loadFromManifest(msg) {
   const entry = manifest.models[msg.model];
@@ -102,31 +139,44 @@ async function loadFromManifest(msg) {
   const dir = `/models/${msg.model}`;
   py.FS.mkdirTree(dir);
   for (const f of entry.files) {
-    const { bytes, cached } = await cachedFile(f.url, f.size, (n) => progress(`Downloading ${f.name}`, done + n, total, { model: msg.model }));
-    if (cached) fromCache += bytes.length;
-    done += bytes.length;
-    if (isWeights(f.name)) weights = { name: f.name, bytes };
-    else py.FS.writeFile(`${dir}/${f.name}`, bytes);
+    const { blob, cached } = await cachedFile(f.url, f.size, (n) => progress(`Downloading ${f.name}`, done + n, total, { model: msg.model }));
+    if (cached) fromCache += blob.size;
+    done += blob.size;
+    if (isWeights(f.name)) weights = { name: f.name, file: new SlicedFile(blob) };
+    else py.FS.writeFile(`${dir}/${f.name}`, new Uint8Array(await blob.arrayBuffer()));
   }
   progress(`Loading ${msg.model} into tallow`, total, total, { model: msg.model });
-  const info = JSON.parse(await api.load_model_from_js.callPromising(msg.model, dir, weights.name, weights.bytes, msg.device || "auto"));
-  return { ...info, bytes: total, from_cache: fromCache, load_s: (performance.now() - started) / 1000, heap_bytes: heapBytes() };
+  const info = JSON.parse(await api.load_model_from_js.callPromising(msg.model, dir, weights.name, weights.file, msg.device || "auto"));
+  return { ...info, ...sliceStats([weights.file]), bytes: total, from_cache: fromCache,
+           load_s: (performance.now() - started) / 1000, heap_bytes: heapBytes() };
 }
 
+// Files picked from disk (File objects, posted without copying): a .gguf, or a Hugging Face folder
+// (config.json, tokenizer files, *.safetensors, possibly sharded with an index). Small files go to
+// Python's file system; weights are read in slices and go JS -> GPU.
 async function openLocal(msg) {
   const started = performance.now();
   const dir = `/models/local/${msg.key}`;
   py.FS.mkdirTree(dir);
-  const gguf = msg.files.find((f) => f.name.toLowerCase().endsWith(".gguf"));
-  const bytes = msg.files.reduce((s, f) => s + f.data.byteLength, 0);
+  const files = msg.files.map((f) => ({ name: f.name.split("/").pop(), blob: f instanceof Blob ? f : new Blob([f.data]) }));
+  const bytes = files.reduce((s, f) => s + f.blob.size, 0);
+  const gguf = files.find((f) => f.name.toLowerCase().endsWith(".gguf"));
   let info;
+  let sliced;
   if (gguf) {
-    info = await api.load_model_from_js.callPromising(msg.key, dir, gguf.name, new Uint8Array(gguf.data), msg.device || "auto");
-  } else {  // a Hugging Face folder (possibly sharded): through the file system
-    for (const f of msg.files) py.FS.writeFile(`${dir}/${f.name}`, new Uint8Array(f.data));
-    info = await api.load_model.callPromising(msg.key, dir, msg.device || "auto");
+    sliced = [new SlicedFile(gguf.blob)];
+    info = await api.load_model_from_js.callPromising(msg.key, dir, gguf.name, sliced[0], msg.device || "auto");
+  } else {
+    const weights = {};
+    for (const f of files) {
+      if (isWeights(f.name)) weights[f.name] = new SlicedFile(f.blob);
+      else py.FS.writeFile(`${dir}/${f.name}`, new Uint8Array(await f.blob.arrayBuffer()));
+    }
+    sliced = Object.values(weights);
+    info = await api.load_folder_from_js.callPromising(msg.key, dir, Object.keys(weights), sliced, msg.device || "auto");
   }
-  return { ...JSON.parse(info), bytes, load_s: (performance.now() - started) / 1000, heap_bytes: heapBytes() };
+  return { ...JSON.parse(info), ...sliceStats(sliced), bytes, load_s: (performance.now() - started) / 1000,
+           heap_bytes: heapBytes() };
 }
 
 async function handle(msg) {
