@@ -54,7 +54,8 @@ async function boot() {
   manifest = await (await fetch("models/manifest.json")).json();
   const wantGpu = !params.has("cpu");
   progress("Probing WebGPU");
-  const info = JSON.parse(await api.boot(wantGpu, MAX_BINDING_MB === null ? null : Number(MAX_BINDING_MB)));
+  // (a JS null would reach Python as JsNull, not None: pass the option only when it is set)
+  const info = JSON.parse(await api.boot(wantGpu, ...(MAX_BINDING_MB === null ? [] : [Number(MAX_BINDING_MB)])));
   info.boot_s = bootS;
   info.ready_s = (performance.now() - t0) / 1000;
   info.pyodide = py.version;
@@ -64,30 +65,53 @@ async function boot() {
 // ---- model files, read in slices ------------------------------------------------
 // A weights file as a Blob (a picked File, or a Cache API response's blob: both stay on disk)
 // read slice by slice: Python reads the header through read(); WebGPU copies each tensor to its
-// GPU buffer slice by slice (tallow_wgpu's driver.js writeFromSlices).
+// GPU buffer piece by piece (tallow_wgpu's driver.js writeFromSlices). Slices start at multiples
+// of sliceBytes and the last two read are kept, so tensors stored one after another (as files
+// store them) cost one Blob read per slice, not one per tensor.
 class SlicedFile {
   constructor(blob, sliceBytes = SLICE_BYTES) {
     this.blob = blob;
     this.size = blob.size;
     this.sliceBytes = sliceBytes;
-    this.slices = 0; // slices read, and the largest: what the tests check
+    this.kept = new Map(); // slice index -> Promise of its bytes, oldest first
+    this.slices = 0; // Blob slices read, and the largest: what the tests check
     this.largestSlice = 0;
   }
 
-  async read(offset, size) {
-    if (offset < 0 || offset + size > this.size) throw new Error(`read [${offset}, ${offset + size}) outside a ${this.size}-byte file`);
-    if (size <= this.sliceBytes) return this.slice(offset, size);
-    const out = new Uint8Array(size); // a header spanning several slices (a few MB at most)
-    for (let done = 0; done < size; done += this.sliceBytes) {
-      out.set(await this.slice(offset + done, Math.min(this.sliceBytes, size - done)), done);
+  slice(i) {
+    let bytes = this.kept.get(i);
+    if (bytes) {
+      this.kept.delete(i); // most recently used last
+    } else {
+      const start = i * this.sliceBytes;
+      const n = Math.min(this.sliceBytes, this.size - start);
+      this.slices += 1;
+      this.largestSlice = Math.max(this.largestSlice, n);
+      bytes = this.blob.slice(start, start + n).arrayBuffer().then((b) => new Uint8Array(b));
+      if (this.kept.size >= 2) this.kept.delete(this.kept.keys().next().value);
     }
-    return out;
+    this.kept.set(i, bytes);
+    return bytes;
   }
 
-  async slice(offset, n) {
-    this.slices += 1;
-    this.largestSlice = Math.max(this.largestSlice, n);
-    return new Uint8Array(await this.blob.slice(offset, offset + n).arrayBuffer());
+  // Bytes [offset, offset + size) as a Uint8Array: a view of one slice, or (across slices) a copy.
+  async read(offset, size) {
+    if (offset < 0 || size < 0 || offset + size > this.size) throw new Error(`read [${offset}, ${offset + size}) outside a ${this.size}-byte file`);
+    const step = this.sliceBytes;
+    const first = Math.floor(offset / step);
+    const last = Math.floor((offset + Math.max(size, 1) - 1) / step);
+    if (first === last) {
+      const bytes = await this.slice(first);
+      return bytes.subarray(offset - first * step, offset - first * step + size);
+    }
+    const out = new Uint8Array(size);
+    for (let i = first; i <= last; i++) {
+      const bytes = await this.slice(i);
+      const lo = Math.max(offset, i * step);
+      const hi = Math.min(offset + size, i * step + bytes.length);
+      out.set(bytes.subarray(lo - i * step, hi - i * step), lo - offset);
+    }
+    return out;
   }
 }
 
