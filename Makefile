@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 export TALLOW_HOME ?= $(HOME)/.cache/tallow
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup system-deps demo test test-fast bench models wheel clean
+.PHONY: setup system-deps demo test check lint bench models wheel clean
 
 # System packages (Chromium for the browser tests, lavapipe for WebGPU without a GPU).
 system-deps:
@@ -38,6 +38,15 @@ demo: setup
 # The test suite: every test, every available device, Pyodide and Chromium included.
 test: setup
 	$(BIN)/python -m pytest tests -q -ra
+
+# The fast loop while you work (under 2 minutes on 2 cores): lint, type-check, and every
+# test that needs no browser, no Pyodide and no model download.
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+check: lint
+	$(BIN)/python -m pytest tests -q -x -m "not slow and not pyodide and not browser and not models" -p no:cacheprovider
 
 bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

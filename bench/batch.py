@@ -47,8 +47,8 @@ def rates(name, seconds, files, audio_seconds, extra=""):
 
 
 def bench_tallow(clips, audio_seconds, folder, workers, threads, ray=False):
-    from tallow.batch_inputs import expand_inputs, plan_jobs
-    from tallow.batch_worker import Settings
+    from tallow.batch.inputs import expand_inputs, plan_jobs
+    from tallow.batch.worker import Settings
 
     out = folder / f"out-{'ray' if ray else 'local'}-{workers}"
     jobs = plan_jobs(expand_inputs([str(c) for c in clips]), str(out), "txt")
@@ -56,10 +56,10 @@ def bench_tallow(clips, audio_seconds, folder, workers, threads, ray=False):
         os.environ[var] = str(max(1, threads // workers))  # inherited by the workers started below
     start = time.perf_counter()
     if ray:
-        from tallow.batch_ray import run_ray
+        from tallow.batch.ray import run_ray
         outcomes = run_ray(jobs, Settings(), workers=workers)
     else:
-        from tallow.batch_local import run_local
+        from tallow.batch.local import run_local
         outcomes = run_local(jobs, Settings(), workers=workers) if workers > 1 else _in_subprocess(jobs)
     seconds = time.perf_counter() - start
     failed = [o for o in outcomes if o.status != "done"]
@@ -71,8 +71,8 @@ def bench_tallow(clips, audio_seconds, folder, workers, threads, ray=False):
 
 def _in_subprocess(jobs):
     """One worker in a fresh process too, so its BLAS threads follow the setting like the others'."""
-    from tallow.batch_local import _run_pool
-    from tallow.batch_worker import Settings
+    from tallow.batch.local import _run_pool
+    from tallow.batch.worker import Settings
     outcomes = []
     _run_pool(jobs, Settings(), 1, outcomes.append, {})
     return outcomes

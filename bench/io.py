@@ -20,10 +20,12 @@ _TALLOW = "import tallow, tallow.io as tio\ntallow.tensor([0.0])"  # imports + d
 CASES = {  # name: (setup, measured code)
     "tallow.io.open": (_TALLOW, "f = tio.open(PATH)\nn = len(f.keys())"),
     "tallow.io.load_file": (_TALLOW, "ts = tio.load_file(PATH)\nn = len(ts)"),
-    "tallow load + sum all": (_TALLOW, "ts = tio.load_file(PATH)\nn = sum(float(t.numpy().sum()) for t in ts.values())"),
+    "tallow load + sum all": (_TALLOW, "ts = tio.load_file(PATH)\n"
+                              "n = sum(float(t.numpy().sum()) for t in ts.values())"),
     "gguf.GGUFReader": ("import gguf", "r = gguf.GGUFReader(PATH)\nn = len(r.tensors)"),
     "safetensors load_file": ("from safetensors.numpy import load_file", "ts = load_file(PATH)\nn = len(ts)"),
-    "safetensors + sum all": ("from safetensors.numpy import load_file", "ts = load_file(PATH)\nn = sum(float(t.sum()) for t in ts.values())"),
+    "safetensors + sum all": ("from safetensors.numpy import load_file",
+                              "ts = load_file(PATH)\nn = sum(float(t.sum()) for t in ts.values())"),
 }
 
 RUNNER = """

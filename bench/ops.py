@@ -9,9 +9,9 @@ import os
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
-import numpy as np  # noqa: E402
+import numpy as np
 
-import tallow  # noqa: E402
+import tallow
 
 
 def best(fn, repeat=5, number=1):

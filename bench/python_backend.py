@@ -89,7 +89,8 @@ def main():
         ("add 64x512 + row", lambda: be.binary("add", x, lx, w, lw.broadcast_to((rows, cols)), D.f32),
          (lambda: xn + xn[0]) if np else None),
         ("sum over last dim", lambda: be.reduce("sum", x, lx, D.f32, (1,)), (lambda: xn.sum(-1)) if np else None),
-        ("transpose copy", lambda: be.copy(x, lx.permute((1, 0)), D.f32), (lambda: np.ascontiguousarray(xn.T)) if np else None),
+        ("transpose copy", lambda: be.copy(x, lx.permute((1, 0)), D.f32),
+         (lambda: np.ascontiguousarray(xn.T)) if np else None),
     ]
     for name, fn, peer in cases:
         t = best_of(fn, args.repeat)

@@ -61,7 +61,8 @@ def bench_one(label, load, lines, repeat):
         per = 1000 * 1000 / n
         print(f"{backend:<12}{load_s:>9.2f}{cold_s * per:>14.2f}{warm_s * per:>14.2f}{decode_s * per:>10.2f}")
     lib, py = rows["tokenizers"], rows["python"]
-    print(f"python / tokenizers: encode cold {py[1] / lib[1]:.1f}x, warm {py[2] / lib[2]:.1f}x, decode {py[3] / lib[3]:.1f}x")
+    print(f"python / tokenizers: encode cold {py[1] / lib[1]:.1f}x, warm {py[2] / lib[2]:.1f}x, "
+          f"decode {py[3] / lib[3]:.1f}x")
 
 
 def main():
@@ -73,11 +74,13 @@ def main():
     with open(CORPUS, encoding="utf-8") as f:
         lines = f.read().split("\n")
     if args.whisper:
-        bench_one("Whisper tiny.en tokenizer.json", lambda b: Tokenizer.from_file(args.whisper, backend=b), lines, args.repeat)
+        bench_one("Whisper tiny.en tokenizer.json", lambda b: Tokenizer.from_file(args.whisper, backend=b), lines,
+                  args.repeat)
     else:
         print("Whisper tokenizer.json not found: skipped (set TALLOW_WHISPER_DIR)")
     if args.gguf:
-        bench_one("SmolLM2-135M GGUF vocabulary", lambda b: Tokenizer.from_gguf(args.gguf, backend=b), lines, args.repeat)
+        bench_one("SmolLM2-135M GGUF vocabulary", lambda b: Tokenizer.from_gguf(args.gguf, backend=b), lines,
+                  args.repeat)
     else:
         print("SmolLM2 GGUF not found: skipped (set TALLOW_SMOLLM2_GGUF)")
 

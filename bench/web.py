@@ -1,10 +1,11 @@
-"""The browser demo's figures: Pyodide boot, model load, jfk.wav transcription and
-chat tokens/s in headless Chromium (WebGPU = SwiftShader here, and the pure-Python
+"""The browser demo's figures: first-load bytes and time to interactive, Pyodide boot,
+model load, jfk.wav transcription and chat tokens/s in headless Chromium (WebGPU = SwiftShader here, and the pure-Python
 CPU fallback), next to tallow natively (numpy, and wgpu when it works) in the same run.
 
     python bench/web.py                        # chat on WebGPU + native numpy/wgpu
     python bench/web.py --whisper              # also transcribe jfk.wav (minutes on SwiftShader)
     python bench/web.py --cpu-fallback         # also the pure-Python page (very slow for real models)
+    python bench/web.py --first-load-only      # first-load bytes and time to interactive only
 
 Prints figures only; nothing here is a threshold. Needs what tests/test_browser.py needs.
 """
@@ -31,14 +32,34 @@ def _harness():
     return module
 
 
-def browser_figures(demo, query, tokens, whisper):
+def _served_bytes(dist, paths):
+    """Bytes of the files behind request paths (query strings dropped)."""
+    total = 0
+    for path in paths:
+        local = os.path.join(dist, path.split("?")[0].lstrip("/") or "index.html")
+        if os.path.isdir(local):
+            local = os.path.join(local, "index.html")
+        total += os.path.getsize(local) if os.path.isfile(local) else 0
+    return total
+
+
+def browser_figures(demo, query, tokens, whisper, models=True):
     out = {}
+    before = len(demo.server.requests)
     started = time.perf_counter()
     page = demo.open(query, timeout_s=180)
-    out["page ready (boot + install + device probe)"] = time.perf_counter() - started
+    # interactive: the page's controls are enabled (body[data-ready]); a fresh profile, so nothing cached
+    out["time to interactive s (boot + install + device probe)"] = time.perf_counter() - started
+    if before == 0:  # the first page of a fresh profile; later pages revalidate from the HTTP cache
+        first_load = demo.server.requests[before:]
+        out["first-load MB (what the page fetched until interactive)"] = _served_bytes(demo.dist, first_load) / 1e6
+        out["  requests"] = len(first_load)
     info = page.evaluate("window.tallowDemo.ready")
     out["  of which Pyodide boot"] = info["boot_s"]
     label = "WebGPU " + info["gpu"]["adapter"] if info.get("gpu") else f"CPU fallback ({info['device']})"
+    if not models:
+        page.close()
+        return label, out
     loaded = demo.request(page, "load", model="smollm2-135m-instruct", timeout_s=600)
     out["SmolLM2 load (fetch + parse + upload)"] = loaded["seconds"]
     r = demo.request(page, "chat", timeout_s=3600, model="smollm2-135m-instruct",
@@ -60,7 +81,7 @@ def browser_figures(demo, query, tokens, whisper):
 
 def native_figures(device, tokens, whisper):
     import tallow
-    from tallow.generate import chat
+    from tallow.generation import chat
     out = {}
     started = time.perf_counter()
     model = tallow.load_model("smollm2-135m-instruct", device=device)
@@ -86,6 +107,7 @@ def main(argv=None):
     parser.add_argument("--whisper", action="store_true")
     parser.add_argument("--cpu-fallback", action="store_true")
     parser.add_argument("--no-native", action="store_true")
+    parser.add_argument("--first-load-only", action="store_true", help="only first-load bytes and time to interactive")
     args = parser.parse_args(argv)
     harness = _harness()
     missing = harness.missing_requirements()
@@ -98,9 +120,9 @@ def main(argv=None):
         build.build(dist, quiet=True)
         with harness.DemoBrowser(dist) as demo:
             for query in [""] + (["?cpu"] if args.cpu_fallback else []):
-                label, figures = browser_figures(demo, query, args.tokens, args.whisper)
+                label, figures = browser_figures(demo, query, args.tokens, args.whisper, not args.first_load_only)
                 results[f"Chromium, {label}"] = figures
-    if not args.no_native:
+    if not args.no_native and not args.first_load_only:
         for device in ("cpu", "wgpu"):
             try:
                 results[f"native tallow, {device}"] = native_figures(device, args.tokens, args.whisper)

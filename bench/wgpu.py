@@ -129,7 +129,7 @@ def main():
 def models(quick):
     """Whisper tiny.en on jfk.wav and SmolLM2 decoding, wgpu vs numpy ("cpu")."""
     import tallow
-    from tallow.generate import TextStream, chat_prompt_ids, generate_ids
+    from tallow.generation import TextStream, chat_prompt_ids, generate_ids
     from tallow.models import whisper
     jfk = os.path.join(os.path.dirname(_here), "tests", "data", "jfk.wav")
     whisper_dir = tallow.hub.fetch("whisper-tiny.en", progress=False)

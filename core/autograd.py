@@ -51,6 +51,16 @@ def needs_grad(*tensors):
     return False
 
 
+def record_if_needed(out, inputs, make_backward):
+    """Record out's node when grad mode is on and an input requires grad; make_backward()
+    builds the backward function only then, so inference pays one test per input."""
+    if _Mode.enabled:
+        for t in inputs:
+            if t is not None and t.requires_grad:
+                return record(out, inputs, make_backward())
+    return out
+
+
 def record(out, inputs, backward):
     """Attach a node to `out`: backward(grad_out) returns one gradient (or None) per input."""
     out.requires_grad = True
@@ -89,13 +99,12 @@ def _topological(root):
 
 
 def backward(root, grad=None):
-    from .creation import ones_like
     if not root.requires_grad:
         raise ShapeError("backward(): this tensor does not require grad (no input had requires_grad=True)")
     if grad is None:
         if root.numel() != 1:
             raise ShapeError(f"backward(): a gradient must be given for a non-scalar output of shape {root.shape}")
-        grad = ones_like(root)
+        grad = root.new_full(root.shape, 1)
     grads = {id(root): grad}
     with no_grad():
         for t in reversed(_topological(root)):

@@ -14,10 +14,12 @@ Kernel conventions (so one source serves every tensor shape):
 * cuda: `extern "C" __global__ void main_kernel(const float* in0, ..., float* out, unsigned int numel)`.
 * msl: `kernel void main_kernel(device const float* in0 [[buffer(0)]], ..., device float* out [[buffer(n)]],
   constant uint& numel [[buffer(n+1)]], uint i [[thread_position_in_grid]])`.
+  cuda and msl kernels run one thread per output element in 1-D blocks of 256 threads; the grid
+  is rounded up to whole blocks, so the kernel returns when i >= numel. Inputs and output are f32.
 """
-from .autograd import _Mode, record
-from .errors import DeviceError, ShapeError
-from .layout import Layout
+from __future__ import annotations
+
+from . import ops
 from .tensor import Tensor
 
 
@@ -47,17 +49,6 @@ class CustomOp:
         raise NotImplementedError(f"custom op {self.name!r} defines no backward")
 
 
-def custom_op(op, *tensors):
-    if not tensors:
-        raise ShapeError(f"custom op {op.name!r}: needs at least one input tensor")
-    dev = tensors[0].device
-    for t in tensors[1:]:
-        if t.device is not dev:
-            raise DeviceError(f"custom op {op.name!r}: inputs are on {dev} and {t.device}")
-    shape = tuple(op.output_shape(*[t.shape for t in tensors]))
-    dtype = op.output_dtype(*[t.dtype for t in tensors])
-    st = dev.backend.custom(op, [(t._storage, t._layout, t.dtype) for t in tensors], shape, dtype)
-    out = Tensor(st, Layout(shape), dtype, dev)
-    if _Mode.enabled and any(t.requires_grad for t in tensors):
-        record(out, tensors, lambda g: tuple(op.backward(tensors, out, g)))
-    return out
+def custom_op(op: CustomOp, *tensors: Tensor) -> Tensor:
+    """Run a user-defined op on tensors of one device; autograd uses op.backward."""
+    return ops.custom(op, tensors)

@@ -18,6 +18,7 @@ _BACKENDS = {
 }
 _ALIASES = {"numpy": "cpu", "webgpu": "wgpu", "gpu": None}
 _instances = {}
+_bound = {}  # name -> stack of (previous Device or None, previous default) for restore_backend
 
 
 class Device:
@@ -62,15 +63,51 @@ class Device:
 
 
 def use_backend(name, backend):
-    """Bind a device name to a backend instance you built (for example the wgpu backend over
-    the browser's navigator.gpu, made asynchronously); returns the Device."""
+    """Bind the device name `name` to a backend you supply, until `restore_backend(name)`.
+
+    `backend` is a backend instance (for example the wgpu backend over the browser's
+    navigator.gpu, built asynchronously), or a class or zero-argument factory that builds
+    one (called here, once). Returns the Device, whose `type` stays `name`: code that asks
+    for Device(name) gets this backend until it is restored. Bindings nest, and
+    `restore_backend(name)` undoes the latest one. While bound, the name is never picked
+    implicitly by default_device() (a test double or an emulator must not capture tensors
+    made without a device); TALLOW_DEVICE or set_default_device can still ask for it.
+
+        dev = tallow.device.use_backend("cuda", CudaCpuEmulatorBackend)
+        try:
+            ...  # Device("cuda") runs the CUDA kernels on the CPU emulator
+        finally:
+            tallow.device.restore_backend("cuda")
+    """
     if name not in _BACKENDS:
         raise DeviceError(f"unknown device {name!r}; known: {', '.join(_BACKENDS)}")
+    if isinstance(backend, type) or (callable(backend) and not hasattr(backend, "features")):
+        backend = backend()
+    if not hasattr(backend, "features"):
+        raise DeviceError(f"use_backend({name!r}, ...): {backend!r} is not a backend (no features()); "
+                          "pass a tallow backend instance, class or factory")
+    _bound.setdefault(name, []).append((_instances.get(name), _default))
     dev = object.__new__(Device)
     dev.type = name
     dev._backend = backend
     _instances[name] = dev
     return dev
+
+
+def restore_backend(name):
+    """Undo the latest use_backend(name): the name means again what it meant before."""
+    global _default
+    stack = _bound.get(name)
+    if not stack:
+        raise DeviceError(f"restore_backend({name!r}): no use_backend({name!r}, ...) to undo")
+    previous, previous_default = stack.pop()
+    if not stack:
+        del _bound[name]
+    current = _instances.pop(name, None)
+    if previous is not None:
+        _instances[name] = previous
+    if _default is current or previous_default is None:
+        _default = previous_default
 
 
 def _load_backend(key):
@@ -133,6 +170,8 @@ def default_device():
             _default = Device(env)
         else:
             for name in ("cuda", "metal", "cpu", "python"):
+                if name in _bound:
+                    continue  # bound by use_backend: only on request
                 try:
                     _default = Device(name)
                     break

@@ -7,10 +7,11 @@ Promotion (binary ops between tensors): bool < integers < floats.
 * Python scalars are "weak": they never widen a tensor's dtype, except that a
   float scalar with an integer/bool tensor gives f32 and an int scalar with a
   bool tensor gives i64 (as in PyTorch).
-Quantised block dtypes (q4_0, ...) are registered by tallow.quant; they only
-take part in matmul / index_select / dequantisation.
+Quantised block dtypes (q4_0, ... : GGUF's block formats) are declared here too,
+so every dtype is known without importing tallow.quant; they only take part in
+matmul / index_select / dequantisation.
 """
-from .errors import DTypeError
+from .errors import DTypeError, ValueRangeError
 
 
 class DType:
@@ -53,22 +54,22 @@ u32 = DType("u32", 4, "u", "uint32", "I", 3)
 u8 = DType("u8", 1, "u", "uint8", "B", 1)
 bool_ = DType("bool", 1, "b", "bool", "B", 0)
 
-_REGISTRY = {d.name: d for d in (f64, f32, f16, bf16, i64, i32, i8, u32, u8, bool_)}
+
+# GGUF block formats: (name = lower-case GGUF name, elements per block, bytes per block),
+# after ggml's block_q4_0 ... block_q8_K structs (tallow.quant.formats maps them to ggml ids).
+_BLOCK_FORMATS = (("q4_0", 32, 18), ("q4_1", 32, 20), ("q5_0", 32, 22), ("q5_1", 32, 24), ("q8_0", 32, 34),
+                  ("q2_k", 256, 84), ("q3_k", 256, 110), ("q4_k", 256, 144), ("q5_k", 256, 176),
+                  ("q6_k", 256, 210), ("q8_k", 256, 292))
+QUANTIZED = tuple(DType(name, 0, "q", None, None, 0, block_size=size, block_bytes=nbytes)
+                  for name, size, nbytes in _BLOCK_FORMATS)
+
+_REGISTRY = {d.name: d for d in (f64, f32, f16, bf16, i64, i32, i8, u32, u8, bool_) + QUANTIZED}
 _ALIASES = {
     "float32": f32, "float": f32, "float16": f16, "half": f16, "bfloat16": bf16, "float64": f64,
     "double": f64, "int64": i64, "long": i64, "int32": i32, "int": i32, "int8": i8, "uint8": u8,
     "uint32": u32, "bool_": bool_, "F32": f32, "F16": f16, "BF16": bf16, "F64": f64, "I64": i64,
     "I32": i32, "I8": i8, "U8": u8, "U32": u32, "BOOL": bool_,
 }
-
-
-_LOADED = set()
-
-
-def register(dtype):
-    """Add a dtype (used by tallow.quant for the GGUF block formats)."""
-    _REGISTRY[dtype.name] = dtype
-    return dtype
 
 
 def get_dtype(d):
@@ -85,10 +86,6 @@ def get_dtype(d):
     if name is None:
         name = str(d)
     found = _REGISTRY.get(name) or _ALIASES.get(name) or _REGISTRY.get(name.lower())
-    if found is None and "quant" not in _LOADED:
-        _LOADED.add("quant")
-        from .quant import formats  # noqa: F401  (registers the GGUF block dtypes on first use)
-        return get_dtype(d)
     if found is None:
         raise DTypeError(f"unknown dtype {d!r}; known: {', '.join(sorted(_REGISTRY))}")
     return found
@@ -144,7 +141,6 @@ def int_bounds(dtype):
 def check_ints_fit(values, dtype, op):
     """Raise ValueRangeError unless every value (Python ints, or floats to truncate) fits the
     integer dtype, instead of numpy's OverflowError or the array module's wrap-around."""
-    from .errors import ValueRangeError
     lo, hi = int_bounds(dtype)
     for v in values:
         if isinstance(v, float):

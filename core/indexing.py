@@ -1,9 +1,15 @@
 """t[key] and t[key] = value: ints, slices (with steps), None, Ellipsis, one
-integer-tensor/list index, or a boolean mask."""
+integer-tensor/list index, or a boolean mask.
+
+The key becomes a view (a Layout over the same storage) here; picking by ids and
+writing go through the op front end (ops.index_select, ops.assign)."""
 from . import dtypes as D
 from . import grad_rules as G
-from .errors import DeviceError, IndexRangeError, ShapeError, UnsupportedError
+from . import ops
+from .autograd import record_if_needed
+from .errors import IndexRangeError, ShapeError, UnsupportedError
 from .layout import Layout
+from .tensor_base import TensorBase
 
 
 def _expand_key(t, key):
@@ -24,14 +30,16 @@ def _expand_key(t, key):
 
 
 def _is_mask(k):
-    from .tensor import Tensor
-    return isinstance(k, Tensor) and k.dtype is D.bool_
+    return isinstance(k, TensorBase) and k.dtype is D.bool_
+
+
+def _is_int(k):
+    return isinstance(k, int) or (hasattr(k, "__index__") and not isinstance(k, (TensorBase, list, tuple)))
 
 
 def _basic(t, key):
     """Apply ints/slices/None as a view. Returns the view and, for an advanced
     index, (its position in the view, the index)."""
-    from .tensor import Tensor
     lay = t._layout
     shape, strides, offset = [], [], lay.offset
     advanced = None
@@ -44,7 +52,7 @@ def _basic(t, key):
         size, stride = lay.shape[d], lay.strides[d]
         if isinstance(k, bool):
             raise UnsupportedError("indexing with a Python bool")
-        if isinstance(k, int) or (hasattr(k, "__index__") and not isinstance(k, (Tensor, list, tuple))):
+        if _is_int(k):
             i = k.__index__()
             if not -size <= i < size:
                 raise IndexRangeError(f"index {i} is out of range for dim {d} of size {size} (shape {t.shape})")
@@ -70,33 +78,25 @@ def _basic(t, key):
     return t._view(Layout(shape, strides, offset)), advanced
 
 
-def _is_int(k):
-    from .tensor import Tensor
-    return isinstance(k, int) or (hasattr(k, "__index__") and not isinstance(k, (Tensor, list, tuple)))
-
-
 def _basic_part(key):
     """The key with its advanced index replaced by a full slice: the view _basic makes."""
     return tuple(k if k is None or isinstance(k, slice) or _is_int(k) else slice(None) for k in key)
 
 
 def getitem(t, key):
-    from .creation import as_index
-    from .tensor import Tensor
     if _is_mask(key):
         if key.shape != t.shape[:key.ndim]:
             raise ShapeError(f"boolean mask of shape {key.shape} does not match the tensor's leading dims {t.shape}")
         rows = [i for i, m in enumerate(key.reshape(-1).tolist()) if m]
         flat = t.reshape((-1,) + t.shape[key.ndim:])
-        return flat.index_select(0, as_index(rows, t.device, "mask"))
+        return ops.index_select(flat, 0, ops.as_index(rows, t, "mask"))
     key = _expand_key(t, key)
     view, advanced = _basic(t, key)
-    view = t._record(view, (t,), lambda: G.view_into(t.shape, _basic_part(key)))
+    view = record_if_needed(view, (t,), lambda: G.view_into(t.shape, _basic_part(key)))
     if advanced is None:
         return view
     pos, index = advanced
-    if not isinstance(index, Tensor):
-        index = as_index(index, t.device, "indexing")
+    index = ops.as_index(index, t, "indexing")
     size = view.shape[pos]
     flat_index = index.reshape(-1)
     ids = flat_index.tolist()
@@ -105,23 +105,14 @@ def getitem(t, key):
         raise IndexRangeError(f"indexing: index {bad} is out of range for dim {pos} of size {size} "
                               f"(valid: {-size} to {size - 1})")
     if any(i < 0 for i in ids):
-        flat_index = as_index([i % size for i in ids], t.device, "indexing")
-    picked = view.index_select(pos, flat_index)
+        flat_index = ops.as_index([i % size for i in ids], t, "indexing")
+    picked = ops.index_select(view, pos, flat_index)
     return picked.reshape(view.shape[:pos] + index.shape + view.shape[pos + 1:])
 
 
 def setitem(t, key, value):
     """In-place write through a basic-index view (the KV cache uses this)."""
-    from .creation import full
-    from .tensor import Tensor
     view, advanced = _basic(t, _expand_key(t, key))
     if advanced is not None:
         raise UnsupportedError("assignment through an integer-tensor index; use scatter_add or where")
-    if not isinstance(value, Tensor):
-        value = full((), value, t.dtype, t.device)
-    if value.device is not t.device:
-        raise DeviceError(f"assignment: value is on {value.device}, the tensor on {t.device}")
-    value = value.to(t.dtype)
-    src = value._layout.broadcast_to(view.shape, "setitem")
-    if view.numel():
-        t.device.backend.assign(t._storage, view._layout, value._storage, src, t.dtype)
+    ops.assign(t, view._layout, value)

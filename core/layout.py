@@ -3,7 +3,9 @@
 Views (transpose, narrow, broadcast, squeeze, ...) only make a new Layout.
 Backends receive (storage, layout) pairs and always return contiguous storage.
 """
-from .errors import ShapeError
+from .errors import ShapeError, UnsupportedError
+
+INT32_MAX = (1 << 31) - 1
 
 
 def contiguous_strides(shape):
@@ -37,6 +39,69 @@ def broadcast_shapes(a, b, op="broadcast"):
         else:
             raise ShapeError(f"{op}: shapes {tuple(a)} and {tuple(b)} do not broadcast (size {x} vs {y})")
     return tuple(out)
+
+
+def coalesce_dims(shape, strides_list):
+    """Drop size-1 dims and merge neighbouring dims that are contiguous with each other in
+    every operand (same shape, one strides list each), so most tensors need one or two dims
+    whatever their rank; row-major element order is unchanged. Returns (shape, [strides...])."""
+    if len(strides_list) == 1:  # one operand (the pure-Python backend's reads): a tighter loop
+        out_shape, out_st = [], []
+        for size, stride in zip(shape, strides_list[0]):
+            if size == 1:
+                continue
+            if out_shape and out_st[-1] == stride * size:
+                out_shape[-1] *= size
+                out_st[-1] = stride
+            else:
+                out_shape.append(size)
+                out_st.append(stride)
+        return out_shape, [out_st]
+    out_shape, out_strides = [], [[] for _ in strides_list]
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        if out_shape and all(st[-1] == s[d] * size for st, s in zip(out_strides, strides_list)):
+            out_shape[-1] *= size
+            for st, s in zip(out_strides, strides_list):
+                st[-1] = s[d]
+        else:
+            out_shape.append(size)
+            for st, s in zip(out_strides, strides_list):
+                st.append(s[d])
+    return out_shape, out_strides
+
+
+def inverse_permutation(perm):
+    """inv with inv[perm[i]] == i: permuting by perm, then by inv, restores the order."""
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def kernel_meta(shape, operands, max_dims, what="op", slots=None, coalesce=True):
+    """The int32 words a strided GPU kernel reads to locate element i of each operand:
+        [ndim, shape padded to max_dims with 1, then per operand: offset, strides padded with 0]
+    `operands` are Layouts of `shape` or (offset, strides) pairs; `slots` pads the operand list
+    with zero entries (a kernel with a fixed number of operand slots). Dims are merged first
+    (coalesce_dims) unless coalesce=False (kernels that index one dim by number). Raises
+    UnsupportedError beyond max_dims dims or beyond int32 offsets/strides."""
+    pairs = [(op.offset, op.strides) if isinstance(op, Layout) else op for op in operands]
+    if coalesce:
+        dims, strides = coalesce_dims(shape, [s for _, s in pairs])
+    else:
+        dims, strides = list(shape), [list(s) for _, s in pairs]
+    if len(dims) > max_dims:
+        raise UnsupportedError(f"{what}: {len(dims)} dims remain after merging contiguous ones (at most {max_dims})")
+    words = [len(dims)] + dims + [1] * (max_dims - len(dims))
+    for (offset, _), st in zip(pairs, strides):
+        words += [offset] + st + [0] * (max_dims - len(st))
+    if slots is not None:
+        words += [0] * ((max_dims + 1) * (slots - len(pairs)))
+    if max(words) > INT32_MAX or min(words) < -INT32_MAX:
+        raise UnsupportedError(f"{what}: offsets or strides beyond 2**31 elements")
+    return words
 
 
 class Layout:
@@ -125,6 +190,18 @@ class Layout:
                 return None
             new_strides.append(old[i - 1][1])
         return Layout(shape, new_strides, self.offset)
+
+    def coalesced(self):
+        """The same elements in the same row-major order with the fewest dims: size-1 dims
+        dropped, neighbours contiguous with each other merged (a scalar gets shape ())."""
+        shape, (strides,) = coalesce_dims(self.shape, [self.strides])
+        return Layout(shape, strides, self.offset)
+
+    def moved_last(self, dims):
+        """(perm, layout permuted by perm) with `dims` last in the order given and the other
+        dims first in theirs: reductions and scans then read contiguous rows of the result."""
+        perm = [d for d in range(len(self.shape)) if d not in dims] + list(dims)
+        return perm, self.permute(perm)
 
     def offsets(self):
         """Flat storage offsets of every element in row-major order (pure-Python backend helper)."""

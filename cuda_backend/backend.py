@@ -26,6 +26,11 @@ class CudaBackend(KernelBackend):
         return {"backend": "cuda", "adapter": d.device_name, "compute_capability": f"{major}.{minor}",
                 "cupy": d.cp.__version__, "f16": True, "bf16": True, "native_bf16": major >= 8}
 
+    source_language = "cuda"
+
+    def custom_source(self, op):
+        return op.cuda
+
     def _cupy_view(self, st, layout):
         """A strided cupy view of the layout (no copy), for cuBLAS."""
         cp = self.driver.cp

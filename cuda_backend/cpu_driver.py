@@ -34,7 +34,7 @@ FIBERS = os.path.join(HERE, "cpu_fibers.h")
 SHIM = os.path.join(HERE, "cuda_cpu_shim.h")
 MODULES = ("elementwise", "reduce", "index", "attention", "quant")
 FIBER_MODULES = ("reduce", "attention", "quant")  # kernels with __syncthreads or shuffles
-_STRUCT = {"int32": "<i", "int64": "<q", "uint64": "<Q", "float64": "<d"}
+_STRUCT = {"int32": "<i", "int64": "<q", "uint32": "<I", "uint64": "<Q", "float64": "<d"}
 
 
 # ---- building ------------------------------------------------------------------------------
@@ -42,9 +42,9 @@ def cache_dir():
     return os.path.join(os.environ.get("TALLOW_CPU_EMULATOR_CACHE") or tempfile.gettempdir(), "tallow-cpu-emulator")
 
 
-def compile_emulated(tag, deps, gxx, preprocess, unit, runtime, wrappers):
+def compile_emulated(tag, deps, gxx, preprocess, unit, runtime, wrappers, includes=()):
     """Build (once per hash of `deps`) a shared library: `unit` + wrappers(preprocessed source),
-    compiled with -include runtime. Returns its path."""
+    compiled with -include runtime and the include dirs `includes`. Returns its path."""
     h = hashlib.sha256()
     for p in list(deps) + [__file__]:
         with open(p, "rb") as f:
@@ -53,14 +53,17 @@ def compile_emulated(tag, deps, gxx, preprocess, unit, runtime, wrappers):
     lib = os.path.join(cache_dir(), f"{tag}-{h.hexdigest()[:16]}.so")
     if os.path.exists(lib):
         return lib
-    pre = subprocess.run([gxx, "-E", "-std=c++17", "-x", "c++", "-I", HERE] + preprocess, capture_output=True, text=True)
+    include_flags = [flag for d in includes for flag in ("-I", d)]
+    pre = subprocess.run([gxx, "-E", "-std=c++17", "-x", "c++", "-I", HERE] + include_flags + preprocess,
+                         capture_output=True, text=True)
     if pre.returncode:
         raise DeviceError(f"cpu emulator: preprocessing {tag} failed:\n{pre.stderr[-3000:]}")
     tu = lib[:-3] + ".cpp"
     with open(tu, "w") as f:
         f.write(unit + wrappers(pre.stdout))
     tmp = f"{lib}.{os.getpid()}.tmp"
-    proc = subprocess.run([gxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-I", HERE, "-include", runtime, tu, "-o", tmp],
+    proc = subprocess.run([gxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-I", HERE] + include_flags
+                          + ["-include", runtime, tu, "-o", tmp],
                           capture_output=True, text=True)
     if proc.returncode:
         raise DeviceError(f"cpu emulator: compiling {tag} failed:\n{proc.stderr[-3000:]}")
@@ -104,6 +107,25 @@ def cuda_wrappers(preprocessed):
     return "".join(out)
 
 
+def source_file(tag, source, suffix):
+    """A user's kernel source written once to the cache, named by its hash (compile_emulated reads files)."""
+    os.makedirs(cache_dir(), exist_ok=True)
+    path = os.path.join(cache_dir(), f"{tag}-{hashlib.sha256(source.encode()).hexdigest()[:16]}{suffix}")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    return path
+
+
+def build_custom(source, gxx="g++"):
+    """Path of the shared library for a CustomOp's CUDA source (fibers: it may synchronise)."""
+    path = source_file("cuda-custom", source, ".cu")
+    return compile_emulated(os.path.basename(path)[:-3], [FIBERS, SHIM, path], gxx, preprocess=["-include", SHIM, path],
+                            unit=f'#include "{path}"\n', runtime=SHIM, wrappers=cuda_wrappers)
+
+
 def build_module(module, gxx="g++"):
     source = os.path.join(KERNEL_DIR, module + ".cu")
     deps = [FIBERS, SHIM, os.path.join(KERNEL_DIR, "common.cuh"), source]
@@ -136,7 +158,16 @@ class CpuCudaDriver:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             paths = dict(zip(MODULES, pool.map(lambda m: build_module(m, gxx), MODULES)))
         self._libs = {m: ctypes.CDLL(p) for m, p in paths.items()}
+        self._fiber_modules = set(FIBER_MODULES)
+        self._gxx = gxx
         self.launches = 0
+
+    def load_source(self, name, source):
+        key = f"custom op {name} #{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+        if key not in self._libs:
+            self._libs[key] = ctypes.CDLL(build_custom(source, self._gxx))
+            self._fiber_modules.add(key)
+        return key
 
     def alloc(self, dtype, numel):
         nbytes = numel if dtype.is_quantized else numel * dtype.itemsize
@@ -152,7 +183,7 @@ class CpuCudaDriver:
         return st.buf[byte_offset:byte_offset + nbytes].tobytes()
 
     def launch(self, module, kernel, grid, block, args):
-        launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_cuda_arg, module in FIBER_MODULES)
+        launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_cuda_arg, module in self._fiber_modules)
         self.launches += 1
 
 

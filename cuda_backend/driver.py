@@ -1,17 +1,18 @@
 """The CuPy driver: device memory as cupy arrays, kernels compiled from kernels/*.cu by
 NVRTC (cupy.RawModule; cupy caches the binaries on disk), launched with numpy scalars."""
 import collections
+import hashlib
 import os
 
 from tallow.errors import DeviceError
 
-from .host import F64, I32, I64, U64, Meta
+from .host import F64, I32, I64, U32, U64, Meta
 from .kernel_backend import DeviceStorage
 
 KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
 META_CACHE_SIZE = 4096
 # The C type of each scalar kernel argument, as a numpy type name (int, long long, unsigned long long, double).
-SCALAR_TYPES = {I32: "int32", I64: "int64", U64: "uint64", F64: "float64"}
+SCALAR_TYPES = {I32: "int32", I64: "int64", U32: "uint32", U64: "uint64", F64: "float64"}
 
 
 def kernel_source(module):
@@ -67,6 +68,13 @@ class CupyDriver:
         return flat[byte_offset:byte_offset + nbytes].get().tobytes()
 
     # ---- kernels ----------------------------------------------------------------
+    def load_source(self, name, source):
+        """The module key of a user's CUDA C source (a tallow.CustomOp), compiled by NVRTC on first launch."""
+        key = f"custom op {name} #{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+        if key not in self._modules:
+            self._modules[key] = self.cp.RawModule(code=source, options=("--std=c++17",))
+        return key
+
     def function(self, module, kernel):
         key = (module, kernel)
         fn = self._functions.get(key)
@@ -74,7 +82,11 @@ class CupyDriver:
             mod = self._modules.get(module)
             if mod is None:
                 mod = self._modules[module] = self.cp.RawModule(code=kernel_source(module), options=("--std=c++17",))
-            fn = self._functions[key] = mod.get_function(kernel)
+            try:
+                fn = mod.get_function(kernel)
+            except self.cp.cuda.compiler.CompileException as e:
+                raise DeviceError(f"CUDA could not compile {module}: {e}") from None
+            self._functions[key] = fn
         return fn
 
     def _meta(self, words):

@@ -11,12 +11,11 @@ import struct
 
 from tallow.dtypes import bf16, bool_, f16, f32, f64, i8, i32, i64, u8, u32
 from tallow.errors import UnsupportedError
-from tallow.layout import contiguous_strides, numel_of
+from tallow.layout import kernel_meta, numel_of
 
 MAX_DIMS = 8
 BLOCK = 256  # threads per block for 1-D and row kernels (kernels assume it for row kernels)
 MAX_BLOCKS = 1 << 20  # 1-D kernels loop over the grid, so a capped grid covers any size
-INT32_MAX = (1 << 31) - 1
 
 # The order of each table is the kernels' enum order (common.cuh / common.metal).
 UNARY_CODES = {name: i for i, name in enumerate((
@@ -54,6 +53,10 @@ class I64(int):
     """A 64-bit signed kernel argument (C `long long`; Metal `long`)."""
 
 
+class U32(int):
+    """A 32-bit unsigned kernel argument (C `unsigned int`; Metal `uint`): a custom op's numel."""
+
+
 class U64(int):
     """A 64-bit unsigned kernel argument (fill values as raw bits)."""
 
@@ -77,38 +80,11 @@ def width_kernel(family, dtype):
 
 
 # ---- shapes and strides ---------------------------------------------------------------
-def coalesce(shape, strides_list):
-    """Drop size-1 dims and merge neighbouring dims that are contiguous in every operand, so
-    most tensors need one or two dims whatever their rank. Returns (shape, [strides...])."""
-    out_shape, out_strides = [], [[] for _ in strides_list]
-    for d, size in enumerate(shape):
-        if size == 1:
-            continue
-        if out_shape and all(st[-1] == s[d] * size for st, s in zip(out_strides, strides_list)):
-            out_shape[-1] *= size
-            for st, s in zip(out_strides, strides_list):
-                st[-1] = s[d]
-        else:
-            out_shape.append(size)
-            for st, s in zip(out_strides, strides_list):
-                st.append(s[d])
-    return out_shape, out_strides
-
-
 def pack_meta(shape, operands, what="op"):
     """The meta array for an element-wise launch over `shape` (row-major), where operands
-    are (offset, strides) pairs or Layouts. Raises UnsupportedError beyond MAX_DIMS dims
-    (after merging) or beyond int32 offsets."""
-    pairs = [(op.offset, op.strides) if hasattr(op, "strides") else op for op in operands]
-    dims, strides = coalesce(list(shape), [list(s) for _, s in pairs])
-    if len(dims) > MAX_DIMS:
-        raise UnsupportedError(f"{what}: {len(dims)} dims remain after merging contiguous ones (at most {MAX_DIMS})")
-    words = [len(dims)] + dims + [1] * (MAX_DIMS - len(dims))
-    for (offset, _), st in zip(pairs, strides):
-        words += [offset] + st + [0] * (MAX_DIMS - len(st))
-    if any(abs(w) > INT32_MAX for w in words):
-        raise UnsupportedError(f"{what}: offsets or strides beyond 2**31 elements")
-    return Meta(words)
+    are (offset, strides) pairs or Layouts (tallow.layout.kernel_meta: dims merged first;
+    UnsupportedError beyond MAX_DIMS dims or int32 offsets)."""
+    return Meta(kernel_meta(shape, operands, MAX_DIMS, what))
 
 
 def meta_offset(meta, operand, i):
@@ -121,25 +97,6 @@ def meta_offset(meta, operand, i):
         off += (i % shape[d]) * meta[base + 1 + d]
         i //= shape[d]
     return off
-
-
-def contiguous_pair(shape):
-    return (0, contiguous_strides(tuple(shape)))
-
-
-def move_dims_last(layout, dims):
-    """Permutation putting `dims` last (others keep their order), and the permuted layout:
-    reductions and scans then work on contiguous rows."""
-    kept = [d for d in range(len(layout.shape)) if d not in dims]
-    perm = kept + list(dims)
-    return perm, layout.permute(perm)
-
-
-def inverse_permutation(perm):
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv
 
 
 def rows_of(shape, n_last):

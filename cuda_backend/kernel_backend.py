@@ -4,18 +4,19 @@ kernels). Both kernel sets have the same kernel names and argument lists, so thi
 decides what to launch and the drivers only move bytes and launch.
 
 A driver provides: name, has_f64, atomic64, alloc(dtype, numel), upload(bytes, dtype),
-download(storage, byte_offset, nbytes), launch(module, kernel, grid, block, args), and
-the backend subclass provides matmul. Storage is a DeviceStorage.
+download(storage, byte_offset, nbytes), launch(module, kernel, grid, block, args) and
+load_source(name, source) -> module (a user's kernel source, compiled once); the backend
+subclass provides matmul and custom_source(op). Storage is a DeviceStorage.
 """
 from tallow.backends.base import Backend
 from tallow.dtypes import bool_, f32, f64, i64
 from tallow.errors import ShapeError, UnsupportedError
-from tallow.layout import Layout, contiguous_strides, numel_of
+from tallow.layout import Layout, contiguous_strides, inverse_permutation, numel_of
 
 from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, IN_KERNEL_QUANTS, REDUCE_CODES,
-                   SCATTER_WORK_DTYPES, U64, UNARY_CODES, Meta, conv_output_size, grid_1d, grid_qmatvec,
-                   inverse_permutation, kernel_name, move_dims_last, pack_meta, pack_values, rows_of, scalar_bits,
-                   staging_dtype, unpack_values, width_kernel)
+                   SCATTER_WORK_DTYPES, U32, U64, UNARY_CODES, Meta, conv_output_size, grid_1d, grid_qmatvec,
+                   kernel_name, pack_meta, pack_values, rows_of, scalar_bits, staging_dtype, unpack_values,
+                   width_kernel)
 
 QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul
 ATTENTION_MAX_HEAD_DIM = 256  # kernels keep q and the output row in shared memory
@@ -184,7 +185,7 @@ class KernelBackend(Backend):
     def reduce(self, op, st, layout, dtype, dims):
         self._check(dtype, op)
         out_dtype = i64 if op in ("argmax", "argmin") or (op in ("sum", "prod") and not dtype.is_float) else dtype
-        _, pl = move_dims_last(layout, dims)
+        _, pl = layout.moved_last(dims)
         rows, length = rows_of(pl.shape, len(dims))
         if length == 0:
             if op in ("sum", "prod"):
@@ -209,7 +210,7 @@ class KernelBackend(Backend):
     def cumsum(self, st, layout, dtype, dim):
         self._check(dtype, "cumsum")
         out_dtype = dtype if dtype.is_float else i64
-        perm, pl = move_dims_last(layout, (dim,))
+        perm, pl = layout.moved_last((dim,))
         rows, length = rows_of(pl.shape, 1)
         n = rows * length
         if n == 0:
@@ -249,16 +250,13 @@ class KernelBackend(Backend):
         return out if dtype is f32 else self.cast(out, Layout((numel,)), f32, dtype)
 
     def _host_dequantize(self, w, wdtype, numel, k, ids):
-        """Block formats without a kernel: dequantised by tallow.quant on the host (slow, but exact)."""
-        import numpy as np
-        from tallow.quant import dequantize_numpy, dequantize_rows_numpy
-        raw = np.frombuffer(self.driver.download(w, 0, w.nbytes), dtype=np.uint8)
+        """Block formats without a kernel: dequantised by the host backend (slow, but exact)."""
+        from tallow.backends.host import dequantize_on_host, dequantize_rows_on_host
+        raw = self.driver.download(w, 0, w.nbytes)
         if ids is None:
-            values = dequantize_numpy(raw, wdtype, numel)
-        else:
-            rows = np.frombuffer(self.driver.download(ids, 0, ids.nbytes), dtype=np.int64)
-            values = dequantize_rows_numpy(raw, wdtype, k, rows)
-        return self.driver.upload(np.ascontiguousarray(values, dtype=np.float32).tobytes(), f32)
+            return self.driver.upload(dequantize_on_host(raw, wdtype, numel), f32)
+        picked = self.driver.download(ids, 0, numel // k * 8)  # the numel // k row ids (i64)
+        return self.driver.upload(dequantize_rows_on_host(raw, wdtype, k, picked), f32)
 
     def index_select(self, st, layout, dtype, ids, lids, dim):
         ids64 = self._ids64(ids, lids)
@@ -387,4 +385,32 @@ class KernelBackend(Backend):
         self.driver.launch("attention", kernel_name("attention", dtype), (b * h * tq, 1, 1), (BLOCK, 1, 1),
                            [q, k, v, mask if mask is not None else q, out, ameta, I32(h), I32(tq), I32(tk), I32(d), I32(dv),
                             F64(scale), I32(mask is not None), I32(bool(causal))])
+        return out
+
+    # ---- user-defined ops (tallow.custom_op) --------------------------------------------
+    source_language = "kernel"  # the CustomOp attribute custom_source reads, for messages
+
+    def custom_source(self, op):
+        """The CustomOp's kernel source for this backend's compiler (op.cuda, op.msl), or None."""
+        return None
+
+    def custom(self, op, inputs, out_shape, out_dtype):
+        """Compile the op's kernel source (once) and launch `main_kernel` with the contiguous f32
+        inputs, the f32 output and numel (unsigned 32-bit): one thread per output element, in
+        blocks of BLOCK threads (the kernel checks i < numel). See tallow.custom_op."""
+        source = self.custom_source(op)
+        if not source:
+            raise UnsupportedError(f"custom op {op.name!r} has no implementation for the {self.name} backend "
+                                   f"(no {self.source_language} source)")
+        if out_dtype is not f32 or any(dt is not f32 for _, _, dt in inputs):
+            raise UnsupportedError(f"custom op {op.name!r}: {self.source_language} custom kernels take and return f32 tensors")
+        numel = numel_of(out_shape)
+        if numel > 0xFFFFFFFF:
+            raise UnsupportedError(f"custom op {op.name!r}: {numel} elements exceed the kernel's 32-bit numel")
+        args = [self._contiguous(st, lay, dt) for st, lay, dt in inputs]
+        out = self._alloc(f32, numel)
+        if numel:
+            module = self.driver.load_source(op.name, source)
+            self.driver.launch(module, "main_kernel", ((numel + BLOCK - 1) // BLOCK, 1, 1), (BLOCK, 1, 1),
+                               args + [out, U32(numel)])
         return out

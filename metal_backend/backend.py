@@ -26,6 +26,11 @@ class MetalBackend(KernelBackend):
         return {"backend": "metal", "adapter": str(dev.name()), "unified_memory": bool(dev.hasUnifiedMemory()),
                 "f16": True, "bf16": True, "f64": False}
 
+    source_language = "msl"
+
+    def custom_source(self, op):
+        return op.msl
+
     def matmul(self, a, la, b, lb, dtype):
         if dtype not in MATMUL_DTYPES:
             self._missing(f"matmul on {dtype.name}")

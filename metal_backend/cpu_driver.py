@@ -13,12 +13,13 @@ threadgroups, float rounding differences of Apple GPUs, and speed.
 """
 import concurrent.futures
 import ctypes
+import hashlib
 import os
 import re
 import shutil
 
 from tallow.errors import DeviceError, UnsupportedError
-from tallow_cuda.cpu_driver import FIBERS, compile_emulated, launch_emulated
+from tallow_cuda.cpu_driver import FIBERS, cache_dir, compile_emulated, launch_emulated, source_file
 from tallow_cuda.kernel_backend import DeviceStorage, KernelBackend
 
 from .backend import MetalBackend
@@ -96,6 +97,23 @@ def build_module(module, gxx="g++"):
                             wrappers=lambda pre: wrapper_source(kernel_signatures(pre)))
 
 
+def build_custom(source, gxx="g++"):
+    """Path of the shared library for a CustomOp's MSL source. Its `#include <metal_stdlib>`
+    finds an empty stand-in: msl_shim.h provides what the kernels use."""
+    stdlib_dir = os.path.join(cache_dir(), "msl-include")
+    os.makedirs(stdlib_dir, exist_ok=True)
+    stub = os.path.join(stdlib_dir, "metal_stdlib")
+    if not os.path.exists(stub):
+        with open(stub, "w") as f:
+            f.write("// empty: the CPU emulator's msl_shim.h stands in for Metal's standard library\n")
+    shim, runtime = os.path.join(HERE, "msl_shim.h"), os.path.join(HERE, "msl_cpu_runtime.h")
+    path = source_file("metal-custom", source, ".metal")
+    return compile_emulated(os.path.basename(path)[:-6], [shim, runtime, FIBERS, path, __file__], gxx,
+                            preprocess=["-DTALLOW_MSL_KEEP_ATTRIBUTES", "-include", shim, path],
+                            unit=f'#include "{path}"\n', runtime=runtime,
+                            wrappers=lambda pre: wrapper_source(kernel_signatures(pre)), includes=[stdlib_dir])
+
+
 class CpuMetalDriver:
     """The MetalDriver interface over numpy byte buffers and g++-compiled kernels."""
     name = "metal"
@@ -111,7 +129,16 @@ class CpuMetalDriver:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             paths = dict(zip(MODULES, pool.map(lambda m: build_module(m, gxx), MODULES)))
         self._libs = {m: ctypes.CDLL(p) for m, p in paths.items()}
+        self._fiber_modules = set(FIBER_MODULES)
+        self._gxx = gxx
         self.launches = 0
+
+    def load_source(self, name, source):
+        key = f"custom op {name} #{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+        if key not in self._libs:
+            self._libs[key] = ctypes.CDLL(build_custom(source, self._gxx))
+            self._fiber_modules.add(key)  # a user's kernel may use barriers
+        return key
 
     def alloc(self, dtype, numel):
         nbytes = numel if dtype.is_quantized else numel * dtype.itemsize
@@ -129,7 +156,7 @@ class CpuMetalDriver:
         return st.buf[byte_offset:byte_offset + nbytes].tobytes()
 
     def launch(self, module, kernel, grid, block, args):
-        launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_arg, module in FIBER_MODULES)
+        launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_arg, module in self._fiber_modules)
         self.launches += 1
 
 

@@ -3,12 +3,13 @@ the CPU reads results in place, no blit), MSL compiled at run time per kernel fi
 (common.metal + <file>.metal) with fast math off (NaN/inf must behave as in numpy),
 and dispatches recorded into one command buffer that is committed at sync points
 (a download), not after every op."""
+import hashlib
 import os
 import struct
 import sys
 
 from tallow.errors import DeviceError, UnsupportedError
-from tallow_cuda.host import F64, I32, I64, U64, Meta
+from tallow_cuda.host import F64, I32, I64, U32, U64, Meta
 from tallow_cuda.kernel_backend import DeviceStorage
 
 KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
@@ -29,6 +30,8 @@ def pack_arg(a):
         return struct.pack("<i", a)
     if isinstance(a, I64):
         return struct.pack("<q", a)
+    if isinstance(a, U32):
+        return struct.pack("<I", a)
     if isinstance(a, U64):
         return struct.pack("<Q", a)
     if isinstance(a, F64):
@@ -80,18 +83,28 @@ class MetalDriver:
         return bytes(view[byte_offset:byte_offset + nbytes])
 
     # ---- kernels ----------------------------------------------------------------
+    def _compile(self, source, what):
+        opts = self.mtl.MTLCompileOptions.new()
+        opts.setFastMathEnabled_(False)
+        lib, err = self.device.newLibraryWithSource_options_error_(source, opts, None)
+        if lib is None:
+            raise DeviceError(f"Metal could not compile {what}: {err}")
+        return lib
+
+    def load_source(self, name, source):
+        """The module key of a user's MSL source (a tallow.CustomOp), compiled once."""
+        key = f"custom op {name} #{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+        if key not in self._libraries:
+            self._libraries[key] = self._compile(source, key)
+        return key
+
     def pipeline(self, module, kernel):
         key = (module, kernel)
         pso = self._pipelines.get(key)
         if pso is None:
             lib = self._libraries.get(module)
             if lib is None:
-                opts = self.mtl.MTLCompileOptions.new()
-                opts.setFastMathEnabled_(False)
-                lib, err = self.device.newLibraryWithSource_options_error_(kernel_source(module), opts, None)
-                if lib is None:
-                    raise DeviceError(f"Metal could not compile {module}.metal: {err}")
-                self._libraries[module] = lib
+                lib = self._libraries[module] = self._compile(kernel_source(module), f"{module}.metal")
             fn = lib.newFunctionWithName_(kernel)
             if fn is None:
                 raise UnsupportedError(f"the metal backend has no kernel {kernel} in {module}.metal")

@@ -55,6 +55,7 @@ using std::isnan; using std::log; using std::pow; using std::rint; using std::si
 template <class T> inline T min(T a, T b) { return a < b ? a : b; }
 template <class T> inline T max(T a, T b) { return a > b ? a : b; }
 
+namespace metal {}  // a user's kernel (a CustomOp) says `using namespace metal;`
 namespace mem_flags { enum flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2 }; }
 void threadgroup_barrier(mem_flags::flags);
 float simd_sum(float);

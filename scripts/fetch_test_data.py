@@ -6,7 +6,8 @@ $TALLOW_HOME (default ~/.cache/tallow). Idempotent: a rerun returns at once.
 """
 import sys
 
-from tallow.hub import KNOWN, main
+from tallow.cli import main
+from tallow.hub import KNOWN
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or list(KNOWN)))
+    sys.exit(main(["fetch", *(sys.argv[1:] or list(KNOWN))]))

@@ -1,9 +1,53 @@
-"""Shared fixtures: the device parametrisation every op test runs under."""
+"""Shared fixtures: the devices every op test runs on, and the test data (models, audio).
+
+`device` runs a test body once per device: cpu (numpy), python (pure Python), wgpu (lavapipe
+on CI), the real cuda and metal devices where present, and the CUDA and Metal kernels on
+their CPU emulators (tallow_cuda.cpu_driver, tallow_metal.cpu_driver), bound to the names
+"cuda" and "metal" through the public tallow.device.use_backend for the test's duration.
+An absent device is a skip with the reason.
+"""
+import os
+import shutil
+import sys
+from pathlib import Path
+
 import pytest
 
 import tallow
+from tallow import device as device_module
 
-ALL_DEVICES = ("cpu", "python", "wgpu", "cuda", "metal")
+DATA = Path(__file__).parent / "data"
+
+# test id -> (device name the tensors carry, "module:Class" of the emulator backend, or None for the real device)
+DEVICES = {
+    "cpu": ("cpu", None),
+    "python": ("python", None),
+    "wgpu": ("wgpu", None),
+    "cuda": ("cuda", None),
+    "metal": ("metal", None),
+    "cuda-emulator": ("cuda", "tallow_cuda.cpu_driver:CudaCpuEmulatorBackend"),
+    "metal-emulator": ("metal", "tallow_metal.cpu_driver:MetalCpuEmulatorBackend"),
+}
+ALL_DEVICES = tuple(DEVICES)
+
+# Real checkpoints (Whisper tiny.en, SmolLM2-135M) take many minutes per call on these devices
+# (measured: over 5 min for jfk.wav on each emulator): tests that need one take `model_device`,
+# which skips them here; the same model code runs on them with random-weight tiny models.
+SLOW_DEVICES = {
+    "python": "pure Python",
+    "cuda-emulator": "the CUDA kernels on the CPU emulator",
+    "metal-emulator": "the MSL kernels on the CPU emulator",
+}
+
+# What the emulated devices cannot run yet, each with the reason (a test id prefix -> reason).
+EMULATOR_LIMITS = {
+    "tests/test_custom_op.py::": "the CUDA and Metal backends ignore CustomOp's cuda/msl sources (issue 12 item 3)",
+    "tests/test_autograd.py::test_finite_differences_f64[metal-emulator]": "Metal has no f64",
+    "tests/test_training.py::test_training_step_matches_across_devices": "15-30 s per emulator: the training step's ops "
+                                                                         "and gradients run there in test_autograd.py",
+}
+
+_emulators = {}  # test id -> the emulator backend (its kernels compile once per session) or the skip reason
 
 
 def _probe(name):
@@ -14,10 +58,110 @@ def _probe(name):
         return str(e)
 
 
+def _emulator(test_id):
+    """The emulator backend for test_id, built once; a str is the reason it cannot run here."""
+    if test_id not in _emulators:
+        name, spec = DEVICES[test_id]
+        if shutil.which("g++") is None:
+            _emulators[test_id] = f"g++ is needed to run the {name} kernels on the CPU emulator"
+        elif name == "metal" and sys.platform == "darwin":
+            _emulators[test_id] = "on macOS the real Metal device is tested instead"
+        else:
+            import importlib
+            module, cls = spec.split(":")
+            try:
+                _emulators[test_id] = getattr(importlib.import_module(module), cls)()
+            except tallow.DeviceError as e:
+                _emulators[test_id] = str(e)
+    return _emulators[test_id]
+
+
+def emulated(test_id):
+    """The emulator backend of test_id ("cuda-emulator", "metal-emulator"); a skip with the
+    reason where it cannot run here."""
+    backend = _emulator(test_id)
+    if isinstance(backend, str):
+        pytest.skip(f"device {test_id} is not available here: {backend}")
+    return backend
+
+
 @pytest.fixture(params=ALL_DEVICES)
 def device(request):
     """Each test body runs once per device; an absent device is a skip with the reason."""
-    reason = _probe(request.param)
-    if reason:
-        pytest.skip(f"device {request.param} is not available here: {reason}")
-    return tallow.Device(request.param)
+    name, spec = DEVICES[request.param]
+    if spec is None:
+        reason = _probe(name)
+        if reason:
+            pytest.skip(f"device {name} is not available here: {reason}")
+        yield tallow.Device(name)
+        return
+    for prefix, reason in EMULATOR_LIMITS.items():
+        if request.node.nodeid.startswith(prefix):
+            pytest.skip(f"not on {request.param}: {reason}")
+    backend = emulated(request.param)
+    dev = device_module.use_backend(name, backend)
+    try:
+        assert tallow.Device(name).backend is backend  # the test really runs on the emulated kernels
+        yield dev
+    finally:
+        device_module.restore_backend(name)
+
+
+@pytest.fixture
+def slow_device(device, request):
+    """True on SLOW_DEVICES: model tests run a smaller input there (shorter audio, fewer steps)."""
+    return request.node.callspec.params["device"] in SLOW_DEVICES
+
+
+@pytest.fixture
+def model_device(device, request):
+    """`device` for tests that run a real checkpoint; skipped on SLOW_DEVICES with the reason."""
+    test_id = request.node.callspec.params["device"]
+    if test_id in SLOW_DEVICES:
+        pytest.skip(f"a real checkpoint takes many minutes on {test_id} ({SLOW_DEVICES[test_id]}); "
+                    "random-weight tiny models cover this device")
+    return device
+
+
+# ---- test data: one place, honouring $TALLOW_HOME (where `tallow fetch` puts models) ----------
+@pytest.fixture(scope="session")
+def tallow_home():
+    """The model cache: $TALLOW_HOME, default ~/.cache/tallow."""
+    return Path(tallow.hub.home())
+
+
+def _cached(path, what):
+    if not path.exists():
+        pytest.skip(f"{what} is not in the tallow cache ({path}): run `tallow fetch {what.split()[0]}`")
+    return path
+
+
+@pytest.fixture(scope="session")
+def whisper_tiny_dir(tallow_home):
+    """The fetched whisper-tiny.en folder (config.json, model.safetensors, tokenizer.json)."""
+    return _cached(tallow_home / "whisper-tiny.en" / "model.safetensors", "whisper-tiny.en weights").parent
+
+
+@pytest.fixture(scope="session")
+def whisper_assets_dir(tallow_home):
+    """The fetched whisper-assets folder (mel_filters.npz, the tiktoken vocabularies)."""
+    return _cached(tallow_home / "whisper-assets" / "mel_filters.npz", "whisper-assets mel filters").parent
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(tallow_home):
+    """The SmolLM2-135M-Instruct Q4_1 GGUF: $TALLOW_SMOLLM2_GGUF (a file or a folder), else the cache."""
+    env = os.environ.get("TALLOW_SMOLLM2_GGUF")
+    if env:
+        path = Path(env)
+        found = sorted(path.glob("*.gguf")) if path.is_dir() else [path]
+        if not found or not found[0].is_file():
+            pytest.fail(f"TALLOW_SMOLLM2_GGUF={env} names no GGUF file")
+        return found[0]
+    return _cached(tallow_home / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def jfk_wav():
+    """The 11 s JFK clip (16 kHz mono WAV) kept in the repository."""
+    return DATA / "jfk.wav"

@@ -30,7 +30,8 @@ def _chunk(cid, body):
 
 def _fmt(code, channels, rate, bits, extensible=False):
     block = channels * bits // 8
-    base = struct.pack("<HHIIHH", 0xFFFE if extensible else code, channels, rate, (rate * block) & 0xFFFFFFFF, block, bits)
+    base = struct.pack("<HHIIHH", 0xFFFE if extensible else code, channels, rate, (rate * block) & 0xFFFFFFFF,
+                       block, bits)
     if extensible:
         guid = struct.pack("<H", code) + b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
         base += struct.pack("<HHI", 22, bits, 0) + guid
@@ -136,7 +137,8 @@ def _bad_files():
         ("pcm12.wav", make_wav(bytes(12), bits=12), "unsupported bit depth 12"),
         ("float16.wav", make_wav(bytes(12), code=3, bits=16), "unsupported bit depth 16"),
         ("nofmt.wav", b"RIFF" + struct.pack("<I", 16) + b"WAVE" + _chunk(b"data", bytes(4)), "no 'fmt ' chunk"),
-        ("nodata.wav", b"RIFF" + struct.pack("<I", 28) + b"WAVE" + _chunk(b"fmt ", _fmt(1, 1, 16000, 16)), "no 'data' chunk"),
+        ("nodata.wav", b"RIFF" + struct.pack("<I", 28) + b"WAVE" + _chunk(b"fmt ", _fmt(1, 1, 16000, 16)),
+         "no 'data' chunk"),
         ("halfframe.wav", make_wav(bytes(5), channels=1, bits=16), "not a whole number of 2-byte frames"),
     ]
 
@@ -399,7 +401,8 @@ def test_stream_audio_ffmpeg_equals_ffmpeg_itself(tmp_path, ext):
     subprocess.run(["ffmpeg", "-nostdin", "-loglevel", "error", "-i", str(wav), str(coded)], check=True)
 
     def ffmpeg(source, data=None):
-        cmd = ["ffmpeg", "-nostdin", "-loglevel", "error", "-i", source, "-f", "f32le", "-ac", "1", "-ar", "16000", "pipe:1"]
+        cmd = ["ffmpeg", "-nostdin", "-loglevel", "error", "-i", source,
+               "-f", "f32le", "-ac", "1", "-ar", "16000", "pipe:1"]
         return np.frombuffer(subprocess.run(cmd, input=data, check=True, capture_output=True).stdout, "<f4")
 
     chunks = list(A.stream_audio(coded, chunk_seconds=0.5))
@@ -427,7 +430,8 @@ def test_streaming_a_long_wav_keeps_memory_bounded(tmp_path):
     finally:
         tracemalloc.stop()
     assert n == 240 * 16000
-    assert peak < path.stat().st_size / 4, f"peak {peak / 1e6:.1f} MB while streaming a {path.stat().st_size / 1e6:.0f} MB file"
+    assert peak < path.stat().st_size / 4, (f"peak {peak / 1e6:.1f} MB while streaming "
+                                            f"a {path.stat().st_size / 1e6:.0f} MB file")
 
 
 @pytest.mark.parametrize("use_numpy", PATHS)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import tallow
-from tallow.batch_inputs import expand_inputs, plan_jobs
-from tallow.batch_local import run_local
-from tallow.batch_worker import Settings
+from tallow.batch.inputs import expand_inputs, plan_jobs
+from tallow.batch.local import run_local
+from tallow.batch.worker import Settings
 from tallow.errors import Error
 
 JFK = Path(__file__).parent / "data" / "jfk.wav"
@@ -191,7 +191,7 @@ def actor_pids():
 def test_ray_actor_pool_survives_a_killed_worker_and_matches_the_sequential_run(ray_cluster, clips, reference, tmp_path):
     import threading
 
-    from tallow.batch_ray import run_ray
+    from tallow.batch.ray import run_ray
 
     out = tmp_path / "out"
     jobs = plan_jobs(expand_inputs([str(clips)]), str(out), "txt")

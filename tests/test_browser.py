@@ -9,6 +9,7 @@ test-artifacts/browser/.
 """
 import importlib.util
 import os
+import sys
 import time
 
 import pytest
@@ -18,6 +19,11 @@ REPO_ROOT = os.path.dirname(HERE)
 ARTIFACTS = os.path.join(REPO_ROOT, "test-artifacts", "browser")
 JFK = os.path.join(HERE, "data", "jfk.wav")
 JFK_TEXT = "And so my fellow Americans ask not what your country can do for you, ask what you can do for your country."
+# With timestamp tokens tiny.en drops the comma after "for you", exactly as transformers does.
+JFK_TEXT_TIMESTAMPS = JFK_TEXT.replace("for you,", "for you")
+# The test site splits every model file over 30 MB into parts (both weights files here), so every
+# model flow below also checks that the worker joins the parts right.
+PART_BYTES = 30 * 10**6
 
 
 def _load(name, path):
@@ -28,7 +34,10 @@ def _load(name, path):
 
 
 harness = _load("tallow_tests_browser_harness", os.path.join(HERE, "browser", "harness.py"))
-op_cases = _load("tallow_tests_pyodide_op_cases", os.path.join(HERE, "pyodide", "op_cases.py"))
+if os.path.join(HERE, "conformance") not in sys.path:  # cases.py and compare.py import each other by name
+    sys.path.insert(0, os.path.join(HERE, "conformance"))
+import cases  # noqa: E402  (the conformance op cases, shipped as they are into the page's Pyodide)
+from compare import assert_matches  # noqa: E402
 
 
 def _require(reason):
@@ -44,8 +53,13 @@ def dist(tmp_path_factory):
         _require(missing)
     build = harness.load_web_module("build")
     out = str(tmp_path_factory.mktemp("web") / "dist")
-    build.build(out, quiet=True)
+    build.build(out, quiet=True, part_bytes=PART_BYTES, test_hooks=True)
     return out
+
+
+def _cache_file(model, name):
+    """The original file in the tallow cache (the site holds it in parts): native references read it."""
+    return os.path.join(harness.load_web_module("build")._tallow_home(), model, name)
 
 
 @pytest.fixture(scope="module")
@@ -76,33 +90,22 @@ def _model_or_skip(dist, name):
     return entry
 
 
-# ---- 1. the op suite inside the browser, on both backends, against numpy/torch ----
-# wgpu computes in f32 on the GPU; WGSL only promises sin/cos to an absolute 2^-11 on [-pi, pi]
-# (SwiftShader is off by up to 1.9e-4), and exp/log/tanh to a few ulp.
-WGPU_TOL = {"rtol": 1e-4, "atol": 2.0 ** -11}
-WGPU_NOT_APPLICABLE = {"casts": "the wgpu backend has no f64 tensors by design (WGSL has no f64); the case casts to f64"}
-
-
-# The comparison the Node-hosted Pyodide suite uses (dtype, shape, values; exact for integers).
-_assert_matches = _load("tallow_tests_test_pyodide_helpers", os.path.join(HERE, "test_pyodide.py")).assert_matches
-
-
+# ---- 1. the conformance op cases inside the browser, on both backends, against numpy/torch ----
 @pytest.mark.parametrize("device", ["python", "wgpu"])
-@pytest.mark.parametrize("case", op_cases.CASES, ids=lambda c: c.name)
-def test_op_suite_in_chromium_matches_numpy(case, device, demo, ui, request):
+@pytest.mark.parametrize("name", sorted(cases.CASES))
+def test_op_suite_in_chromium_matches_numpy(name, device, demo, ui, request):
     np = pytest.importorskip("numpy")
+    case = cases.CASES[name]
     if case.torch:
         pytest.importorskip("torch")
     info = ui.evaluate("window.tallowDemo.ready")
-    if device == "wgpu" and case.name in WGPU_NOT_APPLICABLE:
-        pytest.skip(WGPU_NOT_APPLICABLE[case.name])
+    reason = case.not_applicable(device)
+    if reason:
+        pytest.skip(reason)
     if device == "wgpu":
         assert info["device"] == "wgpu", f"WebGPU did not come up in Chromium: {info['gpu_error']}"
-    got = demo.run(ui, case.source(device))
-    rtol, atol = case.rtol, case.atol
-    if device == "wgpu" and (rtol or atol):
-        rtol, atol = max(rtol, WGPU_TOL["rtol"]), max(atol, WGPU_TOL["atol"])
-    _assert_matches(got, case.reference(np), f"{case.name} on {device}", rtol, atol)
+    got = demo.run(ui, cases.source(name, device))
+    assert_matches(got, case.reference(np), f"{name} on {device}", *case.tolerance(device))
 
 
 def test_the_page_reports_the_webgpu_adapter(demo, ui):
@@ -114,15 +117,114 @@ def test_the_page_reports_the_webgpu_adapter(demo, ui):
 
 
 def test_without_webgpu_the_page_says_so_and_uses_pure_python(demo):
+    """?cpu: the page measures the CPU at boot and says up front how slow each model will be; a
+    request made while another runs is acknowledged as queued next to the control that made it."""
     page = demo.open("?cpu")
     try:
         info = page.evaluate("window.tallowDemo.ready")
         assert info["device"] == "python" and "gpu" not in info
+        assert info["cpu_speed"]["flops_per_s"] > 0
         assert "not available, running on the CPU fallback" in page.inner_text("#device")
+        assert "MFLOP/s (measured" in page.inner_text("#device")
+        note = page.inner_text("#cpu-note")
+        assert page.is_visible("#cpu-note") and "30 s of speech takes about" in note and "64-token reply takes about" in note
+        assert "No WebGPU" in page.inner_text("#speech-status") and "No WebGPU" in page.inner_text("#chat-status")
         assert demo.run(page, "import tallow\n(tallow.ones(3, device='python') * 2).tolist()") == [2, 2, 2]
+        # keep the worker busy for a few seconds, then ask for speech: the panel says it is queued
+        page.evaluate("() => { window.tallowDemo.request('run', {code: 'import time\\ntime.sleep(4)\\n1'}); }")
+        page.click("#example")
+        page.wait_for_function("document.getElementById('speech-status').textContent.startsWith('Queued behind 1')",
+                               timeout=10_000)
         demo.screenshot(page, "cpu_fallback")
     finally:
+        page.close()  # ends the worker: the pure-Python transcription is not waited for
+
+
+def test_boot_shows_the_runtime_download_in_mb_and_enables_controls_when_ready(demo):
+    page = demo.context.new_page()
+    demo.watch(page)
+    page.add_init_script("""document.addEventListener('DOMContentLoaded', () => {
+        const status = document.getElementById('status');
+        window.__boot = {disabledAtStart: ['example', 'send', 'chat-input', 'audio-file', 'record']
+                           .filter((id) => document.getElementById(id).disabled), texts: []};
+        new MutationObserver(() => window.__boot.texts.push(status.textContent))
+            .observe(status, {childList: true, characterData: true, subtree: true});
+    });""")
+    try:
+        demo.goto(page)
+        boot = page.evaluate("window.__boot")
+        site = page.evaluate("fetch('site.json').then((r) => r.json())")
+        assert boot["disabledAtStart"] == ["example", "send", "chat-input", "audio-file", "record"]
+        downloads = [t for t in boot["texts"] if t.startswith("Downloading the Python runtime")]
+        assert downloads and downloads[-1].endswith(f"of {site['runtime_bytes'] / 1e6:.1f} MB"), boot["texts"]
+        info = page.evaluate("window.tallowDemo.ready")
+        assert info["runtime_bytes"] == site["runtime_bytes"]  # every counted byte, no more
+        assert page.inner_text("#status").startswith("Ready in") and not page.is_disabled("#example")
+    finally:
         page.close()
+
+
+def _named_controls(snapshot):
+    """(role, name) of every control in an aria snapshot (Playwright's YAML)."""
+    import re
+    found = []
+    for line in snapshot.splitlines():
+        m = re.match(r'\s*- (button|textbox|checkbox|spinbutton|combobox|slider)(?: "((?:[^"\\]|\\.)*)")?', line)
+        if m:
+            found.append((m[1], m[2] or ""))
+    return found
+
+
+def test_at_phone_width_controls_have_unique_names_the_chat_log_is_live_and_nothing_overflows(demo, tmp_path):
+    page = demo.open(viewport={"width": 390, "height": 844})
+    try:
+        controls = _named_controls(page.locator("body").aria_snapshot())
+        assert len(controls) >= 12, controls
+        unnamed = [c for c in controls if not c[1].strip()]
+        assert not unnamed, f"controls without an accessible name: {unnamed}"
+        repeated = sorted({c for c in controls if controls.count(c) > 1})
+        assert not repeated, f"controls sharing a name: {repeated}"
+        for role, name in controls:  # and each name finds exactly that one control
+            assert page.get_by_role(role, name=name, exact=True).count() == 1, (role, name)
+        assert page.get_by_role("textbox", name="Message to the model", exact=True).count() == 1
+        assert page.get_by_role("button", name="Load Whisper tiny.en (speech to text)", exact=True).count() == 1
+        assert page.get_attribute("#chat-log", "aria-live") == "polite" and page.get_attribute("#chat-log", "role") == "log"
+        assert page.get_attribute("#speech-status", "aria-live") == "polite"
+        width = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert width[0] <= width[1], f"horizontal overflow at 390 px: {width}"
+        # the speech panel's status sits with its controls: both on screen together
+        page.locator("#example").scroll_into_view_if_needed()
+        for sel in ("#example", "#speech-status"):
+            box = page.locator(sel).bounding_box()
+            assert 0 <= box["y"] and box["y"] + box["height"] <= 844, (sel, box)
+        # an error shows in the page's flow (it covers nothing) and can be dismissed
+        bad = tmp_path / "notes.txt"
+        bad.write_text("not audio\n" * 50)
+        page.set_input_files("#audio-file", str(bad))
+        page.wait_for_selector("#error:not([hidden])", timeout=60_000)
+        assert page.evaluate("getComputedStyle(document.getElementById('error')).position") == "static"
+        assert "notes.txt is not an audio file" in page.inner_text("#speech-status")
+        assert page.is_hidden("#export") and page.is_hidden("#preview")  # nothing of a transcript that is not there
+        demo.screenshot(page, "phone_390_error")
+        page.get_by_role("button", name="Dismiss the error message").click()
+        assert page.is_hidden("#error")
+        width = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert width[0] <= width[1], f"horizontal overflow at 390 px after an error: {width}"
+    finally:
+        page.close()
+
+
+def test_the_microphone_is_recorded_through_an_audio_worklet(demo, ui):
+    """Chromium's fake microphone (a beep): samples arrive from recorder-worklet.js, resampled to 16 kHz."""
+    got = ui.evaluate("""async () => {
+        const audio = await import('./audio.js');
+        const rec = await audio.startRecording();
+        await new Promise((r) => setTimeout(r, 1500));
+        const samples = await rec.stop();
+        return [samples.length, Math.max(...samples.map(Math.abs))];
+    }""")
+    assert 8000 <= got[0] <= 16000 * 10 and got[1] > 0.01, got
+    assert "createScriptProcessor" not in open(os.path.join(REPO_ROOT, "web", "src", "audio.js")).read()
 
 
 # ---- model files: browser storage, bad input -------------------------------------
@@ -140,7 +242,7 @@ def test_a_reload_takes_model_files_from_browser_storage(demo, dist, ui):
 
 def test_a_corrupt_model_and_a_non_audio_file_show_errors_and_the_page_recovers(demo, dist, ui, tmp_path):
     gguf = _model_or_skip(dist, "smollm2-135m-instruct")["files"][0]
-    with open(os.path.join(dist, "models", "smollm2-135m-instruct", gguf["name"]), "rb") as f:
+    with open(_cache_file("smollm2-135m-instruct", gguf["name"]), "rb") as f:
         head = f.read(1 << 20)  # the header and the start of the tensor data: truncated
     corrupt = tmp_path / "truncated.gguf"
     corrupt.write_bytes(head)
@@ -174,23 +276,23 @@ def test_a_corrupt_model_and_a_non_audio_file_show_errors_and_the_page_recovers(
 
 
 # ---- the real models --------------------------------------------------------------
-def _native_greedy_ids(dist, messages, n):
-    """tallow on numpy, natively: the reference the browser must reproduce token for token."""
+def _native_greedy_ids(dist, messages, n, with_prompt=False):
+    """tallow on numpy, natively: the reference the browser must reproduce token for token
+    (with_prompt: also the prompt's length in tokens)."""
     pytest.importorskip("numpy")
     import tallow
-    from tallow.generate import chat
+    from tallow.generation import chat
     entry = harness.manifest(dist)["models"]["smollm2-135m-instruct"]
-    path = os.path.join(dist, "models", "smollm2-135m-instruct", entry["files"][0]["name"])
-    model = tallow.load_model(os.path.realpath(path), device="cpu")
+    model = tallow.load_model(_cache_file("smollm2-135m-instruct", entry["files"][0]["name"]), device="cpu")
     stream = chat(model, messages, stream=True, max_tokens=n)
     stream.text()
-    return list(stream.token_ids)
+    return (list(stream.token_ids), stream.prompt_tokens) if with_prompt else list(stream.token_ids)
 
 
 def _gguf_layout(dist, entry):
     """(bytes of all tensors, bytes of the header) of the demo's GGUF, read natively."""
     import tallow
-    with tallow.io.open(os.path.join(dist, "models", "smollm2-135m-instruct", entry["files"][0]["name"])) as f:
+    with tallow.io.open(_cache_file("smollm2-135m-instruct", entry["files"][0]["name"])) as f:
         return sum(f.info(name).nbytes for name in f.keys()), f.data_start
 
 
@@ -274,6 +376,7 @@ def test_smollm2_streams_its_greedy_reply_like_native_tallow(demo, dist, ui):
     prompt = "Name three colours of the rainbow."
     ui.fill("#max-tokens", "16")
     ui.fill("#chat-input", prompt)
+    demo.record_texts(ui, "#chat-status")
     started = time.perf_counter()
     ui.click("#send")
     ui.wait_for_selector(".assistant[data-done]", timeout=420_000)
@@ -283,7 +386,31 @@ def test_smollm2_streams_its_greedy_reply_like_native_tallow(demo, dist, ui):
     result_ids = demo.run(ui, "import tallow_web_worker as w\nw.state['last_chat_ids']")
     print(f"browser chat: {time.perf_counter() - started:.1f} s, {stats}")
     assert len(result_ids) >= 16 and reply.strip()
-    assert result_ids == _native_greedy_ids(dist, [{"role": "user", "content": prompt}], 16)
+    native_ids, prompt_tokens = _native_greedy_ids(dist, [{"role": "user", "content": prompt}], 16, with_prompt=True)
+    assert result_ids == native_ids
+    # the chat panel's status: the prompt being read, then tokens with the decode rate only
+    texts = demo.recorded_texts(ui, "#chat-status")
+    assert any(t.startswith(f"Reading your {prompt_tokens}-token prompt") for t in texts), texts
+    generating = [t for t in texts if t.startswith("Generating: ")]
+    assert generating[0].startswith("Generating: 1 of at most 16 tokens (first token after ")  # no rate from 1 token
+    assert "tokens/s" in generating[-1] and texts[-1] == "Done."
+    assert f"after a {prompt_tokens}-token prompt" in stats
+
+
+def test_new_chat_forgets_the_conversation(demo, dist, ui):
+    _model_or_skip(dist, "smollm2-135m-instruct")
+    assert ui.locator("#chat-log .user").count() >= 1  # the conversation of the test above
+    ui.get_by_role("button", name="New chat").click()
+    assert ui.locator("#chat-log > *").count() == 0 and ui.inner_text("#chat-stats") == ""
+    demo.record_texts(ui, "#chat-status")
+    ui.fill("#max-tokens", "1")
+    ui.fill("#chat-input", "Hi")
+    ui.click("#send")
+    ui.wait_for_selector(".assistant[data-done]", timeout=300_000)
+    _, prompt_tokens = _native_greedy_ids(dist, [{"role": "user", "content": "Hi"}], 1, with_prompt=True)
+    texts = demo.recorded_texts(ui, "#chat-status")
+    # only the new message was read: the history is gone
+    assert any(t.startswith(f"Reading your {prompt_tokens}-token prompt") for t in texts), texts
 
 
 def test_the_stop_button_ends_generation_between_tokens(demo, dist, ui):
@@ -296,7 +423,7 @@ def test_the_stop_button_ends_generation_between_tokens(demo, dist, ui):
     ui.click("#stop")
     ui.wait_for_selector(".assistant[data-done]:last-of-type", timeout=120_000)
     ids = demo.run(ui, "import tallow_web_worker as w\nw.state['last_chat_ids']")
-    assert ui.inner_text("#status") == "Stopped."
+    assert ui.inner_text("#chat-status") == "Stopped."
     assert 1 <= len(ids) < 40, f"{len(ids)} tokens after Stop"
 
 
@@ -317,6 +444,122 @@ def test_whisper_transcribes_jfk_through_the_file_input(demo, dist, ui):
     stats = ui.inner_text("#speech-stats")
     assert len(segments) == 1 and segments[0].startswith("[0.00 → ") and "real-time factor" in stats
     assert "(on wgpu)" in stats, stats
+
+
+def _silent_wav(path, seconds=1.0):
+    import wave
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0\0" * int(16000 * seconds))
+
+
+def test_a_silent_clip_says_no_speech_detected(demo, dist, ui, tmp_path):
+    _model_or_skip(dist, "whisper-tiny.en")
+    demo.dismiss_error(ui)
+    _silent_wav(tmp_path / "silence.wav")
+    ui.set_input_files("#audio-file", str(tmp_path / "silence.wav"))
+    text, error = demo.wait_for_text(ui, "#transcript", timeout_s=600)
+    assert not error, error
+    assert text.startswith("No speech detected")
+    assert ui.inner_text("#speech-status") == "No speech detected in silence.wav."
+    assert ui.is_hidden("#export") and ui.locator("#segments li").count() == 0
+
+
+def test_cached_models_are_listed_with_sizes_and_can_be_deleted(demo, dist, ui):
+    entry = _model_or_skip(dist, "whisper-tiny.en")
+    demo.request(ui, "load", model="whisper-tiny.en", timeout_s=300)  # cached by now, if not before
+    ui.evaluate("window.tallowDemo.refreshCache()")
+    row = ui.locator('#models tr[data-model="whisper-tiny.en"]')
+    assert row.locator(".storage").inner_text() == f"cached ({entry['bytes'] / 1e6:.1f} MB)"
+    assert "Browser storage used by this site" in ui.inner_text("#storage")
+    ui.get_by_role("button", name="Delete the cached files of Whisper tiny.en (speech to text)", exact=True).click()
+    ui.wait_for_function("""document.querySelector('#models tr[data-model="whisper-tiny.en"] .storage')
+                            .textContent === 'not downloaded'""", timeout=30_000)
+    listed = demo.request(ui, "cache-list")["models"]["whisper-tiny.en"]
+    assert listed == {"bytes": 0, "files": 0, "of": len(entry["files"])}
+    assert ui.inner_text("#status").startswith(f"Deleted {sum(len(f.get('parts', [f])) for f in entry['files'])} cached files")
+
+
+# ---- the built folder on a plain static server: the example clip, progress, exports ----------
+def test_the_built_folder_is_self_contained_with_big_files_in_parts(dist):
+    build = harness.load_web_module("build")
+    for root, dirs, files in os.walk(dist):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            assert not os.path.islink(path), f"{path} is a symlink"
+            assert os.path.isdir(path) or os.path.getsize(path) <= build.MAX_FILE_BYTES, path
+    for model, entry in harness.manifest(dist)["models"].items():
+        for f in entry["files"]:
+            if f["size"] > PART_BYTES:
+                assert len(f["parts"]) >= 2 and sum(p["size"] for p in f["parts"]) == f["size"]
+                assert all(os.path.getsize(os.path.join(dist, p["url"].split("?")[0])) <= PART_BYTES for p in f["parts"])
+    assert not os.path.exists(os.path.join(dist, "models", "whisper-tiny.en", "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def example_run(demo, dist):
+    """The example clip transcribed (with segment timestamps) in a page from `python -m http.server`:
+    a new origin, so the model parts download from that server. (page, speech-status texts, result)."""
+    _model_or_skip(dist, "whisper-tiny.en")
+    with harness.PlainStaticServer(dist) as server:
+        page = demo.open(base_url=server.url)
+        try:
+            demo.record_texts(page, "#speech-status")
+            page.click("#example")
+            text, error = demo.wait_for_text(page, "#transcript", timeout_s=900)
+            assert not error, error
+            result = page.evaluate("JSON.parse(window.tallowDemo.transcriptAs('json'))")
+            yield page, demo.recorded_texts(page, "#speech-status"), text, result
+        finally:
+            demo.screenshot(page, "static_server_example")
+            page.close()
+
+
+def test_a_plain_static_server_runs_the_example_clip_with_progress_and_segments(example_run):
+    page, texts, text, result = example_run
+    assert text == JFK_TEXT_TIMESTAMPS
+    downloads = [t for t in texts if t.startswith("Downloading model.safetensors")]
+    assert downloads and "3 parts" in downloads[-1] and " MB of " in downloads[-1], texts
+    assert "Transcribing jfk.wav…" in texts
+    assert "Transcribing jfk.wav: 11 of 11 s of audio done." in texts, texts  # the window's progress message
+    assert texts[-1] == f"Transcribed jfk.wav: {len(result['segments'])} segment{'s' if len(result['segments']) > 1 else ''}."
+    shown = page.locator("#segments li").all_inner_texts()
+    assert len(shown) == len(result["segments"]) >= 1
+    for li, seg in zip(shown, result["segments"]):
+        assert li == f"[{seg['start']:.2f} → {seg['end']:.2f}] {seg['text'].strip()}"
+    assert page.is_visible("#preview") and page.evaluate("document.getElementById('preview').src").startswith("blob:")
+
+
+def test_the_transcript_exports_match_tallows_own_writers(example_run):
+    """TXT/SRT/VTT/JSON downloaded from the page equal what tallow's TranscriptionResult writes for
+    the same segments (the formats of `tallow transcribe`)."""
+    from types import SimpleNamespace
+    from tallow.models.whisper_transcribe import Segment, TranscriptionResult
+    page, _, text, result = example_run
+    rated = SimpleNamespace(temperature=0.0, avg_logprob=0.0, compression_ratio=0.0, no_speech_prob=0.0)
+    segments = [Segment(i, 0, s["start"], s["end"], s["text"], [], rated) for i, s in enumerate(result["segments"])]
+    reference = TranscriptionResult(result["text"], segments, result["language"], result["duration"])
+    assert result["text"] == text and result["language"] == "en" and result["duration"] == 11.0
+    for fmt in ("txt", "srt", "vtt"):
+        with page.expect_download() as download:
+            page.get_by_role("button", name=f"Download the transcript as {fmt.upper()} ", exact=False).click()
+        with open(download.value.path(), encoding="utf-8") as f:
+            got = f.read()
+        assert download.value.suggested_filename == f"transcript.{fmt}"
+        assert got == reference.format(fmt), (fmt, got)
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download the transcript as JSON with segment timestamps").click()
+    with open(download.value.path(), encoding="utf-8") as f:
+        got = __import__("json").load(f)
+    want = reference.to_dict()
+    assert got["text"] == want["text"] and got["duration"] == want["duration"]
+    assert [{k: s[k] for k in ("id", "start", "end", "text")} for s in want["segments"]] == got["segments"]
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=page.url.split("?")[0].rstrip("/"))
+    page.get_by_role("button", name="Copy transcript").click()
+    page.wait_for_function("document.getElementById('speech-status').textContent.startsWith('Transcript copied')")
+    assert page.evaluate("navigator.clipboard.readText()") == reference.to_txt()
 
 
 # ---- byte-range sources: what the browser loads weights through (no browser needed) ----

@@ -57,7 +57,7 @@ def site(tmp_path_factory):
     build = harness.load_web_module("build")
     root = tmp_path_factory.mktemp("bigmodel")
     dist = str(root / "dist")
-    build.build(dist, models=False, quiet=True)
+    build.build(dist, models=False, quiet=True, test_hooks=True)
     folder = os.path.join(dist, "models", "synthetic-phi2")
     os.makedirs(folder, exist_ok=True)
     phi2 = os.path.join(folder, "phi2-tiny.Q4_0.gguf")

@@ -23,8 +23,10 @@ HOSTILE = {
     "list repetition": "{{ [0] * 10**9 }}",
     "huge power": "{{ 2 ** (10 ** 10) }}",
     "float overflow": "{{ 10.0 ** (10 ** 5) }}",
-    "doubling with ~": "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-    "doubling with +": "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "doubling with ~": ("{% set ns = namespace(s='ab') %}"
+                        "{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"),
+    "doubling with +": ("{% set ns = namespace(s='ab') %}"
+                        "{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}"),
     "squaring": "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
     "wide filter": "{{ 'a' | center(10000000000) }}",
     "wide method": "{{ 'a'.ljust(10000000000) }}",
@@ -78,8 +80,10 @@ ORDINARY = [
     "'<|eot_id|>' }}{{ loop.index0 }}{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant{% endif %}",
     # macros, range, format, %, **, *, tojson-free arithmetic, loop.length / revindex
     "{% macro turn(m, i) %}[{{ '%02d' % i }}:{{ m.role | upper }}]{{ m.content | replace('?', '!') }}{% endmacro %}"
-    "{% for m in messages %}{{ turn(m, loop.index) }}{{ '-' * loop.revindex }}{{ '{}/{}'.format(loop.index, loop.length) }}"
-    "{% endfor %}{% for i in range(3) %}{{ 2 ** i }}{% endfor %}{{ (messages | map(attribute='role') | list) | join(',') }}"
+    "{% for m in messages %}{{ turn(m, loop.index) }}{{ '-' * loop.revindex }}"
+    "{{ '{}/{}'.format(loop.index, loop.length) }}"
+    "{% endfor %}{% for i in range(3) %}{{ 2 ** i }}{% endfor %}"
+    "{{ (messages | map(attribute='role') | list) | join(',') }}"
     "{{ messages | selectattr('role', 'equalto', 'user') | list | length }}",
 ]
 
@@ -108,5 +112,6 @@ def test_a_tokenizers_template_error_names_its_file(tmp_path):
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"hi": 0, "[UNK]": 1}, unk_token="[UNK]"))
     tok.save(str(tmp_path / "tokenizer.json"))
     ours = Tokenizer.from_file(tmp_path / "tokenizer.json")
-    with pytest.raises(ChatTemplateError, match=f"{tmp_path}.*tokenizer.json: the chat template failed: ZeroDivisionError"):
+    with pytest.raises(ChatTemplateError,
+                       match=f"{tmp_path}.*tokenizer.json: the chat template failed: ZeroDivisionError"):
         ours.apply_chat_template(MESSAGES, template="{{ 1/0 }}")

@@ -6,14 +6,13 @@ positions and a small trained BPE tokenizer; the real SmolLM2 GGUF for the
 default window read from its metadata."""
 import argparse
 import io
-import os
 import time
 
 import pytest
 
 import tallow
 from tallow.errors import ContextWindowError
-from tallow.generate import chat_prompt_ids, generate_ids
+from tallow.generation import chat_prompt_ids, generate_ids
 from tiny_llama import save_tiny_llama
 
 torch = pytest.importorskip("torch")
@@ -61,7 +60,8 @@ def test_a_prompt_that_fills_the_window_fails_at_the_call(model):
 
 
 def test_generation_that_fills_the_window_stops_with_finish_reason_context(model_dir, model):
-    prompt = model.tokenizer.encode("the quick brown fox jumps over the lazy dog a stitch in time saves nine all that glitters")
+    prompt = model.tokenizer.encode("the quick brown fox jumps over the lazy dog "
+                                    "a stitch in time saves nine all that glitters")
     room = WINDOW - len(prompt)
     assert 0 < room <= 12
     stream = model.stream(prompt, max_tokens=50, stop_tokens=[])
@@ -108,7 +108,7 @@ def test_drop_oldest_still_refuses_a_last_message_that_cannot_fit(model):
 
 
 def _chat_args(model_dir, *extra):
-    from tallow import cli_chat
+    from tallow.cli import chat as cli_chat
     parser = argparse.ArgumentParser()
     cli_chat.add_arguments(parser)
     return cli_chat, parser.parse_args(["--model", str(model_dir), "--max-tokens", "3", "--system", "all", *extra])
@@ -120,7 +120,8 @@ def test_cli_chat_refuses_or_drops_turns(model_dir, capsys):
     out = io.StringIO()
     assert cli_chat.run(args, stdin=io.StringIO(lines), stdout=out) == 0
     err = capsys.readouterr().err
-    assert f"context window of {WINDOW}" in err and "--drop-oldest-turns" in err  # refused with the way out, not a crash
+    # refused with the way out, not a crash
+    assert f"context window of {WINDOW}" in err and "--drop-oldest-turns" in err
     cli_chat, args = _chat_args(model_dir, "--drop-oldest-turns")
     out = io.StringIO()
     assert cli_chat.run(args, stdin=io.StringIO(lines), stdout=out) == 0
@@ -130,16 +131,8 @@ def test_cli_chat_refuses_or_drops_turns(model_dir, capsys):
 
 # ---- the real SmolLM2-135M-Instruct: its 8192-token window, from the GGUF metadata -------------------------
 
-def _smollm2_gguf():
-    path = os.environ.get("TALLOW_SMOLLM2_GGUF") or os.path.join(
-        tallow.hub.home(), "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.exists(path):
-        pytest.skip("SmolLM2 GGUF not found: set TALLOW_SMOLLM2_GGUF or run `tallow fetch smollm2-135m-instruct`")
-    return path
-
-
-def test_smollm2_refuses_a_10000_token_prompt_before_computing():
-    model = tallow.load_model(_smollm2_gguf())
+def test_smollm2_refuses_a_10000_token_prompt_before_computing(smollm2_gguf):
+    model = tallow.load_model(smollm2_gguf)
     assert model.context_window == 8192  # llama.context_length
     t0 = time.perf_counter()
     with pytest.raises(ContextWindowError, match="10000 tokens .* context window of 8192"):

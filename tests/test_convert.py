@@ -178,7 +178,8 @@ def test_real_tiny_en_converts_to_what_fetch_made(tmp_path):
     assert gen["forced_decoder_ids"] == [[1, 50362]] and gen["is_multilingual"] is False
     recipe = tmp_path / "recipe"  # the fetch recipe now goes through the same converter
     recipe.mkdir()
-    assert hub.KNOWN["whisper-tiny.en"][0](recipe, tmp_path, False) == "."
+    tiny = hub.KNOWN["whisper-tiny.en"]
+    assert tiny.build(recipe, tmp_path, False, {need: hub.fetch(need, progress=False) for need in tiny.needs}) == "."
     assert sorted(p.name for p in recipe.iterdir()) == sorted(p.name for p in fetched.iterdir() if p.name != ".complete")
     for p in recipe.iterdir():
         assert p.read_bytes() == (out / p.name if p.name != "mel_filters.npz" else fetched / p.name).read_bytes()

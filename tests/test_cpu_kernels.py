@@ -13,8 +13,8 @@ from tallow.errors import FormatError, ShapeError
 from tallow.quant import dequantize_numpy
 
 pytest.importorskip("numba")
-import numba  # noqa: E402
-from tallow.quant import cpu_matmul  # noqa: E402
+import numba
+from tallow.quant import cpu_matmul
 
 FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
 SCALE_AT = {"q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0], "q4_k": [0, 2], "q5_k": [0, 2],

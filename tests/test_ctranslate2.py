@@ -114,8 +114,10 @@ def test_truncated_file_is_format_error_naming_path(tmp_path, cut):
 def _one_tensor_file(version=6, dtype=0, nbytes=8, data=bytes(8), trailing=b""):
     spec = b"Toy\0"
     name = b"w\0"
-    head = struct.pack("<I", version) + struct.pack("<H", len(spec)) + spec + struct.pack("<I", 1) + struct.pack("<I", 1)
-    tensor = struct.pack("<H", len(name)) + name + struct.pack("<BI", 1, 2) + struct.pack("<B", dtype) + struct.pack("<I", nbytes) + data
+    head = (struct.pack("<I", version) + struct.pack("<H", len(spec)) + spec
+            + struct.pack("<I", 1) + struct.pack("<I", 1))
+    tensor = (struct.pack("<H", len(name)) + name + struct.pack("<BI", 1, 2) + struct.pack("<B", dtype)
+              + struct.pack("<I", nbytes) + data)
     return head + tensor + struct.pack("<I", 0) + trailing
 
 
@@ -181,7 +183,8 @@ def jfk_features():
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")  # newer transformers name it `cache`
+# newer transformers name it `cache`
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 def test_converted_whisper_transcribes_jfk_with_transformers(hf_dir, jfk_features):
     """Proves converter, weights and log-mel at once: greedy decoding in transformers."""
     torch = pytest.importorskip("torch")

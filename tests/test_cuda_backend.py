@@ -1,10 +1,10 @@
-"""The CUDA backend.
+"""The CUDA backend, beyond the conformance suite.
 
-The op suite of test_ops.py is imported below and runs on Device("cuda"): on a CUDA GPU
-with cupy, the real one; elsewhere the CUDA C kernels themselves, compiled by g++ for the
-CPU emulator (tallow_cuda.cpu_driver: blocks as fibers, __syncthreads and shuffles
-synchronise; numpy stands in for cuBLAS), driven by the same host logic. The real device
-is also probed, and skips with the DeviceError's reason where absent. The host-side logic
+The op suite (tests/conformance/) runs on the "cuda" device of tests/conftest.py: on a CUDA
+GPU with cupy, the real one; and always as "cuda-emulator", the CUDA C kernels themselves
+compiled by g++ for the CPU emulator (tallow_cuda.cpu_driver: blocks as fibers, __syncthreads
+and shuffles synchronise; numpy stands in for cuBLAS), driven by the same host logic. The
+real device is also probed, and skips with the DeviceError's reason where absent. The host-side logic
 (argument packing of shapes and strides, launch grids, dtype mapping, value bits) is tested
 on its own against tallow.Layout, numpy, ctypes and torch.
 """
@@ -17,13 +17,11 @@ import numpy as np
 import pytest
 
 import tallow
-from tallow.layout import Layout, contiguous_strides
-from tallow import device as device_module
+from tallow.layout import Layout
 from tallow_cuda import host
 from tallow_cuda.driver import SCALAR_TYPES, kernel_source, storage_numpy_dtype
 
-import test_ops
-from test_ops import *  # noqa: F401,F403  (the op suite, run on this module's `device` below)
+from conftest import emulated
 
 RNG = random.Random(0)
 
@@ -62,12 +60,7 @@ def test_pack_meta_locates_every_element(rank):
             assert host.meta_offset(meta, 1, i) == want_b[i]
 
 
-def test_coalesce_merges_contiguous_dims():
-    shape, (st,) = host.coalesce([2, 3, 4], [list(contiguous_strides((2, 3, 4)))])
-    assert shape == [24] and st == [1]
-    # a transposed pair stays two dims; size-1 dims disappear
-    shape, (sa, sb) = host.coalesce([4, 1, 3], [[3, 99, 1], [1, 5, 4]])
-    assert shape == [4, 3] and sa == [3, 1] and sb == [1, 4]
+def test_pack_meta_merges_contiguous_dims():
     # a 10-d contiguous tensor fits in one dim, so the 8-dim limit only bites for strided ones
     ten = (2,) * 10
     assert host.pack_meta(ten, [Layout(ten)])[0] == 1
@@ -81,17 +74,10 @@ def test_pack_meta_refuses_offsets_beyond_int32():
         host.pack_meta((2, 2), [Layout((2, 2), (1 << 31, 1))])
 
 
-def test_move_dims_last_and_inverse():
-    layout = Layout((2, 3, 4, 5))
-    perm, pl = host.move_dims_last(layout, (0, 2))
-    assert perm == [1, 3, 0, 2] and pl.shape == (3, 5, 2, 4)
+def test_rows_of_a_layout_with_reduced_dims_last():
+    _, pl = Layout((2, 3, 4, 5)).moved_last((0, 2))
     assert host.rows_of(pl.shape, 2) == (15, 8)
-    inv = host.inverse_permutation(perm)
-    assert [perm[i] for i in inv] == [0, 1, 2, 3]
-    # the reduced rows really are the reduced elements: compare with numpy
-    x = np.arange(120).reshape(2, 3, 4, 5)
-    rows = np.transpose(x, perm).reshape(15, 8)
-    np.testing.assert_array_equal(rows.sum(1).reshape(3, 5), x.sum(axis=(0, 2)))
+    assert host.rows_of(pl.shape, 0) == (120, 1)
 
 
 # ---- launch grids -------------------------------------------------------------------------------
@@ -192,20 +178,7 @@ def test_op_codes_match_the_kernel_enums():
         assert names == list(table), prefix
 
 
-def quantised_blocks(qtype, n, k, seed=0):
-    """GGUF blocks of an (n, k) weight: quantised by tallow.quant, or for Q6_K (no quantiser
-    there) random blocks with a sane f16 scale; references dequantise them with tallow.quant,
-    which is checked bit-exact against the gguf package in test_quant.py."""
-    from tallow.quant import quantize_numpy
-    rng = np.random.default_rng(seed)
-    if qtype != "q6_k":
-        return quantize_numpy(rng.standard_normal((n, k)).astype(np.float32), qtype)
-    blocks = rng.integers(0, 256, (n * k // 256, 210), dtype=np.uint8)
-    blocks[:, 208:210] = np.full((len(blocks), 1), 0.01, np.float16).view(np.uint8)
-    return blocks
-
-
-# ---- the device these tests run on ----------------------------------------------------------
+# ---- the device ----------------------------------------------------------
 def _real_cuda_reason():
     """None when a real CUDA backend constructs here, else the DeviceError's reason."""
     from tallow_cuda.backend import CudaBackend
@@ -214,33 +187,6 @@ def _real_cuda_reason():
         return None
     except tallow.DeviceError as e:
         return str(e)
-
-
-@pytest.fixture(scope="module")
-def cuda_device():
-    """The real CUDA device if there is one, else the CUDA kernels on the CPU emulator."""
-    if _real_cuda_reason() is None:
-        yield tallow.Device("cuda")
-        return
-    import shutil
-    if shutil.which("g++") is None:
-        pytest.skip(f"no CUDA device ({_real_cuda_reason()}) and no g++ for the CPU emulator")
-    saved, saved_default = device_module._BACKENDS["cuda"], device_module._default
-    device_module._default = tallow.Device("cpu")  # default_device() must not pick the emulator meanwhile
-    device_module._instances.pop("cuda", None)
-    device_module._BACKENDS["cuda"] = ("tallow_cuda.cpu_driver", "CudaCpuEmulatorBackend", "")
-    try:
-        yield tallow.Device("cuda")
-    finally:
-        device_module._BACKENDS["cuda"] = saved
-        device_module._default = saved_default
-        device_module._instances.pop("cuda", None)
-
-
-@pytest.fixture
-def device(cuda_device):
-    """Overrides conftest's device fixture for the imported op suite and the checks below."""
-    return cuda_device
 
 
 def test_real_cuda_device():
@@ -254,58 +200,31 @@ def test_real_cuda_device():
 
 
 def test_scalar_arguments_have_the_kernels_c_types():
-    """I32 -> int, I64 -> long long, U64 -> unsigned long long, F64 -> double, as the .cu kernels declare."""
+    """I32 -> int, I64 -> long long, U32 -> unsigned int (a custom op's numel), U64 -> unsigned long long,
+    F64 -> double, as the .cu kernels declare."""
     from tallow_cuda.cpu_driver import pack_cuda_arg
-    assert {k.__name__: v for k, v in SCALAR_TYPES.items()} == {"I32": "int32", "I64": "int64", "U64": "uint64", "F64": "float64"}
+    assert {k.__name__: v for k, v in SCALAR_TYPES.items()} == {"I32": "int32", "I64": "int64", "U32": "uint32",
+                                                                "U64": "uint64", "F64": "float64"}
+    assert pack_cuda_arg(host.U32(0xFFFFFFFF)) == np.uint32(0xFFFFFFFF).tobytes()
     assert pack_cuda_arg(host.F64(0.1)) == np.float64(0.1).tobytes()
     assert pack_cuda_arg(host.I64(-5)) == np.int64(-5).tobytes()
     assert pack_cuda_arg(host.Meta([3, -1])) == np.array([3, -1], np.int32).tobytes()
 
 
-@pytest.mark.parametrize("qtype", host.IN_KERNEL_QUANTS)
-@pytest.mark.parametrize("m", [1, 3, 12])  # the in-kernel matvec path and the dequantise + cuBLAS path
-def test_quantised_matmul_matches_numpy(device, qtype, m):
-    from tallow.quant import qmatmul_numpy
-    rng = np.random.default_rng(0)
-    n, k = 64, 512
-    blocks = quantised_blocks(qtype, n, k)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    wt = tallow.from_buffer(bytes(blocks), qtype, (n, k), device=device)
-    got = (tallow.from_numpy(x, device=device) @ wt.T).numpy()
-    np.testing.assert_allclose(got, qmatmul_numpy(x, blocks, tallow.get_dtype(qtype), n, k), rtol=1e-4, atol=1e-3)
-    emb = wt.index_select(0, tallow.tensor([3, 0, 63], device=device)).numpy()
-    np.testing.assert_allclose(emb, wt.to("cpu").to(tallow.f32).numpy()[[3, 0, 63]], rtol=1e-6)
-
-
-def test_attention_over_a_kv_cache_view(device):
-    """Keys longer than queries, read through a narrowed cache and GQA-expanded heads."""
-    rng = np.random.default_rng(2)
-    q = rng.standard_normal((1, 4, 3, 64)).astype(np.float32)
-    cache = rng.standard_normal((1, 2, 40, 64)).astype(np.float32)
-    k = tallow.from_numpy(cache, device=device).narrow(2, 0, 30)
-    v = tallow.from_numpy(cache[:, :, ::-1].copy(), device=device).narrow(2, 0, 30)
-    got = tallow.scaled_dot_product_attention(tallow.from_numpy(q, device=device), k, v, is_causal=True).numpy()
-    ref = tallow.scaled_dot_product_attention(tallow.from_numpy(q, device="cpu"), k.to("cpu"), v.to("cpu"), is_causal=True).numpy()
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-def test_fused_ops_match_numpy_backend(device, dtype):
-    rng = np.random.default_rng(3)
-    a = rng.standard_normal((5, 300)).astype(np.float32)
-    x_cpu = tallow.from_numpy(a).to(dtype)
-    x = x_cpu.to(device)
-    tol = {"f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}[dtype]
-    for fn in (lambda t: t.softmax(-1), lambda t: t.log_softmax(-1), lambda t: tallow.rms_norm(t, None, 1e-6),
-               lambda t: t.sum(0), lambda t: t.max(1), lambda t: t.cumsum(1), lambda t: t.T.argmax(0)):
-        np.testing.assert_allclose(fn(x).numpy().astype(np.float64), fn(x_cpu).numpy().astype(np.float64), rtol=tol, atol=tol)
-
-
-def test_zz_the_suite_ran_on_the_cuda_kernels(cuda_device):
-    """Not vacuous: the tests above launched the CUDA kernels (counted by the emulator)."""
-    driver = cuda_device.backend.driver
-    if not hasattr(driver, "launches"):
-        pytest.skip("a real GPU: launches are not counted")
-    if driver.launches == 0:
-        pytest.skip("run with the whole module: this counts the kernel launches of the tests above")
-    assert driver.launches > 300
+def test_the_emulated_device_launches_the_cuda_kernels():
+    """The "cuda-emulator" device of the conformance suite really runs the CUDA C kernels:
+    bound through tallow.device.use_backend, an op launches them, and the name is restored after."""
+    backend = emulated("cuda-emulator")
+    dev = tallow.device.use_backend("cuda", backend)
+    try:
+        assert tallow.Device("cuda") is dev and dev.backend is backend and tallow.default_device() != "cuda"
+        launches = backend.driver.launches
+        got = tallow.tensor([[1.0, -2.0], [3.0, 0.5]], device="cuda").exp().sum(1)
+        assert backend.driver.launches >= launches + 2
+        np.testing.assert_allclose(got.numpy(), np.exp([[1.0, -2.0], [3.0, 0.5]]).sum(1), rtol=1e-6)
+    finally:
+        tallow.device.restore_backend("cuda")
+    try:
+        assert tallow.Device("cuda").backend is not backend
+    except tallow.DeviceError:  # no real CUDA here: the name means that again
+        pass

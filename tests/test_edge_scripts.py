@@ -109,7 +109,7 @@ def test_bench_reports_real_time_factor_and_tokens_per_second():
     _need(WHISPER, LLM)
     code = ("import sys\nfrom tallow import cli\n"
             "if 'bench' in cli.SUBCOMMANDS:\n    sys.exit(cli.main(sys.argv[1:]))\n"
-            "import argparse\nfrom tallow import cli_bench\np = argparse.ArgumentParser(prog='tallow bench')\n"
+            "import argparse\nfrom tallow.cli import bench as cli_bench\np = argparse.ArgumentParser(prog='tallow bench')\n"
             "cli_bench.add_arguments(p)\nargs = p.parse_args(sys.argv[2:])\n"
             "sys.exit(cli._guarded('bench', lambda: cli_bench.run(args)))\n")
     proc = subprocess.run([sys.executable, "-c", code, "bench", "--tokens", "8", "--audio", JFK, "--json"],

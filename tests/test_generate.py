@@ -3,13 +3,12 @@ strings, streaming, prefix reuse, and `tallow generate` / `tallow chat`, on a
 tiny random Llama with a small byte-level BPE tokenizer trained here."""
 import io
 import json
-import random
 
 import numpy as np
 import pytest
 
 import tallow
-from tallow.generate import Sampler, StopText, chat_prompt_ids, generate_ids
+from tallow.generation import Sampler, StopText, chat_prompt_ids, generate_ids
 from tiny_llama import save_tiny_llama
 
 torch = pytest.importorskip("torch")
@@ -171,7 +170,7 @@ def test_cli_generate_streams_and_reports(model_dir, capsys):
 
 
 def test_cli_chat_keeps_history_until_exit(model_dir, monkeypatch, capsys):
-    from tallow import cli_chat
+    from tallow.cli import chat as cli_chat
     import argparse
     parser = argparse.ArgumentParser()
     cli_chat.add_arguments(parser)

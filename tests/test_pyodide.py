@@ -165,48 +165,27 @@ def test_a_missing_runtime_is_a_clear_error(tmp_path):
         runner.start()
 
 
-# ---- tallow's op suite on the pure-Python backend, inside Pyodide, against numpy/torch ----
-op_cases = _fixture.node_runner.load_sibling("op_cases")
+# ---- the conformance op cases on the pure-Python backend, inside Pyodide, against numpy/torch ----
+def _load_conformance(name):
+    # By path, with tests/conformance on sys.path: cases.py and compare.py import each other by name.
+    folder = os.path.join(HERE, "conformance")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)
 
 
-def assert_matches(got, want, where, rtol, atol):
-    import numpy as np
-
-    if isinstance(want, dict):
-        assert isinstance(got, dict) and sorted(got) == sorted(want), f"{where}: keys {sorted(got)} != {sorted(want)}"
-        for key in want:
-            assert_matches(got[key], want[key], f"{where}.{key}", rtol, atol)
-        return
-    if isinstance(want, list):
-        assert isinstance(got, list) and len(got) == len(want), f"{where}: {len(got)} parts, expected {len(want)}"
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_matches(g, w, f"{where}[{i}]", rtol, atol)
-        return
-    if isinstance(want, str):
-        assert got == want, f"{where}: {got!r} != {want!r}"
-        return
-    want, dtype = want if isinstance(want, tuple) else (np.asarray(want), None)
-    dtype = dtype or op_cases.DTYPE_NAMES[want.dtype.name]
-    assert (got["dtype"], got["shape"]) == (dtype, list(want.shape)), \
-        f"{where}: got {got['dtype']} {got['shape']}, expected {dtype} {list(want.shape)}"
-    values = np.asarray(got["values"], dtype=np.float64)
-    expected = want.astype(np.float64)
-    if dtype in ("bool", "i8", "i32", "i64", "u8", "u32"):
-        np.testing.assert_array_equal(values, expected, err_msg=where)
-    else:
-        np.testing.assert_allclose(values, expected, rtol=rtol, atol=atol, equal_nan=True, err_msg=where)
-    if not rtol and not atol:  # exact cases: the sign of zero counts too (a NaN's sign does not)
-        signs = np.where(np.isnan(values), False, np.signbit(values))
-        np.testing.assert_array_equal(signs, np.where(np.isnan(expected), False, np.signbit(expected)), err_msg=f"{where} (signs)")
+cases = _load_conformance("cases")
+assert_matches = _load_conformance("compare").assert_matches
 
 
-@pytest.mark.parametrize("case", op_cases.CASES, ids=lambda c: c.name)
-def test_op_suite_on_the_python_backend_matches_the_reference(case, pyodide_run):
+@pytest.mark.parametrize("name", sorted(cases.CASES))
+def test_op_suite_on_the_python_backend_matches_the_reference(name, pyodide_run):
     np = pytest.importorskip("numpy")
+    case = cases.CASES[name]
     if case.torch:
         pytest.importorskip("torch")
-    got = pyodide_run(case.source("python"))
-    assert_matches(got, case.reference(np), case.name, case.rtol, case.atol)
+    got = pyodide_run(cases.source(name, "python"))  # the very file tests/conformance/cases.py, run inside Pyodide
+    assert_matches(got, case.reference(np), f"{name} in Pyodide", *case.tolerance("python"))
 
 
 def test_matmul_64_in_pyodide_matches_native(pyodide_runner, record_property):

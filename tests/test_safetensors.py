@@ -72,7 +72,8 @@ def test_bf16_both_ways(tmp_path):
 
 def test_low_level_writer_inputs(tmp_path):
     p = tmp_path / "mixed.safetensors"
-    tio.write_safetensors(p, {"np": np.ones((2, 2), np.float32), "triple": ("i32", (3,), np.arange(3, dtype=np.int32).tobytes()),
+    tio.write_safetensors(p, {"np": np.ones((2, 2), np.float32),
+                              "triple": ("i32", (3,), np.arange(3, dtype=np.int32).tobytes()),
                               "tensor": tallow.tensor([1.0, 2.0])})
     back = st_numpy.load_file(str(p))
     np.testing.assert_array_equal(back["triple"], [0, 1, 2])
@@ -84,7 +85,8 @@ def test_low_level_writer_inputs(tmp_path):
 
 def test_unsupported_dtypes_are_refused_clearly(tmp_path):
     p = tmp_path / "i16.safetensors"
-    st_numpy.save_file({"ok": np.ones(2, np.float32), "small": np.ones(3, np.int16), "big": np.ones(2, np.uint64)}, str(p))
+    st_numpy.save_file({"ok": np.ones(2, np.float32), "small": np.ones(3, np.int16), "big": np.ones(2, np.uint64)},
+                       str(p))
     f = tio.open(p)
     assert f.info("small").file_dtype == "I16" and f.info("small").dtype is None
     np.testing.assert_array_equal(f.tensor("ok").numpy(), [1, 1])
@@ -170,13 +172,10 @@ def test_npz_refuses_what_it_cannot_hold(tmp_path):
         f.tensor("big_endian")
 
 
-def test_whisper_mel_filters_npz():
-    """The real mel_filters.npz from the openai-whisper sdist, if it is unpacked here."""
-    import glob
-    found = glob.glob("/tmp/dl/x/openai_whisper/*/whisper/assets/mel_filters.npz")
-    if not found:
-        pytest.skip("mel_filters.npz not found under /tmp/dl/x/openai_whisper (unpack openai-whisper's sdist)")
-    f = tio.open(found[0])
-    with np.load(found[0]) as ref:
+def test_whisper_mel_filters_npz(whisper_assets_dir):
+    """The real mel_filters.npz (openai-whisper's, fetched into the tallow cache as whisper-assets)."""
+    path = whisper_assets_dir / "mel_filters.npz"
+    f = tio.open(path)
+    with np.load(path) as ref:
         for name in ref.files:
             np.testing.assert_array_equal(f.tensor(name).numpy(), ref[name])

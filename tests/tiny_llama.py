@@ -17,7 +17,8 @@ def save_tiny_llama(path, text, **config):
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=320,
+                                             special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                              initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(text, trainer)
     tok.save(str(path / "tokenizer.json"))

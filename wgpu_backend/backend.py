@@ -19,8 +19,8 @@ from array import array
 
 from tallow.backends.base import Backend
 from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u32
-from tallow.errors import DeviceError, ShapeError, UnsupportedError
-from tallow.layout import Layout, contiguous_strides, numel_of
+from tallow.errors import ShapeError, UnsupportedError
+from tallow.layout import Layout, coalesce_dims, contiguous_strides, kernel_meta, numel_of
 
 from . import split, wgsl
 from .pool import BufferPool
@@ -65,37 +65,10 @@ def _pack(words):
     return struct.pack(f"<{len(words)}I", *[_u32(w) for w in words])
 
 
-def _coalesce(shape, strides_list):
-    """Drop size-1 dims and merge adjacent dims that are contiguous in every operand."""
-    dims = [d for d, s in enumerate(shape) if s != 1]
-    out_shape, out_strides = [], [[] for _ in strides_list]
-    for d in dims:
-        if out_shape and all(st[-1] == s[d] * shape[d] for st, s in zip(out_strides, strides_list)):
-            out_shape[-1] *= shape[d]
-            for st, s in zip(out_strides, strides_list):
-                st[-1] = s[d]
-        else:
-            out_shape.append(shape[d])
-            for st, s in zip(out_strides, strides_list):
-                st.append(s[d])
-    return out_shape, out_strides
-
-
 def _layout_words(shape, operands, coalesce=True, what="op"):
-    """Words 0..36 of the element-wise layout (see kernels/common.wgsl)."""
-    offsets = [o for o, _ in operands]
-    strides = [list(s) for _, s in operands]
-    if coalesce:
-        shape, strides = _coalesce(list(shape), strides)
-    if len(shape) > MAX_DIMS:
-        raise UnsupportedError(f"wgpu {what}: {len(shape)} dims after merging contiguous ones (max {MAX_DIMS})")
-    words = [numel_of(shape), len(shape)] + list(shape) + [1] * (MAX_DIMS - len(shape))
-    for j in range(3):
-        if j < len(operands):
-            words += [offsets[j]] + strides[j] + [0] * (MAX_DIMS - len(strides[j]))
-        else:
-            words += [0] * (MAX_DIMS + 1)
-    return words
+    """Words 0..36 of the element-wise layout (see kernels/common.wgsl): numel, then the
+    strided-kernel meta of tallow.layout.kernel_meta with three operand slots."""
+    return [numel_of(shape)] + kernel_meta(shape, operands, MAX_DIMS, f"wgpu {what}", slots=3, coalesce=coalesce)
 
 
 def _contig_strides(shape):
@@ -335,14 +308,13 @@ class WgpuBackend(Backend):
         copied into the GPU buffer in JS without entering the wasm heap; then widened on the GPU like
         from_bytes. None when that cannot be done (not the browser driver, or a dtype that needs the
         CPU: i64's range check, quantisations the kernels do not read): read the bytes and use from_bytes."""
-        write = getattr(self.driver, "write_buffer_from_js", None)
-        if write is None or dtype is i64 or (dtype.is_quantized and dtype.name not in IN_KERNEL_QUANTS):
+        if not self.driver.reads_js_buffers or dtype is i64 or (dtype.is_quantized and dtype.name not in IN_KERNEL_QUANTS):
             return None
         if not dtype.is_quantized and nbytes % dtype.itemsize:
             raise ShapeError(f"wgpu from_js_buffer: {nbytes} bytes is not a whole number of {dtype.name} elements")
         raw = self._alloc(nbytes)
         if nbytes:
-            write(raw.buf, 0, array_buffer, offset, nbytes)
+            self.driver.write_buffer_from_js(raw.buf, 0, array_buffer, offset, nbytes)
         if dtype.is_quantized or dtype.itemsize == 4 or (dtype is f16 and wgsl.storage_type(dtype, self.has_f16) == "f16"):
             return raw
         return self._widen_raw(raw, nbytes // dtype.itemsize, dtype)
@@ -362,14 +334,8 @@ class WgpuBackend(Backend):
         return self._widen(raw, numel, dtype, expr)
 
     def _dequantize_on_upload(self, data, dtype):
-        try:
-            from tallow.quant import dequantize_numpy as dequant
-            values = dequant(data, dtype, len(memoryview(data).cast("B")) // dtype.block_bytes * dtype.block_size)
-            raw = values.astype("<f4").tobytes()
-        except ImportError:
-            from tallow.quant import dequantize_python as dequant
-            raw = dequant(data, dtype, len(memoryview(data).cast("B")) // dtype.block_bytes * dtype.block_size).tobytes()
-        st = self._upload(raw)
+        from tallow.backends.host import dequantize_on_host
+        st = self._upload(dequantize_on_host(data, dtype, len(memoryview(data).cast("B")) // dtype.block_bytes * dtype.block_size))
         st.dequantized = True
         return st
 
@@ -575,8 +541,8 @@ class WgpuBackend(Backend):
         subs = {"CA": ca, "INIT": init, "COMBINE": combine, "ARG": "true" if arg else "false",
                 "BETTER": f"v2 {cmp} v || (v2 == v && i2 < i)",
                 "WRITE": "y[o] = sy(i32(si[0]));" if arg else "y[o] = sy(CY(sv[0]));"}
-        perm = layout.permute(kept + list(dims))
-        words = _layout_words(perm.shape, [(perm.offset, perm.strides)], True, op)
+        _, perm = layout.moved_last(dims)
+        words = _layout_words(perm.shape, [perm], True, op)
         self._run("reduce", {"X": dtype, "Y": out_dtype}, [storage, out], self._params(words, [r_count, outputs]),
                   outputs, subs, label=f"reduce {op}")
         return out
@@ -587,10 +553,9 @@ class WgpuBackend(Backend):
         out = self._out(numel, out_dtype)
         if numel == 0:
             return out
-        order = [d for d in range(len(layout.shape)) if d != dim] + [dim]
-        perm = layout.permute(order)
+        order, perm = layout.moved_last((dim,))
         out_strides = _contig_strides(layout.shape)
-        words = _layout_words(perm.shape, [(perm.offset, perm.strides), (0, [out_strides[d] for d in order])],
+        words = _layout_words(perm.shape, [perm, (0, [out_strides[d] for d in order])],
                               False, "cumsum")
         length = layout.shape[dim]
         lines = numel // length
@@ -602,13 +567,12 @@ class WgpuBackend(Backend):
     def _batched(self, st, layout, dtype):
         """(storage, offset, batch stride, row stride, col stride) with the batch dims merged."""
         shape, strides = layout.shape, layout.strides
-        batch = [(s, t) for s, t in zip(shape[:-2], strides[:-2]) if s != 1]
-        ok = all(batch[i][1] == batch[i + 1][1] * batch[i + 1][0] for i in range(len(batch) - 1))
-        if not ok:
+        batch, (bstrides,) = coalesce_dims(shape[:-2], [strides[:-2]])
+        if len(batch) > 1:  # batch dims that do not merge into one stride: copy them contiguous
             st, layout = self.copy(st, layout, dtype), Layout(shape)
             strides = layout.strides
-            batch = [(s, t) for s, t in zip(shape[:-2], strides[:-2]) if s != 1]
-        bstride = batch[-1][1] if batch else 0
+            batch, (bstrides,) = coalesce_dims(shape[:-2], [strides[:-2]])
+        bstride = bstrides[-1] if batch else 0
         return st, layout.offset, bstride, strides[-2], strides[-1]
 
     def matmul(self, a, la, b, lb, dtype):

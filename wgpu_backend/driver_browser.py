@@ -94,6 +94,7 @@ class _Buffer:
 
 class BrowserDriver:
     name = "browser"
+    reads_js_buffers = True  # write_buffer_from_js: fetched weights go JS -> GPU, skipping the wasm heap
 
     @classmethod
     def open(cls):

@@ -10,6 +10,8 @@ driver (navigator.gpu through Pyodide's `js` module) implements too:
     pipeline(wgsl, label) -> compiled once per source text
     dispatch(pipeline, buffers, params, workgroups)
     flush()
+    reads_js_buffers: whether write_buffer_from_js(buf, offset, array_buffer, src_offset, nbytes)
+        copies from a JS ArrayBuffer (the browser driver only)
 
 Dispatches are recorded into one command encoder (one compute pass) and
 submitted only at sync points: a readback, an upload into a buffer while work
@@ -36,6 +38,7 @@ def _load_wgpu():
 
 class NativeDriver:
     name = "native"
+    reads_js_buffers = False  # no JS here: weights arrive as bytes through write_buffer
 
     def __init__(self):
         wgpu = _load_wgpu()

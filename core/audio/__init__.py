@@ -12,7 +12,8 @@ from .stream import stream_audio
 from .wav import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, decode_wav
 
 __all__ = [
-    "load_audio", "stream_audio", "Resampler", "MIN_SAMPLE_RATE", "MAX_SAMPLE_RATE", "log_mel_spectrogram", "pad_or_trim", "resample", "mel_filters", "compute_mel_filters",
+    "load_audio", "stream_audio", "Resampler", "MIN_SAMPLE_RATE", "MAX_SAMPLE_RATE", "log_mel_spectrogram",
+    "pad_or_trim", "resample", "mel_filters", "compute_mel_filters",
     "MelFilterBank", "decode_wav", "SAMPLE_RATE", "N_FFT", "HOP_LENGTH", "CHUNK_LENGTH",
     "N_SAMPLES", "N_FRAMES",
 ]

@@ -50,7 +50,8 @@ def log_mel_spectrogram(samples, n_mels=80, padding=0, filters=None, use_numpy=N
         samples = samples.numpy()  # a tallow or torch tensor
     n = len(samples) + padding
     if n <= N_FFT // 2:
-        raise Error(f"log_mel_spectrogram: need more than {N_FFT // 2} samples (with padding) for the reflect padding, got {n}")
+        raise Error(f"log_mel_spectrogram: need more than {N_FFT // 2} samples (with padding) "
+                    f"for the reflect padding, got {n}")
     np = numpy_or_none(use_numpy)
     bank = mel_filters(n_mels, filters)
     if np is not None:
@@ -63,7 +64,8 @@ def log_mel_frames(x, n_frames, n_mels=80, filters=None, use_numpy=None):
     the caller has done the padding (log_mel_spectrogram: reflect; the transcriber:
     the neighbouring audio), and the floor at (max - 8) is over these frames only."""
     if len(x) < (n_frames - 1) * HOP_LENGTH + N_FFT:
-        raise Error(f"log_mel_frames: {n_frames} frames need {(n_frames - 1) * HOP_LENGTH + N_FFT} samples, got {len(x)}")
+        raise Error(f"log_mel_frames: {n_frames} frames need {(n_frames - 1) * HOP_LENGTH + N_FFT} samples, "
+                    f"got {len(x)}")
     np = numpy_or_none(use_numpy)
     bank = mel_filters(n_mels, filters)
     if np is not None:

@@ -102,7 +102,8 @@ class MelWindows:
         if missing <= 0:
             return head
         if self._np is not None:
-            return self._np.concatenate([self._np.asarray(head, self._np.float32), self._np.zeros(missing, self._np.float32)])
+            return self._np.concatenate([self._np.asarray(head, self._np.float32),
+                                         self._np.zeros(missing, self._np.float32)])
         return array("f", head) + array("f", bytes(4 * missing))
 
     def _drop(self, start):

@@ -75,7 +75,8 @@ def parse_fmt(fmt, name):
             raise FormatError(f"{name}: WAVE_FORMAT_EXTENSIBLE with an unknown SubFormat GUID {fmt[24:40].hex()}")
     if code not in (PCM, IEEE_FLOAT):
         what = _FORMAT_NAMES.get(code, "unknown")
-        raise FormatError(f"{name}: unsupported WAV format code 0x{code:04x} ({what}); only PCM and IEEE float are decoded: convert to PCM WAV")
+        raise FormatError(f"{name}: unsupported WAV format code 0x{code:04x} ({what}); "
+                          "only PCM and IEEE float are decoded: convert to PCM WAV")
     supported = (8, 16, 24, 32) if code == PCM else (32, 64)
     if bits not in supported:
         kind = "PCM" if code == PCM else "float"
@@ -145,7 +146,8 @@ def decode_wav(data, name="<bytes>", use_numpy=None):
     info = parse_fmt(fmt, name)
     frame = info.channels * info.bits // 8
     if len(raw) % frame:
-        raise FormatError(f"{name}: truncated data chunk: {len(raw)} bytes is not a whole number of {frame}-byte frames")
+        raise FormatError(f"{name}: truncated data chunk: {len(raw)} bytes is not a whole number "
+                          f"of {frame}-byte frames")
     np = numpy_or_none(use_numpy)
     if np is not None:
         return _decode_numpy(np, raw, info), info

@@ -17,6 +17,7 @@ Compare op names: eq ne lt le gt ge (result dtype bool)
 Reduce op names: sum prod max min (result dtype as input, except sum/prod of
                  bool/ints -> i64) and argmax argmin (single dim, result i64).
 """
+from ..dtypes import bf16
 from ..errors import UnsupportedError
 
 
@@ -142,7 +143,25 @@ class Backend:
         additive, already broadcast to (b, h, tq, tk), or None. causal masks key j > i + (tk - tq)."""
         self._missing("attention")
 
+    # ---- optional capabilities: defaults that every backend has ---------------
+    def to_numpy(self, storage, layout, dtype, copy=True):
+        """The layout's elements as a numpy array of its shape (bf16 as float32: numpy has no
+        bf16). copy=False lets a backend return a read-only view of its storage instead of a
+        copy. Default: through to_bytes (a copy)."""
+        import numpy as np
+        raw = np.frombuffer(self.to_bytes(storage, layout, dtype), dtype=np.dtype(dtype.np_name).newbyteorder("<"))
+        if dtype is bf16:
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        return raw.astype(raw.dtype.newbyteorder("="), copy=True).reshape(layout.shape)
+
+    def from_js_buffer(self, array_buffer, offset, nbytes, dtype):
+        """Storage for nbytes of a JS ArrayBuffer at offset, copied without entering Python
+        memory, or None when this backend cannot (the caller then reads the bytes and calls
+        from_bytes). Default: None; the wgpu backend over the browser driver imports them."""
+        return None
+
     # ---- user-defined ops (tallow.custom_op) ------------------------------
     def custom(self, op, inputs, out_shape, out_dtype):
-        """Run a tallow.CustomOp on [(storage, layout, dtype)] inputs with this backend's implementation."""
+        """Run a tallow.CustomOp on [(storage, layout, dtype)] inputs with this backend's implementation
+        (numpy: op.cpu, pure Python: op.python, wgpu: op.wgsl, cuda: op.cuda, metal: op.msl)."""
         raise UnsupportedError(f"custom op {op.name!r} has no implementation for the {self.name} backend")

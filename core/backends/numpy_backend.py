@@ -153,6 +153,15 @@ class NumpyBackend(Backend):
             return v.astype(np.float32)
         return v
 
+    def to_numpy(self, st, layout, dtype, copy=True):
+        """A copy, or with copy=False a read-only view of the storage (bf16 is always converted)."""
+        v = _bf16_to_f32(self.view(st, layout)) if dtype is bf16 else self.view(st, layout)
+        if copy:
+            return np.array(v, copy=True)
+        v = v.view()
+        v.flags.writeable = False
+        return v
+
     @staticmethod
     def store(x, dtype):
         """Flat contiguous storage of x in dtype."""

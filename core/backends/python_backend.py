@@ -13,7 +13,7 @@ from itertools import accumulate
 
 from ..dtypes import bf16, bool_, f16, f32, i64
 from ..errors import DTypeError, FormatError, IndexRangeError, ShapeError, UnsupportedError
-from ..layout import Layout, broadcast_shapes, contiguous_strides
+from ..layout import Layout, broadcast_shapes, contiguous_strides, inverse_permutation
 from . import python_elementwise as ew
 from . import python_fused as fused
 from . import python_linalg as linalg
@@ -172,7 +172,7 @@ class PythonBackend(Backend):
             return pack([], self._reduce_dtype(op, dtype))
         if count == 0:
             return pack([0 if op == "sum" else 1] * n_out, self._reduce_dtype(op, dtype))
-        values = read_list(storage, layout.permute(keep + list(dims)))
+        values = read_list(storage, layout.moved_last(dims)[1])
         chunks = linalg.split_rows(values, count)
         if op == "sum":
             result = list(map(sum, chunks))
@@ -210,16 +210,15 @@ class PythonBackend(Backend):
             return pack([], out_dtype)
         nd = len(shape)
         dim %= nd
-        perm = [d for d in range(nd) if d != dim] + [dim]
+        perm, rows_last = layout.moved_last((dim,))
         out = []
-        for row in linalg.split_rows(read_list(storage, layout.permute(perm)), shape[dim]):
+        for row in linalg.split_rows(read_list(storage, rows_last), shape[dim]):
             out.extend(accumulate(row))
         result = pack(out, out_dtype)
         if dim == nd - 1:
             return result
         # Back from (others..., dim) order to the original row-major order.
-        inverse = [perm.index(d) for d in range(nd)]
-        return read(result, Layout([shape[d] for d in perm]).permute(inverse))
+        return read(result, Layout([shape[d] for d in perm]).permute(inverse_permutation(perm)))
 
     # ---- linear algebra and indexing ----------------------------------------------------------
     def matmul(self, a, la, b, lb, dtype):

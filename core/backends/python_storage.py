@@ -11,6 +11,7 @@ import sys
 from array import array
 
 from ..dtypes import bf16, bool_, f16
+from ..layout import coalesce_dims
 
 _BIG_ENDIAN = sys.byteorder == "big"
 # A 4-byte unsigned typecode to reinterpret f32 bits (bf16 rounding).
@@ -107,19 +108,6 @@ def empty(dtype):
 
 
 # ---- reading a layout -------------------------------------------------------------
-def _merged_dims(layout):
-    """(size, stride) pairs with size-1 dims dropped and mergeable neighbours joined."""
-    dims = []
-    for size, stride in zip(layout.shape, layout.strides):
-        if size == 1:
-            continue
-        if dims and dims[-1][1] == stride * size:
-            dims[-1] = (dims[-1][0] * size, stride)
-        else:
-            dims.append((size, stride))
-    return dims
-
-
 def offsets(base, dims):
     """Flat offsets (row-major) of an index grid; dims is a list of per-dim step lists."""
     idx = [base]
@@ -136,7 +124,8 @@ def read(storage, layout):
         return storage[0:0]
     if layout.is_contiguous():
         return storage[off:off + n]
-    dims = _merged_dims(layout)
+    shape, (strides,) = coalesce_dims(layout.shape, [layout.strides])
+    dims = list(zip(shape, strides))
     size, stride = dims[-1]
     outer = offsets(off, [[k * st for k in range(s)] for s, st in dims[:-1]])
     if size < 8:  # short rows: gather by offset directly

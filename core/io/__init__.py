@@ -29,7 +29,7 @@ __all__ = ["open", "load_file", "save_file", "GGUFFile", "SafetensorsFile", "Sha
 _INDEX = "model.safetensors.index.json"
 
 
-def open(source, format=None):  # noqa: A001  (tallow.io.open, like builtins.open for weights)
+def open(source, format=None):
     """A lazy reader for a weights file (path, directory, a bytes-like buffer, or a ByteSource
     such as JsArrayBufferSource: the header is read, tensors are copied when asked).
     The format comes from `format` ("safetensors", "gguf", "npz"), else the file's
@@ -100,4 +100,5 @@ def save_file(tensors, path, metadata=None):
         return write_safetensors(path, tensors, metadata)
     if path.endswith(".gguf"):
         return write_gguf(path, tensors, metadata)
-    raise FormatError(f"{path}: save_file writes .safetensors or .gguf files, not {os.path.splitext(path)[1] or 'no extension'}")
+    raise FormatError(f"{path}: save_file writes .safetensors or .gguf files, "
+                      f"not {os.path.splitext(path)[1] or 'no extension'}")

@@ -2,7 +2,7 @@
 
 A reader over a source parses its header from `read(0, n)` and copies each
 tensor's bytes only when asked. In the browser the source is the fetched JS
-ArrayBuffer: a device whose backend has `from_js_buffer` (WebGPU over the
+ArrayBuffer: a device whose backend's `from_js_buffer` takes it (WebGPU over the
 browser driver) copies a tensor's byte range from it straight into a GPU
 buffer in JS, so the weights never enter the WebAssembly heap and a model
 larger than that heap loads. Other devices get the bytes through `read()`.
@@ -110,10 +110,7 @@ def direct_tensor(source, info, device):
         return None
     from ..creation import _device, _make
     dev = _device(device)
-    upload = getattr(dev.backend, "from_js_buffer", None)
-    if upload is None:
-        return None
-    storage = upload(source.js_buffer, source.js_offset + info.offset, info.nbytes, info.dtype)
+    storage = dev.backend.from_js_buffer(source.js_buffer, source.js_offset + info.offset, info.nbytes, info.dtype)
     if storage is None:
         return None
     return _make(storage, info.shape, info.dtype, dev)

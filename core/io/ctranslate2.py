@@ -48,12 +48,12 @@ class CTranslate2Tensor:
 
     def tensor(self, device=None):
         """A tallow tensor of these bytes; i16 is widened to i32 (tallow has no i16)."""
-        import tallow
+        from ..creation import from_buffer
 
         if self.dtype == "i16":
             values = struct.unpack(f"<{self.nbytes // 2}h", self.data())
-            return tallow.from_buffer(struct.pack(f"<{len(values)}i", *values), "i32", self.shape, device=device)
-        return tallow.from_buffer(self.data(), self.dtype, self.shape, device=device)
+            return from_buffer(struct.pack(f"<{len(values)}i", *values), "i32", self.shape, device=device)
+        return from_buffer(self.data(), self.dtype, self.shape, device=device)
 
 
 def _code(dtype_name):

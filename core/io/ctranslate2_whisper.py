@@ -8,7 +8,7 @@ stored zero key biases are dropped. Weights keep their stored dtype (f16 for
 the faster-whisper models; bf16 stays bf16); int8/int16-quantised weights are
 dequantised to the model's float dtype. The output projection is tied to the decoder
 token embedding, as in transformers, so it is not written separately.
-Native only (needs numpy). tallow.convert (core/converter.py) writes the folder.
+Native only (needs numpy). tallow.convert (io/ctranslate2_convert.py) writes the folder.
 """
 
 from ..errors import FormatError
@@ -218,7 +218,8 @@ def whisper_generation_config(config, tokenizer, ct2_config=None):
     prev_sot = _optional_id(tokenizer, "<|startofprev|>")
     if prev_sot is not None:
         gen["prev_sot_token_id"] = prev_sot
-    if isinstance(ct2_config.get("alignment_heads"), list) and ct2_config["alignment_heads"]:  # unknown: left out, transformers then uses its own default
+    # unknown: left out, transformers then uses its own default
+    if isinstance(ct2_config.get("alignment_heads"), list) and ct2_config["alignment_heads"]:
         gen["alignment_heads"] = [list(pair) for pair in ct2_config["alignment_heads"]]
     if multilingual:
         translate, transcribe = _token_id(tokenizer, "<|translate|>"), _token_id(tokenizer, "<|transcribe|>")

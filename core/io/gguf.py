@@ -11,7 +11,7 @@ import struct
 
 from ..dtypes import get_dtype
 from ..errors import FormatError
-from ..quant.formats import DTYPE_TO_GGML, GGML_TO_DTYPE, GGML_TYPES, ggml_type_name
+from ..quant.formats import DTYPE_TO_GGML, GGML_TO_DTYPE, GGML_TYPES
 from .atomic_output import atomic_output
 from .lazy_file import LazyFile, TensorInfo, numel_of
 from .tensor_parts import tensor_parts
@@ -210,7 +210,8 @@ class GGUFFile(LazyFile):
             entries.append((name, dims, c.u32(), c.u64()))
         self.data_start = -(-c.pos // self.alignment) * self.alignment
         if self.data_start > self.size and n_tensors:
-            self._fail(f"truncated: the data section would start at {self.data_start}, past the end ({self.size} bytes)")
+            self._fail(f"truncated: the data section would start at {self.data_start}, "
+                       f"past the end ({self.size} bytes)")
         for name, dims, type_id, offset in entries:
             if name in self.infos:
                 self._fail("duplicate tensor name", name)
@@ -231,11 +232,6 @@ class GGUFFile(LazyFile):
         dtype = get_dtype(dtype_name) if dtype_name else None
         problem = None if dtype else f"ggml type {type_name} is not supported by tallow"
         return TensorInfo(name, dtype, type_name, shape, nbytes, self.data_start + offset, problem)
-
-    def ggml_type(self, name):
-        """The tensor's ggml type id (e.g. 3 for Q4_1)."""
-        info = self.info(name)
-        return next(t for t, e in GGML_TYPES.items() if e[0] == info.file_dtype)
 
 
 # -- writing ---------------------------------------------------------------------
@@ -334,8 +330,3 @@ def write_gguf(path, tensors, metadata=None, metadata_types=None, alignment=None
         for data in parts:
             f.write(data)
             f.write(b"\0" * (-data.nbytes % alignment))
-
-
-def ggml_type_names():
-    """ggml type id -> name, for messages and tools."""
-    return {t: ggml_type_name(t) for t in GGML_TYPES}

@@ -67,7 +67,8 @@ class NpzFile(LazyFile):
             problem = "is stored in Fortran (column-major) order; save it with np.ascontiguousarray"
         nbytes = numel_of(shape) * itemsize
         if header_len + nbytes != m.file_size:
-            self._fail(f".npy header says shape {shape} of {descr} ({nbytes} bytes) but the member holds {m.file_size - header_len}", name)
+            self._fail(f".npy header says shape {shape} of {descr} ({nbytes} bytes) "
+                       f"but the member holds {m.file_size - header_len}", name)
         if start is None:
             self._compressed[name] = (m, header_len)
             return TensorInfo(name, dtype, descr, shape, nbytes, 0, problem)

@@ -1,11 +1,9 @@
-"""`tallow quantize in.safetensors out.gguf --type q4_k`: a float checkpoint to GGUF.
+"""A float checkpoint to GGUF (`tallow quantize`, see tallow/cli/quantize.py).
 
 2-D float matrices whose rows are a whole number of blocks are quantised; every
 other tensor is kept (f32 and f16 as they are, f64 and bf16 as f32, integers
 as they are where GGUF has the type). Needs numpy.
 """
-import sys
-
 from ..dtypes import get_dtype
 from ..errors import FormatError
 from ..quant.formats import DTYPE_TO_GGML
@@ -55,22 +53,3 @@ def quantize_file(src, dst, qtype, log=None):
     write_gguf(dst, out, meta, getattr(f, "metadata_types", None))
     return kinds
 
-
-def add_arguments(p):
-    p.add_argument("src", help="input weights (.safetensors, model.safetensors.index.json, .gguf)")
-    p.add_argument("dst", help="output .gguf (written to a temporary file, renamed into place when complete)")
-    p.add_argument("--type", default="q4_k", choices=sorted(ENCODERS), help="block format for 2-D weights (default q4_k)")
-    p.add_argument("-v", "--verbose", action="store_true", help="print what happens to each tensor")
-
-
-def run(args):
-    kinds = quantize_file(args.src, args.dst, args.type, log=print if args.verbose else None)
-    n_q = sum(1 for k in kinds.values() if k == args.type)
-    print(f"wrote {args.dst}: {len(kinds)} tensors, {n_q} quantised to {args.type}")
-    return 0
-
-
-def main(argv=None):
-    """`tallow quantize ...`; errors are one line on stderr and exit status 2."""
-    from ..cli import main as cli_main
-    return cli_main(["quantize", *(sys.argv[1:] if argv is None else argv)])

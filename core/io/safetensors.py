@@ -95,7 +95,8 @@ class SafetensorsFile(LazyFile):
             self._fail(f"unknown dtype {file_dtype!r}", name)
         expected = numel_of(shape) * itemsize
         if expected != end - begin:
-            self._fail(f"shape {shape} of {file_dtype} needs {expected} bytes but data_offsets span {end - begin}", name)
+            self._fail(f"shape {shape} of {file_dtype} needs {expected} bytes "
+                       f"but data_offsets span {end - begin}", name)
         return TensorInfo(name, dtype, file_dtype, shape, end - begin, start + begin, problem)
 
 
@@ -136,7 +137,8 @@ class ShardedSafetensors(LazyFile):
                                    else SafetensorsFile(os.path.join(self._dir, shard)))
         f = self._shards[shard]
         if name not in f.infos:
-            raise FormatError(f"{self.path}: tensor {name!r} is listed in shard {shard} but that file does not contain it")
+            raise FormatError(f"{self.path}: tensor {name!r} is listed in shard {shard} "
+                              "but that file does not contain it")
         return f
 
     def keys(self):
@@ -177,8 +179,10 @@ def write_safetensors(path, tensors, metadata=None):
     for name, value in tensors.items():
         dtype, shape, data = tensor_parts(name, value)
         if dtype.name not in FROM_TALLOW:
-            raise FormatError(f"{path}: tensor {name!r}: safetensors cannot store {dtype.name} (quantised blocks go in GGUF)")
-        header[name] = {"dtype": FROM_TALLOW[dtype.name], "shape": list(shape), "data_offsets": [offset, offset + data.nbytes]}
+            raise FormatError(f"{path}: tensor {name!r}: safetensors cannot store {dtype.name} "
+                              "(quantised blocks go in GGUF)")
+        header[name] = {"dtype": FROM_TALLOW[dtype.name], "shape": list(shape),
+                        "data_offsets": [offset, offset + data.nbytes]}
         parts.append(data)
         offset += data.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")

@@ -25,8 +25,10 @@ def tensor_parts(name, value):
             raise DTypeError(f"tensor {name!r}: numpy dtype {arr.dtype} has no tallow dtype") from None
         shape, data = arr.shape, memoryview(arr.reshape(-1)).cast("B")
     else:
-        raise FormatError(f"tensor {name!r}: expected a tallow Tensor, a numpy array or (dtype, shape, bytes), got {type(value).__name__}")
+        raise FormatError(f"tensor {name!r}: expected a tallow Tensor, a numpy array or (dtype, shape, bytes), "
+                          f"got {type(value).__name__}")
     expected = dtype.nbytes(numel_of(shape))
     if data.nbytes != expected:
-        raise FormatError(f"tensor {name!r}: {data.nbytes} bytes given for {dtype.name} of shape {shape}, which needs {expected}")
+        raise FormatError(f"tensor {name!r}: {data.nbytes} bytes given for {dtype.name} of shape {shape}, "
+                          f"which needs {expected}")
     return dtype, shape, data

@@ -58,6 +58,7 @@ class DecoderCache:
 class CausalLM(Module):
     """Subclasses build `self.layers` (each `layer(hidden, step, kv_cache)`), and
     define `embed(ids)`, `final_norm(hidden)` and `lm_head(hidden)`."""
+    kind = "llm"  # what the model does, for front ends that serve several (the web worker)
 
     def __init__(self, config, device, dtype):
         self.config = config
@@ -143,20 +144,20 @@ class CausalLM(Module):
             hidden = hidden.narrow(1, hidden.shape[1] - 1, 1)
         return self.lm_head(self.final_norm(hidden))
 
-    # ---- generation (core/generate.py) ----------------------------------------------
+    # ---- generation (tallow.generation) --------------------------------------------
     def generate(self, prompt, **options):
-        """Text continuation of a prompt (str or token ids); see tallow.generate.generate."""
-        from ..generate import generate
+        """Text continuation of a prompt (str or token ids); see tallow.generation.generate."""
+        from ..generation import generate
         return generate(self, prompt, **options)
 
     def stream(self, prompt, **options):
-        """An iterator of text pieces as they are generated; see tallow.generate.stream."""
-        from ..generate import stream
+        """An iterator of text pieces as they are generated; see tallow.generation.stream."""
+        from ..generation import stream
         return stream(self, prompt, **options)
 
     def chat(self, messages, stream=False, **options):
         """Reply to a conversation [{"role": ..., "content": ...}] through the chat template."""
-        from ..generate import chat
+        from ..generation import chat
         return chat(self, messages, stream=stream, **options)
 
     def __repr__(self):

@@ -4,19 +4,22 @@ metadata) read into one flat object the decoder models share.
 Checkpoints spell the rotary settings two ways: older config.json files have
 top-level `rope_theta` / `rope_scaling` / `partial_rotary_factor`, newer ones
 (transformers 5) a `rope_parameters` dict. Both are read here, once.
+
+What a model_type implies but its configs leave out (Gemma 3 ties its embeddings,
+Qwen2 has q/k/v biases...) comes from its registration (architectures.py): those
+defaults sit under the config's own fields, so this file knows no architecture.
 """
 import os
 
 from ..config_fields import MAX_COUNT, Fields
 from ..errors import FormatError, UnsupportedError
 from ..json_file import read_json
-from .architectures import traits
+from .architectures import config_defaults
 
 # rope_scaling kinds tallow implements (nn/rotary.py)
 ROPE_KINDS = ("default", "linear", "llama3", "longrope", "su", "freq_factors")
 # What each layer's attention is (transformers' config.layer_types)
 LAYER_TYPES = ("full_attention", "sliding_attention")
-GEMMA3 = "gemma3_text"
 
 
 class DecoderConfig:
@@ -26,9 +29,14 @@ class DecoderConfig:
     def __init__(self, raw, source="config.json"):
         if not isinstance(raw, dict):
             raise FormatError(f"{source}: a config must be a JSON object")
-        self.raw, self.source = raw, source
+        self.source = source
+        model_type = Fields(raw, source).str("model_type", "llama")
+        raw = self.raw = dict(raw)
+        for key, value in config_defaults(model_type).items():  # a null field takes the default too
+            if raw.get(key) is None:
+                raw[key] = value
         f = self.fields = Fields(raw, source)
-        self.model_type = f.str("model_type", "llama")
+        self.model_type = model_type
         self.vocab_size = f.int("vocab_size", lo=1, hi=MAX_COUNT)
         self.hidden_size = f.int("hidden_size", lo=1, hi=MAX_COUNT)
         self.intermediate_size = f.int("intermediate_size", 4 * self.hidden_size, lo=1, hi=MAX_COUNT)
@@ -46,13 +54,12 @@ class DecoderConfig:
         self.layer_norm_eps = f.float("layer_norm_eps", 1e-5, positive=True)
         # Gemma names it hidden_activation
         self.hidden_act = f.str("hidden_activation", None) or f.str("hidden_act", "silu")
-        self.tie_word_embeddings = f.bool("tie_word_embeddings", self.model_type == GEMMA3)
+        self.tie_word_embeddings = f.bool("tie_word_embeddings", False)
         self.attention_bias = f.bool("attention_bias", False)
         self.mlp_bias = f.bool("mlp_bias", False)
         self.qk_layernorm = f.bool("qk_layernorm", False)
-        implied = traits(self.model_type)
-        self.qkv_bias = self.attention_bias or implied.get("qkv_bias", False)
-        self.qk_norm = implied.get("qk_norm", False)  # Qwen3: RMSNorm on each q/k head
+        self.qkv_bias = self.attention_bias or f.bool("qkv_bias", False)  # Qwen2: biases on q/k/v only
+        self.qk_norm = f.bool("qk_norm", False)  # Qwen3: RMSNorm on each q/k head
         self.sliding_window = self._sliding_window()
         self.layer_types = self._layer_types()
         self._read_rope()
@@ -67,7 +74,7 @@ class DecoderConfig:
                                    "supported (Gemma 3 checkpoints leave it null; set it to null to run as "
                                    "transformers' Gemma 3 does)")
         self.final_logit_softcapping = f.float("final_logit_softcapping", None, positive=True)
-        self.norm_weight_offset = f.float("norm_weight_offset", 1.0 if self.model_type == GEMMA3 else 0.0)
+        self.norm_weight_offset = f.float("norm_weight_offset", 0.0)
         # GGUF llama weights have q/k rows permuted for interleaved rotary (see gguf_names.py).
         self.rope_interleaved = f.bool("rope_interleaved", False)
         self.bos_token_id = f.token_id("bos_token_id", self.vocab_size)
@@ -81,8 +88,8 @@ class DecoderConfig:
         return f.int("sliding_window", 0, lo=0) or None
 
     def _layer_types(self):
-        """Each layer's attention: config.layer_types, else Gemma 3's sliding_window_pattern
-        (every n-th layer global), else every layer alike (sliding when a window is set)."""
+        """Each layer's attention: config.layer_types, else sliding_window_pattern (Gemma 3:
+        every n-th layer global), else every layer alike (sliding when a window is set)."""
         f = self.fields
         types = f.get("layer_types", None)
         if types is not None:
@@ -90,8 +97,8 @@ class DecoderConfig:
                 f.fail("layer_types", types, f"a list of {self.num_layers} (num_hidden_layers) entries, "
                                              f"each one of {', '.join(LAYER_TYPES)}")
             return list(types)
-        if self.model_type == GEMMA3:
-            n = f.int("sliding_window_pattern", 6, lo=1)
+        if f.has("sliding_window_pattern"):
+            n = f.int("sliding_window_pattern", lo=1)
             return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(self.num_layers)]
         return ["sliding_attention" if self.sliding_window else "full_attention"] * self.num_layers
 
@@ -107,7 +114,6 @@ class DecoderConfig:
         params = f.dict("rope_parameters")
         per_type = any(t in params for t in LAYER_TYPES)
         full = Fields(params, self.source, label="rope_parameters.").dict("full_attention") if per_type else params
-        gemma = self.model_type == GEMMA3
         p = Fields(full, self.source, label="rope_parameters.full_attention." if per_type else "rope_parameters.")
         self.partial_rotary_factor = p.float("partial_rotary_factor", f.float("partial_rotary_factor", 1.0, lo=0.0, hi=1.0),
                                              lo=0.0, hi=1.0)
@@ -115,13 +121,13 @@ class DecoderConfig:
         if self.rotary_dim % 2 or self.rotary_dim == 0:
             raise FormatError(f"{self.source}: the rotary dim {self.rotary_dim} (head_dim {self.head_dim} x "
                               f"partial_rotary_factor {self.partial_rotary_factor}) must be even and > 0")
-        default_theta = f.float("rope_theta", 1_000_000.0 if gemma else 10000.0, positive=True)
+        default_theta = f.float("rope_theta", 10000.0, positive=True)
         self.rope_theta, self.rope_scaling = self._rope(full, f.dict("rope_scaling"), default_theta, p.label)
         if per_type and "sliding_attention" in params:
             label = "rope_parameters.sliding_attention."
             sliding = self._rope(Fields(params, self.source, label="rope_parameters.").dict("sliding_attention"),
                                  {}, 10000.0, label)
-        elif gemma:  # older Gemma 3 configs: the scaling applies to global layers only
+        elif f.has("rope_local_base_freq"):  # older Gemma 3 configs: the scaling applies to global layers only
             sliding = (f.float("rope_local_base_freq", 10000.0, positive=True), None)
         else:
             sliding = (self.rope_theta, self.rope_scaling)

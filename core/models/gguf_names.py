@@ -3,62 +3,45 @@
 blk.N.attn_q -> model.layers.N.self_attn.q_proj, ...), so the models load a
 GGUF exactly as they load a config.json + safetensors directory.
 
-Two conversions llama.cpp makes are undone here without touching weights:
-- For the "llama" architecture, llama.cpp's converter permutes the rows of
-  attn_q/attn_k inside each head (HF's half-split rotary -> ggml's interleaved
-  pairs). A per-head row permutation applied to both q and k leaves q.k
-  unchanged, so instead of un-permuting (quantised) rows we rotate interleaved
-  pairs: the config gets rope_interleaved=True.
-- Gemma 3's norm weights hold the full scale (llama.cpp's converter adds the 1
-  that Hugging Face's Gemma RMSNorm adds at run time): the config gets
-  norm_weight_offset=0.
-- Phi-2's fused attn_qkv is split into q/k/v by row ranges of its bytes, which
-  works for quantised blocks too (a row is whole blocks).
+What differs between architectures (their tensor names, the settings llama.cpp
+fixes per architecture instead of storing them) comes from each one's
+registration (architectures.py; e.g. Llama's rope_interleaved, Gemma 3's norm
+offset, Phi-2's fused attn_qkv). This file holds what they share: the metadata
+keys every llama.cpp decoder writes, rope scaling, and the name tables below.
+
+Phi-2's fused attn_qkv (an Architecture's gguf_fused_qkv) is split into q/k/v by
+row ranges of its bytes, which works for quantised blocks too (a row is whole blocks).
 """
 import re
 
 from ..config_fields import MAX_COUNT, Fields
 from ..creation import from_buffer
 from ..errors import FormatError, UnsupportedError
+from .architectures import by_gguf_arch
 
-# general.architecture -> the model_type of our implementations
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "phi2": "phi",
-                 "gemma3": "gemma3_text"}
-
-# per-block names: llama.cpp -> HF, by architecture family
-_BLOCK_COMMON = {
+# llama.cpp's per-block names shared by many architectures (-> Hugging Face names below model.layers.N.)
+ATTENTION_BLOCKS = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_norm": "input_layernorm",
 }
-_BLOCK = {
-    "llama": {**_BLOCK_COMMON, "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"},
-    "phi3": {**_BLOCK_COMMON, "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
-             "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"},
-    "phi": {**_BLOCK_COMMON, "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"},
-}
-_BLOCK["qwen2"] = _BLOCK["llama"]
-_QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
-_BLOCK["qwen3"] = {**_BLOCK["llama"], **_QK_NORM}
-_BLOCK["gemma3_text"] = {**_BLOCK["llama"], **_QK_NORM, "post_attention_norm": "post_attention_layernorm",
-                         "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
-_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_TOP_PHI = {**_TOP, "output_norm": "model.final_layernorm"}
+LLAMA_BLOCKS = {**ATTENTION_BLOCKS, "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+                "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+QK_NORM_BLOCKS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 # tensors that are settings, not weights (read into the config)
 _SETTINGS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
-def hf_name(gguf_name, model_type):
-    """The Hugging Face name of a llama.cpp tensor name, or None if it has none here."""
+def hf_name(gguf_name, arch):
+    """The Hugging Face name of a llama.cpp tensor name in an Architecture, or None if it has none."""
     m = _BLOCK_NAME.match(gguf_name)
     if m:
         block, part, kind = m.groups()
-        mapped = _BLOCK[model_type].get(part)
+        mapped = arch.gguf_blocks.get(part)
         return None if mapped is None else f"model.layers.{block}.{mapped}.{kind}"
     base, _, kind = gguf_name.rpartition(".")
-    mapped = (_TOP_PHI if model_type == "phi" else _TOP).get(base)
+    mapped = arch.gguf_top.get(base)
     return None if mapped is None else f"{mapped}.{kind}"
 
 
@@ -67,14 +50,13 @@ def _floats(reader, name):
 
 
 def config_from_gguf(reader):
-    """A Hugging Face-style config dict from a GGUF reader's metadata (and its rope factor tensors)."""
+    """(Architecture, a Hugging Face-style config dict) from a GGUF reader's metadata (and
+    its rope factor tensors)."""
     meta = reader.metadata
     path = getattr(reader, "path", "GGUF")
     arch = meta.get("general.architecture")
-    if not isinstance(arch, str) or arch not in ARCHITECTURES:
-        raise UnsupportedError(f"{path}: GGUF architecture {arch!r} is not supported "
-                               f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-    model_type = ARCHITECTURES[arch]
+    registered = by_gguf_arch(arch, path)
+    model_type = registered.model_type
 
     g = Fields(meta, path, prefix=f"{arch}.")
     if isinstance(g.get("attention.head_count_kv", None), list):
@@ -106,7 +88,6 @@ def config_from_gguf(reader):
         "max_position_embeddings": g.int("context_length", 2048, lo=1),
         "rope_theta": g.float("rope.freq_base", 10000.0, positive=True),
         "tie_word_embeddings": "output.weight" not in reader,
-        "rope_interleaved": arch == "llama",
         "bos_token_id": tok.token_id("bos_token_id", int(embd_shape[0])),
         "eos_token_id": _end_ids(tok, int(embd_shape[0])),
     }
@@ -118,12 +99,10 @@ def config_from_gguf(reader):
         cfg["partial_rotary_factor"] = g.int("rope.dimension_count", lo=2, hi=head_dim) / head_dim
     if g.get("attention.sliding_window", None):
         cfg["sliding_window"] = g.int("attention.sliding_window", lo=1)
-    if model_type == "phi":
-        cfg["hidden_act"] = "gelu_new"
-    if model_type == "gemma3_text":
-        cfg.update(_gemma3(g, cfg))
+    if registered.gguf_config is not None:
+        cfg.update(registered.gguf_config(g, cfg))
     cfg["rope_scaling"] = _rope_scaling(reader, g, path, cfg)
-    return cfg
+    return registered, cfg
 
 
 def _end_ids(tok, vocab_size):
@@ -135,31 +114,6 @@ def _end_ids(tok, vocab_size):
         if tid is not None and tid not in ids:
             ids.append(tid)
     return ids
-
-
-def _gemma3(g, cfg):
-    """What llama.cpp fixes for gemma3 rather than storing: every 6th layer global unless
-    attention.sliding_window_pattern says otherwise (an int n, or one bool per layer, true
-    = sliding), a rope base of 10000 on sliding layers, query_pre_attn_scalar = head_dim
-    (hidden / heads for the 62-layer 27B), GELU-tanh; norms stored with the 1 added."""
-    n = cfg["num_hidden_layers"]
-    pattern = g.get("attention.sliding_window_pattern", 6)
-    if isinstance(pattern, list):
-        if len(pattern) != n or any(type(v) is not bool for v in pattern):
-            g.fail("attention.sliding_window_pattern", pattern, f"an integer or {n} booleans (one per block)")
-        sliding = pattern
-    else:
-        every = g.int("attention.sliding_window_pattern", 6, lo=1)
-        sliding = [bool((i + 1) % every) for i in range(n)]
-    out = {"layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
-           "rope_local_base_freq": 10000.0, "hidden_act": "gelu_pytorch_tanh", "norm_weight_offset": 0.0,
-           "query_pre_attn_scalar": cfg["hidden_size"] // cfg["num_attention_heads"] if n == 62 else cfg["head_dim"]}
-    if not g.has("rope.freq_base"):
-        out["rope_theta"] = 1_000_000.0  # transformers' Gemma 3 default for global layers
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if g.has(key):
-            out[key] = g.float(key, positive=True)
-    return out
 
 
 def _rope_scaling(reader, g, path, cfg):
@@ -187,32 +141,32 @@ def _rope_scaling(reader, g, path, cfg):
 class GGUFWeights:
     """A GGUF reader seen through Hugging Face tensor names (what VarBuilder asks for)."""
 
-    def __init__(self, reader, config):
+    def __init__(self, reader, config, arch):
         self.reader = reader
         self.path = getattr(reader, "path", "GGUF")
-        model_type = config["model_type"]
         self._names = {}   # HF name -> GGUF name
         self._splits = {}  # HF name -> (GGUF name, first row, rows)
-        fused_qkv = model_type == "phi"  # split into q/k/v below
+        fused = f".{arch.gguf_fused_qkv}." if arch.gguf_fused_qkv else None  # split into q/k/v below
         for name in reader.keys():
-            if name in _SETTINGS or (fused_qkv and ".attn_qkv." in name):
+            if name in _SETTINGS or (fused and fused in name):
                 continue
-            mapped = hf_name(name, model_type)
+            mapped = hf_name(name, arch)
             if mapped is None:
-                raise UnsupportedError(f"{self.path}: tensor {name!r} has no place in a {model_type} model")
+                raise UnsupportedError(f"{self.path}: tensor {name!r} has no place in a {arch.model_type} model")
             self._names[mapped] = name
-        if model_type == "phi":
-            self._split_fused_qkv(config)
+        if fused:
+            self._split_fused_qkv(config, fused)
         self._keys = frozenset(self._names) | frozenset(self._splits)
 
-    def _split_fused_qkv(self, config):
+    def _split_fused_qkv(self, config, fused):
         q_rows = config["num_attention_heads"] * config["head_dim"]
         kv_rows = config["num_key_value_heads"] * config["head_dim"]
-        for name in [n for n in self.reader.keys() if ".attn_qkv." in n]:
+        for name in [n for n in self.reader.keys() if fused in n]:
             m = _BLOCK_NAME.match(name)
             block, kind = m.group(1), m.group(3)
             prefix = f"model.layers.{block}.self_attn"
-            for part, start, rows in (("q_proj", 0, q_rows), ("k_proj", q_rows, kv_rows), ("v_proj", q_rows + kv_rows, kv_rows)):
+            parts = (("q_proj", 0, q_rows), ("k_proj", q_rows, kv_rows), ("v_proj", q_rows + kv_rows, kv_rows))
+            for part, start, rows in parts:
                 self._splits[f"{prefix}.{part}.{kind}"] = (name, start, rows)
 
     def keys(self):

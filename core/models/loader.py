@@ -1,6 +1,8 @@
 """tallow.load_model: a known name, a Hugging Face-layout directory or a GGUF
 file -> a ready model (with its tokenizer), dispatching on the config's
-model_type or the GGUF's general.architecture.
+model_type or the GGUF's general.architecture through the registry
+(architectures.py): nothing here names an architecture but Whisper, which is
+not a decoder-only model and has its own loader.
 
     model = tallow.load_model("smollm2-135m-instruct")          # fetched once into the cache
     model = tallow.load_model("path/to/hf_dir", device="python")
@@ -12,7 +14,7 @@ from ..config_fields import Fields
 from ..device import Device, default_device
 from ..errors import Error, FormatError
 from ..json_file import read_json
-from .architectures import decoder_class
+from .architectures import by_model_type
 from .config import DecoderConfig
 
 
@@ -54,7 +56,8 @@ def load_directory(path, device=None, dtype=None, weights=None):
         for tid in Fields(gen, gen_path).token_ids("eos_token_id", cfg.vocab_size):
             if tid not in cfg.eos_token_ids:
                 cfg.eos_token_ids.append(tid)
-    model = _build(decoder_class(model_type, path), io.open(path) if weights is None else weights, cfg, device, dtype)
+    model = _build(by_model_type(model_type, path).model_class, io.open(path) if weights is None else weights, cfg,
+                   device, dtype)
     if os.path.exists(os.path.join(path, "tokenizer.json")):
         from ..tokenizer import Tokenizer
         model.tokenizer = Tokenizer.from_file(path)
@@ -66,9 +69,9 @@ def load_gguf(path, device=None, dtype=None):
     from .. import io
     from .gguf_names import GGUFWeights, config_from_gguf
     reader = io.open(path, format="gguf")
-    raw = config_from_gguf(reader)
+    arch, raw = config_from_gguf(reader)
     cfg = DecoderConfig(raw, source=path)
-    model = _build(decoder_class(raw["model_type"], path), GGUFWeights(reader, raw), cfg, device, dtype)
+    model = _build(arch.model_class, GGUFWeights(reader, raw, arch), cfg, device, dtype)
     if "tokenizer.ggml.model" in reader.metadata:
         from ..tokenizer import Tokenizer
         model.tokenizer = Tokenizer.from_gguf(reader)
@@ -82,7 +85,7 @@ def load_model(name_or_path, device=None, dtype=None):
     path = _resolve(name_or_path)
     device = default_device() if device is None else Device(device)
     if os.path.isdir(path):
-        from ..converter import is_ctranslate2_dir, not_converted_error
+        from ..io.ctranslate2_convert import is_ctranslate2_dir, not_converted_error
         if is_ctranslate2_dir(path):  # a faster-whisper folder: its config.json is not a model config
             raise not_converted_error(path)
         if not os.path.exists(os.path.join(path, "config.json")):
@@ -92,7 +95,7 @@ def load_model(name_or_path, device=None, dtype=None):
         magic = f.read(4)
     if magic == b"GGUF":
         return load_gguf(path, device, dtype)
-    from ..converter import is_ctranslate2_model, not_converted_error
+    from ..io.ctranslate2_convert import is_ctranslate2_model, not_converted_error
     if is_ctranslate2_model(path):  # the model.bin of a faster-whisper folder
         raise not_converted_error(path)
     raise FormatError(f"{path}: not a model directory or a GGUF file (starts with {magic!r})")

@@ -243,6 +243,7 @@ class DecoderState:
 
 class Whisper(Module):
     """The model, its tokenizer and its mel filters. Call `transcribe` (whisper_transcribe.py)."""
+    kind = "whisper"  # what the model does (see CausalLM.kind)
 
     def __init__(self, vb, cfg, tokenizer=None, mel_filters=None, name="whisper"):
         self.config = cfg
@@ -314,12 +315,12 @@ def resolve(path_or_name, progress=True):
     if p.is_file() and p.name == "config.json":
         p = p.parent
     if p.is_dir():
-        from ..converter import is_ctranslate2_dir, not_converted_error
+        from ..io.ctranslate2_convert import is_ctranslate2_dir, not_converted_error
         if is_ctranslate2_dir(p):
             raise not_converted_error(p)
         return p
     if p.exists():
-        from ..converter import is_ctranslate2_model, not_converted_error
+        from ..io.ctranslate2_convert import is_ctranslate2_model, not_converted_error
         if is_ctranslate2_model(p):
             raise not_converted_error(p)
         raise FormatError(f"{p}: expected a Whisper model directory (config.json, model.safetensors, tokenizer.json)")

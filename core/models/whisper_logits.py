@@ -2,39 +2,31 @@
 operations the logit filters and token decoders need.
 
 The decoder's logits (a handful of rows of ~52k floats) are brought to the host
-once per step: the rules (suppression, timestamp pairing, beam ranking) are
-sequential, data-dependent decisions, so doing them on the host costs one
-transfer instead of many tiny device ops. numpy when it is importable, plain
-Python lists otherwise (Pyodide without numpy), with the same results.
+device once per step: the rules (suppression, timestamp pairing, beam ranking)
+are sequential, data-dependent decisions, so doing them on the host costs one
+transfer instead of many tiny device ops. They are tensor ops on the host backend
+(numpy's, or pure Python's where numpy is missing), so one implementation serves both.
 """
 import heapq
 import math
 
+from ..backends.host import host_device
+from ..creation import full, tensor
+from ..dtypes import f32, f64, i64
+
 NEG_INF = float("-inf")
+TOPK_ROWS = 32  # topk reads the column maxima of a (TOPK_ROWS, -1) view of a row first
 
 
-def _numpy():
-    try:
-        import numpy
-    except ImportError:
-        return None
-    return numpy
+def logit_rows(t):
+    """LogitRows over a (rows, vocab) tallow tensor (a copy on the host: filters write to it)."""
+    return LogitRows(t.to(host_device()).to(f32).clone())
 
 
-def logit_rows(t, use_numpy=None):
-    """LogitRows over a (rows, vocab) tallow tensor."""
-    np = _numpy() if use_numpy in (None, True) else None
-    if use_numpy and np is None:
-        raise ImportError("numpy is not installed")
-    return NumpyRows(t.numpy().astype(np.float32, copy=False)) if np is not None else PythonRows(t.tolist())
-
-
-class NumpyRows:
-    def __init__(self, array):
-        import numpy as np
-        self.np = np
-        self.a = np.array(array, dtype=np.float32).reshape(len(array), -1)
-        self.n, self.vocab = self.a.shape
+class LogitRows:
+    def __init__(self, a):
+        self.a = a
+        self.n, self.vocab = a.shape
 
     def suppress(self, k, start, end=None):
         """Row k (None: every row), tokens [start, end) become impossible."""
@@ -42,83 +34,50 @@ class NumpyRows:
 
     def suppress_ids(self, ids):
         if ids:
-            self.a[:, list(ids)] = NEG_INF
+            # one op whatever the count: -inf added at each id (repeats stay -inf)
+            index = tensor(list(ids), dtype=i64, device=self.a.device).expand(self.n, len(ids))
+            self.a = self.a.scatter_add(1, index, full((1, 1), NEG_INF, f32, self.a.device).expand(self.n, len(ids)))
 
     def max(self, k, start=0, end=None):
         part = self.a[k, start:end]
-        return float(part.max()) if part.size else NEG_INF
+        return part.max().item() if part.numel() else NEG_INF
 
     def logsumexp(self, k, start=0, end=None):
         part = self.a[k, start:end]
-        m = float(part.max()) if part.size else NEG_INF
+        m = part.max().item() if part.numel() else NEG_INF
         if m == NEG_INF:
             return NEG_INF
-        return m + math.log(float(self.np.exp(part - m, dtype=self.np.float32).sum(dtype=self.np.float64)))
+        return m + math.log((part - m).exp().to(f64).sum().item())  # exp in f32, summed in f64
 
     def argmax(self, k):
-        return int(self.a[k].argmax())
+        return self.a[k].argmax().item()  # the first of equal maxima: the lower id
 
     def topk(self, k, n, lse):
-        """The n most probable tokens of row k as (logprob, token), best first."""
+        """The n most probable tokens of row k as (logprob, token), best first; ties by lower id.
+        Seen as (TOPK_ROWS, cols), the row's columns are groups of tokens; the n-th largest value
+        is at least the n-th largest column maximum (n columns reach it), so only the columns
+        whose maximum reaches it (and the short tail) come to Python."""
         row = self.a[k]
-        n = min(n, row.size)
-        idx = self.np.argpartition(-row, n - 1)[:n]
-        idx = idx[self.np.lexsort((idx, -row[idx]))]  # by value, ties by lower id
-        return [(float(row[i]) - lse, int(i)) for i in idx]
+        n = min(n, self.vocab)
+        cols = self.vocab // TOPK_ROWS
+        whole = cols * TOPK_ROWS
+        grid = row.narrow(0, 0, whole).reshape(TOPK_ROWS, cols)
+        col_max = grid.max(0).tolist() if whole else []  # max down each column: a fast axis-0 reduce
+        cut = heapq.nlargest(n, col_max)[-1] if len(col_max) >= n else NEG_INF
+        picked = [c for c, m in enumerate(col_max) if m >= cut]
+        candidates = []
+        if picked:
+            values = grid.index_select(1, tensor(picked, dtype=i64, device=row.device)).tolist()
+            candidates = [(-v, r * cols + c) for r, vs in enumerate(values) for c, v in zip(picked, vs)]
+        candidates += [(-v, whole + i) for i, v in enumerate(row.narrow(0, whole, self.vocab - whole).tolist())]
+        return [(-v - lse, token) for v, token in heapq.nsmallest(n, candidates)]
 
     def value(self, k, token):
-        return float(self.a[k, token])
+        return self.a[k, token].item()
 
     def sample(self, k, temperature, rng):
-        z = self.a[k].astype(self.np.float64) / temperature
-        p = self.np.exp(z - z.max())
-        c = self.np.cumsum(p)
-        return int(min(self.np.searchsorted(c, rng.random() * c[-1], side="right"), self.vocab - 1))
-
-
-class PythonRows:
-    def __init__(self, rows):
-        self.a = [list(map(float, r)) for r in rows]
-        self.n, self.vocab = len(self.a), len(self.a[0]) if self.a else 0
-
-    def suppress(self, k, start, end=None):
-        for r in (self.a if k is None else [self.a[k]]):
-            stop = len(r) if end is None else min(end, len(r))
-            if stop > start:
-                r[start:stop] = [NEG_INF] * (stop - start)
-
-    def suppress_ids(self, ids):
-        for r in self.a:
-            for i in ids:
-                r[i] = NEG_INF
-
-    def max(self, k, start=0, end=None):
-        part = self.a[k][start:end]
-        return max(part) if part else NEG_INF
-
-    def logsumexp(self, k, start=0, end=None):
-        part = self.a[k][start:end]
-        m = max(part) if part else NEG_INF
-        if m == NEG_INF:
-            return NEG_INF
-        exp = math.exp
-        return m + math.log(math.fsum(exp(x - m) for x in part))
-
-    def argmax(self, k):
-        row = self.a[k]
-        return row.index(max(row))
-
-    def topk(self, k, n, lse):
-        row = self.a[k]
-        cut = heapq.nlargest(n, row)[-1]  # C-speed on floats; then only the few at or above it
-        best = sorted((-x, i) for i, x in enumerate(row) if x >= cut)[:n]
-        return [(-x - lse, i) for x, i in best]
-
-    def value(self, k, token):
-        return self.a[k][token]
-
-    def sample(self, k, temperature, rng):
-        row = self.a[k]
-        m = max(row)
-        weights = [math.exp((x - m) / temperature) for x in row]
-        return rng.choices(range(len(row)), weights=weights)[0]
+        """A token drawn with probability softmax(row / temperature), by one uniform draw of rng."""
+        z = self.a[k].to(f64) / temperature
+        cumulative = (z - z.max()).exp().cumsum(0)
+        draw = rng.random() * cumulative[-1].item()
+        return min((cumulative <= draw).sum().item(), self.vocab - 1)

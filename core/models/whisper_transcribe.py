@@ -155,7 +155,7 @@ def transcribe(model, audio, language=None, task="transcribe", beam_size=None, b
                length_penalty=None, temperature=DEFAULT_TEMPERATURES, compression_ratio_threshold=2.4,
                logprob_threshold=-1.0, no_speech_threshold=0.6, condition_on_previous_text=True,
                initial_prompt=None, timestamps=True, suppress_tokens="-1", suppress_blank=True,
-               max_initial_timestamp=1.0, seed=0, on_segment=None):
+               max_initial_timestamp=1.0, seed=0, on_segment=None, on_window=None):
     """Transcribe (or translate to English) audio of any length.
 
     audio: a path or file bytes (WAV; other formats through ffmpeg), or mono float
@@ -166,6 +166,8 @@ def transcribe(model, audio, language=None, task="transcribe", beam_size=None, b
     (compression_ratio_threshold) or too improbable (logprob_threshold).
     timestamps=False decodes without timestamp tokens (one segment per window).
     on_segment: called with each Segment as soon as it is final.
+    on_window: called after each window with the seconds of audio done so far (progress
+    for a caller that shows it; silent windows count too).
     Returns a TranscriptionResult: .text, .segments (.start, .end, .text), .language.
     """
     tok = model.tokens
@@ -208,6 +210,8 @@ def transcribe(model, audio, language=None, task="transcribe", beam_size=None, b
         if no_speech_threshold is not None and result.no_speech_prob > no_speech_threshold and \
                 not (logprob_threshold is not None and result.avg_logprob > logprob_threshold):
             seek += size  # silence
+            if on_window is not None:
+                on_window(seek * HOP_LENGTH / SAMPLE_RATE)
             continue
 
         new = []  # (start, end, tokens)
@@ -249,6 +253,8 @@ def transcribe(model, audio, language=None, task="transcribe", beam_size=None, b
                 on_segment(seg)
         if not condition_on_previous_text or result.temperature > 0.5:
             prompt_reset_since = len(all_tokens)
+        if on_window is not None:
+            on_window(seek * HOP_LENGTH / SAMPLE_RATE)
 
     text = tok.decode_text(all_tokens[n_initial:])
     return TranscriptionResult(text, segments, language, mel.mel.duration or 0.0)

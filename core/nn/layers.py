@@ -61,7 +61,8 @@ class RMSNorm(Module):
 
 
 class Conv1d(Module):
-    def __init__(self, vb, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True):
+    def __init__(self, vb, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True):
         self.weight = vb.get((out_channels, in_channels // groups, kernel_size), "weight")
         self.bias = vb.get((out_channels,), "bias") if bias else None
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups

@@ -110,16 +110,16 @@ def decode_block(fmt, raw, raw8, table, buf):
             n1 = dmin * np.float32(m1)
             n2 = dmin * np.float32(m2)
             base = 64 * g
-            for l in range(32):
-                b = np.int32(raw[ql + 32 * g + l])
+            for j in range(32):
+                b = np.int32(raw[ql + 32 * g + j])
                 lo = b & 0x0F
                 hi = b >> 4
                 if fmt == 6:
-                    h = np.int32(raw[o + 16 + l])
+                    h = np.int32(raw[o + 16 + j])
                     lo |= ((h >> (2 * g)) & 1) << 4
                     hi |= ((h >> (2 * g + 1)) & 1) << 4
-                buf[bo + base + l] = d1 * np.float32(lo) - n1
-                buf[bo + base + 32 + l] = d2 * np.float32(hi) - n2
+                buf[bo + base + j] = d1 * np.float32(lo) - n1
+                buf[bo + base + 32 + j] = d2 * np.float32(hi) - n2
     else:  # fmt 7, q6_k: 16 sub-blocks of 16 with int8 scales; 4 low bits in ql, 2 high in qh
         d = _f16(raw, o + 208, table)
         for half in range(2):
@@ -127,19 +127,19 @@ def decode_block(fmt, raw, raw8, table, buf):
             qh = o + 128 + 32 * half
             sc = o + 192 + 8 * half
             base = 128 * half
-            for l in range(32):
-                s = l // 16
-                a = np.int32(raw[ql + l])
-                c = np.int32(raw[ql + l + 32])
-                h = np.int32(raw[qh + l])
+            for j in range(32):
+                s = j // 16
+                a = np.int32(raw[ql + j])
+                c = np.int32(raw[ql + j + 32])
+                h = np.int32(raw[qh + j])
                 q1 = ((a & 0x0F) | ((h & 3) << 4)) - 32
                 q2 = ((c & 0x0F) | (((h >> 2) & 3) << 4)) - 32
                 q3 = ((a >> 4) | (((h >> 4) & 3) << 4)) - 32
                 q4 = ((c >> 4) | (((h >> 6) & 3) << 4)) - 32
-                buf[bo + base + l] = d * _i8(raw, sc + s) * np.float32(q1)
-                buf[bo + base + l + 32] = d * _i8(raw, sc + s + 2) * np.float32(q2)
-                buf[bo + base + l + 64] = d * _i8(raw, sc + s + 4) * np.float32(q3)
-                buf[bo + base + l + 96] = d * _i8(raw, sc + s + 6) * np.float32(q4)
+                buf[bo + base + j] = d * _i8(raw, sc + s) * np.float32(q1)
+                buf[bo + base + j + 32] = d * _i8(raw, sc + s + 2) * np.float32(q2)
+                buf[bo + base + j + 64] = d * _i8(raw, sc + s + 4) * np.float32(q3)
+                buf[bo + base + j + 96] = d * _i8(raw, sc + s + 6) * np.float32(q4)
 
 
 @njit(cache=True, parallel=True, fastmath=True)

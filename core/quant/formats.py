@@ -5,7 +5,8 @@ A block format stores `block_size` consecutive elements of a row in
 `block_bytes` bytes (scales + packed integers). The layouts follow ggml's
 `block_q4_0`, ..., `block_q8_K` structs (all little-endian).
 """
-from ..dtypes import DType, register, get_dtype
+from ..dtypes import QUANTIZED, get_dtype
+from ..errors import DTypeError
 
 QK_K = 256  # elements per super-block of the k-quants
 
@@ -25,8 +26,8 @@ GGML_TYPES = {
     39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
 }
 
-# The block formats tallow decodes, as tallow dtypes (name = lower-case GGUF name).
-QUANT_NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_k")
+# The block formats tallow decodes: the block dtypes tallow.dtypes declares.
+QUANT_NAMES = tuple(d.name for d in QUANTIZED)
 
 _GGML_ID_BY_NAME = {name.lower(): tid for tid, (name, _, _) in GGML_TYPES.items()}
 
@@ -36,26 +37,15 @@ GGML_TO_DTYPE.update({_GGML_ID_BY_NAME[q]: q for q in QUANT_NAMES})
 DTYPE_TO_GGML = {v: k for k, v in GGML_TO_DTYPE.items()}
 
 
-def _register_all():
-    for q in QUANT_NAMES:
-        _, block_size, block_bytes = GGML_TYPES[_GGML_ID_BY_NAME[q]]
-        register(DType(q, 0, "q", None, None, 0, block_size=block_size, block_bytes=block_bytes))
-
-
-_register_all()
-
-
 def quant_dtype(qtype):
     """The registered block DType for a name ('q4_0'), a DType, or a ggml type id."""
     if isinstance(qtype, int):
         name = GGML_TO_DTYPE.get(qtype)
         if name is None or name not in QUANT_NAMES:
-            from ..errors import DTypeError
             raise DTypeError(f"ggml type {qtype} ({ggml_type_name(qtype)}) is not a block format tallow supports; supported: {', '.join(QUANT_NAMES)}")
         return get_dtype(name)
     d = get_dtype(qtype)
     if not d.is_quantized:
-        from ..errors import DTypeError
         raise DTypeError(f"{d.name} is not a quantised block dtype; supported: {', '.join(QUANT_NAMES)}")
     return d
 

@@ -33,7 +33,8 @@ class BPE:
                 key = (vocab[left], vocab[right])
                 self.merges[key] = (rank, vocab[merged])  # a repeated pair: the last wins, as in `tokenizers`
             except KeyError as e:
-                raise FormatError(f"BPE merge {left!r} {right!r} uses a token missing from the vocabulary: {e}") from None
+                raise FormatError(f"BPE merge {left!r} {right!r} uses a token missing from the vocabulary: "
+                                  f"{e}") from None
         self._cache = {}
 
     @staticmethod

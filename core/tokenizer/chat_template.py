@@ -37,7 +37,7 @@ def _strftime_now(fmt):
 def _jinja():
     try:
         import jinja2
-        import jinja2.sandbox  # noqa: F401
+        import jinja2.sandbox
     except ImportError:
         raise UnsupportedError("apply_chat_template needs jinja2 (pip install jinja2)") from None
     return jinja2
@@ -69,7 +69,7 @@ def _environment():
         def call_binop(self, context, operator, left, right):
             return limits.bounded_binop(operator, left, right)
 
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+        def call(__self, __context, __obj, *args, **kwargs):
             def sandboxed(obj, *a, **k):
                 return ImmutableSandboxedEnvironment.call(__self, __context, obj, *a, **k)
             return limits.bounded_call(sandboxed, __obj, args, kwargs)

@@ -139,7 +139,8 @@ def _byte_level_components(meta, vocab, source):
     merges = _string_list(meta, "tokenizer.ggml.merges", source, allow_empty=True)
     pre = meta.get("tokenizer.ggml.pre", "gpt2")
     if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
-        raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(PRE_TOKENIZERS))})")
+        raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported "
+                               f"(known: {', '.join(sorted(PRE_TOKENIZERS))})")
     pre_tokenizer, normalizer, ignore_merges, default_bos = PRE_TOKENIZERS[pre]
     model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
              "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,

@@ -19,7 +19,8 @@ class LibraryTokenizer:
         try:
             import tokenizers
         except ImportError:
-            raise UnsupportedError("backend='tokenizers' needs the `tokenizers` package (pip install tokenizers)") from None
+            raise UnsupportedError("backend='tokenizers' needs the `tokenizers` package "
+                                   "(pip install tokenizers)") from None
         try:
             self.tok = tokenizers.Tokenizer.from_str(json.dumps(spec))
         except Exception as e:  # the library raises plain Exception on bad JSON

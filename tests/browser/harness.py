@@ -12,15 +12,22 @@ also keeps the Cache API between page loads.
 import json
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 WEB = os.path.join(REPO_ROOT, "web")
 CHROMIUM = os.environ.get("TALLOW_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--enable-unsafe-webgpu"]
+                 "--disable-component-update", "--disable-sync", "--enable-unsafe-webgpu",
+                 # a fake microphone (a beep) without a permission prompt, and audio that starts unprompted
+                 "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                 "--autoplay-policy=no-user-gesture-required"]
 # Messages Chromium itself prints for a headless, GPU-less machine; they are not page errors.
 BENIGN_CONSOLE = ("Failed to create WebGPU Context Provider",)
 
@@ -46,6 +53,45 @@ def load_web_module(name):
         sys.modules[key] = module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return sys.modules[key]
+
+
+class PlainStaticServer:
+    """`python3 -m http.server` in a subprocess: what any static host does, with nothing of tallow's
+    server (no byte ranges, no request log). Same start/close/url as StaticServer."""
+
+    def __init__(self, dist):
+        self.dist = dist
+        self.process = None
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/"
+
+    def start(self, timeout_s=20):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "http.server", str(self.port), "--bind", "127.0.0.1", "--directory", self.dist],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "site.json", timeout=2).close()
+                return self
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError(f"python -m http.server did not start on port {self.port}")
+                time.sleep(0.1)
+
+    def close(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 class DemoBrowser:
@@ -76,18 +122,21 @@ class DemoBrowser:
             self.server.close()
             shutil.rmtree(self._profile, ignore_errors=True)
 
-    def open(self, query="", timeout_s=90):
+    def open(self, query="", timeout_s=90, base_url=None, viewport=None):
+        """A new page on the demo (base_url: another server of the same folder), booted."""
         page = self.context.new_page()
+        if viewport:
+            page.set_viewport_size(viewport)
         self.watch(page)
-        self.goto(page, query, timeout_s)
+        self.goto(page, query, timeout_s, base_url)
         return page
 
     def watch(self, page):
         page.on("console", lambda m: self.console.append((m.type, m.text)))
         page.on("pageerror", lambda e: self.console.append(("pageerror", str(e))))
 
-    def goto(self, page, query="", timeout_s=90):
-        page.goto(self.server.url + query)
+    def goto(self, page, query="", timeout_s=90, base_url=None):
+        page.goto((base_url or self.server.url) + query)
         page.wait_for_selector("body[data-ready]", timeout=timeout_s * 1000)
 
     def errors(self):
@@ -122,6 +171,21 @@ class DemoBrowser:
 
     def dismiss_error(self, page):
         page.evaluate("document.getElementById('error').hidden = true")
+
+    @staticmethod
+    def record_texts(page, selector):
+        """Start keeping every text `selector` shows (a status line); read them with recorded_texts."""
+        page.evaluate("""(sel) => {
+            const el = document.querySelector(sel);
+            window.__texts = window.__texts || {};
+            const log = window.__texts[sel] = [el.textContent];
+            new MutationObserver(() => { if (log[log.length - 1] !== el.textContent) log.push(el.textContent); })
+                .observe(el, {childList: true, characterData: true, subtree: true});
+        }""", selector)
+
+    @staticmethod
+    def recorded_texts(page, selector):
+        return page.evaluate("(sel) => window.__texts[sel]", selector)
 
 
 def manifest(dist):

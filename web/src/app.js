@@ -1,5 +1,6 @@
 // The page: talks to worker.mjs by messages and never runs Python itself.
 import { prepareFile, startRecording } from "./audio.js";
+import { transcriptAs } from "./transcript.js";
 
 const $ = (id) => document.getElementById(id);
 const workerUrl = new URL("worker.mjs", import.meta.url);
@@ -10,60 +11,97 @@ for (const [name, value] of new URL(location.href).searchParams) {
 const worker = new Worker(workerUrl, { type: "module" });
 
 let nextId = 1;
-const pending = new Map(); // id -> {resolve, reject, onEvent}
+const pending = new Map(); // id -> {resolve, reject, onEvent, status}
 const loaded = new Map(); // model key -> load info
 let manifest = { models: {} };
+let site = {};
 let info = null;
+let cacheState = { models: {} };
 let resolveReady;
 const ready = new Promise((r) => (resolveReady = r));
 
-// request(type, fields, onEvent) -> Promise of the worker's result value.
-function request(type, fields = {}, onEvent = null, transfer = []) {
+// Where progress goes: the status line next to the control that started the work (a phone
+// shows the panel the user is in, not the top of the page).
+const statusOf = { speech: "speech-status", chat: "chat-status", models: "status" };
+
+// request(type, fields, onEvent, transfer, panel) -> Promise of the worker's result value.
+function request(type, fields = {}, onEvent = null, transfer = [], panel = null) {
   const id = nextId++;
   return new Promise((resolve, reject) => {
-    pending.set(id, { resolve, reject, onEvent });
+    pending.set(id, { resolve, reject, onEvent, panel });
     worker.postMessage({ type, id, ...fields }, transfer);
   });
 }
 
 function showError(message) {
-  const box = $("error");
-  box.textContent = message;
-  box.hidden = false;
-  clearTimeout(showError.timer);
-  showError.timer = setTimeout(() => (box.hidden = true), 15000);
+  $("error-text").textContent = message;
+  $("error").hidden = false;
 }
+$("error-dismiss").onclick = () => ($("error").hidden = true);
 
-function setStatus(text) {
-  $("status").textContent = text;
+function setStatus(text, panel = "models", failed = false) {
+  const el = $(statusOf[panel] || "status");
+  el.textContent = text;
+  el.classList.toggle("failed", failed);
 }
 
 function mb(bytes) {
   return `${(bytes / 1e6).toFixed(1)} MB`;
 }
 
+function duration(seconds) {
+  if (seconds < 90) return `${Math.max(1, Math.round(seconds))} s`;
+  if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+function showProgress(msg, panel) {
+  if (msg.boot) {
+    $("status").textContent = msg.total ? `${msg.stage}: ${mb(msg.loaded)} of ${mb(msg.total)}` : `${msg.stage}…`;
+    $("progress").hidden = !msg.total;
+    if (msg.total) $("progress").value = msg.loaded / msg.total;
+    return;
+  }
+  const file = msg.file ? ` (${msg.file.name}: ${mb(msg.file.loaded)} of ${mb(msg.file.total)}${msg.file.parts ? `, ${msg.file.parts} parts` : ""})` : "";
+  const text = msg.total ? `${msg.stage}: ${mb(msg.loaded)} of ${mb(msg.total)}${file}` : `${msg.stage}…`;
+  setStatus(text, panel);
+  if (msg.model) {
+    const cell = document.querySelector(`#models tr[data-model="${msg.model}"] .state`);
+    if (cell) cell.textContent = msg.total ? `${mb(msg.loaded)} of ${mb(msg.total)}` : msg.stage;
+  }
+  const bar = panel === "speech" ? $("speech-progress") : panel === "models" ? $("progress") : null;
+  if (bar) {
+    bar.hidden = !msg.total;
+    if (msg.total) bar.value = msg.loaded / msg.total;
+  }
+}
+
 worker.onmessage = (ev) => {
   const msg = ev.data;
   if (msg.type === "progress") {
-    const bar = $("progress");
-    setStatus(msg.total ? `${msg.stage}: ${mb(msg.loaded)} of ${mb(msg.total)}` : `${msg.stage}…`);
-    bar.hidden = !msg.total;
-    if (msg.total) bar.value = msg.loaded / msg.total;
+    const loading = [...pending.values()].find((p) => p.panel);
+    showProgress(msg, loading ? loading.panel : "models");
     return;
   }
   if (msg.type === "ready") {
     info = msg.info;
     manifest = msg.manifest;
+    site = msg.site;
+    $("progress").hidden = true;
     showDevice();
     showModels();
+    refreshCache();
+    $("status").textContent = `Ready in ${info.ready_s.toFixed(1)} s (Pyodide ${info.pyodide}, tallow ${info.tallow}, ` +
+      `${mb(info.runtime_bytes)} downloaded).`;
+    enableControls();
     showChatModels();
-    setStatus(`Ready in ${info.ready_s.toFixed(1)} s (Pyodide ${info.pyodide}, tallow ${info.tallow}).`);
     document.body.dataset.ready = "1";
     resolveReady(info);
     return;
   }
   if (msg.type === "fatal") {
-    setStatus("Python failed to start.");
+    $("status").textContent = "Python failed to start.";
+    for (const panel of ["speech", "chat"]) setStatus("Python failed to start: this panel cannot work (see the error).", panel, true);
     showError(msg.message);
     console.warn(msg.traceback);
     return;
@@ -77,10 +115,47 @@ worker.onmessage = (ev) => {
     pending.delete(msg.id);
     console.warn(msg.traceback || msg.message);
     p.reject(new Error(msg.message));
+  } else if (msg.type === "queued" && p.panel) {
+    setStatus(msg.booting ? "Queued: Python is still starting; this runs as soon as it is ready." :
+      `Queued behind ${msg.ahead} earlier request${msg.ahead === 1 ? "" : "s"}; it runs when ${msg.ahead === 1 ? "that finishes" : "they finish"}.`, p.panel);
+    if (p.onEvent) p.onEvent(msg);
   } else if (p.onEvent) {
     p.onEvent(msg);
   }
 };
+
+const CONTROLS = ["open-model", "open-folder", "example", "audio-file", "record", "timestamps", "language", "task",
+                  "chat-input", "max-tokens", "send", "reset"];
+function enableControls() {
+  for (const id of CONTROLS) $(id).disabled = false;
+  const speech = modelOfKind("whisper");
+  setStatus(speech ? cpuWarning("whisper") || "Ready: try the example clip, pick a file or record." :
+    "No speech model on this site: run `tallow fetch whisper-tiny.en` and rebuild.", "speech");
+  const chat = modelOfKind("llm");
+  setStatus(chat ? cpuWarning("llm") || "Ready: type a message." :
+    "No chat model on this site: run `tallow fetch smollm2-135m-instruct` and rebuild.", "chat");
+  showLanguageChoice();
+}
+
+// ---- without WebGPU: say up front what will be slow -------------------------------------------
+// manifest cost (FLOPs of the work, from web/build.py) / the FLOP/s the worker measured at boot.
+function estimateSeconds(kind, amount) {
+  if (!info || !info.cpu_speed) return null;
+  const key = modelOfKind(kind);
+  const cost = key && manifest.models[key] && manifest.models[key].cost;
+  if (!cost) return null;
+  const flops = kind === "whisper" ? cost.flops_per_window * Math.max(1, Math.ceil(amount / 30)) : cost.flops_per_token * amount;
+  return flops / info.cpu_speed.flops_per_s;
+}
+
+function cpuWarning(kind) {
+  if (!info || !info.cpu_speed) return "";
+  const s = kind === "whisper" ? estimateSeconds("whisper", 30) : estimateSeconds("llm", 64 + 30);
+  if (s === null) return "";
+  return kind === "whisper" ?
+    `No WebGPU: on this CPU 30 s of speech takes about ${duration(s)}. It still runs when asked (one request at a time).` :
+    `No WebGPU: on this CPU a 64-token reply takes about ${duration(s)}. It still runs when asked (one request at a time).`;
+}
 
 function showDevice() {
   const rows = [["Python", `Pyodide ${info.pyodide}, tallow ${info.tallow}${info.numpy ? ", numpy" : ""}`],
@@ -91,6 +166,7 @@ function showDevice() {
   } else {
     rows.push(["WebGPU", `not available, running on the CPU fallback: ${info.gpu_error || "disabled"}`]);
   }
+  if (info.cpu_speed) rows.push(["CPU speed", `${(info.cpu_speed.flops_per_s / 1e6).toFixed(0)} MFLOP/s (measured: a small matmul)`]);
   $("device").innerHTML = "";
   for (const [k, v] of rows) {
     const dt = document.createElement("dt");
@@ -100,6 +176,18 @@ function showDevice() {
     $("device").append(dt, dd);
   }
   $("device").dataset.device = info.device;
+  const note = $("cpu-note");
+  const warnings = [cpuWarning("whisper"), cpuWarning("llm")].filter(Boolean);
+  note.hidden = !warnings.length;
+  note.textContent = warnings.length ? `Without WebGPU this page computes in pure Python. ${warnings.join(" ")} ` +
+    "Use Chrome or Edge with WebGPU for usable speed." : "";
+}
+
+function storageText(key, m) {
+  const c = cacheState.models[key];
+  if (m.missing) return "—";
+  if (!c || !c.bytes) return "not downloaded";
+  return c.files === c.of ? `cached (${mb(c.bytes)})` : `partly cached (${mb(c.bytes)} of ${mb(m.bytes)})`;
 }
 
 function showModels() {
@@ -108,29 +196,59 @@ function showModels() {
   for (const [key, m] of Object.entries(manifest.models)) {
     const tr = document.createElement("tr");
     tr.dataset.model = key;
-    const state = loaded.has(key) ? `loaded on ${loaded.get(key).device} in ${loaded.get(key).seconds.toFixed(1)} s` : m.missing || "not loaded";
-    tr.innerHTML = `<td></td><td>${m.bytes ? mb(m.bytes) : "—"}</td><td class="state"></td><td></td>`;
+    const l = loaded.get(key);
+    const state = l ? `loaded on ${l.device} in ${l.seconds.toFixed(1)} s` : m.missing || "not loaded";
+    tr.innerHTML = `<td></td><td>${m.bytes ? mb(m.bytes) : "—"}</td><td class="storage"></td><td class="state"></td><td class="actions"></td>`;
     tr.cells[0].textContent = m.title;
-    tr.cells[2].textContent = state;
-    if (!m.missing && !loaded.has(key)) {
+    tr.cells[2].textContent = key.startsWith("local-") ? "from disk" : storageText(key, m);
+    tr.cells[3].textContent = state;
+    if (!m.missing && !l) {
       const b = document.createElement("button");
       b.textContent = "Load";
-      b.onclick = () => ensureModel(key).catch((e) => showError(e.message));
-      tr.cells[3].append(b);
+      b.setAttribute("aria-label", `Load ${m.title}`);
+      b.disabled = !info;
+      b.onclick = () => ensureModel(key, "models").catch((e) => fail(e, "models"));
+      tr.cells[4].append(b);
+    }
+    const c = cacheState.models[key];
+    if (c && c.bytes) {
+      const d = document.createElement("button");
+      d.textContent = "Delete";
+      d.setAttribute("aria-label", `Delete the cached files of ${m.title}`);
+      d.onclick = () => deleteCached(key).catch((e) => fail(e, "models"));
+      tr.cells[4].append(d);
     }
     body.append(tr);
   }
 }
 
+async function refreshCache() {
+  cacheState = await request("cache-list");
+  $("storage").textContent = cacheState.usage !== null ?
+    `Browser storage used by this site: ${mb(cacheState.usage)}${cacheState.quota ? ` of ${mb(cacheState.quota)} allowed` : ""}.` : "";
+  showModels();
+  return cacheState;
+}
+
+async function deleteCached(key) {
+  const r = await request("cache-delete", { model: key });
+  await refreshCache();
+  setStatus(`Deleted ${r.deleted} cached file${r.deleted === 1 ? "" : "s"} of ${manifest.models[key].title}` +
+    (loaded.has(key) ? " (it stays loaded until the page is reloaded)." : "."));
+}
+
 const loading = new Map();
-function ensureModel(key) {
+function ensureModel(key, panel) {
   if (!loading.has(key)) {
-    const p = request("load", { model: key }).then((v) => {
+    const p = request("load", { model: key }, null, [], panel).then((v) => {
       loaded.set(key, v);
       showModels();
       showChatModels();
-      setStatus(`${key} loaded on ${v.device} in ${v.seconds.toFixed(1)} s${v.from_cache ? " (files from browser storage)" : ""}.`);
+      setStatus(`${manifest.models[key].title} loaded on ${v.device} in ${v.load_s.toFixed(1)} s` +
+        `${v.from_cache === v.bytes ? " (files from browser storage)" : ` (${mb(v.bytes - v.from_cache)} downloaded)`}.`, panel);
       $("progress").hidden = true;
+      showLanguageChoice();
+      refreshCache().catch(() => {});
       return v;
     });
     p.catch(() => loading.delete(key));
@@ -144,47 +262,106 @@ function modelOfKind(kind) {
   return Object.keys(manifest.models).find((k) => manifest.models[k].kind === kind && !manifest.models[k].missing);
 }
 
+function fail(e, panel) {
+  setStatus(`Failed: ${e.message.split("\n")[0].slice(0, 200)}`, panel, true);
+  showError(e.message);
+}
+
+function guarded(fn, panel) {
+  return (...args) => fn(...args).catch((e) => fail(e, panel));
+}
+
 // ---- speech -------------------------------------------------------------------
-async function transcribe(fields, transfer) {
+function showLanguageChoice() {
+  const key = modelOfKind("whisper");
+  const l = key && loaded.get(key);
+  const multilingual = l ? l.multilingual : !!(key && manifest.models[key].multilingual);
+  $("multilingual").hidden = !multilingual;
+  if (l && l.languages && $("language").options.length !== l.languages.length + 1) {
+    $("language").innerHTML = '<option value="">detect</option>';
+    for (const code of l.languages) $("language").append(new Option(code, code));
+  }
+  if (key) $("speech-model").textContent = manifest.models[key].title;
+}
+
+let lastTranscript = null;
+let speechBusy = 0;
+
+async function transcribe(fields, transfer, label) {
+  const key = modelOfKind("whisper");
+  if (!key) throw new Error("no speech model on this site: run `tallow fetch whisper-tiny.en` and rebuild");
+  speechBusy += 1;
   $("segments").innerHTML = "";
   $("transcript").textContent = "";
   $("speech-stats").textContent = "";
-  const key = modelOfKind("whisper");
-  if (!key) throw new Error("no speech model on this site: run `tallow fetch whisper-tiny.en` and rebuild");
-  if (!loaded.has(key)) await ensureModel(key);
-  setStatus("Transcribing…");
-  const onEvent = (msg) => {
-    if (msg.type !== "segment") return;
-    const li = document.createElement("li");
-    li.textContent = `[${msg.segment.start.toFixed(2)} → ${msg.segment.end.toFixed(2)}] ${msg.segment.text}`;
-    $("segments").append(li);
-  };
-  const timestamps = $("timestamps").checked;
-  const r = await request("transcribe", { model: key, timestamps, ...fields }, onEvent, transfer);
-  $("transcript").textContent = r.text;
-  $("speech-stats").textContent = `${r.duration.toFixed(1)} s of audio in ${r.seconds.toFixed(1)} s: real-time factor ${r.rtf.toFixed(2)} (on ${loaded.get(key).device})`;
-  setStatus("Transcribed.");
-  return r;
+  $("export").hidden = true;
+  try {
+    if (!loaded.has(key)) await ensureModel(key, "speech");
+    const audioSeconds = fields.samples ? fields.audio.length / 16000 : null;
+    const estimate = audioSeconds !== null ? estimateSeconds("whisper", audioSeconds) : null;
+    setStatus(`Transcribing ${label}…${estimate ? ` (no WebGPU: about ${duration(estimate)})` : ""}`, "speech");
+    const bar = $("speech-progress");
+    bar.hidden = false;
+    bar.removeAttribute("value"); // indeterminate until the first window is done
+    const onEvent = (msg) => {
+      if (msg.type === "segment") {
+        const li = document.createElement("li");
+        li.textContent = `[${msg.segment.start.toFixed(2)} → ${msg.segment.end.toFixed(2)}] ${msg.segment.text.trim()}`;
+        $("segments").append(li);
+      } else if (msg.type === "window") {
+        bar.value = msg.done_s / msg.duration;
+        const left = msg.left_s !== null && msg.done_s < msg.duration ? `, about ${duration(msg.left_s)} left` : "";
+        setStatus(`Transcribing ${label}: ${msg.done_s.toFixed(0)} of ${msg.duration.toFixed(0)} s of audio done${left}.`, "speech");
+      } else if (msg.type === "started") {
+        setStatus(`Transcribing ${label}…${estimate ? ` (no WebGPU: about ${duration(estimate)})` : ""}`, "speech");
+      }
+    };
+    const language = $("multilingual").hidden ? null : $("language").value || null;
+    const task = $("multilingual").hidden ? "transcribe" : $("task").value;
+    const r = await request("transcribe", { model: key, timestamps: $("timestamps").checked, language, task, ...fields },
+      onEvent, transfer, "speech");
+    bar.hidden = true;
+    lastTranscript = r;
+    $("transcript").textContent = r.no_speech ? (r.text ? `No speech detected (the model rates it as probably not speech; ` +
+      `its guess was “${r.text}”).` : "No speech detected.") : r.text;
+    $("transcript").dataset.noSpeech = r.no_speech ? "1" : "";
+    $("export").hidden = r.no_speech;
+    if (r.no_speech) $("segments").innerHTML = ""; // the guesses streamed in while it ran
+    $("speech-stats").textContent = `${r.duration.toFixed(1)} s of audio in ${r.seconds.toFixed(1)} s: real-time factor ${r.rtf.toFixed(2)} (on ${loaded.get(key).device})`;
+    setStatus(r.no_speech ? `No speech detected in ${label}.` : `Transcribed ${label}: ${r.segments.length} segment${r.segments.length === 1 ? "" : "s"}.`, "speech");
+    return r;
+  } finally {
+    speechBusy -= 1;
+    if (!speechBusy) $("speech-progress").hidden = true;
+  }
+}
+
+function preview(blob) {
+  const audio = $("preview");
+  if (audio.src) URL.revokeObjectURL(audio.src);
+  audio.src = URL.createObjectURL(blob);
+  audio.hidden = false;
 }
 
 async function transcribeFile(file) {
   const bytes = await file.arrayBuffer();
   const fields = await prepareFile(file.name, bytes);
-  return transcribe(fields, [fields.audio.buffer]);
+  preview(file);
+  return transcribe(fields, [fields.audio.buffer], file.name);
 }
 
-function guarded(fn) {
-  return (...args) => fn(...args).catch((e) => {
-    setStatus("Failed (see the message below).");
-    showError(e.message);
-  });
-}
-
+$("example").onclick = guarded(async () => {
+  setStatus("Fetching the example clip…", "speech");
+  const r = await fetch(site.example);
+  if (!r.ok) throw new Error(`${site.example}: HTTP ${r.status} (the site was built without its example clip)`);
+  const name = site.example.split("/").pop();
+  await transcribeFile(new File([await r.blob()], name, { type: "audio/wav" }));
+}, "speech");
 $("audio-file").onchange = guarded(async (ev) => {
   const file = ev.target.files[0];
   ev.target.value = "";
   if (file) await transcribeFile(file);
-});
+}, "speech");
 const drop = $("drop");
 drop.ondragover = (ev) => { ev.preventDefault(); drop.classList.add("over"); };
 drop.ondragleave = () => drop.classList.remove("over");
@@ -192,8 +369,9 @@ drop.ondrop = guarded(async (ev) => {
   ev.preventDefault();
   drop.classList.remove("over");
   const file = ev.dataTransfer.files[0];
-  if (file) await transcribeFile(file);
-});
+  if (file && info) await transcribeFile(file);
+  else if (file) throw new Error("Python is still starting: drop the file again when the page says Ready");
+}, "speech");
 let recorder = null;
 $("record").onclick = guarded(async () => {
   const button = $("record");
@@ -201,19 +379,57 @@ $("record").onclick = guarded(async () => {
     recorder = await startRecording();
     button.textContent = "■ Stop and transcribe";
     button.classList.add("recording");
+    setStatus("Recording… press Stop and transcribe when done.", "speech");
     return;
   }
   const r = recorder;
   recorder = null;
-  button.textContent = "● Record";
+  button.textContent = "● Record from the microphone";
   button.classList.remove("recording");
   const samples = await r.stop();
-  await transcribe({ audio: samples, samples: true }, [samples.buffer]);
-});
+  preview(wavBlob(samples));
+  await transcribe({ audio: samples, samples: true }, [samples.buffer], "the recording");
+}, "speech");
+
+// 16-bit PCM WAV of 16 kHz samples, for the audio preview of a recording.
+function wavBlob(samples) {
+  const view = new DataView(new ArrayBuffer(44 + samples.length * 2));
+  const text = (at, s) => [...s].forEach((c, i) => view.setUint8(at + i, c.charCodeAt(0)));
+  text(0, "RIFF"); view.setUint32(4, 36 + samples.length * 2, true); text(8, "WAVEfmt ");
+  view.setUint32(16, 16, true); view.setUint16(20, 1, true); view.setUint16(22, 1, true);
+  view.setUint32(24, 16000, true); view.setUint32(28, 32000, true); view.setUint16(32, 2, true);
+  view.setUint16(34, 16, true); text(36, "data"); view.setUint32(40, samples.length * 2, true);
+  samples.forEach((v, i) => view.setInt16(44 + i * 2, Math.max(-1, Math.min(1, v)) * 0x7fff, true));
+  return new Blob([view], { type: "audio/wav" });
+}
+
+$("copy").onclick = guarded(async () => {
+  const text = transcriptAs(lastTranscript, "txt");
+  try {
+    await navigator.clipboard.writeText(text);
+    setStatus("Transcript copied to the clipboard.", "speech");
+  } catch (err) {  // no clipboard permission: select the text so the user can copy it
+    getSelection().selectAllChildren($("transcript"));
+    setStatus("The browser refused clipboard access: the transcript is selected, press Ctrl+C (⌘C) to copy it.", "speech");
+  }
+}, "speech");
+for (const button of $("export").querySelectorAll("button[data-format]")) {
+  button.onclick = () => {
+    const format = button.dataset.format;
+    const types = { txt: "text/plain", srt: "application/x-subrip", vtt: "text/vtt", json: "application/json" };
+    const url = URL.createObjectURL(new Blob([transcriptAs(lastTranscript, format)], { type: `${types[format]};charset=utf-8` }));
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = `transcript.${format}`;
+    a.click();
+    setTimeout(() => URL.revokeObjectURL(url), 1000);
+  };
+}
 
 // ---- chat ---------------------------------------------------------------------
-const history = [];
+let history = [];
 let chatId = null;
+let lastPrefillRate = null; // prompt tokens/s of the previous reply: the next prefill's estimate
 
 $("chat-form").onsubmit = guarded(async (ev) => {
   ev.preventDefault();
@@ -230,25 +446,30 @@ $("chat-form").onsubmit = guarded(async (ev) => {
   $("chat-log").append(user, reply);
   history.push({ role: "user", content: text });
   $("send").disabled = true;
+  $("reset").disabled = true;
   try {
-    if (!loaded.has(key)) await ensureModel(key);
+    if (!loaded.has(key)) await ensureModel(key, "chat");
     $("stop").disabled = false;
-    setStatus("Generating…");
-    const started = performance.now();
-    let n = 0;
-    const p = request("chat", { model: key, messages: history, maxTokens: Number($("max-tokens").value) || 64 }, (msg) => {
-      if (msg.type !== "token") return;
-      n += 1;
-      reply.textContent += msg.text;
-      $("chat-stats").textContent = `${n} pieces, ${(n / ((performance.now() - started) / 1000)).toFixed(1)} /s`;
-    });
+    const maxTokens = Number($("max-tokens").value) || 64;
+    const onEvent = (msg) => {
+      if (msg.type === "prefill") {
+        const rate = lastPrefillRate || (info.cpu_speed ? info.cpu_speed.flops_per_s / manifest.models[key].cost.flops_per_token : null);
+        setStatus(`Reading your ${msg.prompt_tokens}-token prompt${rate ? ` (about ${duration(msg.prompt_tokens / rate)})` : ""}…`, "chat");
+      } else if (msg.type === "token") {
+        reply.textContent += msg.text;
+        const rate = msg.decode_tokens_per_s ? `, ${msg.decode_tokens_per_s.toFixed(2)} tokens/s` : "";
+        setStatus(`Generating: ${msg.n} of at most ${maxTokens} tokens${rate} (first token after ${msg.first_token_s.toFixed(1)} s).`, "chat");
+      }
+    };
+    const p = request("chat", { model: key, messages: history, maxTokens }, onEvent, [], "chat");
     chatId = nextId - 1;
     const r = await p;
     history.push({ role: "assistant", content: r.text });
     reply.dataset.done = "1";
+    if (r.prefill_tokens_per_s) lastPrefillRate = r.prefill_tokens_per_s;
     $("chat-stats").textContent = `${r.token_ids.length} tokens, ${r.tokens_per_s.toFixed(2)} tokens/s after a ${r.prompt_tokens}-token prompt ` +
       `(${r.prefill_tokens_per_s.toFixed(1)} tokens/s), ${r.finish_reason} (on ${loaded.get(key).device})`;
-    setStatus(r.stopped ? "Stopped." : "Done.");
+    setStatus(r.stopped ? "Stopped." : "Done.", "chat");
   } catch (e) {
     history.pop();
     reply.dataset.done = "error";
@@ -256,11 +477,19 @@ $("chat-form").onsubmit = guarded(async (ev) => {
   } finally {
     chatId = null;
     $("send").disabled = false;
+    $("reset").disabled = false;
     $("stop").disabled = true;
   }
-});
+}, "chat");
 $("stop").onclick = () => {
   if (chatId !== null) worker.postMessage({ type: "stop", id: chatId });
+};
+$("reset").onclick = () => {
+  history = [];
+  $("chat-log").innerHTML = "";
+  $("chat-stats").textContent = "";
+  setStatus("New chat: the model has forgotten the conversation.", "chat");
+  $("chat-input").focus();
 };
 
 // ---- the chat model list, and models opened from disk ----------------------------
@@ -288,11 +517,12 @@ async function openFromDisk(files, title) {
   const bytes = files.reduce((s, f) => s + f.size, 0);
   setStatus(`Loading ${title} (${mb(bytes)})…`);
   // A folder's files keep their own names (webkitRelativePath holds the folder part).
-  const v = await request("open", { key, files });
+  const v = await request("open", { key, files }, null, [], "models");
   loaded.set(key, v);
   manifest.models[key] = { kind: v.kind, title: `${title} (from disk)`, bytes: v.bytes, files: [] };
   showModels();
   showChatModels();
+  showLanguageChoice();
   if (v.kind === "llm") $("chat-model").value = key;
   setStatus(`${title} loaded on ${v.device} in ${v.load_s.toFixed(1)} s.`);
   return v;
@@ -302,13 +532,14 @@ $("open-model").onchange = guarded(async (ev) => {
   const files = [...ev.target.files];
   ev.target.value = "";
   await openFromDisk(files, files.map((f) => f.name).join(", "));
-});
+}, "models");
 $("open-folder").onchange = guarded(async (ev) => {
   const files = [...ev.target.files];
   ev.target.value = "";
   const folder = files.length && files[0].webkitRelativePath ? files[0].webkitRelativePath.split("/")[0] : "folder";
   await openFromDisk(files.filter((f) => !f.name.startsWith(".")), folder);
-});
+}, "models");
 
-// For tests and the console: window.tallowDemo.request("run", {code: "1 + 1"}).
-window.tallowDemo = { request, ready, ensureModel, loaded, openFromDisk };
+// For tests and the console: window.tallowDemo.request("cache-list").
+window.tallowDemo = { request, ready, ensureModel, loaded, refreshCache, openFromDisk,
+                      transcriptAs: (fmt) => transcriptAs(lastTranscript, fmt) };

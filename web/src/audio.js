@@ -37,20 +37,30 @@ export async function prepareFile(name, bytes) {
 }
 
 // Records from the microphone until stop() is called; stop() resolves to 16 kHz samples.
+// The samples come from an AudioWorklet (recorder-worklet.js) on the audio thread.
 export async function startRecording() {
-  const stream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1 } });
+  if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
+    throw new Error("this browser gives no microphone access here (it needs https or localhost)");
+  }
+  let stream;
+  try {
+    stream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1 } });
+  } catch (err) {
+    throw new Error(`no microphone: ${err.message || err} (allow microphone access for this page, then try again)`);
+  }
   const ctx = new AudioContext();
+  await ctx.resume(); // started from a click it runs already; this covers a context created suspended
+  await ctx.audioWorklet.addModule(new URL("recorder-worklet.js", import.meta.url));
   const source = ctx.createMediaStreamSource(stream);
-  // ScriptProcessor is deprecated but needs no separate worklet file; 4096 frames per callback.
-  const tap = ctx.createScriptProcessor(4096, 1, 1);
+  // No outputs: the node is a sink, rendered while its input is connected.
+  const tap = new AudioWorkletNode(ctx, "tallow-recorder", { numberOfInputs: 1, numberOfOutputs: 0, channelCount: 1 });
   const chunks = [];
-  tap.onaudioprocess = (ev) => chunks.push(new Float32Array(ev.inputBuffer.getChannelData(0)));
+  tap.port.onmessage = (ev) => chunks.push(ev.data);
   source.connect(tap);
-  tap.connect(ctx.destination);
   return {
     async stop() {
-      tap.disconnect();
       source.disconnect();
+      tap.port.onmessage = null;
       stream.getTracks().forEach((t) => t.stop());
       const n = chunks.reduce((s, c) => s + c.length, 0);
       const buffer = new AudioBuffer({ length: Math.max(n, 1), sampleRate: ctx.sampleRate, numberOfChannels: 1 });

@@ -7,11 +7,16 @@
 //                                    weights file stays a Blob read in slices (WebGPU copies tensors from it)
 //   open {key, files: [File]}        load a model from files the user picked (a .gguf, or a Hugging
 //                                    Face folder's files); weights are read in slices, never whole
-//   transcribe {model, audio, samples} Float32Array at 16 kHz (samples) or WAV bytes
-//   chat {model, messages, maxTokens} streams "token" messages
-//   run {code}                       evaluate Python; the JSON text of its last expression
-// Worker -> page: status, progress {stage, loaded, total}, ready {info, manifest},
-//   loaded, segment, token, result {id, value}, error {id, message, traceback}.
+//   transcribe {model, audio, samples, timestamps, language, task}
+//                                    Float32Array at 16 kHz (samples) or WAV bytes; streams
+//                                    "segment" and "window" (progress, time left) messages
+//   chat {model, messages, maxTokens} streams "prefill" then "token" messages
+//   cache-list / cache-delete {model} what the Cache API holds per model; drop a model's files
+//   run {code}                       test builds only (site.json lists test_hooks.py): evaluate
+//                                    Python; the JSON text of its last expression
+// Worker -> page: progress {stage, loaded, total, file?}, ready {info, manifest, site},
+//   queued {id, ahead}, started {id}, segment, window, prefill, token,
+//   result {id, value}, error {id, message, traceback}.
 import { loadPyodide } from "./pyodide/pyodide.mjs";
 
 const CACHE_NAME = "tallow-models-v1";
@@ -37,29 +42,71 @@ async function fetchBytes(url) {
   return new Uint8Array(await r.arrayBuffer());
 }
 
+// fetch that reports the bytes of every response body as they arrive: Pyodide fetches its own
+// runtime files, so wrapping fetch during boot is how the page learns their download progress.
+function countingFetch(realFetch, onBytes) {
+  return async (input, init) => {
+    const r = await realFetch(input, init);
+    if (!r.body || r.status !== 200) return r;
+    const counter = new TransformStream({
+      transform(chunk, ctl) {
+        onBytes(chunk.length);
+        ctl.enqueue(chunk);
+      },
+    });
+    return new Response(r.body.pipeThrough(counter), { status: r.status, statusText: r.statusText, headers: r.headers });
+  };
+}
+
+let site = { python: ["worker.py"], runtime_bytes: 0 };
+let testHooks = null;
+
 async function boot() {
   const t0 = performance.now();
-  progress("Starting Python (Pyodide)");
-  py = await loadPyodide({ indexURL: new URL("./pyodide/", import.meta.url).href });
-  const bootS = (performance.now() - t0) / 1000;
-  progress("Installing tallow");
-  const site = py.runPython("import site; site.getsitepackages()[0]");
-  const index = await (await fetch("wheels/index.json")).json();
-  for (const name of index.archives) {
-    py.unpackArchive(await fetchBytes(`wheels/${name}`), name.endsWith(".whl") ? "wheel" : "zip", { extractDir: site });
+  site = await (await fetch("site.json")).json();
+  let runtimeLoaded = 0;
+  let stage = "Downloading the Python runtime (Pyodide)";
+  const realFetch = self.fetch;
+  self.fetch = countingFetch(realFetch.bind(self), (n) => {
+    runtimeLoaded += n;
+    progress(stage, Math.min(runtimeLoaded, site.runtime_bytes), site.runtime_bytes, { boot: true });
+  });
+  try {
+    progress(stage, 0, site.runtime_bytes, { boot: true });
+    py = await loadPyodide({ indexURL: new URL("./pyodide/", import.meta.url).href });
+    const bootS = (performance.now() - t0) / 1000;
+    stage = "Installing tallow";
+    progress(stage, runtimeLoaded, site.runtime_bytes, { boot: true });
+    const pySite = py.runPython("import site; site.getsitepackages()[0]");
+    const index = await (await fetch("wheels/index.json")).json();
+    for (const name of index.archives) {
+      py.unpackArchive(await fetchBytes(`wheels/${name}`), name.endsWith(".whl") ? "wheel" : "zip", { extractDir: pySite });
+    }
+    for (const name of site.python) {  // worker.py is imported as tallow_web_worker
+      const module = name === "worker.py" ? "tallow_web_worker.py" : `tallow_web_${name}`;
+      py.FS.writeFile(`${pySite}/${module}`, await fetchBytes(name));
+    }
+    self.fetch = realFetch;
+    py.runPython("import importlib; importlib.invalidate_caches()");
+    api = py.pyimport("tallow_web_worker");
+    if (site.python.includes("test_hooks.py")) testHooks = py.pyimport("tallow_web_test_hooks");
+    manifest = await (await fetch("models/manifest.json")).json();
+    const wantGpu = !params.has("cpu");
+    progress("Probing WebGPU", 0, 0, { boot: true });
+    // (a JS null would reach Python as JsNull, not None: pass the option only when it is set)
+    const info = JSON.parse(await api.boot(wantGpu, ...(MAX_BINDING_MB === null ? [] : [Number(MAX_BINDING_MB)])));
+    if (info.device !== "wgpu") {
+      progress("Measuring this CPU", 0, 0, { boot: true });
+      info.cpu_speed = JSON.parse(api.cpu_speed());  // the page estimates from it what will be slow
+    }
+    info.boot_s = bootS;
+    info.ready_s = (performance.now() - t0) / 1000;
+    info.runtime_bytes = runtimeLoaded;
+    info.pyodide = py.version;
+    post({ type: "ready", info, manifest, site });
+  } finally {
+    self.fetch = realFetch;
   }
-  py.FS.writeFile(`${site}/tallow_web_worker.py`, await fetchBytes("worker.py"));
-  py.runPython("import importlib; importlib.invalidate_caches()");
-  api = py.pyimport("tallow_web_worker");
-  manifest = await (await fetch("models/manifest.json")).json();
-  const wantGpu = !params.has("cpu");
-  progress("Probing WebGPU");
-  // (a JS null would reach Python as JsNull, not None: pass the option only when it is set)
-  const info = JSON.parse(await api.boot(wantGpu, ...(MAX_BINDING_MB === null ? [] : [Number(MAX_BINDING_MB)])));
-  info.boot_s = bootS;
-  info.ready_s = (performance.now() - t0) / 1000;
-  info.pyodide = py.version;
-  post({ type: "ready", info, manifest });
 }
 
 // ---- model files, read in slices ------------------------------------------------
@@ -115,18 +162,18 @@ class SlicedFile {
   }
 }
 
-// A model file as a Blob: from the Cache API when it is there, else downloaded into the cache as a
-// stream (with progress), never held whole in memory.
-async function cachedFile(url, size, report) {
-  const cache = await caches.open(CACHE_NAME);
-  const hit = await cache.match(url);
+// One piece of a model file (the whole file, or one of the parts a build split it into so every
+// file of the site is under the static host's limit) as a Blob: from the Cache API when it is
+// there, else downloaded into the cache as a stream (with progress), never held whole in memory.
+async function cachedPiece(cache, piece, report) {
+  const hit = await cache.match(piece.url);
   if (hit) {
     const blob = await hit.blob();
     report(blob.size, true);
-    return { blob, cached: true };
+    return { blob, hit: true };
   }
-  const response = await fetch(url);
-  if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
+  const response = await fetch(piece.url);
+  if (!response.ok) throw new Error(`${piece.url}: HTTP ${response.status}`);
   let loaded = 0;
   const counted = response.body.pipeThrough(new TransformStream({
     transform(chunk, controller) {
@@ -135,10 +182,62 @@ async function cachedFile(url, size, report) {
       controller.enqueue(chunk);
     },
   }));
-  await cache.put(url, new Response(counted, { headers: { "Content-Type": "application/octet-stream" } }));
-  const stored = await cache.match(url);
-  if (!stored) throw new Error(`${url}: the browser did not keep it in the Cache API (storage full?)`);
-  return { blob: await stored.blob(), cached: false };
+  await cache.put(piece.url, new Response(counted, { headers: { "Content-Type": "application/octet-stream" } }));
+  const stored = await cache.match(piece.url);
+  if (!stored) throw new Error(`${piece.url}: the browser did not keep it in the Cache API (storage full?)`);
+  return { blob: await stored.blob(), hit: false };
+}
+
+// A model file as one Blob over its pieces (Blobs reference the cached bytes: joining the parts
+// copies nothing); the worker reads it in slices.
+async function cachedFile(file, report) {
+  const cache = await caches.open(CACHE_NAME);
+  const pieces = file.parts || [{ url: file.url, size: file.size }];
+  const blobs = [];
+  let at = 0;
+  let fromCache = 0;
+  for (const piece of pieces) {
+    const { blob, hit } = await cachedPiece(cache, piece, (n, cached) => report(at + n, cached));
+    if (blob.size !== piece.size) throw new Error(`${piece.url}: got ${blob.size} bytes, the manifest says ${piece.size}: rebuild the site`);
+    if (hit) fromCache += blob.size;
+    blobs.push(blob);
+    at += blob.size;
+  }
+  if (at !== file.size) throw new Error(`${file.url}: ${at} of ${file.size} bytes`);
+  const blob = blobs.length === 1 ? blobs[0] : new Blob(blobs);
+  return { blob, cached: fromCache === file.size, fromCache };
+}
+
+// The cached bytes of each manifest model: {key: {bytes, files, of}} (of: the model's file count).
+async function cacheList() {
+  const cache = await caches.open(CACHE_NAME);
+  const urls = new Set((await cache.keys()).map((r) => new URL(r.url).pathname + new URL(r.url).search));
+  const out = {};
+  for (const [key, entry] of Object.entries(manifest.models)) {
+    let bytes = 0;
+    let files = 0;
+    for (const f of entry.files) {
+      const pieces = f.parts || [{ url: f.url, size: f.size }];
+      const have = pieces.filter((p) => urls.has(new URL(p.url, self.location.href).pathname + new URL(p.url, self.location.href).search));
+      bytes += have.reduce((s, p) => s + p.size, 0);
+      if (have.length === pieces.length) files += 1;
+    }
+    out[key] = { bytes, files, of: entry.files.length };
+  }
+  const estimate = navigator.storage && navigator.storage.estimate ? await navigator.storage.estimate() : {};
+  return { models: out, usage: estimate.usage ?? null, quota: estimate.quota ?? null };
+}
+
+// Drop every cached file of a model (all versions: any URL under models/KEY/).
+async function cacheDelete(key) {
+  if (!manifest.models[key]) throw new Error(`unknown model ${key}`);
+  const cache = await caches.open(CACHE_NAME);
+  const prefix = new URL(`models/${key}/`, self.location.href).pathname;
+  let deleted = 0;
+  for (const request of await cache.keys()) {
+    if (new URL(request.url).pathname.startsWith(prefix)) deleted += (await cache.delete(request)) ? 1 : 0;
+  }
+  return { deleted };
 }
 
 // Weights files stay Blobs read in slices (Python reads their header; WebGPU takes each tensor
@@ -163,8 +262,10 @@ async function loadFromManifest(msg) {
   const dir = `/models/${msg.model}`;
   py.FS.mkdirTree(dir);
   for (const f of entry.files) {
-    const { blob, cached } = await cachedFile(f.url, f.size, (n) => progress(`Downloading ${f.name}`, done + n, total, { model: msg.model }));
-    if (cached) fromCache += blob.size;
+    const { blob, fromCache: hit } = await cachedFile(f, (n, cached) => progress(
+      cached ? `Reading ${f.name} from browser storage` : `Downloading ${f.name}`, done + n, total,
+      { model: msg.model, file: { name: f.name, loaded: n, total: f.size, parts: (f.parts || []).length } }));
+    fromCache += hit;
     done += blob.size;
     if (isWeights(f.name)) weights = { name: f.name, file: new SlicedFile(blob) };
     else py.FS.writeFile(`${dir}/${f.name}`, new Uint8Array(await blob.arrayBuffer()));
@@ -211,20 +312,24 @@ async function handle(msg) {
       return await openLocal(msg);
     case "transcribe": {
       const onSegment = (json) => post({ type: "segment", id: msg.id, segment: JSON.parse(json) });
-      return JSON.parse(await api.transcribe.callPromising(msg.model, msg.audio, !!msg.samples, onSegment, msg.timestamps !== false));
+      const onWindow = (json) => post({ type: "window", id: msg.id, ...JSON.parse(json) });
+      return JSON.parse(await api.transcribe.callPromising(msg.model, msg.audio, !!msg.samples, onSegment,
+        msg.timestamps !== false, onWindow, msg.language || null, msg.task || "transcribe"));
     }
     case "chat": {
-      const onToken = (text) => post({ type: "token", id: msg.id, text });
+      const onToken = (text, json) => post({ type: "token", id: msg.id, text, ...JSON.parse(json) });
+      const onPrefill = (json) => post({ type: "prefill", id: msg.id, ...JSON.parse(json) });
       const isStopped = () => stopped.has(msg.id);
       try {
-        return JSON.parse(await api.chat(msg.model, JSON.stringify(msg.messages), msg.maxTokens || 128, onToken, isStopped));
+        return JSON.parse(await api.chat(msg.model, JSON.stringify(msg.messages), msg.maxTokens || 128, onToken, isStopped, onPrefill));
       } finally {
         stopped.delete(msg.id);
       }
     }
     case "run":
+      if (!testHooks) throw new Error("this site has no `run` request (only test builds do: build(..., test_hooks=True))");
       // JSON text: Python's json writes NaN/Infinity, which JSON.parse refuses; the caller parses it.
-      return await api.run_code(msg.code);
+      return await testHooks.run_code(msg.code);
     default:
       throw new Error(`unknown request ${JSON.stringify(msg.type)}`);
   }
@@ -251,18 +356,44 @@ const booted = boot().catch((err) => {
 });
 let queue = booted;
 
+let waiting = 0; // requests accepted and not finished (the one running included)
+let started = false; // Python is up
+
+// Requests that need no Python (the Cache API): answered at once, even while a model runs.
+async function handleNow(msg) {
+  try {
+    const value = msg.type === "cache-list" ? await cacheList() : await cacheDelete(msg.model);
+    post({ type: "result", id: msg.id, op: msg.type, value });
+  } catch (err) {
+    post({ type: "error", id: msg.id, op: msg.type, ...errorMessage(err) });
+  }
+}
+booted.then(() => (started = true), () => {});
+
 self.onmessage = (ev) => {
   const msg = ev.data;
   if (msg.type === "stop") {
     stopped.add(msg.id);
     return;
   }
+  if (msg.type === "cache-list" || msg.type === "cache-delete") {
+    booted.then(() => handleNow(msg), () => handleNow(msg));  // the manifest comes with the boot
+    return;
+  }
+  if (waiting > 0 || !started) post({ type: "queued", id: msg.id, op: msg.type, ahead: waiting, booting: !started });
+  waiting += 1;
   queue = queue.then(async () => {
+    post({ type: "started", id: msg.id, op: msg.type });
     try {
       const value = await handle(msg);
       post({ type: "result", id: msg.id, op: msg.type, value });
     } catch (err) {
       post({ type: "error", id: msg.id, op: msg.type, ...errorMessage(err) });
+    } finally {
+      waiting -= 1;
     }
-  }, () => post({ type: "error", id: msg.id, op: msg.type, message: "Python did not start (see the message above)" }));
+  }, () => {
+    waiting -= 1;
+    post({ type: "error", id: msg.id, op: msg.type, message: "Python did not start (see the message above)" });
+  });
 };

@@ -13,6 +13,8 @@ from array import array
 
 import tallow
 
+NO_SPEECH_THRESHOLD = 0.6  # transcribe()'s default no_speech_threshold
+
 state = {"device": None, "device_info": None, "gpu_error": None, "models": {}, "driver": None}
 
 
@@ -68,7 +70,7 @@ def load_model(key, path, device=None):
     model = tallow.load_model(path, device=dev)
     state["models"][key] = model
     return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
-                  "kind": "whisper" if hasattr(model, "encode") and hasattr(model, "tokens") else "llm"})
+                  "kind": model.kind, **_speech_facts(model)})
 
 
 def _js_source(js_data, name):
@@ -103,12 +105,19 @@ def load_model_from_js(key, folder, weights_name, js_bytes, device=None):
     if driver:
         driver.flush()  # the on-GPU conversions recorded while loading
     return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
-                  "kind": "whisper" if hasattr(model, "encode") and hasattr(model, "tokens") else "llm",
+                  "kind": model.kind, **_speech_facts(model),
                   # where the bytes went: read from the JS buffer into Python (headers, CPU-side tensors),
                   # written to GPU buffers straight from JS, and from Python memory (tables the model builds)
                   "weights_bytes": source.size, "read_into_python": source.bytes_read,
                   "gpu_from_js": (driver.bytes_from_js - before[0]) if driver else 0,
                   "gpu_from_python": (driver.bytes_from_python - before[1]) if driver else 0})
+
+
+def _speech_facts(model):
+    """What the page needs to offer language and task: only multilingual Whisper models have a choice."""
+    if model.kind != "whisper" or not model.is_multilingual:
+        return {"multilingual": False}
+    return {"multilingual": True, "languages": sorted(model.tokens.languages)}
 
 
 def load_folder_from_js(key, folder, weight_names, js_files, device=None):
@@ -142,7 +151,7 @@ def load_folder_from_js(key, folder, weight_names, js_files, device=None):
     if driver:
         driver.flush()
     return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
-                  "kind": "whisper" if hasattr(model, "encode") and hasattr(model, "tokens") else "llm",
+                  "kind": model.kind,
                   "weights_bytes": sum(s.size for s in sources.values()),
                   "read_into_python": sum(s.bytes_read for s in sources.values()),
                   "gpu_from_js": (driver.bytes_from_js - before[0]) if driver else 0,
@@ -160,9 +169,12 @@ def _model(key):
     return model
 
 
-def transcribe(key, audio, is_samples, on_segment, timestamps=True):
+def transcribe(key, audio, is_samples, on_segment, timestamps=True, on_progress=None, language=None, task="transcribe"):
     """audio: a Float32Array of 16 kHz mono samples (is_samples) or the bytes of a WAV file.
-    timestamps=False decodes without timestamp tokens: one segment per 30 s window."""
+    timestamps=False decodes without timestamp tokens: one segment per 30 s window.
+    on_progress gets JSON {done_s, duration, elapsed_s, left_s} after each 30 s window: left_s
+    extrapolates the time per second of audio so far. language/task: for multilingual models
+    (None: detect the language)."""
     from tallow.models.whisper_transcribe import transcribe as run
 
     model = _model(key)
@@ -171,35 +183,60 @@ def transcribe(key, audio, is_samples, on_segment, timestamps=True):
         samples.frombytes(audio.to_bytes())
     else:
         samples = tallow.audio.load_audio(audio.to_bytes())  # WAV errors name the problem
+    if not len(samples):
+        raise tallow.errors.Error("the audio is empty (0 samples): record or pick a longer clip")
     duration = len(samples) / 16000
     started = time.perf_counter()
 
     def segment(seg):
         on_segment(_json({"start": seg.start, "end": seg.end, "text": seg.text}))
 
-    result = run(model, samples, timestamps=timestamps, on_segment=segment)
+    def window(done_s):
+        if on_progress is None:
+            return
+        done_s = min(done_s, duration)
+        elapsed = time.perf_counter() - started
+        left = elapsed / done_s * (duration - done_s) if done_s > 0 else None
+        on_progress(_json({"done_s": done_s, "duration": duration, "elapsed_s": elapsed, "left_s": left}))
+
+    result = run(model, samples, timestamps=timestamps, on_segment=segment, on_window=window,
+                 language=language or None, task=task or "transcribe")
     seconds = time.perf_counter() - started
-    return _json({"text": result.text.strip(), "duration": duration, "seconds": seconds,
-                  "rtf": seconds / duration if duration else None,
-                  "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in result.segments]})
+    segments = [{"start": s.start, "end": s.end, "text": s.text, "no_speech_prob": s.no_speech_prob}
+                for s in result.segments if s.text.strip()]
+    text = result.text.strip()
+    # Whisper "hears" a word or two in silence (tiny.en: " you") yet rates the window as probably
+    # not speech: when every segment is rated so, the page says no speech instead of the guess.
+    no_speech = not text or all(s["no_speech_prob"] > NO_SPEECH_THRESHOLD for s in segments)
+    return _json({"text": text, "no_speech": no_speech, "duration": duration, "seconds": seconds,
+                  "language": result.language, "rtf": seconds / duration if duration else None,
+                  "segments": segments})
 
 
-async def chat(key, messages_json, max_tokens, on_token, is_stopped):
-    """Stream a greedy reply; between tokens yield to the event loop so a Stop message is seen."""
-    from tallow.generate import chat as run_chat
+async def chat(key, messages_json, max_tokens, on_token, is_stopped, on_prefill=None):
+    """Stream a greedy reply; between tokens yield to the event loop so a Stop message is seen.
+    on_prefill gets JSON {prompt_tokens} before the prompt is read (one forward pass: the page
+    shows it with an estimate). on_token(text, json) gets each piece with the decode rate so far:
+    tokens after the first / seconds since the first, so the prompt's time is not counted."""
+    from tallow.generation import chat as run_chat, chat_prompt_ids
 
     model = _model(key)
     messages = json.loads(messages_json)
+    if on_prefill is not None:
+        on_prefill(_json({"prompt_tokens": len(chat_prompt_ids(model, messages))}))
+        await asyncio.sleep(0)  # let the message out before the long forward pass
     started = time.perf_counter()
     first = None
     pieces = []
     stream = run_chat(model, messages, stream=True, max_tokens=int(max_tokens))
     stopped = False
-    for piece in stream:
+    for n, piece in enumerate(stream):
+        now = time.perf_counter()
         if first is None:
-            first = time.perf_counter()
+            first = now
         pieces.append(piece)
-        on_token(piece)
+        rate = n / (now - first) if n and now > first else None
+        on_token(piece, _json({"n": n + 1, "decode_tokens_per_s": rate, "first_token_s": first - started}))
         await asyncio.sleep(0)  # lets the worker's onmessage run (Stop)
         if is_stopped():
             stopped = True
@@ -210,6 +247,23 @@ async def chat(key, messages_json, max_tokens, on_token, is_stopped):
                   "prompt_tokens": stream.prompt_tokens, "prefill_tokens_per_s": stream.prefill_tokens_per_second,
                   "tokens_per_s": stream.decode_tokens_per_second,
                   "finish_reason": "stopped" if stopped else stream.finish_reason})
+
+
+def cpu_speed(seconds=0.3):
+    """FLOP/s of a small f32 matmul on the current device (pure Python without WebGPU): the page
+    turns it into an up-front estimate of how slow each model will be here. A few rows times a
+    square matrix: the shape of decoding, the slow case per FLOP."""
+    m, n = 4, 128
+    dev = state["device"]
+    a = tallow.ones(m, n, device=dev)
+    b = tallow.ones(n, n, device=dev)
+    runs, started = 0, time.perf_counter()
+    while True:
+        (a @ b).tolist()
+        runs += 1
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds or runs >= 50:
+            return _json({"flops_per_s": 2 * m * n * n * runs / elapsed, "device": str(dev), "seconds": elapsed})
 
 
 def describe_error(exc):
@@ -223,9 +277,3 @@ def write_file(path, data):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data.to_bytes())
-
-
-async def run_code(code):
-    """Evaluate Python source; the JSON of its last expression (tests and the console use this)."""
-    from pyodide.code import eval_code_async
-    return _json(await eval_code_async(code, {"__name__": "__main__"}))

@@ -1,0 +1,49 @@
+"""Matrix multiplication (batched, broadcast, 1-D operands as in numpy; a quantised
+right operand goes to the backend's fused dequantising kernel)."""
+from .. import dtypes as D
+from .. import grad_rules as G
+from ..autograd import record_if_needed
+from ..errors import ShapeError
+from ..layout import broadcast_shapes
+from ..tensor_base import TensorBase
+from .arguments import same_device
+from .quantized import qmatmul
+
+
+def matmul(a, b):
+    if not isinstance(b, TensorBase):
+        return NotImplemented
+    same_device("matmul", a, b)
+    if b.dtype.is_quantized:
+        return qmatmul(a, b)
+    x, y = a, b
+    if x.ndim == 0 or y.ndim == 0:
+        raise ShapeError(f"matmul: both operands need at least 1 dim, got shapes {x.shape} and {y.shape}")
+    if y.ndim == 2 and x.ndim > 2 and x.shape[-1] == y.shape[0]:
+        # (..., k) @ (k, n): one 2-D matmul over the flattened rows (a broadcast weight
+        # would otherwise send numpy down a slow batched path).
+        return matmul(x.reshape(-1, x.shape[-1]), y).reshape(x.shape[:-1] + (y.shape[1],))
+    squeeze_x, squeeze_y = x.ndim == 1, y.ndim == 1
+    if squeeze_x:
+        x = x.unsqueeze(0)
+    if squeeze_y:
+        y = y.unsqueeze(1)
+    if x.shape[-1] != y.shape[-2]:
+        raise ShapeError(
+            f"matmul: shapes {a.shape} and {b.shape} do not fit: the last dim of the first ({x.shape[-1]}) "
+            f"must equal the second-to-last dim of the second ({y.shape[-2]})")
+    dtype = D.promote(x.dtype, y.dtype)
+    if x.dtype is not dtype:
+        x = x.to(dtype)
+    if y.dtype is not dtype:
+        y = y.to(dtype)
+    batch = broadcast_shapes(x.shape[:-2], y.shape[:-2], "matmul")
+    lx = x._layout.broadcast_to(batch + x.shape[-2:], "matmul")
+    ly = y._layout.broadcast_to(batch + y.shape[-2:], "matmul")
+    out = x._new(x.device.backend.matmul(x._storage, lx, y._storage, ly, dtype), batch + (x.shape[-2], y.shape[-1]), dtype)
+    out = record_if_needed(out, (x, y), lambda: G.matmul(x, y))
+    if squeeze_x:
+        out = out.squeeze(-2)
+    if squeeze_y:
+        out = out.squeeze(-1)
+    return out

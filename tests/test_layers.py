@@ -1,0 +1,191 @@
+"""The architecture as a table: every module of tallow (and of the GPU backend packages)
+sits in one layer, and a module only imports modules of its own layer or below.
+
+    0  foundation    errors, JSON and config-field reading: no tensors
+    1  tensor core   dtypes, layout, devices, Tensor and its ops, autograd, quantised
+                     blocks, and the backends that run them (tallow.backends, tallow_wgpu,
+                     tallow_cuda, tallow_metal)
+    2  io            weight files (GGUF, safetensors, npz, CTranslate2) <-> tensors
+    3  blocks        nn layers, optimisers, audio features, tokenizers, and the hub
+                     (model files on disk: known names, downloads, the cache)
+    4  generation    sampling and decoding loops over any causal LM (no model class)
+    5  models        Llama-family decoders, Whisper, load_model
+    6  batch         transcribing many files over processes or Ray
+    7  cli           the `tallow` command
+    8  facade        `import tallow` (lazy tallow.load_model, tallow.hub, ...), examples
+
+The hub sits below the models because load_model("smollm2-135m-instruct") fetches on
+first use; generation sits below them because CausalLM.generate/stream/chat use it.
+The graph counts imports inside functions too. Cycles inside the tensor core are
+another test's business (test_import_graph.py); everywhere else there are none.
+"""
+import ast
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = {"tallow": "core", "tallow_wgpu": "wgpu_backend", "tallow_cuda": "cuda_backend",
+            "tallow_metal": "metal_backend"}
+
+FOUNDATION, TENSOR_CORE, IO, BLOCKS, GENERATION, MODELS, BATCH, CLI, FACADE = range(9)
+
+# Module (or package: it covers everything inside) -> layer. The longest matching name wins.
+LAYERS = {
+    "tallow.errors": FOUNDATION, "tallow.json_file": FOUNDATION, "tallow.config_fields": FOUNDATION,
+    "tallow.version": FOUNDATION,
+
+    "tallow.dtypes": TENSOR_CORE, "tallow.layout": TENSOR_CORE, "tallow.device": TENSOR_CORE,
+    "tallow.tensor": TENSOR_CORE, "tallow.creation": TENSOR_CORE, "tallow.functional": TENSOR_CORE,
+    "tallow.indexing": TENSOR_CORE, "tallow.index_check": TENSOR_CORE, "tallow.autograd": TENSOR_CORE,
+    "tallow.grad_rules": TENSOR_CORE, "tallow.custom_op": TENSOR_CORE, "tallow.quant": TENSOR_CORE,
+    "tallow.ops": TENSOR_CORE, "tallow.nested": TENSOR_CORE, "tallow.tensor_base": TENSOR_CORE,
+    "tallow.backends": TENSOR_CORE, "tallow_wgpu": TENSOR_CORE, "tallow_cuda": TENSOR_CORE,
+    "tallow_metal": TENSOR_CORE,
+
+    "tallow.io": IO,
+
+    "tallow.nn": BLOCKS, "tallow.optim": BLOCKS, "tallow.audio": BLOCKS, "tallow.tokenizer": BLOCKS,
+    "tallow.hub": BLOCKS,
+
+    "tallow.generation": GENERATION,
+    "tallow.models": MODELS,
+    "tallow.batch": BATCH,
+    "tallow.cli": CLI,
+
+    "tallow": FACADE, "tallow.__main__": FACADE, "tallow.examples": FACADE,
+}
+
+
+def module_files(repo=REPO):
+    """{dotted module name: file path} of every .py file in the packages."""
+    found = {}
+    for package, folder in PACKAGES.items():
+        top = os.path.join(repo, folder)
+        for root, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            parts = [package] + [p for p in os.path.relpath(root, top).split(os.sep) if p != "."]
+            for f in files:
+                if f.endswith(".py"):
+                    found[".".join(parts if f == "__init__.py" else parts + [f[:-3]])] = os.path.join(root, f)
+    return found
+
+
+def _targets(node, module, is_package, known):
+    """The modules an import statement names: `from pkg import sub` counts as pkg.sub when that is a module."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[:len(base) - node.level + 1]
+        source = ".".join(base + ([node.module] if node.module else []))
+    else:
+        source = node.module or ""
+    return [f"{source}.{a.name}" if f"{source}.{a.name}" in known else source for a in node.names]
+
+
+def import_graph(files):
+    """{module: set of modules it imports}, from every import statement anywhere in the file."""
+    graph = {}
+    for module, path in files.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        is_package = path.endswith("__init__.py")
+        graph[module] = {t for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                         for t in _targets(node, module, is_package, files) if t in files and t != module}
+    return graph
+
+
+def entry_of(module):
+    """The LAYERS name that places `module` (the longest that covers it), or None."""
+    matches = [name for name in LAYERS if module == name or module.startswith(name + ".")]
+    return max(matches, key=len) if matches else None
+
+
+def layer_of(module):
+    return LAYERS[entry_of(module)]
+
+
+def upward_imports(graph):
+    """(module, imported module) pairs where the import reaches a higher layer."""
+    return sorted((m, t) for m, targets in graph.items() for t in targets if layer_of(t) > layer_of(m))
+
+
+def cycles(graph):
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph(module_files())
+
+
+def test_every_module_has_a_layer_and_every_entry_a_module(graph):
+    # The facade's entry ("tallow") covers only tallow/__init__.py: a new module or
+    # subpackage must be placed in the table by whoever adds it.
+    unplaced = sorted(m for m in graph if entry_of(m) is None or (entry_of(m) == "tallow" and m != "tallow"))
+    assert not unplaced, f"add these modules to LAYERS in {__file__}: {unplaced}"
+    stale = sorted(name for name in LAYERS if name not in graph)
+    assert not stale, f"LAYERS names modules that do not exist: {stale}"
+
+
+def test_no_module_imports_a_higher_layer(graph):
+    bad = [f"{m} (layer {layer_of(m)}) imports {t} (layer {layer_of(t)})" for m, t in upward_imports(graph)]
+    assert not bad, "imports against the layer order:\n" + "\n".join(bad)
+
+
+def test_no_import_cycles_outside_the_tensor_core(graph):
+    outside = [c for c in cycles(graph) if any(layer_of(m) != TENSOR_CORE for m in c)]
+    assert not outside, f"import cycles: {outside}"
+
+
+def test_the_checks_catch_an_upward_import_and_a_cycle(graph):
+    # The same functions on a graph with one planted mistake of each kind.
+    planted = {m: set(t) for m, t in graph.items()}
+    planted["tallow.nn.layers"].add("tallow.cli")
+    planted["tallow.cli"].add("tallow.nn.layers")
+    assert ("tallow.nn.layers", "tallow.cli") in upward_imports(planted)
+    assert any({"tallow.nn.layers", "tallow.cli"} <= set(c) for c in cycles(planted))
+
+
+def test_function_level_imports_count(tmp_path):
+    (tmp_path / "core" / "sub").mkdir(parents=True)
+    (tmp_path / "core" / "__init__.py").write_text("")
+    (tmp_path / "core" / "sub" / "__init__.py").write_text("def f():\n    from ..cli import main\n")
+    (tmp_path / "core" / "cli.py").write_text("from .sub import f\n")
+    found = import_graph({m: p for m, p in module_files(str(tmp_path)).items()})
+    assert found["tallow.sub"] == {"tallow.cli"} and found["tallow.cli"] == {"tallow.sub"}

@@ -1,0 +1,51 @@
+"""A driver whose every method does nothing: the GPU costs zero.
+
+Run a model on WgpuBackend(NullDriver()) and what is left is tallow's host
+work: shape checks, kernel choice, parameter packing, bind-group lists. That
+is the ceiling no GPU can lift, so bench/gpu_host.py measures host time per
+token with it, and tests count the dispatches one decoding step issues.
+Results are zeros (read_buffer returns zero bytes), so logits are meaningless.
+"""
+
+
+class NullDriver:
+    name = "null"
+    has_f16 = True
+    cpu_emulated = False
+    info = {"adapter": "null (does nothing)", "vendor": "", "backend_type": "null", "adapter_type": "null"}
+    limits = {
+        "max_storage_binding": 1 << 30, "max_buffer": 1 << 31, "max_workgroups_per_dim": 65535,
+        "max_invocations": 256, "max_workgroup_storage": 16384, "uniform_align": 256,
+    }
+
+    def __init__(self):
+        self.dispatches = 0
+        self.by_kernel = {}  # kernel label -> dispatches, for "where do they go" questions
+        self.submits = 0
+
+    def reset_counts(self):
+        self.dispatches = 0
+        self.by_kernel = {}
+
+    def create_buffer(self, nbytes):
+        return object()
+
+    def write_buffer(self, buf, offset, data):
+        pass
+
+    def read_buffer(self, buf, offset, nbytes):
+        return bytes(nbytes)
+
+    def copy_buffer(self, src, src_offset, dst, dst_offset, nbytes):
+        pass
+
+    def pipeline(self, wgsl, label):
+        return (None, None, label)
+
+    def dispatch(self, pipeline, buffers, params, workgroups):
+        self.dispatches += 1
+        label = pipeline[2]
+        self.by_kernel[label] = self.by_kernel.get(label, 0) + 1
+
+    def flush(self):
+        pass
