@@ -22,7 +22,7 @@ from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u32
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, coalesce_dims, contiguous_strides, kernel_meta, numel_of
 
-from . import wgsl
+from . import split, wgsl
 from .pool import BufferPool
 
 MAX_DIMS = 8
@@ -158,7 +158,9 @@ def _convert_expr(src, dst):
 class WgpuBackend(Backend):
     name = "wgpu"
 
-    def __init__(self, driver=None):
+    def __init__(self, driver=None, max_binding=None):
+        """max_binding: assume storage bindings of at most this many bytes (default: the adapter's
+        limit, or $TALLOW_WGPU_MAX_BINDING_MB); bigger weights are bound in pieces (split.py)."""
         if driver is None:
             if sys.platform == "emscripten":  # Pyodide: the browser's navigator.gpu
                 from .driver_browser import BrowserDriver
@@ -168,7 +170,10 @@ class WgpuBackend(Backend):
                 driver = NativeDriver()
         self.driver = driver
         self.has_f16 = driver.has_f16
-        self.limits = driver.limits
+        self.limits = dict(driver.limits)
+        align = self.limits.setdefault("storage_align", 256)
+        self.limits["max_storage_binding"] = split.binding_limit(self.limits["max_storage_binding"], align,
+                                                                 max_binding)
         self.pool = BufferPool(driver)
         self._pipelines = {}
 
@@ -189,6 +194,9 @@ class WgpuBackend(Backend):
         return wgsl.elem_size(dtype, self.has_f16)
 
     def _alloc(self, nbytes):
+        if nbytes > self.limits.get("max_buffer", nbytes):
+            raise UnsupportedError(f"wgpu: a {nbytes}-byte tensor exceeds this adapter's maxBufferSize "
+                                   f"({self.limits['max_buffer']} bytes)")
         buf, cap = self.pool.acquire(nbytes)
         st = WgpuStorage(buf, cap, nbytes)
         # The finalizer (not a __del__) gives the buffer back: it holds the
@@ -204,9 +212,14 @@ class WgpuBackend(Backend):
         size = (st.nbytes + 3) // 4 * 4
         limit = self.limits["max_storage_binding"]
         if size > limit:
-            raise UnsupportedError(f"wgpu {what}: a {size}-byte tensor exceeds this adapter's "
-                                   f"maxStorageBufferBindingSize ({limit} bytes)")
+            raise UnsupportedError(f"wgpu {what}: a {size}-byte tensor exceeds the storage binding limit "
+                                   f"({limit} bytes: maxStorageBufferBindingSize or ${split.ENV}); only "
+                                   "matmul weights and quantised embeddings are split into pieces")
         return (st.buf, 0, size)
+
+    def _bind_range(self, st, offset, nbytes):
+        """A binding of nbytes of st from byte offset (a multiple of the offset alignment)."""
+        return (st.buf, offset, min((nbytes + 3) // 4 * 4, st.cap - offset))
 
     def _grid(self, groups, what):
         limit = self.limits["max_workgroups_per_dim"]
@@ -225,7 +238,7 @@ class WgpuBackend(Backend):
             pipe = self.driver.pipeline(src, label or kernel)
             self._pipelines[key] = pipe
         what = label or kernel
-        binds = [self._bind(s, what) for s in storages]
+        binds = [s if isinstance(s, tuple) else self._bind(s, what) for s in storages]
         grid = groups if isinstance(groups, tuple) else self._grid(groups, what)
         self.driver.dispatch(pipe, binds, _pack(words), grid)
 
@@ -574,7 +587,15 @@ class WgpuBackend(Backend):
                                    f"({self.limits['max_workgroups_per_dim']})")
         a_st, a_off, a_bs, a_rs, a_cs = self._batched(a, la, dtype)
         b_st, b_off, b_bs, b_rs, b_cs = self._batched(b, lb, dtype)
+        if (b_st.nbytes + 3) // 4 * 4 > self.limits["max_storage_binding"]:
+            return self._matmul_column_pieces(out, a_st, [a_off, a_bs, a_rs, a_cs], b_st, b_off, b_bs, b_rs, b_cs,
+                                              m, n, k, batch, dtype)
         words = [m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs]
+        self._matmul_dispatch(a_st, b_st, out, words, dtype)
+        return out
+
+    def _matmul_dispatch(self, a_st, b_st, out, words, dtype):
+        m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs = words
         if m == 1 and b_rs == 1 and k % 4 == 0 and b_off % 4 == 0 and b_bs % 4 == 0 and b_cs % 4 == 0:
             # Decoding through a Linear layer (b = w^T): rows of w read as vec4s.
             self._run("matvec_rows", {"X": dtype}, [a_st, b_st, out], words, ((n + 255) // 256, 1, batch),
@@ -588,6 +609,31 @@ class WgpuBackend(Backend):
         else:
             self._run("matmul", {"X": dtype}, [a_st, b_st, out], words, ((n + 31) // 32, (m + 31) // 32, batch),
                       label="matmul")
+
+    def _matmul_column_pieces(self, out, a_st, a_words, b_st, b_off, b_bs, b_rs, b_cs, m, n, k, batch, dtype):
+        """a . b with b larger than one binding: b's columns (a Linear weight's rows, when b = w^T)
+        in pieces that each fit a binding, each piece's output columns copied into place."""
+        limit, align, esize = self.limits["max_storage_binding"], self.limits["storage_align"], self._esize(dtype)
+        if batch > 1 and b_bs:
+            raise UnsupportedError(f"wgpu matmul: a batched right operand of {b_st.nbytes} bytes exceeds the storage "
+                                   f"binding limit ({limit} bytes); only a shared (weight) matrix is split")
+        if b_cs <= (k - 1) * b_rs:
+            raise UnsupportedError(f"wgpu matmul: a {b_st.nbytes}-byte right operand exceeds the storage binding "
+                                   f"limit ({limit} bytes) and its columns are not stored apart (strides {b_rs}, "
+                                   f"{b_cs}); store it as (n, k) rows, as Linear weights are")
+        per = (limit - align) // (b_cs * esize)
+        if per == 0:
+            raise UnsupportedError(f"wgpu matmul: one column of {b_cs * esize} bytes exceeds the storage binding "
+                                   f"limit ({limit} bytes)")
+        for j0 in range(0, n, per):
+            cols = min(per, n - j0)
+            first = b_off + j0 * b_cs  # element where this piece starts
+            start = first * esize // align * align
+            end = (first + (cols - 1) * b_cs + (k - 1) * b_rs + 1) * esize
+            y = self._out(batch * m * cols, dtype)
+            words = [m, cols, k, batch, *a_words, first - start // esize, 0, b_rs, b_cs]
+            self._matmul_dispatch(a_st, self._bind_range(b_st, start, end - start), y, words, dtype)
+            self._place_columns(y, out, batch * m, cols, n, j0, dtype)
         return out
 
     def _quant_kernel(self, wdtype, what):
@@ -608,14 +654,31 @@ class WgpuBackend(Backend):
             return out
         xs, xoff = self._contiguous(x, lx, dtype)
         row_bytes = wdtype.nbytes(k)
+        pieces = split.row_pieces(n, row_bytes, self.limits["max_storage_binding"], self.limits["storage_align"],
+                                  f"quantised matmul {wdtype.name}")
+        for r0, r1 in pieces:
+            # One piece of w's rows is one slice of y's columns; a split weight computes each
+            # slice into its own buffer and copies it into place.
+            cols = r1 - r0
+            y = out if len(pieces) == 1 else self._out(m * cols, dtype)
+            wb = self._bind_range(w, r0 * row_bytes, cols * row_bytes)
+            self._qmatmul_piece(wb, xs, y, m, cols, k, row_bytes, xoff, dtype, wdtype, extra)
+            if y is not out:
+                self._place_columns(y, out, m, cols, n, r0, dtype)
+        return out
+
+    def _qmatmul_piece(self, wb, xs, y, m, n, k, row_bytes, xoff, dtype, wdtype, extra):
         words = [m, n, k, row_bytes, xoff]
         if m <= QMATVEC_MAX_ROWS:
-            self._run_quant("qmatvec", {"X": dtype}, [w, xs, out], words, self._grid((n + 255) // 256, "qmatvec"),
+            self._run_quant("qmatvec", {"X": dtype}, [wb, xs, y], words, self._grid((n + 255) // 256, "qmatvec"),
                             extra, f"qmatvec {wdtype.name}")
         else:
-            self._run_quant("qmatmul", {"X": dtype}, [w, xs, out], words, ((n + 63) // 64, (m + 3) // 4, 1), extra,
+            self._run_quant("qmatmul", {"X": dtype}, [wb, xs, y], words, ((n + 63) // 64, (m + 3) // 4, 1), extra,
                             f"qmatmul {wdtype.name}")
-        return out
+
+    def _place_columns(self, piece, out, m, cols, n, first, dtype):
+        """out[:, first:first + cols] = piece, for an (m, cols) piece of an (m, n) output."""
+        self._ew("assign", "assign", {"X": dtype}, [(piece, 0, [cols, 1]), (out, first, [n, 1])], None, (m, cols))
 
     def _qmatmul_dequantized(self, x, lx, dtype, w, n, k, m):
         # Weights dequantised to f32 on upload: x (m, k) . w^T with w (n, k).
@@ -631,7 +694,7 @@ class WgpuBackend(Backend):
         if pipe is None:
             pipe = self.driver.pipeline(wgsl.build(kernel, types, self.has_f16, None, extra), label)
             self._pipelines[key] = pipe
-        binds = [self._bind(s, label) for s in storages]
+        binds = [s if isinstance(s, tuple) else self._bind(s, label) for s in storages]
         self.driver.dispatch(pipe, binds, _pack(words), groups if isinstance(groups, tuple) else self._grid(groups, label))
 
     def dequantize(self, w, wdtype, numel, dtype):
@@ -646,10 +709,18 @@ class WgpuBackend(Backend):
         out = self._out(rows * per_row, dtype)
         if rows * per_row == 0:
             return out
-        words = [rows, per_row, wdtype.nbytes(per_row), 0 if ids is None else 1, src_rows]
+        row_bytes = wdtype.nbytes(per_row)
         threads = rows * per_row // 32
-        self._run_quant("dequant", {"Y": dtype, "I": ids_dtype}, [w, w if ids is None else ids, out], words,
-                        (threads + 63) // 64, extra, f"dequantize {wdtype.name}")
+        # A table larger than one binding (an embedding) is bound in pieces of source rows;
+        # each dispatch writes the output rows whose ids fall in its piece.
+        pieces = [(0, src_rows)] if ids is None else split.row_pieces(
+            src_rows, row_bytes, self.limits["max_storage_binding"], self.limits["storage_align"],
+            f"embedding lookup {wdtype.name}")
+        for r0, r1 in pieces:
+            wb = w if len(pieces) == 1 else self._bind_range(w, r0 * row_bytes, (r1 - r0) * row_bytes)
+            words = [rows, per_row, row_bytes, 0 if ids is None else 1, src_rows, r0, r1 - r0]
+            self._run_quant("dequant", {"Y": dtype, "I": ids_dtype}, [wb, w if ids is None else ids, out], words,
+                            (threads + 63) // 64, extra, f"dequantize {wdtype.name}")
         return out
 
     # ---- indexing -------------------------------------------------------------------------

@@ -118,6 +118,7 @@ class BrowserDriver:
             "max_invocations": int(lim.maxComputeInvocationsPerWorkgroup),
             "max_workgroup_storage": int(lim.maxComputeWorkgroupStorageSize),
             "uniform_align": max(int(lim.minUniformBufferOffsetAlignment), 1),
+            "storage_align": max(int(lim.minStorageBufferOffsetAlignment), 4),
         }
         info = getattr(adapter, "info", None)
         get = (lambda k: str(getattr(info, k, "") or "")) if info is not None else (lambda k: "")
@@ -166,14 +167,22 @@ class BrowserDriver:
 
     def write_buffer_from_js(self, buf, offset, array_buffer, src_offset, nbytes):
         """Copy nbytes of a JS ArrayBuffer (e.g. a fetched weights file) into buf, bypassing the wasm heap.
-        offset must be a multiple of 4; nbytes and src_offset need not be."""
+        offset must be a multiple of 4; nbytes and src_offset need not be. array_buffer may also be a
+        sliced file (tallow.io.JsSlicedSource's object: a Blob over 2 GB, read slice by slice): then
+        JS writes it into the GPU buffer one slice at a time (queue.writeBuffer at offsets), and
+        Python waits for that through run_sync."""
         if offset % 4:
             raise DeviceError(f"write_buffer_from_js: GPU buffer offset {offset} is not a multiple of 4")
         if nbytes > buf.nbytes - offset:
             raise DeviceError(f"write_buffer_from_js: {nbytes} bytes at offset {offset} overrun a {buf.nbytes}-byte buffer")
         if self._ops:
             self.flush()
-        self._js_driver.writeFromJs(buf.id, offset, array_buffer, src_offset, nbytes)
+        if hasattr(array_buffer, "byteLength"):
+            self._js_driver.writeFromJs(buf.id, offset, array_buffer, src_offset, nbytes)
+        else:
+            if not self._ffi.can_run_sync():
+                raise DeviceError("copying a sliced file to the GPU needs Python entered through callPromising (JSPI)")
+            self._ffi.run_sync(self._js_driver.writeFromSlices(buf.id, offset, array_buffer, src_offset, nbytes))
         self.bytes_from_js += nbytes
 
     def read_buffer(self, buf, offset, nbytes):
@@ -237,10 +246,11 @@ class BrowserDriver:
             self._js_driver.forget(self._ffi.to_js(dead))
 
 
-def register_device(driver):
+def register_device(driver, max_binding=None):
     """Make tallow.Device("wgpu") use `driver` (the wgpu backend picks the native driver by default).
+    max_binding: assume storage bindings of at most this many bytes (tests of the splitting).
     Returns that Device."""
     from tallow.device import use_backend
 
     from .backend import WgpuBackend
-    return use_backend("wgpu", WgpuBackend(driver))
+    return use_backend("wgpu", WgpuBackend(driver, max_binding=max_binding))

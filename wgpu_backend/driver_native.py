@@ -68,6 +68,7 @@ class NativeDriver:
             "max_invocations": int(limits["max-compute-invocations-per-workgroup"]),
             "max_workgroup_storage": int(limits["max-compute-workgroup-storage-size"]),
             "uniform_align": max(int(limits.get("min-uniform-buffer-offset-alignment", 256)), 1),
+            "storage_align": max(int(limits.get("min-storage-buffer-offset-alignment", 256)), 4),
         }
         info = adapter.info
         self.info = {

@@ -16,7 +16,7 @@ import os
 
 from ..errors import FormatError
 from .. import quant as _quant  # noqa: F401  (registers the block dtypes GGUF files use)
-from .byte_source import ByteSource, BytesSource, JsArrayBufferSource, is_byte_source
+from .byte_source import ByteSource, BytesSource, JsArrayBufferSource, JsSlicedSource, is_byte_source
 from .gguf import GGUFFile, write_gguf
 from .lazy_file import LazyFile, TensorInfo
 from .npz import NpzFile
@@ -24,7 +24,7 @@ from .safetensors import SafetensorsFile, ShardedSafetensors, write_safetensors
 
 __all__ = ["open", "load_file", "save_file", "GGUFFile", "SafetensorsFile", "ShardedSafetensors", "NpzFile",
            "LazyFile", "TensorInfo", "write_gguf", "write_safetensors", "ByteSource", "BytesSource",
-           "JsArrayBufferSource"]
+           "JsArrayBufferSource", "JsSlicedSource"]
 
 _INDEX = "model.safetensors.index.json"
 

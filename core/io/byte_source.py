@@ -8,6 +8,7 @@ buffer in JS, so the weights never enter the WebAssembly heap and a model
 larger than that heap loads. Other devices get the bytes through `read()`.
 
     src = JsArrayBufferSource(array_buffer, "model.gguf")   # in Pyodide
+    src = JsSlicedSource(sliced_file, "phi3.gguf")          # a Blob read in slices (files over 2 GB)
     f = tallow.io.open(src)                                 # header only
     f.tensor("token_embd.weight", device="wgpu")            # JS -> GPU copy
 """
@@ -72,6 +73,30 @@ class JsArrayBufferSource(ByteSource):
         if size == 0:
             return b""
         return self._Uint8Array.new(self.js_buffer, self.js_offset + offset, size).to_bytes()
+
+
+class JsSlicedSource(ByteSource):
+    """A file too big for one JS ArrayBuffer (over 2 GB): a JS object with `size` and an async
+    `read(offset, size) -> Uint8Array` that reads a Blob (a picked File, or a Cache API
+    response's blob) slice by slice (web/src/worker.mjs's SlicedFile). read() waits for it
+    through run_sync (Python entered with callPromising); a WebGPU device copies each tensor from
+    it to the GPU in slices, in JS."""
+
+    def __init__(self, js_file, name="<file>"):
+        super().__init__()
+        import pyodide.ffi as ffi  # Pyodide only
+        if not (hasattr(js_file, "read") and hasattr(js_file, "size")):
+            raise FormatError(f"{name}: expected a sliced JS file (size, read), got {type(js_file).__name__}")
+        if not ffi.can_run_sync():
+            raise FormatError(f"{name}: reading a sliced file needs Python entered through callPromising (JSPI)")
+        self._run_sync = ffi.run_sync
+        self.js_buffer = js_file
+        self.size, self.name = int(js_file.size), name
+
+    def _read(self, offset, size):
+        if size == 0:
+            return b""
+        return self._run_sync(self.js_buffer.read(offset, size)).to_bytes()
 
 
 def is_byte_source(obj):

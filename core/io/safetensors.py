@@ -105,8 +105,11 @@ class ShardedSafetensors(LazyFile):
     Shards are opened (mapped) on first use."""
     format = "safetensors (sharded)"
 
-    def __init__(self, index_path):
+    def __init__(self, index_path, open_shard=None):
+        """open_shard(file name) -> a reader: how shards are opened (default: the file next to the
+        index; in the browser, files picked from disk and read in slices)."""
         index_path = os.fspath(index_path)
+        self._open_shard = open_shard
         super().__init__(index_path)
         try:
             index = json.loads(bytes(self.data).decode("utf-8"))
@@ -130,7 +133,8 @@ class ShardedSafetensors(LazyFile):
             raise FormatError(f"{self.path}: no tensor named {name!r}")
         shard = self._shard_of[name]
         if shard not in self._shards:
-            self._shards[shard] = SafetensorsFile(os.path.join(self._dir, shard))
+            self._shards[shard] = (self._open_shard(shard) if self._open_shard is not None
+                                   else SafetensorsFile(os.path.join(self._dir, shard)))
         f = self._shards[shard]
         if name not in f.infos:
             raise FormatError(f"{self.path}: tensor {name!r} is listed in shard {shard} "

@@ -176,7 +176,16 @@ class GGUFWeights:
         if name in self._names:
             return self.reader.tensor(self._names[name], device)
         gguf_name, start, rows = self._splits[name]
-        info = self.reader.info(gguf_name)
+        info = self.reader._loadable(gguf_name)
         row_bytes = info.nbytes // info.shape[0]
+        source = getattr(self.reader, "source", None)
+        if source is not None:  # a JS buffer or sliced file: its rows go straight to the device when it can
+            from ..io.byte_source import direct_tensor
+            from ..io.lazy_file import TensorInfo
+            part = TensorInfo(name, info.dtype, info.file_dtype, (rows,) + tuple(info.shape[1:]), rows * row_bytes,
+                              info.offset + start * row_bytes)
+            t = direct_tensor(source, part, device)
+            if t is not None:
+                return t
         raw = self.reader.raw(gguf_name)[start * row_bytes:(start + rows) * row_bytes]
         return from_buffer(raw, info.dtype, (rows,) + tuple(info.shape[1:]), device)

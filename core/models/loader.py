@@ -35,8 +35,9 @@ def _build(cls, weights, cfg, device, dtype):
     return cls(VarBuilder(weights, device, dtype), cfg)
 
 
-def load_directory(path, device=None, dtype=None):
-    """A decoder from config.json + *.safetensors (sharded too) + tokenizer.json."""
+def load_directory(path, device=None, dtype=None, weights=None):
+    """A decoder from config.json + *.safetensors (sharded too) + tokenizer.json. weights: an
+    opened reader to use instead of the folder's safetensors (in the browser: files read in slices)."""
     from .. import io
     config_path = os.path.join(path, "config.json")
     raw = read_json(config_path)
@@ -45,7 +46,7 @@ def load_directory(path, device=None, dtype=None):
     model_type = raw.get("model_type")
     if model_type == "whisper":
         from . import whisper
-        return whisper.load(path, device=device, dtype=dtype)
+        return whisper.load(path, device=device, dtype=dtype, weights=weights)
     cfg = DecoderConfig(raw, source=config_path)
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.exists(gen_path):  # chat models list their end-of-turn ids here
@@ -55,7 +56,8 @@ def load_directory(path, device=None, dtype=None):
         for tid in Fields(gen, gen_path).token_ids("eos_token_id", cfg.vocab_size):
             if tid not in cfg.eos_token_ids:
                 cfg.eos_token_ids.append(tid)
-    model = _build(by_model_type(model_type, path).model_class, io.open(path), cfg, device, dtype)
+    model = _build(by_model_type(model_type, path).model_class, io.open(path) if weights is None else weights, cfg,
+                   device, dtype)
     if os.path.exists(os.path.join(path, "tokenizer.json")):
         from ..tokenizer import Tokenizer
         model.tokenizer = Tokenizer.from_file(path)

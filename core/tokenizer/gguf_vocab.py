@@ -36,6 +36,8 @@ _QWEN2 = _split_then_bytes(_QWEN2_PATTERN)
 # tokenizer.ggml.pre -> (pre_tokenizer, normalizer, ignore_merges, default add_bos)
 PRE_TOKENIZERS = {
     "gpt2": (_GPT2, None, False, False),
+    "gpt-2": (_GPT2, None, False, False),
+    "phi-2": (_GPT2, None, False, False),  # what llama.cpp writes for Phi-2 (GPT-2's pre-tokenizer)
     "mpt": (_GPT2, None, False, False),
     "olmo": (_GPT2, None, False, False),
     "jais": (_GPT2, None, False, False),

@@ -4,7 +4,10 @@ import { transcriptAs } from "./transcript.js";
 
 const $ = (id) => document.getElementById(id);
 const workerUrl = new URL("worker.mjs", import.meta.url);
-if (new URL(location.href).searchParams.has("cpu")) workerUrl.searchParams.set("cpu", "1");
+// Options the worker reads: ?cpu, and the big-model knobs ?slice_mb= / ?max_binding_mb= (tests lower them).
+for (const [name, value] of new URL(location.href).searchParams) {
+  if (["cpu", "slice_mb", "max_binding_mb"].includes(name)) workerUrl.searchParams.set(name, value || "1");
+}
 const worker = new Worker(workerUrl, { type: "module" });
 
 let nextId = 1;
@@ -91,6 +94,7 @@ worker.onmessage = (ev) => {
     $("status").textContent = `Ready in ${info.ready_s.toFixed(1)} s (Pyodide ${info.pyodide}, tallow ${info.tallow}, ` +
       `${mb(info.runtime_bytes)} downloaded).`;
     enableControls();
+    showChatModels();
     document.body.dataset.ready = "1";
     resolveReady(info);
     return;
@@ -120,7 +124,7 @@ worker.onmessage = (ev) => {
   }
 };
 
-const CONTROLS = ["open-model", "example", "audio-file", "record", "timestamps", "language", "task",
+const CONTROLS = ["open-model", "open-folder", "example", "audio-file", "record", "timestamps", "language", "task",
                   "chat-input", "max-tokens", "send", "reset"];
 function enableControls() {
   for (const id of CONTROLS) $(id).disabled = false;
@@ -238,6 +242,8 @@ function ensureModel(key, panel) {
   if (!loading.has(key)) {
     const p = request("load", { model: key }, null, [], panel).then((v) => {
       loaded.set(key, v);
+      showModels();
+      showChatModels();
       setStatus(`${manifest.models[key].title} loaded on ${v.device} in ${v.load_s.toFixed(1)} s` +
         `${v.from_cache === v.bytes ? " (files from browser storage)" : ` (${mb(v.bytes - v.from_cache)} downloaded)`}.`, panel);
       $("progress").hidden = true;
@@ -429,8 +435,8 @@ $("chat-form").onsubmit = guarded(async (ev) => {
   ev.preventDefault();
   const text = $("chat-input").value.trim();
   if (!text || chatId !== null) return;
-  const key = modelOfKind("llm");
-  if (!key) throw new Error("no chat model on this site: run `tallow fetch smollm2-135m-instruct` and rebuild");
+  const key = $("chat-model").value || modelOfKind("llm");
+  if (!key) throw new Error("no chat model on this site: run `tallow fetch smollm2-135m-instruct` and rebuild, or open a .gguf");
   $("chat-input").value = "";
   const user = document.createElement("div");
   user.className = "user";
@@ -486,22 +492,54 @@ $("reset").onclick = () => {
   $("chat-input").focus();
 };
 
-// ---- open a model from disk ---------------------------------------------------
+// ---- the chat model list, and models opened from disk ----------------------------
+// Every chat model by name and size: the site's own, plus .gguf files and Hugging Face folders
+// opened from disk. Picked files are posted to the worker as File objects (no copy, nothing read
+// here): the worker reads them in slices, so files over 2 GB load too.
+function showChatModels() {
+  const select = $("chat-model");
+  const chosen = select.value;
+  select.innerHTML = "";
+  for (const [key, m] of Object.entries(manifest.models)) {
+    if (m.kind !== "llm" || m.missing) continue;
+    const option = document.createElement("option");
+    option.value = key;
+    option.textContent = `${m.title} — ${m.bytes ? mb(m.bytes) : "size unknown"}${loaded.has(key) ? " (loaded)" : ""}`;
+    select.append(option);
+  }
+  if (chosen && manifest.models[chosen]) select.value = chosen;
+}
+
 let localCount = 0;
+async function openFromDisk(files, title) {
+  if (!files.length) return null;
+  const key = `local-${++localCount}`;
+  const bytes = files.reduce((s, f) => s + f.size, 0);
+  setStatus(`Loading ${title} (${mb(bytes)})…`);
+  // A folder's files keep their own names (webkitRelativePath holds the folder part).
+  const v = await request("open", { key, files }, null, [], "models");
+  loaded.set(key, v);
+  manifest.models[key] = { kind: v.kind, title: `${title} (from disk)`, bytes: v.bytes, files: [] };
+  showModels();
+  showChatModels();
+  showLanguageChoice();
+  if (v.kind === "llm") $("chat-model").value = key;
+  setStatus(`${title} loaded on ${v.device} in ${v.load_s.toFixed(1)} s.`);
+  return v;
+}
+
 $("open-model").onchange = guarded(async (ev) => {
   const files = [...ev.target.files];
   ev.target.value = "";
-  if (!files.length) return;
-  const key = `local-${++localCount}`;
-  setStatus(`Loading ${files.map((f) => f.name).join(", ")}…`);
-  const payload = await Promise.all(files.map(async (f) => ({ name: f.name, data: await f.arrayBuffer() })));
-  const v = await request("open", { key, files: payload }, null, payload.map((f) => f.data), "models");
-  loaded.set(key, v);
-  manifest.models[key] = { kind: v.kind, title: `${files[0].name} (from disk)`, bytes: v.bytes, files: [] };
-  showModels();
-  showLanguageChoice();
-  setStatus(`${files[0].name} loaded on ${v.device} in ${v.seconds.toFixed(1)} s.`);
+  await openFromDisk(files, files.map((f) => f.name).join(", "));
+}, "models");
+$("open-folder").onchange = guarded(async (ev) => {
+  const files = [...ev.target.files];
+  ev.target.value = "";
+  const folder = files.length && files[0].webkitRelativePath ? files[0].webkitRelativePath.split("/")[0] : "folder";
+  await openFromDisk(files.filter((f) => !f.name.startsWith(".")), folder);
 }, "models");
 
 // For tests and the console: window.tallowDemo.request("cache-list").
-window.tallowDemo = { request, ready, ensureModel, loaded, refreshCache, transcriptAs: (fmt) => transcriptAs(lastTranscript, fmt) };
+window.tallowDemo = { request, ready, ensureModel, loaded, refreshCache, openFromDisk,
+                      transcriptAs: (fmt) => transcriptAs(lastTranscript, fmt) };

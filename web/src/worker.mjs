@@ -4,8 +4,9 @@
 // order, except "stop", which is handled at once (the chat loop yields to the
 // event loop between tokens and checks it).
 //   load {model}                     fetch the manifest's files (Cache API) and load the model; the
-//                                    weights file stays a JS buffer (WebGPU copies tensors from it)
-//   open {key, files: [{name, data}]} load a model from files the user picked
+//                                    weights file stays a Blob read in slices (WebGPU copies tensors from it)
+//   open {key, files: [File]}        load a model from files the user picked (a .gguf, or a Hugging
+//                                    Face folder's files); weights are read in slices, never whole
 //   transcribe {model, audio, samples, timestamps, language, task}
 //                                    Float32Array at 16 kHz (samples) or WAV bytes; streams
 //                                    "segment" and "window" (progress, time left) messages
@@ -19,6 +20,12 @@
 import { loadPyodide } from "./pyodide/pyodide.mjs";
 
 const CACHE_NAME = "tallow-models-v1";
+const params = new URL(self.location.href).searchParams;
+// Weights files are read in slices of this size (?slice_mb=, default 64 MiB), so no file is ever
+// one ArrayBuffer (the browser refuses those over 2 GB); ?max_binding_mb= lowers the GPU binding
+// size tallow assumes (tests use both to exercise slicing and splitting with small files).
+const SLICE_BYTES = Math.max(4, Math.round(Number(params.get("slice_mb") || 64) * 2 ** 20));
+const MAX_BINDING_MB = params.get("max_binding_mb");
 const post = (msg) => self.postMessage(msg);
 const stopped = new Set();
 let py = null;
@@ -84,9 +91,10 @@ async function boot() {
     api = py.pyimport("tallow_web_worker");
     if (site.python.includes("test_hooks.py")) testHooks = py.pyimport("tallow_web_test_hooks");
     manifest = await (await fetch("models/manifest.json")).json();
-    const wantGpu = !new URL(self.location.href).searchParams.has("cpu");
+    const wantGpu = !params.has("cpu");
     progress("Probing WebGPU", 0, 0, { boot: true });
-    const info = JSON.parse(await api.boot(wantGpu));
+    // (a JS null would reach Python as JsNull, not None: pass the option only when it is set)
+    const info = JSON.parse(await api.boot(wantGpu, ...(MAX_BINDING_MB === null ? [] : [Number(MAX_BINDING_MB)])));
     if (info.device !== "wgpu") {
       progress("Measuring this CPU", 0, 0, { boot: true });
       info.cpu_speed = JSON.parse(api.cpu_speed());  // the page estimates from it what will be slow
@@ -101,43 +109,103 @@ async function boot() {
   }
 }
 
-// Read a response body into `into` at `at`, reporting bytes as they arrive; returns the byte count.
-async function readInto(response, into, at, report) {
-  const reader = response.body.getReader();
-  let n = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    if (at + n + value.length > into.length) throw new Error(`${response.url}: more bytes than the manifest says`);
-    into.set(value, at + n);
-    n += value.length;
-    report(n);
+// ---- model files, read in slices ------------------------------------------------
+// A weights file as a Blob (a picked File, or a Cache API response's blob: both stay on disk)
+// read slice by slice: Python reads the header through read(); WebGPU copies each tensor to its
+// GPU buffer piece by piece (tallow_wgpu's driver.js writeFromSlices). Slices start at multiples
+// of sliceBytes and the last two read are kept, so tensors stored one after another (as files
+// store them) cost one Blob read per slice, not one per tensor.
+class SlicedFile {
+  constructor(blob, sliceBytes = SLICE_BYTES) {
+    this.blob = blob;
+    this.size = blob.size;
+    this.sliceBytes = sliceBytes;
+    this.kept = new Map(); // slice index -> Promise of its bytes, oldest first
+    this.slices = 0; // Blob slices read, and the largest: what the tests check
+    this.largestSlice = 0;
   }
-  return n;
+
+  slice(i) {
+    let bytes = this.kept.get(i);
+    if (bytes) {
+      this.kept.delete(i); // most recently used last
+    } else {
+      const start = i * this.sliceBytes;
+      const n = Math.min(this.sliceBytes, this.size - start);
+      this.slices += 1;
+      this.largestSlice = Math.max(this.largestSlice, n);
+      bytes = this.blob.slice(start, start + n).arrayBuffer().then((b) => new Uint8Array(b));
+      if (this.kept.size >= 2) this.kept.delete(this.kept.keys().next().value);
+    }
+    this.kept.set(i, bytes);
+    return bytes;
+  }
+
+  // Bytes [offset, offset + size) as a Uint8Array: a view of one slice, or (across slices) a copy.
+  async read(offset, size) {
+    if (offset < 0 || size < 0 || offset + size > this.size) throw new Error(`read [${offset}, ${offset + size}) outside a ${this.size}-byte file`);
+    const step = this.sliceBytes;
+    const first = Math.floor(offset / step);
+    const last = Math.floor((offset + Math.max(size, 1) - 1) / step);
+    if (first === last) {
+      const bytes = await this.slice(first);
+      return bytes.subarray(offset - first * step, offset - first * step + size);
+    }
+    const out = new Uint8Array(size);
+    for (let i = first; i <= last; i++) {
+      const bytes = await this.slice(i);
+      const lo = Math.max(offset, i * step);
+      const hi = Math.min(offset + size, i * step + bytes.length);
+      out.set(bytes.subarray(lo - i * step, hi - i * step), lo - offset);
+    }
+    return out;
+  }
 }
 
-// A model file: each of its pieces (the whole file, or the parts a build split it into so every
-// file of the site is under the static host's limit) from the Cache API when it is there, else
-// downloaded (with progress) and cached. The pieces are written into one buffer of the file's
-// size, allocated once: no list of chunks and no joined copy.
+// One piece of a model file (the whole file, or one of the parts a build split it into so every
+// file of the site is under the static host's limit) as a Blob: from the Cache API when it is
+// there, else downloaded into the cache as a stream (with progress), never held whole in memory.
+async function cachedPiece(cache, piece, report) {
+  const hit = await cache.match(piece.url);
+  if (hit) {
+    const blob = await hit.blob();
+    report(blob.size, true);
+    return { blob, hit: true };
+  }
+  const response = await fetch(piece.url);
+  if (!response.ok) throw new Error(`${piece.url}: HTTP ${response.status}`);
+  let loaded = 0;
+  const counted = response.body.pipeThrough(new TransformStream({
+    transform(chunk, controller) {
+      loaded += chunk.length;
+      report(loaded, false);
+      controller.enqueue(chunk);
+    },
+  }));
+  await cache.put(piece.url, new Response(counted, { headers: { "Content-Type": "application/octet-stream" } }));
+  const stored = await cache.match(piece.url);
+  if (!stored) throw new Error(`${piece.url}: the browser did not keep it in the Cache API (storage full?)`);
+  return { blob: await stored.blob(), hit: false };
+}
+
+// A model file as one Blob over its pieces (Blobs reference the cached bytes: joining the parts
+// copies nothing); the worker reads it in slices.
 async function cachedFile(file, report) {
   const cache = await caches.open(CACHE_NAME);
   const pieces = file.parts || [{ url: file.url, size: file.size }];
-  const bytes = new Uint8Array(file.size);
+  const blobs = [];
   let at = 0;
   let fromCache = 0;
   for (const piece of pieces) {
-    const hit = await cache.match(piece.url);
-    const response = hit || (await fetch(piece.url));
-    if (!response.ok) throw new Error(`${piece.url}: HTTP ${response.status}`);
-    const n = await readInto(response, bytes, at, (k) => report(at + k, !!hit));
-    if (n !== piece.size) throw new Error(`${piece.url}: got ${n} bytes, the manifest says ${piece.size}: rebuild the site`);
-    if (hit) fromCache += n;
-    else await cache.put(piece.url, new Response(bytes.subarray(at, at + n), { headers: { "Content-Type": "application/octet-stream" } }));
-    at += n;
+    const { blob, hit } = await cachedPiece(cache, piece, (n, cached) => report(at + n, cached));
+    if (blob.size !== piece.size) throw new Error(`${piece.url}: got ${blob.size} bytes, the manifest says ${piece.size}: rebuild the site`);
+    if (hit) fromCache += blob.size;
+    blobs.push(blob);
+    at += blob.size;
   }
   if (at !== file.size) throw new Error(`${file.url}: ${at} of ${file.size} bytes`);
-  return { bytes, cached: fromCache === file.size, fromCache };
+  const blob = blobs.length === 1 ? blobs[0] : new Blob(blobs);
+  return { blob, cached: fromCache === file.size, fromCache };
 }
 
 // The cached bytes of each manifest model: {key: {bytes, files, of}} (of: the model's file count).
@@ -172,10 +240,15 @@ async function cacheDelete(key) {
   return { deleted };
 }
 
-// The weights file stays in JS memory (Python reads its header; WebGPU takes each tensor from it);
-// the small files (config, tokenizer, mel filters) go to Python's file system.
+// Weights files stay Blobs read in slices (Python reads their header; WebGPU takes each tensor
+// from them); the small files (config, tokenizer, mel filters) go to Python's file system.
 const isWeights = (name) => /\.(gguf|safetensors)$/i.test(name);
 const heapBytes = () => py._module.HEAP8.length;
+const sliceStats = (files) => ({
+  slices: files.reduce((s, f) => s + f.slices, 0),
+  largest_slice: Math.max(0, ...files.map((f) => f.largestSlice)),
+  slice_bytes: SLICE_BYTES,
+});
 
 async function loadFromManifest(msg) {
   const entry = manifest.models[msg.model];
@@ -189,33 +262,46 @@ async function loadFromManifest(msg) {
   const dir = `/models/${msg.model}`;
   py.FS.mkdirTree(dir);
   for (const f of entry.files) {
-    const { bytes, fromCache: hit } = await cachedFile(f, (n, cached) => progress(
+    const { blob, fromCache: hit } = await cachedFile(f, (n, cached) => progress(
       cached ? `Reading ${f.name} from browser storage` : `Downloading ${f.name}`, done + n, total,
       { model: msg.model, file: { name: f.name, loaded: n, total: f.size, parts: (f.parts || []).length } }));
     fromCache += hit;
-    done += bytes.length;
-    if (isWeights(f.name)) weights = { name: f.name, bytes };
-    else py.FS.writeFile(`${dir}/${f.name}`, bytes);
+    done += blob.size;
+    if (isWeights(f.name)) weights = { name: f.name, file: new SlicedFile(blob) };
+    else py.FS.writeFile(`${dir}/${f.name}`, new Uint8Array(await blob.arrayBuffer()));
   }
   progress(`Loading ${msg.model} into tallow`, total, total, { model: msg.model });
-  const info = JSON.parse(await api.load_model_from_js.callPromising(msg.model, dir, weights.name, weights.bytes, msg.device || "auto"));
-  return { ...info, bytes: total, from_cache: fromCache, load_s: (performance.now() - started) / 1000, heap_bytes: heapBytes() };
+  const info = JSON.parse(await api.load_model_from_js.callPromising(msg.model, dir, weights.name, weights.file, msg.device || "auto"));
+  return { ...info, ...sliceStats([weights.file]), bytes: total, from_cache: fromCache,
+           load_s: (performance.now() - started) / 1000, heap_bytes: heapBytes() };
 }
 
+// Files picked from disk (File objects, posted without copying): a .gguf, or a Hugging Face folder
+// (config.json, tokenizer files, *.safetensors, possibly sharded with an index). Small files go to
+// Python's file system; weights are read in slices and go JS -> GPU.
 async function openLocal(msg) {
   const started = performance.now();
   const dir = `/models/local/${msg.key}`;
   py.FS.mkdirTree(dir);
-  const gguf = msg.files.find((f) => f.name.toLowerCase().endsWith(".gguf"));
-  const bytes = msg.files.reduce((s, f) => s + f.data.byteLength, 0);
+  const files = msg.files.map((f) => ({ name: f.name.split("/").pop(), blob: f instanceof Blob ? f : new Blob([f.data]) }));
+  const bytes = files.reduce((s, f) => s + f.blob.size, 0);
+  const gguf = files.find((f) => f.name.toLowerCase().endsWith(".gguf"));
   let info;
+  let sliced;
   if (gguf) {
-    info = await api.load_model_from_js.callPromising(msg.key, dir, gguf.name, new Uint8Array(gguf.data), msg.device || "auto");
-  } else {  // a Hugging Face folder (possibly sharded): through the file system
-    for (const f of msg.files) py.FS.writeFile(`${dir}/${f.name}`, new Uint8Array(f.data));
-    info = await api.load_model.callPromising(msg.key, dir, msg.device || "auto");
+    sliced = [new SlicedFile(gguf.blob)];
+    info = await api.load_model_from_js.callPromising(msg.key, dir, gguf.name, sliced[0], msg.device || "auto");
+  } else {
+    const weights = {};
+    for (const f of files) {
+      if (isWeights(f.name)) weights[f.name] = new SlicedFile(f.blob);
+      else py.FS.writeFile(`${dir}/${f.name}`, new Uint8Array(await f.blob.arrayBuffer()));
+    }
+    sliced = Object.values(weights);
+    info = await api.load_folder_from_js.callPromising(msg.key, dir, Object.keys(weights), sliced, msg.device || "auto");
   }
-  return { ...JSON.parse(info), bytes, load_s: (performance.now() - started) / 1000, heap_bytes: heapBytes() };
+  return { ...JSON.parse(info), ...sliceStats(sliced), bytes, load_s: (performance.now() - started) / 1000,
+           heap_bytes: heapBytes() };
 }
 
 async function handle(msg) {

@@ -22,17 +22,22 @@ def _json(value):
     return json.dumps(value)
 
 
-async def boot(want_gpu=True):
-    """Pick the device: WebGPU when the browser has an adapter, else the pure-Python backend."""
+async def boot(want_gpu=True, max_binding_mb=None):
+    """Pick the device: WebGPU when the browser has an adapter, else the pure-Python backend.
+    max_binding_mb: assume GPU bindings of at most this many MiB (the page's ?max_binding_mb=)."""
     info = {"tallow": tallow.__version__, "numpy": _has_numpy()}
     if want_gpu:
         try:
             from tallow_wgpu.driver_browser import create_browser_driver, register_device
             driver = await create_browser_driver()
-            dev = register_device(driver)
+            max_binding = None if max_binding_mb is None else int(float(max_binding_mb) * (1 << 20))
+            dev = register_device(driver, max_binding)
             state["driver"] = driver
+            limits = dev.backend.limits
             info["gpu"] = {**driver.info, "f16": driver.has_f16, "cpu_emulated": driver.cpu_emulated,
-                           "max_storage_binding": driver.limits["max_storage_binding"]}
+                           "max_storage_binding": limits["max_storage_binding"],
+                           "adapter_max_storage_binding": driver.limits["max_storage_binding"],
+                           "max_buffer": limits["max_buffer"]}
             state["device"] = dev
         except Exception as e:  # no WebGPU, no adapter, or a driver failure: say so and fall back
             state["gpu_error"] = f"{type(e).__name__}: {e}"
@@ -68,19 +73,27 @@ def load_model(key, path, device=None):
                   "kind": model.kind, **_speech_facts(model)})
 
 
+def _js_source(js_data, name):
+    """A ByteSource over a JS ArrayBuffer/Uint8Array, or over a sliced file (worker.mjs's SlicedFile)."""
+    from tallow.io import JsArrayBufferSource, JsSlicedSource
+    if hasattr(js_data, "sliceBytes"):
+        return JsSlicedSource(js_data, name)
+    return JsArrayBufferSource(js_data, name)
+
+
 def load_model_from_js(key, folder, weights_name, js_bytes, device=None):
-    """Load a model whose weights file is a JS ArrayBuffer/Uint8Array (from the Cache API or a picked
-    file): only its header enters Python; on WebGPU each tensor is copied from the JS buffer straight
-    into its GPU buffer. weights_name: a .gguf file (an LLM, tokenizer in its metadata), or the
-    model.safetensors of a Whisper folder whose small files (config, tokenizer...) are in `folder`."""
-    from tallow.io import JsArrayBufferSource, open as open_weights
+    """Load a model whose weights file is a JS ArrayBuffer/Uint8Array or a sliced file (a Blob from the
+    Cache API or a picked file, read in slices): only its header enters Python; on WebGPU each tensor
+    is copied from JS straight into its GPU buffer. weights_name: a .gguf file (an LLM, tokenizer in
+    its metadata), or the model.safetensors of a Whisper folder whose small files are in `folder`."""
+    from tallow.io import open as open_weights
     from tallow.models.loader import load_gguf
 
     started = time.perf_counter()
     dev = _device(device)
     driver = state["driver"] if dev.type == "wgpu" else None
     before = (driver.bytes_from_js, driver.bytes_from_python) if driver else (0, 0)
-    source = JsArrayBufferSource(js_bytes, weights_name)
+    source = _js_source(js_bytes, weights_name)
     if weights_name.lower().endswith(".gguf"):
         model = load_gguf(source, device=dev)
     elif weights_name.endswith(".safetensors"):
@@ -105,6 +118,44 @@ def _speech_facts(model):
     if model.kind != "whisper" or not model.is_multilingual:
         return {"multilingual": False}
     return {"multilingual": True, "languages": sorted(model.tokens.languages)}
+
+
+def load_folder_from_js(key, folder, weight_names, js_files, device=None):
+    """Load a Hugging Face folder picked from disk: its small files (config.json, tokenizer.json,
+    model.safetensors.index.json...) are already in `folder`; its *.safetensors are sliced JS files
+    (weight_names[i] -> js_files[i]) whose tensors go JS -> GPU like load_model_from_js's."""
+    from tallow import io
+    from tallow.models.loader import load_directory
+
+    started = time.perf_counter()
+    dev = _device(device)
+    driver = state["driver"] if dev.type == "wgpu" else None
+    before = (driver.bytes_from_js, driver.bytes_from_python) if driver else (0, 0)
+    sources = {name: _js_source(f, name) for name, f in zip(list(weight_names), list(js_files))}
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        def open_shard(name):
+            if name not in sources:
+                raise tallow.errors.FormatError(f"{index} lists shard {name!r}, which was not among the picked files")
+            return io.open(sources[name], format="safetensors")
+        weights = io.ShardedSafetensors(index, open_shard)
+    elif "model.safetensors" in sources:
+        weights = io.open(sources["model.safetensors"], format="safetensors")
+    else:
+        raise tallow.errors.FormatError("the picked folder has neither model.safetensors nor "
+                                        "model.safetensors.index.json (pick a Hugging Face model folder)")
+    if not os.path.exists(os.path.join(folder, "config.json")):
+        raise tallow.errors.FormatError("the picked folder has no config.json (pick a Hugging Face model folder)")
+    model = load_directory(folder, device=dev, weights=weights)
+    state["models"][key] = model
+    if driver:
+        driver.flush()
+    return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
+                  "kind": model.kind,
+                  "weights_bytes": sum(s.size for s in sources.values()),
+                  "read_into_python": sum(s.bytes_read for s in sources.values()),
+                  "gpu_from_js": (driver.bytes_from_js - before[0]) if driver else 0,
+                  "gpu_from_python": (driver.bytes_from_python - before[1]) if driver else 0})
 
 
 def forget_model(key):

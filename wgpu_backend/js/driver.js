@@ -77,6 +77,25 @@ function makeTallowDriver(device, arenaBytes) {
     }
   }
 
+  // A sliced file (an object with async read(offset, size) -> Uint8Array and sliceBytes: a Blob
+  // too big for one ArrayBuffer) -> GPU, one slice at a time (queue.writeBuffer at offsets). Slices
+  // are whole multiples of 4 bytes except the last, whose 1-3 trailing bytes are zero-padded.
+  async function writeFromSlices(id, offset, file, srcOffset, nbytes) {
+    const buf = buffers.get(id);
+    const step = Math.max(4, file.sliceBytes - (file.sliceBytes % 4));
+    for (let done = 0; done < nbytes; done += step) {
+      const n = Math.min(step, nbytes - done);
+      const bytes = await file.read(srcOffset + done, n);
+      const body = n - (n % 4);
+      if (body) device.queue.writeBuffer(buf, offset + done, bytes.buffer, bytes.byteOffset, body);
+      if (body < n) {
+        const tail = new Uint8Array(4);
+        tail.set(bytes.subarray(body, n));
+        device.queue.writeBuffer(buf, offset + done + body, tail.buffer, 0, 4);
+      }
+    }
+  }
+
   // ops: flat u32 words, per entry:
   //   0 = dispatch: pipelineId, paramsSlotOffset, nBuffers, (bufId, offset, size) * n, x, y, z
   //   1 = copy:     srcId, srcOffset, dstId, dstOffset, nbytes
@@ -139,7 +158,7 @@ function makeTallowDriver(device, arenaBytes) {
   }
 
   return {
-    createBuffer, forget, compileAsync, compileSync, writeFromPython, writeFromJs, submit, read,
+    createBuffer, forget, compileAsync, compileSync, writeFromPython, writeFromJs, writeFromSlices, submit, read,
     liveBuffers: () => buffers.size,
   };
 }

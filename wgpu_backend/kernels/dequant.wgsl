@@ -1,7 +1,9 @@
 // Dequantise rows of a GGUF block tensor, one invocation per 32 elements.
 // Output row r comes from source row ids[r] (index_select of an embedding) or
 // from row r itself (P(3) = 0). P: 0 output rows, 1 elements per row,
-// 2 bytes per source row, 3 use ids, 4 number of source rows.
+// 2 bytes per source row, 3 use ids, 4 number of source rows; with ids, the
+// bound table holds source rows [P(5), P(5) + P(6)) (a table split across
+// bindings) and rows whose id falls outside are left to another dispatch.
 @group(0) @binding(2) var<storage, read> ids: array<SI>;
 @group(0) @binding(3) var<storage, read_write> y: array<SY>;
 
@@ -17,7 +19,8 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
     if (P(3u) == 1u) {
         var id = i32(li(ids[r]));
         if (id < 0) { id = id + i32(P(4u)); }
-        src = u32(id);
+        if (u32(id) < P(5u) || u32(id) - P(5u) >= P(6u)) { return; }
+        src = u32(id) - P(5u);
     }
     let row = src * P(2u);
     let sc = q_scales(row, s);
