@@ -27,6 +27,8 @@ PROMPT_IDS = [5, 17, 300, 2, 41]
 # f32 on SwiftShader vs numpy: same math, different summation order. Both models' logits are O(5).
 TOLERANCE = 1e-4  # times the largest |logit|
 
+pytestmark = pytest.mark.browser
+
 
 def _load(name, path):
     spec = importlib.util.spec_from_file_location(name, path)
