@@ -85,7 +85,6 @@ def demo(site):
 
 def _native(path, ids=PROMPT_IDS):
     """tallow on numpy, natively, on the same file: the last position's logits (the first token's)."""
-    import tallow
     from tallow.models.loader import load_gguf
     model = load_gguf(path, device="cpu")
     return model(ids)[0, -1].numpy()
