@@ -87,10 +87,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def embedding(ids: Tensor | Sequence, table: Tensor) -> Tensor:
-    ids = ops.as_index(ids, table, "embedding")
-    check_ids(ids, table.shape[0], "embedding", 0, "id")  # named here: a negative token id is a caller's bug
-    rows = ops.index_select(table, 0, ids.reshape(-1))
-    return rows.reshape(ids.shape + (table.shape[-1],))
+    idx = ops.as_index(ids, table, "embedding")
+    check_ids(idx, table.shape[0], "embedding", 0, "id")  # named here: a negative token id is a caller's bug
+    rows = ops.index_select(table, 0, idx.reshape(-1))
+    return rows.reshape(idx.shape + (table.shape[-1],))
 
 
 def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 1, padding: int = 0,
@@ -124,10 +124,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
 # ---- losses ------------------------------------------------------------------------------------
 def cross_entropy(logits: Tensor, targets: Tensor | Sequence[int]) -> Tensor:
     """Mean negative log-likelihood of integer class targets under softmax(logits); logits (n, classes)."""
-    targets = ops.as_index(targets, logits, "cross_entropy")
-    if logits.ndim != 2 or targets.shape != (logits.shape[0],):
-        raise ShapeError(f"cross_entropy: logits must be (n, classes) and targets (n,), got {logits.shape} and {targets.shape}")
-    picked = ops.gather(ops.softmax(logits, -1, log=True), 1, targets.unsqueeze(1))
+    tgt = ops.as_index(targets, logits, "cross_entropy")
+    if logits.ndim != 2 or tgt.shape != (logits.shape[0],):
+        raise ShapeError(f"cross_entropy: logits must be (n, classes) and targets (n,), "
+                         f"got {logits.shape} and {tgt.shape}")
+    picked = ops.gather(ops.softmax(logits, -1, log=True), 1, tgt.unsqueeze(1))
     return -picked.mean()
 
 

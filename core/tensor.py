@@ -216,7 +216,7 @@ class Tensor(TensorBase):
     __sub__ = sub
     __mul__ = mul
     __truediv__ = div
-    __eq__ = eq  # type: ignore[assignment]  (element-wise, as in numpy and torch)
+    __eq__ = eq  # type: ignore[assignment]  # element-wise, as in numpy and torch
     __ne__ = ne  # type: ignore[assignment]
     __lt__ = lt
     __le__ = le

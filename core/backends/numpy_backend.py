@@ -51,7 +51,7 @@ _BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
     "pow": np.power, "maximum": np.maximum, "minimum": np.minimum,
 }
-_NP_DTYPES = {}
+_NP_DTYPES: dict[str, object] = {}
 _COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal}
 
 
