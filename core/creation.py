@@ -166,7 +166,8 @@ def linspace(start: float, end: float, steps: int, dtype: DTypeLike = D.f32, dev
 def eye(n: int, m: int | None = None, dtype: DTypeLike = D.f32, device: DeviceLike = None,
         requires_grad: bool = False) -> Tensor:
     m = n if m is None else m
-    t = tensor([[1.0 if i == j else 0.0 for j in range(m)] for i in range(n)] if n * m else [], dtype, device).reshape(n, m)
+    t = tensor([[1.0 if i == j else 0.0 for j in range(m)] for i in range(n)] if n * m else [],
+               dtype, device).reshape(n, m)
     return _leaf(t, requires_grad, "eye")
 
 

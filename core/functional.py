@@ -81,7 +81,8 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias; a quantised weight is dequantised inside the backend's kernel."""
     if x.shape[-1] != weight.shape[-1]:
-        raise ShapeError(f"linear: input {x.shape} has {x.shape[-1]} features, weight {weight.shape} expects {weight.shape[-1]}")
+        raise ShapeError(f"linear: input {x.shape} has {x.shape[-1]} features, "
+                         f"weight {weight.shape} expects {weight.shape[-1]}")
     y = ops.matmul(x, ops.t(weight))
     return y if bias is None else y + bias
 
