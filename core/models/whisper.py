@@ -177,7 +177,8 @@ class Encoder(Module):
         """mel (b, n_mels, frames) -> audio features (b, frames / 2, d_model)."""
         cfg = self.cfg
         if mel.ndim != 3 or mel.shape[1] != cfg.num_mel_bins:
-            raise ShapeError(f"whisper encoder: expected mel of shape (batch, {cfg.num_mel_bins}, frames), got {mel.shape}")
+            raise ShapeError(f"whisper encoder: expected mel of shape (batch, {cfg.num_mel_bins}, frames), "
+                             f"got {mel.shape}")
         if mel.shape[2] > 2 * cfg.max_source_positions:
             raise ShapeError(f"whisper encoder: {mel.shape[2]} mel frames is more than the model's "
                              f"{2 * cfg.max_source_positions} (30 s); split long audio into windows")
