@@ -120,7 +120,8 @@ class PythonBackend(Backend):
             for r, b in enumerate(rows):
                 dst[b:b + span:stride] = values[r * last:(r + 1) * last]
         else:  # a broadcast (stride 0) destination: later elements win, as numpy
-            for o, v in zip(offsets(ld.offset, [[k * st for k in range(s)] for s, st in zip(ld.shape, ld.strides)]), values):
+            for o, v in zip(offsets(ld.offset, [[k * st for k in range(s)] for s, st in zip(ld.shape, ld.strides)]),
+                            values):
                 dst[o] = v
 
     def cast(self, storage, layout, src_dtype, dst_dtype):

@@ -10,8 +10,8 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 def add_model_arguments(parser):
     """Options shared by `generate` and `chat`."""
     parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"a known name (see `tallow fetch --list`), a Hugging Face-layout directory or a .gguf file "
-                             f"(default {DEFAULT_MODEL}; fetched on first use)")
+                        help=f"a known name (see `tallow fetch --list`), a Hugging Face-layout directory "
+                             f"or a .gguf file (default {DEFAULT_MODEL}; fetched on first use)")
     parser.add_argument("--device", default=None, help="cpu (numpy), python, wgpu... (default: the best available)")
     parser.add_argument("--max-tokens", type=positive_int, default=256,
                         help="stop after this many new tokens (default 256)")
@@ -64,7 +64,8 @@ def report(stream, err=None):
     total = stream.prefill_seconds + stream.decode_seconds
     rate = n / total if total else 0.0
     print(f"{n} tokens, {rate:.1f} tok/s (prefill {stream.prefill_tokens_per_second:.1f} tok/s, "
-          f"{stream.prompt_tokens - stream.cached_tokens} new prompt tokens; decode {stream.decode_tokens_per_second:.1f} tok/s)", file=err)
+          f"{stream.prompt_tokens - stream.cached_tokens} new prompt tokens; "
+          f"decode {stream.decode_tokens_per_second:.1f} tok/s)", file=err)
     if stream.finish_reason == "context":
         print("stopped: the model's context window is full", file=err)
 

@@ -57,9 +57,11 @@ def _jfk(work, downloads, progress, needs):
 
 
 KNOWN = {
-    "whisper-tiny.en": Recipe(_whisper_tiny_en, "Whisper tiny.en (MIT) in Hugging Face layout (f16 safetensors), mel filters",
+    "whisper-tiny.en": Recipe(_whisper_tiny_en,
+                              "Whisper tiny.en (MIT) in Hugging Face layout (f16 safetensors), mel filters",
                               needs=("whisper-tiny.en-ct2", "whisper-assets")),
-    "whisper-tiny.en-ct2": Recipe(_whisper_tiny_en_ct2, "Whisper tiny.en (MIT) as CTranslate2 model.bin (faster-whisper layout)"),
+    "whisper-tiny.en-ct2": Recipe(_whisper_tiny_en_ct2,
+                                  "Whisper tiny.en (MIT) as CTranslate2 model.bin (faster-whisper layout)"),
     "smollm2-135m-instruct": Recipe(_smollm2, "SmolLM2-135M-Instruct (Apache-2.0), GGUF Q4_1"),
     "whisper-assets": Recipe(_whisper_assets, "openai-whisper's mel_filters.npz and tiktoken vocabularies (MIT)"),
     "jfk.wav": Recipe(_jfk, "11 s of 16 kHz speech, public domain (test data)"),

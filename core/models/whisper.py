@@ -51,7 +51,8 @@ class WhisperConfig:
         self.max_target_positions = f.int("max_target_positions", 448, lo=1, hi=MAX_COUNT)
         self.vocab_size = f.int("vocab_size", lo=1, hi=MAX_COUNT)
         self.activation = f.str("activation_function", "gelu", choices=_ACTIVATIONS)
-        for key, heads in (("encoder_attention_heads", self.encoder_heads), ("decoder_attention_heads", self.decoder_heads)):
+        for key, heads in (("encoder_attention_heads", self.encoder_heads),
+                           ("decoder_attention_heads", self.decoder_heads)):
             if self.d_model % heads:
                 f.fail(key, heads, f"a divisor of d_model ({self.d_model})")
         # suppress lists may name ids past the vocabulary (decoding drops those), but must be ids

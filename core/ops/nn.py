@@ -167,7 +167,8 @@ def _conv_composite(x, w, stride, padding, dilation, groups, outs):
     cols = []
     for kidx in _product([range(k) for k in w.shape[2:]]):
         key = (slice(None), slice(None)) + tuple(
-            slice(kidx[i] * dilation[i], kidx[i] * dilation[i] + stride[i] * (outs[i] - 1) + 1, stride[i]) for i in range(nd))
+            slice(kidx[i] * dilation[i], kidx[i] * dilation[i] + stride[i] * (outs[i] - 1) + 1, stride[i])
+            for i in range(nd))
         cols.append(xp[key])  # (b, cin, *outs)
     col = stack(cols, -1)  # (b, cin, *outs, K)
     b, cin = x.shape[:2]
