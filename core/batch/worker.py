@@ -52,7 +52,8 @@ class Transcriber:
                 fh.write(text)
         except Error as e:
             return Outcome(source, output, "failed", error=_one_line(str(e)))
-        except Exception as e:  # anything else one file provokes (a decoder's complaint, no memory) fails that file only
+        # anything else one file provokes (a decoder's complaint, no memory) fails that file only
+        except Exception as e:
             return Outcome(source, output, "failed", error=_one_line(f"{type(e).__name__}: {e}"))
         return Outcome(source, output, "done", result.duration, time.perf_counter() - start)
 

@@ -38,7 +38,8 @@ def _whisper_tiny_en_ct2(work, downloads, progress, needs):
 
 
 def _whisper_tiny_en(work, downloads, progress, needs):
-    convert(needs["whisper-tiny.en-ct2"], work, progress)  # the public converter: `tallow convert` gives the same folder
+    # the public converter: `tallow convert` gives the same folder
+    convert(needs["whisper-tiny.en-ct2"], work, progress)
     shutil.copyfile(needs["whisper-assets"] / "mel_filters.npz", work / "mel_filters.npz")
     return "."
 
