@@ -26,7 +26,8 @@ def close(t, ref, tol=1e-5, atol=None):
     got = t.numpy()
     ref = np.asarray(ref)
     assert got.shape == ref.shape, (got.shape, ref.shape)
-    np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=tol, atol=tol if atol is None else atol)
+    np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=tol,
+                               atol=tol if atol is None else atol)
 
 
 def tt(a):
@@ -108,7 +109,8 @@ def test_promotion(device):
     assert (i * 1.5).dtype is tallow.f32
     assert (i / 2).dtype is tallow.f32 and (i / 2).tolist() == [0.5, 1.0]
     assert (f + tallow.tensor([1.0], dtype=tallow.bf16, device=device)).dtype is tallow.f32
-    assert (tallow.tensor([1], dtype=tallow.u8, device=device) + tallow.tensor([1], dtype=tallow.i8, device=device)).dtype is tallow.i32
+    assert (tallow.tensor([1], dtype=tallow.u8, device=device)
+            + tallow.tensor([1], dtype=tallow.i8, device=device)).dtype is tallow.i32
 
 
 # ---- views -------------------------------------------------------------------------------------
@@ -202,7 +204,8 @@ def test_gelu_against_torch(device):
     close(big.sigmoid(), [0.0, 1.0])
 
 
-@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 1), (1, 4)), ((2, 3, 4), (4,)), ((5,), ()), ((0, 3), (1, 3)), ((), ())])
+@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 1), (1, 4)), ((2, 3, 4), (4,)), ((5,), ()), ((0, 3), (1, 3)),
+                                    ((), ())])
 def test_binary_broadcast(device, shapes):
     sa, sb = shapes
     a, b = rnd(*sa), rnd(*sb) + 3.0
@@ -271,7 +274,8 @@ def test_arg_reductions_and_cumsum(device):
 
 
 # ---- linear algebra ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (4, 3)), ((3, 4), (4,)), ((0, 4), (4, 2))])
+@pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (4, 3)),
+                                   ((3, 4), (4,)), ((0, 4), (4, 2))])
 def test_matmul(device, sa, sb):
     a, b = rnd(*sa), rnd(*sb)
     close(T(a, device) @ T(b, device), np.matmul(a, b), 1e-4)
@@ -369,7 +373,8 @@ def test_rotary(device, interleaved):
     close(F.rotary_emb(T(x, device), T(cos, device), T(sin, device), interleaved), ref, 1e-5)
 
 
-@pytest.mark.parametrize("causal,mask,tq,hk", [(False, False, 4, 2), (True, False, 4, 2), (False, True, 3, 2), (True, False, 2, 1)])
+@pytest.mark.parametrize("causal,mask,tq,hk", [(False, False, 4, 2), (True, False, 4, 2), (False, True, 3, 2),
+                                               (True, False, 2, 1)])
 def test_attention(device, causal, mask, tq, hk):
     q, k, v = rnd(1, 2, tq, 8), rnd(1, hk, 6, 8), rnd(1, hk, 6, 8)
     m = rnd(1, 1, tq, 6) if mask else None
@@ -379,7 +384,8 @@ def test_attention(device, causal, mask, tq, hk):
         ref = torch.nn.functional.scaled_dot_product_attention(tt(q), kr, vr, attn_mask=allowed)
     else:
         ref = torch.nn.functional.scaled_dot_product_attention(tt(q), kr, vr, attn_mask=None if m is None else tt(m))
-    got = F.scaled_dot_product_attention(T(q, device), T(k, device), T(v, device), None if m is None else T(m, device), is_causal=causal)
+    got = F.scaled_dot_product_attention(T(q, device), T(k, device), T(v, device), None if m is None else T(m, device),
+                                         is_causal=causal)
     close(got, ref.numpy(), 1e-4)
 
 
