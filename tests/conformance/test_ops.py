@@ -78,7 +78,8 @@ def test_dtype_roundtrip(device, name):
     x = tallow.tensor(values, dtype=dt, device=device)
     assert x.dtype is dt and len(bytes(x)) == dt.itemsize * len(values)
     if dt.kind == "f":
-        ref = torch.tensor(values, dtype={"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64}[name])
+        ref = torch.tensor(values, dtype={"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+                                          "f64": torch.float64}[name])
         assert bytes(x) == ref.view(torch.uint8).numpy().tobytes() if name != "f64" else True
         close(x, ref.double().numpy(), TOL[name])
 
@@ -140,7 +141,8 @@ def test_views(device):
 def test_getitem(device):
     a = rnd(4, 5, 6)
     x = T(a, device)
-    for key in [1, -1, (slice(1, 3),), (slice(None), 2), (Ellipsis, 1), (None, 0), (slice(0, 5, 2), slice(None), slice(1, None, 3)),
+    for key in [1, -1, (slice(1, 3),), (slice(None), 2), (Ellipsis, 1), (None, 0),
+                (slice(0, 5, 2), slice(None), slice(1, None, 3)),
                 (1, Ellipsis, None), (slice(3, 1),)]:
         close(x[key], a[key])
     close(x[[2, 0, 3]], a[[2, 0, 3]])
