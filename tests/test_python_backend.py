@@ -398,13 +398,14 @@ def test_cumsum(dtype, dim):
     arr, st, lay = make((3, 4, 5), dtype, "strided", scale=1.0)
     out_dtype = D.i64 if not dtype.is_float else dtype
     ref = np.cumsum(arr.astype(np.float64) if dtype.is_float else arr.astype(np.int64), axis=dim)
-    check(result(B.cumsum(st, lay, dtype, dim), arr.shape, out_dtype), as_dtype(ref, out_dtype) if dtype.is_float else ref,
-          out_dtype if dtype.is_float else D.i64)
+    check(result(B.cumsum(st, lay, dtype, dim), arr.shape, out_dtype),
+          as_dtype(ref, out_dtype) if dtype.is_float else ref, out_dtype if dtype.is_float else D.i64)
 
 
 # ---- linear algebra and indexing -------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [D.f32, D.f16, D.bf16, D.f64, D.i32])
-@pytest.mark.parametrize("shapes", [((5, 7), (7, 3)), ((2, 3, 4), (2, 4, 6)), ((2, 1, 3, 0), (2, 1, 0, 4)), ((0, 3), (3, 2))])
+@pytest.mark.parametrize("shapes", [((5, 7), (7, 3)), ((2, 3, 4), (2, 4, 6)), ((2, 1, 3, 0), (2, 1, 0, 4)),
+                                    ((0, 3), (3, 2))])
 def test_matmul(dtype, shapes):
     sa, sb = shapes
     a, st_a, la = make(sa, dtype, "transposed", scale=1.0)
