@@ -21,7 +21,8 @@ from .errors import (  # noqa: F401
     UnsupportedError, ValueRangeError,
 )
 from .functional import (  # noqa: F401
-    cat, chunk, pad, split, stack, where, conv1d, conv2d, gelu, layer_norm, linear, log_softmax, relu, rms_norm, rotary_emb, scaled_dot_product_attention,
+    cat, chunk, pad, split, stack, where, conv1d, conv2d, gelu, layer_norm, linear, log_softmax, relu, rms_norm,
+    rotary_emb, scaled_dot_product_attention,
     sigmoid, silu, softmax,
 )
 from .tensor import Tensor  # noqa: F401

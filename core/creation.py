@@ -71,32 +71,35 @@ def from_numpy(array: object, device: DeviceLike = None, requires_grad: bool = F
     else:
         raise DTypeError(f"from_numpy: numpy dtype {array.dtype} has no tallow equivalent")
     data = np.array(array, dtype=array.dtype.newbyteorder("<"), order="C", copy=True).reshape(-1)
-    return _leaf(from_buffer(memoryview(data.view(np.uint8)), dtype, array.shape, device), requires_grad, "from_numpy")
+    buf = memoryview(data.view(np.uint8))  # type: ignore[arg-type]  # ndarray has the buffer protocol
+    return _leaf(from_buffer(buf, dtype, array.shape, device), requires_grad, "from_numpy")
 
 
 def from_buffer(data: object, dtype: D.DType | str, shape: Sequence[int], device: DeviceLike = None) -> Tensor:
     """A tensor over raw little-endian bytes (quantised dtypes: the GGUF blocks)."""
-    dtype = D.get_dtype(dtype)
-    shape = tuple(int(s) for s in shape)
-    numel = numel_of(shape)
-    if dtype.is_quantized and (not shape or shape[-1] % dtype.block_size):
-        raise ShapeError(f"from_buffer: a {dtype.name} tensor's last dim must be a multiple of {dtype.block_size}, got shape {shape}")
-    expected = dtype.nbytes(numel)
-    got = memoryview(data).nbytes
+    dt = D.get_dtype(dtype)
+    dims = tuple(int(s) for s in shape)
+    numel = numel_of(dims)
+    if dt.is_quantized and (not dims or dims[-1] % dt.block_size):
+        raise ShapeError(f"from_buffer: a {dt.name} tensor's last dim must be a multiple of {dt.block_size}, "
+                         f"got shape {dims}")
+    expected = dt.nbytes(numel)
+    got = memoryview(data).nbytes  # type: ignore[arg-type]  # any buffer-protocol object
     if got != expected:
-        raise FormatError(f"from_buffer: {got} bytes given for a {dtype.name} tensor of shape {shape}, which needs {expected}")
+        raise FormatError(f"from_buffer: {got} bytes given for a {dt.name} tensor of shape {dims}, "
+                          f"which needs {expected}")
     dev = _device(device)
-    return _make(dev.backend.from_bytes(data, dtype), shape, dtype, dev)
+    return _make(dev.backend.from_bytes(data, dt), dims, dt, dev)
 
 
 def full(shape: int | Sequence[int], value: Number, dtype: DTypeLike = None, device: DeviceLike = None,
          requires_grad: bool = False) -> Tensor:
-    shape = _shape_arg((shape,))
-    dtype = D.get_dtype(dtype) or D.default_for(value)
-    if dtype.is_int:
-        D.check_ints_fit([value], dtype, "full")
+    dims = _shape_arg((shape,))
+    dt = D.get_dtype(dtype) or D.default_for(value)
+    if dt.is_int:
+        D.check_ints_fit([value], dt, "full")
     dev = _device(device)
-    return _leaf(_make(dev.backend.full(numel_of(shape), value, dtype), shape, dtype, dev), requires_grad, "full")
+    return _leaf(_make(dev.backend.full(numel_of(dims), value, dt), dims, dt, dev), requires_grad, "full")
 
 
 def zeros(*shape: int | Sequence[int], dtype: DTypeLike = D.f32, device: DeviceLike = None,
@@ -163,7 +166,8 @@ def linspace(start: float, end: float, steps: int, dtype: DTypeLike = D.f32, dev
 def eye(n: int, m: int | None = None, dtype: DTypeLike = D.f32, device: DeviceLike = None,
         requires_grad: bool = False) -> Tensor:
     m = n if m is None else m
-    t = tensor([[1.0 if i == j else 0.0 for j in range(m)] for i in range(n)] if n * m else [], dtype, device).reshape(n, m)
+    t = tensor([[1.0 if i == j else 0.0 for j in range(m)] for i in range(n)] if n * m else [],
+               dtype, device).reshape(n, m)
     return _leaf(t, requires_grad, "eye")
 
 
@@ -179,16 +183,16 @@ def manual_seed(seed: int) -> None:
 
 def rand(*shape: int | Sequence[int], dtype: DTypeLike = D.f32, device: DeviceLike = None,
          requires_grad: bool = False) -> Tensor:
-    shape = _shape_arg(shape)
+    dims = _shape_arg(shape)
     r = _rng.random
-    return _leaf(tensor([r() for _ in range(numel_of(shape))], dtype, device).reshape(shape), requires_grad, "rand")
+    return _leaf(tensor([r() for _ in range(numel_of(dims))], dtype, device).reshape(dims), requires_grad, "rand")
 
 
 def randn(*shape: int | Sequence[int], dtype: DTypeLike = D.f32, device: DeviceLike = None,
           requires_grad: bool = False) -> Tensor:
-    shape = _shape_arg(shape)
+    dims = _shape_arg(shape)
     g = _rng.gauss
-    return _leaf(tensor([g(0.0, 1.0) for _ in range(numel_of(shape))], dtype, device).reshape(shape),
+    return _leaf(tensor([g(0.0, 1.0) for _ in range(numel_of(dims))], dtype, device).reshape(dims),
                  requires_grad, "randn")
 
 

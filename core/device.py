@@ -17,8 +17,8 @@ _BACKENDS = {
     "metal": ("tallow_metal.backend", "MetalBackend", "pip install 'tallow[metal]' on macOS"),
 }
 _ALIASES = {"numpy": "cpu", "webgpu": "wgpu", "gpu": None}
-_instances = {}
-_bound = {}  # name -> stack of (previous Device or None, previous default) for restore_backend
+_instances: dict[str, "Device"] = {}
+_bound: dict[str, list] = {}  # name -> stack of (previous Device or None, previous default) for restore_backend
 
 
 class Device:

@@ -105,7 +105,8 @@ def promote(a, b):
     if a is b:
         return a
     if a.is_quantized or b.is_quantized:
-        raise DTypeError(f"quantised dtype {a if a.is_quantized else b} takes part only in matmul; dequantise first with .to(tallow.f32)")
+        raise DTypeError(f"quantised dtype {a if a.is_quantized else b} takes part only in matmul; "
+                         f"dequantise first with .to(tallow.f32)")
     if a.is_float and b.is_float:
         if {a, b} == {f16, bf16}:
             return f32

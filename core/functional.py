@@ -81,16 +81,17 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias; a quantised weight is dequantised inside the backend's kernel."""
     if x.shape[-1] != weight.shape[-1]:
-        raise ShapeError(f"linear: input {x.shape} has {x.shape[-1]} features, weight {weight.shape} expects {weight.shape[-1]}")
+        raise ShapeError(f"linear: input {x.shape} has {x.shape[-1]} features, "
+                         f"weight {weight.shape} expects {weight.shape[-1]}")
     y = ops.matmul(x, ops.t(weight))
     return y if bias is None else y + bias
 
 
 def embedding(ids: Tensor | Sequence, table: Tensor) -> Tensor:
-    ids = ops.as_index(ids, table, "embedding")
-    check_ids(ids, table.shape[0], "embedding", 0, "id")  # named here: a negative token id is a caller's bug
-    rows = ops.index_select(table, 0, ids.reshape(-1))
-    return rows.reshape(ids.shape + (table.shape[-1],))
+    idx = ops.as_index(ids, table, "embedding")
+    check_ids(idx, table.shape[0], "embedding", 0, "id")  # named here: a negative token id is a caller's bug
+    rows = ops.index_select(table, 0, idx.reshape(-1))
+    return rows.reshape(idx.shape + (table.shape[-1],))
 
 
 def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 1, padding: int = 0,
@@ -124,10 +125,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
 # ---- losses ------------------------------------------------------------------------------------
 def cross_entropy(logits: Tensor, targets: Tensor | Sequence[int]) -> Tensor:
     """Mean negative log-likelihood of integer class targets under softmax(logits); logits (n, classes)."""
-    targets = ops.as_index(targets, logits, "cross_entropy")
-    if logits.ndim != 2 or targets.shape != (logits.shape[0],):
-        raise ShapeError(f"cross_entropy: logits must be (n, classes) and targets (n,), got {logits.shape} and {targets.shape}")
-    picked = ops.gather(ops.softmax(logits, -1, log=True), 1, targets.unsqueeze(1))
+    tgt = ops.as_index(targets, logits, "cross_entropy")
+    if logits.ndim != 2 or tgt.shape != (logits.shape[0],):
+        raise ShapeError(f"cross_entropy: logits must be (n, classes) and targets (n,), "
+                         f"got {logits.shape} and {tgt.shape}")
+    picked = ops.gather(ops.softmax(logits, -1, log=True), 1, tgt.unsqueeze(1))
     return -picked.mean()
 
 

@@ -15,7 +15,8 @@ from .tensor_base import TensorBase
 def _expand_key(t, key):
     if not isinstance(key, tuple):
         key = (key,)
-    used = sum(1 for k in key if k is not None and k is not Ellipsis and not _is_mask(k)) + sum(k.ndim for k in key if _is_mask(k))
+    used = (sum(1 for k in key if k is not None and k is not Ellipsis and not _is_mask(k))
+            + sum(k.ndim for k in key if _is_mask(k)))
     if sum(1 for k in key if k is Ellipsis) > 1:
         raise ShapeError("an index can hold only one Ellipsis (...)")
     if used > t.ndim:

@@ -151,7 +151,8 @@ class Tensor(TensorBase):
     def unsqueeze(self, dim: int) -> Tensor: return ops.unsqueeze(self, dim)
     def expand(self, *shape: int | Sequence[int]) -> Tensor: return ops.expand(self, shape)
     def broadcast_to(self, shape: Sequence[int]) -> Tensor: return ops.expand(self, tuple(shape))
-    def split(self, split_size: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]: return ops.split(self, split_size, dim)
+    def split(self, split_size: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+        return ops.split(self, split_size, dim)
     def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]: return ops.chunk(self, chunks, dim)
 
     def __getitem__(self, key) -> Tensor: return indexing.getitem(self, key)
@@ -216,7 +217,7 @@ class Tensor(TensorBase):
     __sub__ = sub
     __mul__ = mul
     __truediv__ = div
-    __eq__ = eq  # type: ignore[assignment]  (element-wise, as in numpy and torch)
+    __eq__ = eq  # type: ignore[assignment]  # element-wise, as in numpy and torch
     __ne__ = ne  # type: ignore[assignment]
     __lt__ = lt
     __le__ = le
@@ -247,8 +248,10 @@ class Tensor(TensorBase):
     def prod(self, dim: Dims = None, keepdim: bool = False) -> Tensor: return ops.reduce(self, "prod", dim, keepdim)
     def max(self, dim: Dims = None, keepdim: bool = False) -> Tensor: return ops.reduce(self, "max", dim, keepdim)
     def min(self, dim: Dims = None, keepdim: bool = False) -> Tensor: return ops.reduce(self, "min", dim, keepdim)
-    def argmax(self, dim: int | None = None, keepdim: bool = False) -> Tensor: return ops.arg_reduce(self, "argmax", dim, keepdim)
-    def argmin(self, dim: int | None = None, keepdim: bool = False) -> Tensor: return ops.arg_reduce(self, "argmin", dim, keepdim)
+    def argmax(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        return ops.arg_reduce(self, "argmax", dim, keepdim)
+    def argmin(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        return ops.arg_reduce(self, "argmin", dim, keepdim)
     def mean(self, dim: Dims = None, keepdim: bool = False) -> Tensor: return ops.mean(self, dim, keepdim)
 
     def var(self, dim: Dims = None, keepdim: bool = False, correction: int = 1) -> Tensor:

@@ -183,7 +183,8 @@ class CpuCudaDriver:
         return st.buf[byte_offset:byte_offset + nbytes].tobytes()
 
     def launch(self, module, kernel, grid, block, args):
-        launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_cuda_arg, module in self._fiber_modules)
+        launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_cuda_arg,
+                        module in self._fiber_modules)
         self.launches += 1
 
 

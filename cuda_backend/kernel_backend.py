@@ -112,16 +112,19 @@ class KernelBackend(Backend):
     def copy(self, st, layout, dtype):
         if dtype.is_quantized:  # blocks are copied whole, byte by byte
             out = self._alloc(dtype, st.nbytes)
-            self._run("elementwise", "copy_w1", st.nbytes, [st, out, pack_meta((st.nbytes,), [(0, (1,))]), I64(st.nbytes)])
+            self._run("elementwise", "copy_w1", st.nbytes,
+                      [st, out, pack_meta((st.nbytes,), [(0, (1,))]), I64(st.nbytes)])
             return out
         n = layout.numel()
         out = self._alloc(dtype, n)
-        self._run("elementwise", width_kernel("copy", dtype), n, [st, out, pack_meta(layout.shape, [layout], "copy"), I64(n)])
+        self._run("elementwise", width_kernel("copy", dtype), n,
+                  [st, out, pack_meta(layout.shape, [layout], "copy"), I64(n)])
         return out
 
     def assign(self, dst, ld, src, ls, dtype):
         n = ld.numel()
-        self._run("elementwise", width_kernel("assign", dtype), n, [dst, src, pack_meta(ld.shape, [ld, ls], "assign"), I64(n)])
+        self._run("elementwise", width_kernel("assign", dtype), n,
+                  [dst, src, pack_meta(ld.shape, [ld, ls], "assign"), I64(n)])
 
     def cast(self, st, layout, src_dtype, dst_dtype):
         self._check(src_dtype, "cast")
@@ -178,7 +181,8 @@ class KernelBackend(Backend):
             cond, lc = self.cast(cond, lc, cond.dtype, bool_), Layout(lc.shape)
         n = la.numel()
         out = self._alloc(dtype, n)
-        self._run("elementwise", kernel_name("where", dtype), n, [cond, a, b, out, pack_meta(la.shape, [lc, la, lb], "where"), I64(n)])
+        self._run("elementwise", kernel_name("where", dtype), n,
+                  [cond, a, b, out, pack_meta(la.shape, [lc, la, lb], "where"), I64(n)])
         return out
 
     # ---- reductions and scans ---------------------------------------------------------
@@ -197,14 +201,17 @@ class KernelBackend(Backend):
         grid, block = (rows, 1, 1), (BLOCK, 1, 1)
         if op in ("argmax", "argmin"):
             out = self._alloc(i64, rows)
-            self.driver.launch("reduce", kernel_name("argreduce", dtype), grid, block, [x, out, I64(length), I32(op == "argmax")])
+            self.driver.launch("reduce", kernel_name("argreduce", dtype), grid, block,
+                               [x, out, I64(length), I32(op == "argmax")])
             return out
         if dtype.is_float:
             out = self._alloc(dtype, rows)
-            self.driver.launch("reduce", kernel_name("reduce", dtype), grid, block, [x, out, I64(length), I32(REDUCE_CODES[op])])
+            self.driver.launch("reduce", kernel_name("reduce", dtype), grid, block,
+                               [x, out, I64(length), I32(REDUCE_CODES[op])])
             return out
         wide = self._alloc(i64, rows)  # integer reductions accumulate in i64
-        self.driver.launch("reduce", kernel_name("reduce", dtype), grid, block, [x, wide, I64(length), I32(REDUCE_CODES[op])])
+        self.driver.launch("reduce", kernel_name("reduce", dtype), grid, block,
+                           [x, wide, I64(length), I32(REDUCE_CODES[op])])
         return wide if out_dtype is i64 else self.cast(wide, Layout((rows,)), i64, out_dtype)
 
     def cumsum(self, st, layout, dtype, dim):
@@ -287,13 +294,15 @@ class KernelBackend(Backend):
         n = lids.numel()
         out = self._alloc(dtype, n)
         meta = pack_meta(lids.shape, [(layout.offset, strides)], "gather")
-        self._run("index", width_kernel("gather", dtype), n, [st, ids64, out, meta, I64(n), I64(dim_stride), I64(layout.shape[dim])])
+        self._run("index", width_kernel("gather", dtype), n,
+                  [st, ids64, out, meta, I64(n), I64(dim_stride), I64(layout.shape[dim])])
         return out
 
     def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
         work = SCATTER_WORK_DTYPES[dtype.name]
         if work is i64 and not self.driver.atomic64:
-            raise UnsupportedError(f"the {self.name} backend cannot scatter_add {dtype.name} (no 64-bit atomics); use i32 or f32")
+            raise UnsupportedError(f"the {self.name} backend cannot scatter_add {dtype.name} (no 64-bit atomics); "
+                                   f"use i32 or f32")
         self._check(dtype, "scatter_add")
         out = self._as(dst, ld, dtype, work) if work is not dtype else self.copy(dst, ld, dtype)
         ids64 = self._ids64(ids, lids)
@@ -302,7 +311,8 @@ class KernelBackend(Backend):
         dim_stride, out_strides[dim] = out_strides[dim], 0
         n = ls.numel()
         meta = pack_meta(ls.shape, [lv, (0, out_strides)], "scatter_add")
-        self._run("index", f"scatter_add_{work.name}", n, [out, ids64, values, meta, I64(n), I64(dim_stride), I64(ld.shape[dim])])
+        self._run("index", f"scatter_add_{work.name}", n,
+                  [out, ids64, values, meta, I64(n), I64(dim_stride), I64(ld.shape[dim])])
         return out if work is dtype else self.cast(out, Layout(ld.shape), work, dtype)
 
     def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
@@ -346,7 +356,8 @@ class KernelBackend(Backend):
             return out
         x = self._contiguous(st, layout, dtype)
         inputs = [x] + [x if s is None else self._contiguous(s, ls, dtype) for s, ls in extra_inputs]
-        self.driver.launch("reduce", kernel_name(family, dtype), (rows, 1, 1), (BLOCK, 1, 1), inputs + [out, I64(length)] + scalars)
+        self.driver.launch("reduce", kernel_name(family, dtype), (rows, 1, 1), (BLOCK, 1, 1),
+                           inputs + [out, I64(length)] + scalars)
         return out
 
     def softmax(self, st, layout, dtype, log=False):
@@ -368,7 +379,8 @@ class KernelBackend(Backend):
             return out
         cs, sn = self._contiguous(cos, lcos, dtype), self._contiguous(sin, lsin, dtype)
         self._run("index", kernel_name("rope", dtype), n // 2,
-                  [x, cs, sn, out, pack_meta(lx.shape, [lx], "rope"), I64(b * h), I64(t), I64(d), I32(bool(interleaved))])
+                  [x, cs, sn, out, pack_meta(lx.shape, [lx], "rope"), I64(b * h), I64(t), I64(d),
+                   I32(bool(interleaved))])
         return out
 
     def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
@@ -383,8 +395,8 @@ class KernelBackend(Backend):
         lm = lmask if mask is not None else Layout((b, h, tq, tk), (0, 0, 0, 0))
         ameta = Meta([lq.offset, lk.offset, lv.offset, lm.offset, *lq.strides, *lk.strides, *lv.strides, *lm.strides])
         self.driver.launch("attention", kernel_name("attention", dtype), (b * h * tq, 1, 1), (BLOCK, 1, 1),
-                           [q, k, v, mask if mask is not None else q, out, ameta, I32(h), I32(tq), I32(tk), I32(d), I32(dv),
-                            F64(scale), I32(mask is not None), I32(bool(causal))])
+                           [q, k, v, mask if mask is not None else q, out, ameta, I32(h), I32(tq), I32(tk), I32(d),
+                            I32(dv), F64(scale), I32(mask is not None), I32(bool(causal))])
         return out
 
     # ---- user-defined ops (tallow.custom_op) --------------------------------------------
@@ -403,7 +415,8 @@ class KernelBackend(Backend):
             raise UnsupportedError(f"custom op {op.name!r} has no implementation for the {self.name} backend "
                                    f"(no {self.source_language} source)")
         if out_dtype is not f32 or any(dt is not f32 for _, _, dt in inputs):
-            raise UnsupportedError(f"custom op {op.name!r}: {self.source_language} custom kernels take and return f32 tensors")
+            raise UnsupportedError(f"custom op {op.name!r}: {self.source_language} custom kernels "
+                                   f"take and return f32 tensors")
         numel = numel_of(out_shape)
         if numel > 0xFFFFFFFF:
             raise UnsupportedError(f"custom op {op.name!r}: {numel} elements exceed the kernel's 32-bit numel")

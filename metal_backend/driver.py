@@ -74,7 +74,8 @@ class MetalDriver:
         if dtype.itemsize == 8 and dtype.is_float:
             raise UnsupportedError("the metal backend has no f64; convert to f32 first")
         numel = len(data) if dtype.is_quantized else len(data) // dtype.itemsize
-        buf = self.device.newBufferWithBytes_length_options_(data if data else b"\0\0\0\0", max(len(data), 4), self.options)
+        buf = self.device.newBufferWithBytes_length_options_(data if data else b"\0\0\0\0", max(len(data), 4),
+                                                             self.options)
         return DeviceStorage(buf, dtype, numel)
 
     def download(self, st, byte_offset, nbytes):

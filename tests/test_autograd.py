@@ -81,8 +81,8 @@ def test_gather_scatter_index_select_where(device):
     check(device, lambda a: a.index_select(0, tallow.tensor([1, 1, 0], device=device)),
           lambda a: a.index_select(0, torch.tensor([1, 1, 0])), rnd(2, 3))
     m = rnd(3, 4) > 0
-    check(device, lambda a, b: tallow.where(tallow.from_numpy(m, device), a, b), lambda a, b: torch.where(torch.from_numpy(m), a, b),
-          rnd(3, 4), rnd(4))
+    check(device, lambda a, b: tallow.where(tallow.from_numpy(m, device), a, b),
+          lambda a, b: torch.where(torch.from_numpy(m), a, b), rnd(3, 4), rnd(4))
 
 
 def test_cat_stack_pad_split(device):
@@ -104,21 +104,25 @@ def test_nn_ops(device):
 @pytest.mark.parametrize("stride,padding,dilation,groups", [(1, 1, 1, 1), (2, 0, 2, 2)])
 def test_conv(device, stride, padding, dilation, groups):
     check(device, lambda x, w, b: F.conv1d(x, w, b, stride, padding, dilation, groups),
-          lambda x, w, b: torch.nn.functional.conv1d(x, w, b, stride, padding, dilation, groups), rnd(2, 4, 9), rnd(6, 4 // groups, 3), rnd(6))
+          lambda x, w, b: torch.nn.functional.conv1d(x, w, b, stride, padding, dilation, groups),
+          rnd(2, 4, 9), rnd(6, 4 // groups, 3), rnd(6))
     check(device, lambda x, w: F.conv2d(x, w, None, stride, padding, dilation, groups),
-          lambda x, w: torch.nn.functional.conv2d(x, w, None, stride, padding, dilation, groups), rnd(1, 4, 7, 6), rnd(2, 4 // groups, 2, 3))
+          lambda x, w: torch.nn.functional.conv2d(x, w, None, stride, padding, dilation, groups),
+          rnd(1, 4, 7, 6), rnd(2, 4 // groups, 2, 3))
 
 
 def test_attention_and_rope(device):
     check(device, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-          lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), rnd(1, 2, 4, 8), rnd(1, 2, 4, 8), rnd(1, 2, 4, 8))
+          lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+          rnd(1, 2, 4, 8), rnd(1, 2, 4, 8), rnd(1, 2, 4, 8))
     ang = np.arange(3)[:, None] * np.array([1.0, 0.1], np.float32)[None]
     cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
     def ref(x):
         c, s = torch.from_numpy(np.concatenate([cos, cos], -1)), torch.from_numpy(np.concatenate([sin, sin], -1))
         return x * c + torch.cat([-x[..., 2:], x[..., :2]], -1) * s
-    check(device, lambda x: F.rotary_emb(x, tallow.from_numpy(cos, device), tallow.from_numpy(sin, device)), ref, rnd(1, 2, 3, 4))
+    check(device, lambda x: F.rotary_emb(x, tallow.from_numpy(cos, device), tallow.from_numpy(sin, device)), ref,
+          rnd(1, 2, 3, 4))
 
 
 def test_finite_differences_f64(device):
@@ -165,7 +169,8 @@ def test_requires_grad_at_creation_gives_torch_gradients(device):
         "zeros": (tallow.zeros(3, 4, device=device, requires_grad=True), torch.zeros(3, 4, requires_grad=True)),
         "ones": (tallow.ones((3, 4), device=device, requires_grad=True), torch.ones(3, 4, requires_grad=True)),
         "empty": (tallow.empty(3, 4, device=device, requires_grad=True), torch.zeros(3, 4, requires_grad=True)),
-        "full": (tallow.full((3, 4), 0.5, device=device, requires_grad=True), torch.full((3, 4), 0.5, requires_grad=True)),
+        "full": (tallow.full((3, 4), 0.5, device=device, requires_grad=True),
+                 torch.full((3, 4), 0.5, requires_grad=True)),
         "rand": (tallow.rand(3, 4, device=device, requires_grad=True), None),
         "randn": (tallow.randn(3, 4, device=device, requires_grad=True), None),
         "arange": (tallow.arange(0.0, 12.0, device=device, requires_grad=True),

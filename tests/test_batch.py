@@ -188,7 +188,8 @@ def actor_pids():
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the actor processes through /proc (Linux)")
-def test_ray_actor_pool_survives_a_killed_worker_and_matches_the_sequential_run(ray_cluster, clips, reference, tmp_path):
+def test_ray_actor_pool_survives_a_killed_worker_and_matches_the_sequential_run(ray_cluster, clips, reference,
+                                                                               tmp_path):
     import threading
 
     from tallow.batch.ray import run_ray

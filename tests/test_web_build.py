@@ -135,11 +135,13 @@ def test_the_part_size_from_the_environment(monkeypatch):
     assert build.part_bytes_from_env() == build.DEFAULT_PART_MB * build.MB < build.MAX_FILE_BYTES
 
 
-@pytest.mark.parametrize("value, says", [("0", "0 must be more than 0"), ("150", "at most 100"), ("many", "not a number")])
+@pytest.mark.parametrize("value, says", [("0", "0 must be more than 0"), ("150", "at most 100"),
+                                         ("many", "not a number")])
 def test_tallow_web_build_refuses_a_bad_part_size_in_one_line(value, says, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(tallow.__file__)),
                                                                     os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-m", "tallow", "web", "build", "--out", str(tmp_path / "o"), "--part-mb", value],
+    done = subprocess.run([sys.executable, "-m", "tallow", "web", "build", "--out", str(tmp_path / "o"),
+                           "--part-mb", value],
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and says in done.stderr, done.stderr
     assert not (tmp_path / "o").exists()

@@ -89,7 +89,8 @@ def test_malformed_paths_are_400_without_a_traceback(server, path, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("path", ["/../secret.txt", "/%2e%2e/secret.txt", "/models/../../secret.txt", "//../secret.txt"])
+@pytest.mark.parametrize("path", ["/../secret.txt", "/%2e%2e/secret.txt", "/models/../../secret.txt",
+                                  "//../secret.txt"])
 def test_nothing_outside_dist_is_reachable(server, path):
     status, _, body = request(server, path)
     assert status == 404 and b"outside dist" not in body

@@ -330,7 +330,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", "--dist", dest="out", default=DEFAULT_DIST, help="output folder (default web/dist)")
     parser.add_argument("--no-models", action="store_true", help="do not copy models from the tallow cache")
-    parser.add_argument("--part-mb", default=None, help=f"split model files bigger than this (default {DEFAULT_PART_MB})")
+    parser.add_argument("--part-mb", default=None,
+                        help=f"split model files bigger than this (default {DEFAULT_PART_MB})")
     parser.add_argument("--test-hooks", action="store_true", help="add the worker's `run` request (tests only)")
     args = parser.parse_args(argv)
     try:

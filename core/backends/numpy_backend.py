@@ -44,15 +44,17 @@ _UNARY = {
     "reciprocal": lambda x: 1.0 / x, "floor": np.floor, "ceil": np.ceil, "round": np.round,
     "sign": np.sign, "logical_not": np.logical_not,
     "gelu": lambda x: (0.5 * x * (1.0 + _erf(x * np.float32(1 / math.sqrt(2))))).astype(x.dtype),
-    "gelu_tanh": lambda x: (0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x)))).astype(x.dtype),
+    "gelu_tanh": lambda x: (0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2 / math.pi))
+                                                     * (x + np.float32(0.044715) * x * x * x)))).astype(x.dtype),
     "silu": lambda x: (x / (1.0 + np.exp(-x))).astype(x.dtype),
 }
 _BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
     "pow": np.power, "maximum": np.maximum, "minimum": np.minimum,
 }
-_NP_DTYPES = {}
-_COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal}
+_NP_DTYPES: dict[str, object] = {}
+_COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+            "gt": np.greater, "ge": np.greater_equal}
 
 
 class _DequantCache:
@@ -185,7 +187,8 @@ class NumpyBackend(Backend):
     def to_bytes(self, st, layout, dtype):
         if dtype.is_quantized:
             return st.tobytes()
-        return np.ascontiguousarray(self.view(st, layout)).astype(np.dtype(dtype.np_name).newbyteorder("<"), copy=False).tobytes()
+        return np.ascontiguousarray(self.view(st, layout)).astype(np.dtype(dtype.np_name).newbyteorder("<"),
+                                                                  copy=False).tobytes()
 
     def from_list(self, values, dtype):
         if dtype is bf16:
@@ -214,7 +217,8 @@ class NumpyBackend(Backend):
         if n == 0:
             return
         if not dst.flags.writeable:
-            raise UnsupportedError("this tensor's memory is read-only (memory-mapped from a file); clone() it before writing")
+            raise UnsupportedError("this tensor's memory is read-only (memory-mapped from a file); "
+                                   "clone() it before writing")
         if ld.is_contiguous():
             target = dst[ld.offset:ld.offset + n].reshape(ld.shape)
         else:
@@ -318,7 +322,8 @@ class NumpyBackend(Backend):
         return self.store(np.take(self.view(st, layout), idx, axis=dim), dtype)
 
     def gather(self, st, layout, dtype, ids, lids, dim):
-        return self.store(np.take_along_axis(self.view(st, layout), self.view(ids, lids).astype(np.int64), axis=dim), dtype)
+        return self.store(np.take_along_axis(self.view(st, layout), self.view(ids, lids).astype(np.int64), axis=dim),
+                          dtype)
 
     def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
         out = np.array(self.load(dst, ld, dtype), copy=True)
@@ -331,7 +336,8 @@ class NumpyBackend(Backend):
         return self.store(out, dtype)
 
     def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
-        return self._conv(self.load(x, lx, dtype), self.load(w, lw, dtype), dtype, (stride,), (padding,), (dilation,), groups)
+        return self._conv(self.load(x, lx, dtype), self.load(w, lw, dtype), dtype, (stride,), (padding,), (dilation,),
+                          groups)
 
     def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
         return self._conv(self.load(x, lx, dtype), self.load(w, lw, dtype), dtype, stride, padding, dilation, groups)
@@ -422,5 +428,6 @@ class NumpyBackend(Backend):
     def custom(self, op, inputs, out_shape, out_dtype):
         y = np.asarray(op.cpu(*[self.load(st, lay, dt) for st, lay, dt in inputs]))
         if y.shape != tuple(out_shape):
-            raise ShapeError(f"custom op {op.name!r}: cpu() returned shape {y.shape}, output_shape() said {tuple(out_shape)}")
+            raise ShapeError(f"custom op {op.name!r}: cpu() returned shape {y.shape}, "
+                             f"output_shape() said {tuple(out_shape)}")
         return self.store(y, out_dtype)

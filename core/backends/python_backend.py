@@ -64,7 +64,8 @@ class PythonBackend(Backend):
         if dtype.is_quantized:
             return data
         if len(data) % dtype.itemsize:
-            raise FormatError(f"{len(data)} bytes is not a whole number of {dtype.name} elements ({dtype.itemsize} bytes each)")
+            raise FormatError(f"{len(data)} bytes is not a whole number of {dtype.name} elements "
+                              f"({dtype.itemsize} bytes each)")
         if dtype is f16:
             return f16_from_bytes(data)
         if dtype is bf16:
@@ -119,7 +120,8 @@ class PythonBackend(Backend):
             for r, b in enumerate(rows):
                 dst[b:b + span:stride] = values[r * last:(r + 1) * last]
         else:  # a broadcast (stride 0) destination: later elements win, as numpy
-            for o, v in zip(offsets(ld.offset, [[k * st for k in range(s)] for s, st in zip(ld.shape, ld.strides)]), values):
+            for o, v in zip(offsets(ld.offset, [[k * st for k in range(s)] for s, st in zip(ld.shape, ld.strides)]),
+                            values):
                 dst[o] = v
 
     def cast(self, storage, layout, src_dtype, dst_dtype):
@@ -279,7 +281,8 @@ class PythonBackend(Backend):
         shape = lids.shape
         if ls.shape != shape or len(shape) != len(ld.shape) or any(
                 s > t for d, (s, t) in enumerate(zip(shape, ld.shape)) if d != dim):
-            raise ShapeError(f"scatter_add: index {shape}, source {ls.shape} and destination {ld.shape} do not fit along dim {dim}")
+            raise ShapeError(f"scatter_add: index {shape}, source {ls.shape} and destination {ld.shape} "
+                             f"do not fit along dim {dim}")
         out = read_list(dst, ld)
         cstrides = contiguous_strides(ld.shape)
         picked = _checked_ids(read_list(ids, lids), ld.shape[dim], "scatter_add")
@@ -321,8 +324,10 @@ class PythonBackend(Backend):
         try:
             flat = op.python(*args)
         except NotImplementedError:
-            raise UnsupportedError(f"custom op {op.name!r} has no python() implementation for the pure-Python backend") from None
+            raise UnsupportedError(f"custom op {op.name!r} has no python() implementation "
+                                   f"for the pure-Python backend") from None
         flat = list(flat)
         if len(flat) != numel_of(out_shape):
-            raise ShapeError(f"custom op {op.name!r}: python() returned {len(flat)} values for output shape {tuple(out_shape)}")
+            raise ShapeError(f"custom op {op.name!r}: python() returned {len(flat)} values "
+                             f"for output shape {tuple(out_shape)}")
         return self.from_list(flat, out_dtype)

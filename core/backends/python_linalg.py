@@ -81,7 +81,8 @@ def conv2d(x, lx, w, lw, stride, padding, dilation, groups):
             for ci in range(g * cin_g, (g + 1) * cin_g):
                 base = (bi * cin + ci) * h * wd
                 pad = [0.0] * pw
-                rows = [zero_row] * ph + [pad + X[base + r * wd:base + (r + 1) * wd] + pad for r in range(h)] + [zero_row] * ph
+                rows = ([zero_row] * ph + [pad + X[base + r * wd:base + (r + 1) * wd] + pad for r in range(h)]
+                        + [zero_row] * ph)
                 for ky in range(kh):
                     for kx in range(kw):
                         start = kx * dw

@@ -16,7 +16,7 @@ from ..layout import coalesce_dims
 _BIG_ENDIAN = sys.byteorder == "big"
 # A 4-byte unsigned typecode to reinterpret f32 bits (bf16 rounding).
 _U32 = "I" if array("I").itemsize == 4 else "L"
-_INT_RANGE = {}  # dtype name -> (lo, hi, modulus)
+_INT_RANGE: dict[str, tuple[int, int, int]] = {}  # dtype name -> (lo, hi, modulus)
 
 
 def int_range(dtype):

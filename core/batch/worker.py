@@ -29,7 +29,8 @@ class Outcome:
         self.duration, self.seconds, self.error = duration, seconds, error
 
     def __repr__(self):
-        return f"Outcome({self.source!r}, {self.status}, {self.duration:.1f} s{', ' + self.error if self.error else ''})"
+        return (f"Outcome({self.source!r}, {self.status}, {self.duration:.1f} s"
+                f"{', ' + self.error if self.error else ''})")
 
 
 class Transcriber:
@@ -52,7 +53,8 @@ class Transcriber:
                 fh.write(text)
         except Error as e:
             return Outcome(source, output, "failed", error=_one_line(str(e)))
-        except Exception as e:  # anything else one file provokes (a decoder's complaint, no memory) fails that file only
+        except Exception as e:
+            # anything else one file provokes (a decoder's complaint, no memory) fails that file only
             return Outcome(source, output, "failed", error=_one_line(f"{type(e).__name__}: {e}"))
         return Outcome(source, output, "done", result.duration, time.perf_counter() - start)
 

@@ -32,4 +32,5 @@ non_negative_int = _checked(int, lambda v: v >= 0, "must be >= 0")          # to
 positive_int = _checked(int, lambda v: v >= 1, "must be >= 1")              # max tokens, beam size, workers
 port = _checked(int, lambda v: 0 <= v <= 65535, "is not a TCP port (0 to 65535; 0 picks a free one)")
 # 100 MB: GitHub Pages refuses bigger files (web/build.py's MAX_FILE_BYTES)
-part_mb = _checked(float, lambda v: 0 < v <= 100, "must be more than 0 and at most 100 (MB, the GitHub Pages file limit)")
+part_mb = _checked(float, lambda v: 0 < v <= 100,
+                   "must be more than 0 and at most 100 (MB, the GitHub Pages file limit)")

@@ -7,7 +7,8 @@ from ..quant.quantize_numpy import ENCODERS
 def add_arguments(p):
     p.add_argument("src", help="input weights (.safetensors, model.safetensors.index.json, .gguf)")
     p.add_argument("dst", help="output .gguf (written to a temporary file, renamed into place when complete)")
-    p.add_argument("--type", default="q4_k", choices=sorted(ENCODERS), help="block format for 2-D weights (default q4_k)")
+    p.add_argument("--type", default="q4_k", choices=sorted(ENCODERS),
+                   help="block format for 2-D weights (default q4_k)")
     p.add_argument("-v", "--verbose", action="store_true", help="print what happens to each tensor")
 
 

@@ -53,7 +53,8 @@ def run(args):
 
     # Checked before the model loads: a typo should not cost a model load.
     if not os.path.isfile(args.audio):
-        raise Error(f"{args.audio}: no such audio file" if not os.path.exists(args.audio) else f"{args.audio}: is not a file")
+        raise Error(f"{args.audio}: no such audio file" if not os.path.exists(args.audio)
+                    else f"{args.audio}: is not a file")
     if args.output:
         check_output_path(args.output, sources=[args.audio])
     start = time.perf_counter()

@@ -37,7 +37,8 @@ class Sampler:
     def __init__(self, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, rng=None):
         if temperature < 0 or not 0 < top_p <= 1 or not 0 <= min_p <= 1 or repetition_penalty <= 0 or top_k < 0:
             raise ValueError(f"bad sampling settings: temperature={temperature} (>= 0), top_k={top_k} (>= 0), "
-                             f"top_p={top_p} (0, 1], min_p={min_p} [0, 1], repetition_penalty={repetition_penalty} (> 0)")
+                             f"top_p={top_p} (0, 1], min_p={min_p} [0, 1], "
+                             f"repetition_penalty={repetition_penalty} (> 0)")
         self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
         self.repetition_penalty = repetition_penalty
         self.rng = rng or generator()

@@ -38,7 +38,8 @@ def _whisper_tiny_en_ct2(work, downloads, progress, needs):
 
 
 def _whisper_tiny_en(work, downloads, progress, needs):
-    convert(needs["whisper-tiny.en-ct2"], work, progress)  # the public converter: `tallow convert` gives the same folder
+    # the public converter: `tallow convert` gives the same folder
+    convert(needs["whisper-tiny.en-ct2"], work, progress)
     shutil.copyfile(needs["whisper-assets"] / "mel_filters.npz", work / "mel_filters.npz")
     return "."
 
@@ -57,9 +58,11 @@ def _jfk(work, downloads, progress, needs):
 
 
 KNOWN = {
-    "whisper-tiny.en": Recipe(_whisper_tiny_en, "Whisper tiny.en (MIT) in Hugging Face layout (f16 safetensors), mel filters",
+    "whisper-tiny.en": Recipe(_whisper_tiny_en,
+                              "Whisper tiny.en (MIT) in Hugging Face layout (f16 safetensors), mel filters",
                               needs=("whisper-tiny.en-ct2", "whisper-assets")),
-    "whisper-tiny.en-ct2": Recipe(_whisper_tiny_en_ct2, "Whisper tiny.en (MIT) as CTranslate2 model.bin (faster-whisper layout)"),
+    "whisper-tiny.en-ct2": Recipe(_whisper_tiny_en_ct2,
+                                  "Whisper tiny.en (MIT) as CTranslate2 model.bin (faster-whisper layout)"),
     "smollm2-135m-instruct": Recipe(_smollm2, "SmolLM2-135M-Instruct (Apache-2.0), GGUF Q4_1"),
     "whisper-assets": Recipe(_whisper_assets, "openai-whisper's mel_filters.npz and tiktoken vocabularies (MIT)"),
     "jfk.wav": Recipe(_jfk, "11 s of 16 kHz speech, public domain (test data)"),

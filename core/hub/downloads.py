@@ -46,7 +46,8 @@ def _run(cmd, what, progress):
     except OSError as e:
         raise Error(f"{what}: could not run {cmd[0]}: {e}") from e
     if done.returncode != 0:
-        detail = (done.stderr or b"").decode(errors="replace").strip()[-800:] if not progress else "see the output above"
+        detail = ((done.stderr or b"").decode(errors="replace").strip()[-800:] if not progress
+                  else "see the output above")
         raise Error(f"{what}: `{' '.join(cmd)}` failed with exit code {done.returncode}: {detail}")
 
 

@@ -45,9 +45,9 @@ class Architecture:
     gguf_fused_qkv: Optional[str] = None
 
 
-_BY_MODEL_TYPE = {}
-_BY_GGUF_ARCH = {}
-_HINTS = {}  # model_type tallow refuses -> why, and what to use instead
+_BY_MODEL_TYPE: dict[str, "Architecture"] = {}
+_BY_GGUF_ARCH: dict[str, "Architecture"] = {}
+_HINTS: dict[str, str] = {}  # model_type tallow refuses -> why, and what to use instead
 _builtins_loaded = False
 
 

@@ -115,7 +115,8 @@ class DecoderConfig:
         per_type = any(t in params for t in LAYER_TYPES)
         full = Fields(params, self.source, label="rope_parameters.").dict("full_attention") if per_type else params
         p = Fields(full, self.source, label="rope_parameters.full_attention." if per_type else "rope_parameters.")
-        self.partial_rotary_factor = p.float("partial_rotary_factor", f.float("partial_rotary_factor", 1.0, lo=0.0, hi=1.0),
+        self.partial_rotary_factor = p.float("partial_rotary_factor",
+                                             f.float("partial_rotary_factor", 1.0, lo=0.0, hi=1.0),
                                              lo=0.0, hi=1.0)
         self.rotary_dim = int(self.head_dim * self.partial_rotary_factor)
         if self.rotary_dim % 2 or self.rotary_dim == 0:

@@ -51,7 +51,8 @@ class WhisperConfig:
         self.max_target_positions = f.int("max_target_positions", 448, lo=1, hi=MAX_COUNT)
         self.vocab_size = f.int("vocab_size", lo=1, hi=MAX_COUNT)
         self.activation = f.str("activation_function", "gelu", choices=_ACTIVATIONS)
-        for key, heads in (("encoder_attention_heads", self.encoder_heads), ("decoder_attention_heads", self.decoder_heads)):
+        for key, heads in (("encoder_attention_heads", self.encoder_heads),
+                           ("decoder_attention_heads", self.decoder_heads)):
             if self.d_model % heads:
                 f.fail(key, heads, f"a divisor of d_model ({self.d_model})")
         # suppress lists may name ids past the vocabulary (decoding drops those), but must be ids
@@ -177,7 +178,8 @@ class Encoder(Module):
         """mel (b, n_mels, frames) -> audio features (b, frames / 2, d_model)."""
         cfg = self.cfg
         if mel.ndim != 3 or mel.shape[1] != cfg.num_mel_bins:
-            raise ShapeError(f"whisper encoder: expected mel of shape (batch, {cfg.num_mel_bins}, frames), got {mel.shape}")
+            raise ShapeError(f"whisper encoder: expected mel of shape (batch, {cfg.num_mel_bins}, frames), "
+                             f"got {mel.shape}")
         if mel.shape[2] > 2 * cfg.max_source_positions:
             raise ShapeError(f"whisper encoder: {mel.shape[2]} mel frames is more than the model's "
                              f"{2 * cfg.max_source_positions} (30 s); split long audio into windows")

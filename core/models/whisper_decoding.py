@@ -200,8 +200,10 @@ def suppress_token_ids(model, option):
     ids = list(option or [])
     if -1 in ids:
         ids = [t for t in ids if t >= 0]
-        ids.extend(model.config.suppress_tokens if model.config.suppress_tokens is not None else tok.non_speech_tokens())
-    ids.extend(t for t in (tok.transcribe, tok.translate, tok.sot, tok.sot_prev, tok.sot_lm, tok.no_speech) if t is not None)
+        ids.extend(model.config.suppress_tokens if model.config.suppress_tokens is not None
+                   else tok.non_speech_tokens())
+    ids.extend(t for t in (tok.transcribe, tok.translate, tok.sot, tok.sot_prev, tok.sot_lm, tok.no_speech)
+               if t is not None)
     return sorted({t for t in ids if 0 <= t < model.config.vocab_size})
 
 
@@ -236,11 +238,13 @@ def decode(model, features, options):
         initial.append(tok.no_timestamps)
     if options.prefix:
         prefix = options.prefix
-        prefix = tok.tokenizer.encode(" " + prefix.strip(), add_special_tokens=False) if isinstance(prefix, str) else list(prefix)
+        prefix = (tok.tokenizer.encode(" " + prefix.strip(), add_special_tokens=False) if isinstance(prefix, str)
+                  else list(prefix))
         initial += prefix[-(n_ctx // 2 - sample_len):] if n_ctx // 2 > sample_len else []
     if options.prompt:
         prompt = options.prompt
-        prompt = tok.tokenizer.encode(" " + prompt.strip(), add_special_tokens=False) if isinstance(prompt, str) else list(prompt)
+        prompt = (tok.tokenizer.encode(" " + prompt.strip(), add_special_tokens=False) if isinstance(prompt, str)
+                  else list(prompt))
         initial = [tok.sot_prev] + prompt[-(n_ctx // 2 - 1):] + initial
     sample_begin = len(initial)
     sot_index = initial.index(tok.sot)
@@ -267,7 +271,8 @@ def decode(model, features, options):
     # prefill once (batch 1), then copy the cache rows for the group
     logits = model.decode_step([initial], state, positions=[sot_index, sample_begin - 1])
     first = logit_rows(logits.narrow(1, 0, 1).reshape(1, -1))
-    no_speech_prob = math.exp(first.value(0, tok.no_speech) - first.logsumexp(0)) if tok.no_speech is not None else math.nan
+    no_speech_prob = (math.exp(first.value(0, tok.no_speech) - first.logsumexp(0)) if tok.no_speech is not None
+                      else math.nan)
     last = logits.narrow(1, 1, 1).reshape(1, -1)
     if n_group > 1:
         state.reorder([0] * n_group)

@@ -24,7 +24,8 @@ from .shape import (cat, chunk, contiguous, expand, flatten, narrow, pad, permut
                     transpose, unsqueeze)
 
 __all__ = [
-    "dim_index",    "COMPARISONS", "UNARY", "binary", "cast", "clone", "gelu", "logical", "parse_target", "pow", "to_device", "unary",
+    "dim_index",    "COMPARISONS", "UNARY", "binary", "cast", "clone", "gelu", "logical", "parse_target", "pow",
+    "to_device", "unary",
     "where", "as_index", "assign", "gather", "index_select", "scatter_add", "matmul", "new_arange", "new_full",
     "new_values", "attention", "conv", "custom", "layer_norm", "repeat_kv", "rms_norm", "rotary_emb", "arg_reduce",
     "cumsum", "mean", "reduce", "softmax", "var", "cat", "chunk", "contiguous", "expand", "flatten", "narrow", "pad",

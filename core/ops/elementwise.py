@@ -126,8 +126,9 @@ COMPARISONS = frozenset(("eq", "ne", "lt", "le", "gt", "ge"))
 
 def binary(a, other, op, reverse=False):
     """a op other (other op a when reverse); other a tensor or a Python number, broadcast."""
-    if op not in COMPARISONS and type(other) is type(a) and other.dtype is a.dtype and other._layout.shape == a._layout.shape \
-            and other.device is a.device and (op != "div" or a.dtype.kind == "f"):
+    if op not in COMPARISONS and type(other) is type(a) and other.dtype is a.dtype \
+            and other._layout.shape == a._layout.shape and other.device is a.device \
+            and (op != "div" or a.dtype.kind == "f"):
         # Fast path (same dtype, same shape): nothing to promote or broadcast.
         if reverse:
             a, other = other, a

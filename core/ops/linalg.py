@@ -40,7 +40,8 @@ def matmul(a, b):
     batch = broadcast_shapes(x.shape[:-2], y.shape[:-2], "matmul")
     lx = x._layout.broadcast_to(batch + x.shape[-2:], "matmul")
     ly = y._layout.broadcast_to(batch + y.shape[-2:], "matmul")
-    out = x._new(x.device.backend.matmul(x._storage, lx, y._storage, ly, dtype), batch + (x.shape[-2], y.shape[-1]), dtype)
+    out = x._new(x.device.backend.matmul(x._storage, lx, y._storage, ly, dtype), batch + (x.shape[-2], y.shape[-1]),
+                 dtype)
     out = record_if_needed(out, (x, y), lambda: G.matmul(x, y))
     if squeeze_x:
         out = out.squeeze(-2)

@@ -65,7 +65,8 @@ def rotary_emb(x, cos, sin, interleaved=False):
             return stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).reshape(x.shape)
         x1, x2 = x.narrow(-1, 0, h), x.narrow(-1, h, h)
         return cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
-    st = x.device.backend.rope(x._storage, x._layout, c._storage, c._layout, s._storage, s._layout, x.dtype, interleaved)
+    st = x.device.backend.rope(x._storage, x._layout, c._storage, c._layout, s._storage, s._layout, x.dtype,
+                               interleaved)
     return x._new(st, x.shape)
 
 
@@ -83,7 +84,8 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None):
     q, k, v = float_input(q, "attention"), float_input(k, "attention"), float_input(v, "attention")
     check_devices("attention", q, k, v, mask)
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ShapeError(f"attention: q, k, v must be (batch, heads, seq, head_dim), got {q.shape}, {k.shape}, {v.shape}")
+        raise ShapeError(f"attention: q, k, v must be (batch, heads, seq, head_dim), "
+                         f"got {q.shape}, {k.shape}, {v.shape}")
     b, h, tq, d = q.shape
     if k.shape[0] != b or k.shape[3] != d or v.shape[:3] != k.shape[:3] or h % k.shape[1]:
         raise ShapeError(f"attention: shapes q {q.shape}, k {k.shape}, v {v.shape} do not fit")
@@ -135,14 +137,16 @@ def conv(op, x, w, b, stride, padding, dilation, groups, nd):
     for i in range(nd):
         n = (x.shape[2 + i] + 2 * padding[i] - dilation[i] * (w.shape[2 + i] - 1) - 1) // stride[i] + 1
         if n <= 0:
-            raise ShapeError(f"{op}: input {x.shape} is too small for kernel {w.shape[2:]} with padding {padding}, dilation {dilation}")
+            raise ShapeError(f"{op}: input {x.shape} is too small for kernel {w.shape[2:]} "
+                             f"with padding {padding}, dilation {dilation}")
         outs.append(n)
     if needs_grad(x, w):
         y = _conv_composite(x, w, stride, padding, dilation, groups, outs)
     else:
         be = x.device.backend
         if nd == 1:
-            st = be.conv1d(x._storage, x._layout, w._storage, w._layout, dtype, stride[0], padding[0], dilation[0], groups)
+            st = be.conv1d(x._storage, x._layout, w._storage, w._layout, dtype, stride[0], padding[0], dilation[0],
+                           groups)
         else:
             st = be.conv2d(x._storage, x._layout, w._storage, w._layout, dtype, stride, padding, dilation, groups)
         y = x._new(st, (x.shape[0], cout, *outs), dtype)
@@ -163,7 +167,8 @@ def _conv_composite(x, w, stride, padding, dilation, groups, outs):
     cols = []
     for kidx in _product([range(k) for k in w.shape[2:]]):
         key = (slice(None), slice(None)) + tuple(
-            slice(kidx[i] * dilation[i], kidx[i] * dilation[i] + stride[i] * (outs[i] - 1) + 1, stride[i]) for i in range(nd))
+            slice(kidx[i] * dilation[i], kidx[i] * dilation[i] + stride[i] * (outs[i] - 1) + 1, stride[i])
+            for i in range(nd))
         cols.append(xp[key])  # (b, cin, *outs)
     col = stack(cols, -1)  # (b, cin, *outs, K)
     b, cin = x.shape[:2]

@@ -37,7 +37,8 @@ def qmatmul(x, w_t):
     """x @ w.T with w quantised (n, k): the backend dequantises inside its kernel."""
     w = base_quant(w_t, "matmul")
     if w_t._layout.strides != (1, w.shape[1]):
-        raise UnsupportedError("a quantised weight w (out, in) is used as x @ w.T (or tallow.nn.functional.linear(x, w)); "
+        raise UnsupportedError("a quantised weight w (out, in) is used as x @ w.T "
+                               "(or tallow.nn.functional.linear(x, w)); "
                                f"got it as the right operand with shape {w_t.shape} untransposed")
     n, k = w.shape
     if x.shape[-1] != k:

@@ -48,7 +48,8 @@ def contiguous(x):
     if x._layout.is_contiguous() and x._layout.offset == 0:
         return x
     if x.dtype.is_quantized:
-        raise UnsupportedError("a quantised tensor cannot be copied into a new layout; dequantise it first with .to(tallow.f32)")
+        raise UnsupportedError("a quantised tensor cannot be copied into a new layout; "
+                               "dequantise it first with .to(tallow.f32)")
     return x.clone()
 
 

@@ -21,7 +21,7 @@ from .formats import quant_dtype
 FUSED_MAX_ROWS = 8  # rows of x up to which the fused kernel beats dequantise-then-BLAS (measured)
 TILE_ELEMENTS = 1 << 18  # f32 elements of a dequantised tile (1 MB: stays in L2)
 
-_state = {}
+_state: dict[str, object] = {}
 
 
 def kernels():

@@ -42,7 +42,8 @@ def quant_dtype(qtype):
     if isinstance(qtype, int):
         name = GGML_TO_DTYPE.get(qtype)
         if name is None or name not in QUANT_NAMES:
-            raise DTypeError(f"ggml type {qtype} ({ggml_type_name(qtype)}) is not a block format tallow supports; supported: {', '.join(QUANT_NAMES)}")
+            raise DTypeError(f"ggml type {qtype} ({ggml_type_name(qtype)}) is not a block format tallow supports; "
+                             f"supported: {', '.join(QUANT_NAMES)}")
         return get_dtype(name)
     d = get_dtype(qtype)
     if not d.is_quantized:

@@ -79,7 +79,7 @@ class PlainStaticServer:
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.close()
-                    raise RuntimeError(f"python -m http.server did not start on port {self.port}")
+                    raise RuntimeError(f"python -m http.server did not start on port {self.port}") from None
                 time.sleep(0.1)
 
     def close(self):

@@ -26,7 +26,8 @@ def close(t, ref, tol=1e-5, atol=None):
     got = t.numpy()
     ref = np.asarray(ref)
     assert got.shape == ref.shape, (got.shape, ref.shape)
-    np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=tol, atol=tol if atol is None else atol)
+    np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=tol,
+                               atol=tol if atol is None else atol)
 
 
 def tt(a):
@@ -77,7 +78,8 @@ def test_dtype_roundtrip(device, name):
     x = tallow.tensor(values, dtype=dt, device=device)
     assert x.dtype is dt and len(bytes(x)) == dt.itemsize * len(values)
     if dt.kind == "f":
-        ref = torch.tensor(values, dtype={"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64}[name])
+        ref = torch.tensor(values, dtype={"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+                                          "f64": torch.float64}[name])
         assert bytes(x) == ref.view(torch.uint8).numpy().tobytes() if name != "f64" else True
         close(x, ref.double().numpy(), TOL[name])
 
@@ -108,7 +110,8 @@ def test_promotion(device):
     assert (i * 1.5).dtype is tallow.f32
     assert (i / 2).dtype is tallow.f32 and (i / 2).tolist() == [0.5, 1.0]
     assert (f + tallow.tensor([1.0], dtype=tallow.bf16, device=device)).dtype is tallow.f32
-    assert (tallow.tensor([1], dtype=tallow.u8, device=device) + tallow.tensor([1], dtype=tallow.i8, device=device)).dtype is tallow.i32
+    assert (tallow.tensor([1], dtype=tallow.u8, device=device)
+            + tallow.tensor([1], dtype=tallow.i8, device=device)).dtype is tallow.i32
 
 
 # ---- views -------------------------------------------------------------------------------------
@@ -138,7 +141,8 @@ def test_views(device):
 def test_getitem(device):
     a = rnd(4, 5, 6)
     x = T(a, device)
-    for key in [1, -1, (slice(1, 3),), (slice(None), 2), (Ellipsis, 1), (None, 0), (slice(0, 5, 2), slice(None), slice(1, None, 3)),
+    for key in [1, -1, (slice(1, 3),), (slice(None), 2), (Ellipsis, 1), (None, 0),
+                (slice(0, 5, 2), slice(None), slice(1, None, 3)),
                 (1, Ellipsis, None), (slice(3, 1),)]:
         close(x[key], a[key])
     close(x[[2, 0, 3]], a[[2, 0, 3]])
@@ -202,7 +206,8 @@ def test_gelu_against_torch(device):
     close(big.sigmoid(), [0.0, 1.0])
 
 
-@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 1), (1, 4)), ((2, 3, 4), (4,)), ((5,), ()), ((0, 3), (1, 3)), ((), ())])
+@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 1), (1, 4)), ((2, 3, 4), (4,)), ((5,), ()), ((0, 3), (1, 3)),
+                                    ((), ())])
 def test_binary_broadcast(device, shapes):
     sa, sb = shapes
     a, b = rnd(*sa), rnd(*sb) + 3.0
@@ -271,7 +276,8 @@ def test_arg_reductions_and_cumsum(device):
 
 
 # ---- linear algebra ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (4, 3)), ((3, 4), (4,)), ((0, 4), (4, 2))])
+@pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (4, 3)),
+                                   ((3, 4), (4,)), ((0, 4), (4, 2))])
 def test_matmul(device, sa, sb):
     a, b = rnd(*sa), rnd(*sb)
     close(T(a, device) @ T(b, device), np.matmul(a, b), 1e-4)
@@ -369,7 +375,8 @@ def test_rotary(device, interleaved):
     close(F.rotary_emb(T(x, device), T(cos, device), T(sin, device), interleaved), ref, 1e-5)
 
 
-@pytest.mark.parametrize("causal,mask,tq,hk", [(False, False, 4, 2), (True, False, 4, 2), (False, True, 3, 2), (True, False, 2, 1)])
+@pytest.mark.parametrize("causal,mask,tq,hk", [(False, False, 4, 2), (True, False, 4, 2), (False, True, 3, 2),
+                                               (True, False, 2, 1)])
 def test_attention(device, causal, mask, tq, hk):
     q, k, v = rnd(1, 2, tq, 8), rnd(1, hk, 6, 8), rnd(1, hk, 6, 8)
     m = rnd(1, 1, tq, 6) if mask else None
@@ -379,7 +386,8 @@ def test_attention(device, causal, mask, tq, hk):
         ref = torch.nn.functional.scaled_dot_product_attention(tt(q), kr, vr, attn_mask=allowed)
     else:
         ref = torch.nn.functional.scaled_dot_product_attention(tt(q), kr, vr, attn_mask=None if m is None else tt(m))
-    got = F.scaled_dot_product_attention(T(q, device), T(k, device), T(v, device), None if m is None else T(m, device), is_causal=causal)
+    got = F.scaled_dot_product_attention(T(q, device), T(k, device), T(v, device), None if m is None else T(m, device),
+                                         is_causal=causal)
     close(got, ref.numpy(), 1e-4)
 
 

@@ -82,5 +82,6 @@ class Phi3ForCausalLM(CausalLM):
 
 register(Architecture("phi3", Phi3ForCausalLM, gguf_arch="phi3",
                       gguf_blocks={**ATTENTION_BLOCKS, "attn_qkv": "self_attn.qkv_proj",
-                                   "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj",
+                                   "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+                                   "ffn_up": "mlp.gate_up_proj",
                                    "ffn_down": "mlp.down_proj"}))
