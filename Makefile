@@ -35,8 +35,9 @@ demo: setup
 	$(BIN)/tallow transcribe tests/data/jfk.wav
 	$(BIN)/tallow web serve --port $(PORT)
 
-# The test suite: every test, every available device, Pyodide and Chromium included.
-test: setup
+# The test suite: lint and type checks, then every test, every available device,
+# Pyodide and Chromium included.
+test: setup lint
 	$(BIN)/python -m pytest tests -q -ra
 
 # The fast loop while you work (under 2 minutes on 2 cores): lint, type-check, and every

@@ -114,7 +114,8 @@ def _random_merges(rng, base, count, sep):
     tokens, seen, merges = list(base), set(base), []
     while len(merges) < count:
         hi = len(tokens)
-        a, b = (tokens[int(i)] for i in (rng.integers(0, hi) * rng.random() ** 2, rng.integers(0, hi) * rng.random() ** 2))
+        picks = (rng.integers(0, hi) * rng.random() ** 2, rng.integers(0, hi) * rng.random() ** 2)
+        a, b = (tokens[int(i)] for i in picks)
         joined = a + b
         if joined in seen or len(joined) > 16:
             continue

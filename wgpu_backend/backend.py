@@ -231,7 +231,8 @@ class WgpuBackend(Backend):
         return (limit, rows, 1)
 
     def _run(self, kernel, types, storages, words, groups, subs=None, extra=(), label=None, prelude=""):
-        key = (kernel, tuple((k, v.name) for k, v in types.items()), tuple(sorted((subs or {}).items())), extra, prelude)
+        key = (kernel, tuple((k, v.name) for k, v in types.items()), tuple(sorted((subs or {}).items())), extra,
+               prelude)
         pipe = self._pipelines.get(key)
         if pipe is None:
             src = wgsl.build(kernel, types, self.has_f16, subs, extra, prelude)
@@ -308,14 +309,16 @@ class WgpuBackend(Backend):
         copied into the GPU buffer in JS without entering the wasm heap; then widened on the GPU like
         from_bytes. None when that cannot be done (not the browser driver, or a dtype that needs the
         CPU: i64's range check, quantisations the kernels do not read): read the bytes and use from_bytes."""
-        if not self.driver.reads_js_buffers or dtype is i64 or (dtype.is_quantized and dtype.name not in IN_KERNEL_QUANTS):
+        if (not self.driver.reads_js_buffers or dtype is i64
+                or (dtype.is_quantized and dtype.name not in IN_KERNEL_QUANTS)):
             return None
         if not dtype.is_quantized and nbytes % dtype.itemsize:
             raise ShapeError(f"wgpu from_js_buffer: {nbytes} bytes is not a whole number of {dtype.name} elements")
         raw = self._alloc(nbytes)
         if nbytes:
             self.driver.write_buffer_from_js(raw.buf, 0, array_buffer, offset, nbytes)
-        if dtype.is_quantized or dtype.itemsize == 4 or (dtype is f16 and wgsl.storage_type(dtype, self.has_f16) == "f16"):
+        if (dtype.is_quantized or dtype.itemsize == 4
+                or (dtype is f16 and wgsl.storage_type(dtype, self.has_f16) == "f16")):
             return raw
         return self._widen_raw(raw, nbytes // dtype.itemsize, dtype)
 
@@ -335,7 +338,8 @@ class WgpuBackend(Backend):
 
     def _dequantize_on_upload(self, data, dtype):
         from tallow.backends.host import dequantize_on_host
-        st = self._upload(dequantize_on_host(data, dtype, len(memoryview(data).cast("B")) // dtype.block_bytes * dtype.block_size))
+        numel = len(memoryview(data).cast("B")) // dtype.block_bytes * dtype.block_size
+        st = self._upload(dequantize_on_host(data, dtype, numel))
         st.dequantized = True
         return st
 
@@ -695,11 +699,14 @@ class WgpuBackend(Backend):
             pipe = self.driver.pipeline(wgsl.build(kernel, types, self.has_f16, None, extra), label)
             self._pipelines[key] = pipe
         binds = [s if isinstance(s, tuple) else self._bind(s, label) for s in storages]
-        self.driver.dispatch(pipe, binds, _pack(words), groups if isinstance(groups, tuple) else self._grid(groups, label))
+        grid = groups if isinstance(groups, tuple) else self._grid(groups, label)
+        self.driver.dispatch(pipe, binds, _pack(words), grid)
 
     def dequantize(self, w, wdtype, numel, dtype):
         if w.dequantized:
-            return self.cast(w, Layout((numel,)), f32, dtype) if dtype is not f32 else self.copy(w, Layout((numel,)), f32)
+            if dtype is not f32:
+                return self.cast(w, Layout((numel,)), f32, dtype)
+            return self.copy(w, Layout((numel,)), f32)
         return self._dequant_rows(w, wdtype, None, 1, numel, 1, dtype)
 
     def _dequant_rows(self, w, wdtype, ids, rows, per_row, src_rows, dtype, ids_dtype=i32):
@@ -901,5 +908,6 @@ class WgpuBackend(Backend):
         out = self._out(numel, out_dtype)
         if numel:
             pipe = self.driver.pipeline(op.wgsl, f"custom op {op.name}")
-            self.driver.dispatch(pipe, binds + [self._bind(out, op.name)], _pack([numel]), self._grid((numel + 63) // 64, op.name))
+            self.driver.dispatch(pipe, binds + [self._bind(out, op.name)], _pack([numel]),
+                                 self._grid((numel + 63) // 64, op.name))
         return out

@@ -174,7 +174,8 @@ class BrowserDriver:
         if offset % 4:
             raise DeviceError(f"write_buffer_from_js: GPU buffer offset {offset} is not a multiple of 4")
         if nbytes > buf.nbytes - offset:
-            raise DeviceError(f"write_buffer_from_js: {nbytes} bytes at offset {offset} overrun a {buf.nbytes}-byte buffer")
+            raise DeviceError(f"write_buffer_from_js: {nbytes} bytes at offset {offset} "
+                              f"overrun a {buf.nbytes}-byte buffer")
         if self._ops:
             self.flush()
         if hasattr(array_buffer, "byteLength"):
