@@ -96,19 +96,6 @@ def random_blocks(rng, rows, cols, quant, std):
     return data.reshape(rows, -1)
 
 
-def _gpt2_bytes():
-    """GPT-2's byte -> printable character table (byte-level BPE)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return [table[b] for b in range(256)]
-
-
 def _random_merges(rng, base, count, sep):
     """`count` new tokens, each two earlier ones joined (short ones preferred), with their merges."""
     tokens, seen, merges = list(base), set(base), []
@@ -127,7 +114,8 @@ def _random_merges(rng, base, count, sep):
 
 def add_tokenizer(w, arch, vocab, rng):
     if arch == "phi2":  # GPT-2's byte-level BPE; 50256 <|endoftext|> is bos, eos and unk
-        byte_chars = _gpt2_bytes()
+        from tallow.tokenizer.byte_level import byte_to_char  # GPT-2's byte -> character table
+        byte_chars = byte_to_char()
         eos = min(50256, vocab - 1)
         new, merges = _random_merges(rng, byte_chars, eos - 256, " ")
         tokens = byte_chars + new + ["<|endoftext|>"]
