@@ -73,8 +73,9 @@ def clips(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(clips, tmp_path_factory):
-    """The sequential run: {relative output path: text}, and its outcomes."""
+def reference(clips, tmp_path_factory, whisper_tiny_dir):
+    """The sequential run: {relative output path: text}, and its outcomes (whisper_tiny_dir: the
+    run loads the real tiny.en, so these tests carry the `models` marker)."""
     out = tmp_path_factory.mktemp("sequential")
     jobs = plan_jobs(expand_inputs([str(clips)]), str(out), "txt")
     outcomes = run_local(jobs, Settings(), workers=1)
