@@ -436,6 +436,7 @@ def test_whisper_transcribes_jfk_through_the_file_input(demo, dist, ui):
     demo.dismiss_error(ui)
     ui.uncheck("#timestamps")
     try:
+        _clear_transcript(ui)
         ui.set_input_files("#audio-file", JFK)
         text, error = demo.wait_for_text(ui, "#transcript", timeout_s=900)
     finally:
@@ -446,6 +447,11 @@ def test_whisper_transcribes_jfk_through_the_file_input(demo, dist, ui):
     stats = ui.inner_text("#speech-stats")
     assert len(segments) == 1 and segments[0].startswith("[0.00 → ") and "real-time factor" in stats
     assert "(on wgpu)" in stats, stats
+
+
+def _clear_transcript(page):
+    """An earlier test's transcript may still be shown: clear it, so waiting for text waits for this run's."""
+    page.evaluate("document.getElementById('transcript').textContent = ''")
 
 
 def _silent_wav(path, seconds=1.0):
@@ -461,6 +467,7 @@ def test_a_silent_clip_says_no_speech_detected(demo, dist, ui, tmp_path):
     _model_or_skip(dist, "whisper-tiny.en")
     demo.dismiss_error(ui)
     _silent_wav(tmp_path / "silence.wav")
+    _clear_transcript(ui)
     ui.set_input_files("#audio-file", str(tmp_path / "silence.wav"))
     text, error = demo.wait_for_text(ui, "#transcript", timeout_s=600)
     assert not error, error
