@@ -2,7 +2,7 @@
 the host logic (kernel_backend.py) are executed and checked against numpy on machines
 without an NVIDIA GPU.
 
-kernels/<module>.cu is compiled by g++ as C++17 with cuda_cpu_shim.h (blocks run as
+Each module's CUDA C source (driver.kernel_source) is compiled by g++ as C++17 with cuda_cpu_shim.h (blocks run as
 fibers: __syncthreads and __shfl_down_sync synchronise; see cpu_fibers.h) and a
 generated wrapper per kernel taking its arguments as CuPy passes them (pointers, and
 scalars of driver.SCALAR_TYPES). Dense matmul, which is cuBLAS on a GPU, is numpy here.
@@ -25,7 +25,7 @@ from tallow.dtypes import bf16, f16
 from tallow.errors import DeviceError, UnsupportedError
 
 from .backend import CudaBackend
-from .driver import KERNEL_DIR, SCALAR_TYPES
+from .driver import SCALAR_TYPES, kernel_source
 from .host import Meta
 from .kernel_backend import DeviceStorage, KernelBackend
 
@@ -127,9 +127,9 @@ def build_custom(source, gxx="g++"):
 
 
 def build_module(module, gxx="g++"):
-    source = os.path.join(KERNEL_DIR, module + ".cu")
-    deps = [FIBERS, SHIM, os.path.join(KERNEL_DIR, "common.cuh"), source]
-    return compile_emulated(f"cuda-{module}", deps, gxx, preprocess=["-I", KERNEL_DIR, "-include", SHIM, source],
+    """Path of the shared library for a kernel module (its CUDA C source, as the real driver's)."""
+    source = source_file(f"cuda-{module}", kernel_source(module), ".cu")
+    return compile_emulated(f"cuda-{module}", [FIBERS, SHIM, source], gxx, preprocess=["-include", SHIM, source],
                             unit=f'#include "{source}"\n', runtime=SHIM, wrappers=cuda_wrappers)
 
 

@@ -1,27 +1,31 @@
-"""The CuPy driver: device memory as cupy arrays, kernels compiled from kernels/*.cu by
-NVRTC (cupy.RawModule; cupy caches the binaries on disk), launched with numpy scalars."""
+"""The CuPy driver: device memory as cupy arrays, kernels compiled by NVRTC (cupy.RawModule;
+cupy caches the binaries on disk) from the kernels tallow writes once for CUDA and Metal
+(tallow/backends/gpu_kernels/, in CUDA C's spelling), launched with numpy scalars."""
 import collections
 import hashlib
 import os
 
+from tallow.backends import gpu_kernels
 from tallow.errors import DeviceError
 
 from .host import F64, I32, I64, U32, U64, Meta
 from .kernel_backend import DeviceStorage
 
-KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
+KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")  # CUDA-only kernels: kernels/<module>.cu
+OWN_MODULES = ()  # the modules in KERNEL_DIR (none yet: every CUDA kernel is shared with Metal)
 META_CACHE_SIZE = 4096
 # The C type of each scalar kernel argument, as a numpy type name (int, long long, unsigned long long, double).
 SCALAR_TYPES = {I32: "int32", I64: "int64", U32: "uint32", U64: "uint64", F64: "float64"}
 
 
+def kernel_file(module):
+    """The file a module's kernels are written in: CUDA's own, or the shared one."""
+    return os.path.join(KERNEL_DIR, module + ".cu") if module in OWN_MODULES else gpu_kernels.module_path(module)
+
+
 def kernel_source(module):
-    """The source of kernels/<module>.cu with common.cuh inlined (NVRTC then needs no include path)."""
-    with open(os.path.join(KERNEL_DIR, "common.cuh")) as f:
-        common = f.read()
-    with open(os.path.join(KERNEL_DIR, module + ".cu")) as f:
-        text = f.read()
-    return text.replace('#include "common.cuh"', common)
+    """The module's whole source in CUDA C (cuda.h and common.h inlined: NVRTC needs no include path)."""
+    return gpu_kernels.source("cuda", kernel_file(module))
 
 
 def storage_numpy_dtype(dtype):

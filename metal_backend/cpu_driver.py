@@ -2,7 +2,7 @@
 and the host logic they share with CUDA (tallow_cuda.kernel_backend) can be executed and
 checked against numpy on machines without a Mac.
 
-Each kernels/<module>.metal is compiled by g++ as C++17 against msl_shim.h +
+Each module's MSL source (driver.kernel_source) is compiled by g++ as C++17 against msl_shim.h +
 msl_cpu_runtime.h (threadgroups run as fibers, so barriers and simd_sum synchronise),
 with a generated wrapper per kernel that unpacks the argument list exactly as Metal's
 setBuffer/setBytes would bind it (the arguments are packed by tallow_metal.driver.pack_arg,
@@ -23,7 +23,7 @@ from tallow_cuda.cpu_driver import FIBERS, cache_dir, compile_emulated, launch_e
 from tallow_cuda.kernel_backend import DeviceStorage, KernelBackend
 
 from .backend import MetalBackend
-from .driver import KERNEL_DIR, pack_arg
+from .driver import kernel_source, pack_arg
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULES = ("elementwise", "reduce", "index", "attention", "quant", "matmul")
@@ -88,12 +88,13 @@ def wrapper_source(signatures):
 
 
 def build_module(module, gxx="g++"):
-    """Path of the shared library for kernels/<module>.metal (built once per source hash)."""
+    """Path of the shared library for a kernel module (its MSL source, as the real driver's;
+    built once per source hash)."""
     shim, runtime = os.path.join(HERE, "msl_shim.h"), os.path.join(HERE, "msl_cpu_runtime.h")
-    common, source = os.path.join(KERNEL_DIR, "common.metal"), os.path.join(KERNEL_DIR, module + ".metal")
-    return compile_emulated(f"metal-{module}", [shim, runtime, FIBERS, common, source, __file__], gxx,
-                            preprocess=["-DTALLOW_MSL_KEEP_ATTRIBUTES", "-include", shim, "-include", common, source],
-                            unit=f'#include "{common}"\n#include "{source}"\n', runtime=runtime,
+    source = source_file(f"metal-{module}", kernel_source(module), ".metal")
+    return compile_emulated(f"metal-{module}", [shim, runtime, FIBERS, source, __file__], gxx,
+                            preprocess=["-DTALLOW_MSL_KEEP_ATTRIBUTES", "-include", shim, source],
+                            unit=f'#include "{source}"\n', runtime=runtime,
                             wrappers=lambda pre: wrapper_source(kernel_signatures(pre)))
 
 

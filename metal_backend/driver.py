@@ -1,6 +1,6 @@
 """The PyObjC Metal driver: buffers in shared storage (Apple silicon's unified memory:
-the CPU reads results in place, no blit), MSL compiled at run time per kernel file
-(common.metal + <file>.metal) with fast math off (NaN/inf must behave as in numpy),
+the CPU reads results in place, no blit), MSL compiled at run time per kernel module
+(msl.h + common.h + the module, see kernel_source) with fast math off (NaN/inf must behave as in numpy),
 and dispatches recorded into one command buffer that is committed at sync points
 (a download), not after every op."""
 import hashlib
@@ -8,18 +8,23 @@ import os
 import struct
 import sys
 
+from tallow.backends import gpu_kernels
 from tallow.errors import DeviceError, UnsupportedError
 from tallow_cuda.host import F64, I32, I64, U32, U64, Meta
 from tallow_cuda.kernel_backend import DeviceStorage
 
-KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
+KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")  # Metal-only kernels: kernels/<module>.metal
+OWN_MODULES = ("matmul",)  # the modules in KERNEL_DIR (CUDA's dense matmul is cuBLAS)
+
+
+def kernel_file(module):
+    """The file a module's kernels are written in: Metal's own, or the one shared with CUDA."""
+    return os.path.join(KERNEL_DIR, module + ".metal") if module in OWN_MODULES else gpu_kernels.module_path(module)
 
 
 def kernel_source(module):
-    with open(os.path.join(KERNEL_DIR, "common.metal")) as f:
-        common = f.read()
-    with open(os.path.join(KERNEL_DIR, module + ".metal")) as f:
-        return common + "\n" + f.read()
+    """The module's whole source in MSL (msl.h and common.h inlined before it)."""
+    return gpu_kernels.source("msl", kernel_file(module))
 
 
 def pack_arg(a):

@@ -44,7 +44,7 @@ def test_pack_arg_matches_the_msl_parameter_types():
 
 def test_kernel_source_prepends_common():
     src = kernel_source("reduce")
-    assert src.index("inline long strided_offset") < src.index("kernel void reduce_##NAME")
+    assert src.index("DEVICE llong strided_offset") < src.index("KERNEL(reduce_##NAME")
 
 
 def test_the_emulated_device_launches_the_msl_kernels():

@@ -2,6 +2,8 @@
 // a (batch, m, k) @ b (batch, k, n). meta locates each batch's a and b (operands 0, 1)
 // over the batch shape; mk = [a row stride, a col stride, b row stride, b col stride].
 // A 16x16 tile per threadgroup, k in steps of 16 through threadgroup memory.
+// Metal-only (tallow_metal.driver.OWN_MODULES), in plain MSL; the driver puts the shared
+// msl.h and common.h (tallow/backends/gpu_kernels/) before it: strided_offset, T_<dtype>.
 
 #define TILE 16
 
