@@ -2,8 +2,9 @@
 the host logic (kernel_backend.py) are executed and checked against numpy on machines
 without an NVIDIA GPU.
 
-Each module's CUDA C source (driver.kernel_source) is compiled by g++ as C++17 with cuda_cpu_shim.h (blocks run as
-fibers: __syncthreads and __shfl_down_sync synchronise; see cpu_fibers.h) and a
+Each module's CUDA C source (driver.kernel_source, the text NVRTC gets) is compiled by g++
+as C++17 with cuda_cpu_shim.h (blocks run as fibers: __syncthreads and __shfl_down_sync
+synchronise; see cpu_fibers.h) and a
 generated wrapper per kernel taking its arguments as CuPy passes them (pointers, and
 scalars of driver.SCALAR_TYPES). Dense matmul, which is cuBLAS on a GPU, is numpy here.
 Libraries are cached by source hash in $TALLOW_CPU_EMULATOR_CACHE (default: the temp dir).

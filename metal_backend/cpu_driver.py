@@ -2,8 +2,9 @@
 and the host logic they share with CUDA (tallow_cuda.kernel_backend) can be executed and
 checked against numpy on machines without a Mac.
 
-Each module's MSL source (driver.kernel_source) is compiled by g++ as C++17 against msl_shim.h +
-msl_cpu_runtime.h (threadgroups run as fibers, so barriers and simd_sum synchronise),
+Each module's MSL source (driver.kernel_source, the text Metal gets) is compiled by g++ as
+C++17 against msl_shim.h + msl_cpu_runtime.h (threadgroups run as fibers, so barriers and
+simd_sum synchronise),
 with a generated wrapper per kernel that unpacks the argument list exactly as Metal's
 setBuffer/setBytes would bind it (the arguments are packed by tallow_metal.driver.pack_arg,
 the real driver's packer). Libraries are cached by source hash.
