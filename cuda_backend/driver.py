@@ -6,8 +6,8 @@ import os
 
 from tallow.errors import DeviceError
 
-from .host import F64, I32, I64, U32, U64, Meta
-from .kernel_backend import DeviceStorage
+from tallow.backends.kernel.backend import DeviceStorage
+from tallow.backends.kernel.host import F64, I32, I64, U32, U64, Meta
 
 KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
 META_CACHE_SIZE = 4096

@@ -9,8 +9,8 @@ import struct
 import sys
 
 from tallow.errors import DeviceError, UnsupportedError
-from tallow_cuda.host import F64, I32, I64, U32, U64, Meta
-from tallow_cuda.kernel_backend import DeviceStorage
+from tallow.backends.kernel.backend import DeviceStorage
+from tallow.backends.kernel.host import F64, I32, I64, U32, U64, Meta
 
 KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
 

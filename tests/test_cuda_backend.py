@@ -18,7 +18,7 @@ import pytest
 
 import tallow
 from tallow.layout import Layout
-from tallow_cuda import host
+from tallow.backends.kernel import host
 from tallow_cuda.driver import SCALAR_TYPES, kernel_source, storage_numpy_dtype
 
 from conftest import emulated

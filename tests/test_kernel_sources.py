@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from tallow_cuda import driver as cuda_driver
-from tallow_cuda.host import kernel_inventory
+from tallow.backends.kernel.host import kernel_inventory
 from tallow_metal import backend as metal_backend
 from tallow_metal import driver as metal_driver
 

@@ -1,12 +1,7 @@
-"""The backend contract on top of a kernel *driver*: the op-by-op logic shared by the
-CUDA backend (CuPy driver, CUDA C kernels) and the Metal backend (PyObjC driver, MSL
-kernels). Both kernel sets have the same kernel names and argument lists, so this file
-decides what to launch and the drivers only move bytes and launch.
-
-A driver provides: name, has_f64, atomic64, alloc(dtype, numel), upload(bytes, dtype),
-download(storage, byte_offset, nbytes), launch(module, kernel, grid, block, args) and
-load_source(name, source) -> module (a user's kernel source, compiled once); the backend
-subclass provides matmul and custom_source(op). Storage is a DeviceStorage.
+"""KernelBackend: tallow's backend contract on top of a kernel *driver* (the protocol is in
+this package's docstring, tallow/backends/kernel/__init__.py). It decides what to launch; the
+CUDA (CuPy) and Metal (PyObjC) drivers and their CPU emulators only move bytes and launch.
+The backend subclass provides matmul and custom_source(op). Storage is a DeviceStorage.
 """
 from tallow.backends.base import Backend
 from tallow.dtypes import bool_, f32, f64, i64

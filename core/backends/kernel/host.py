@@ -1,11 +1,11 @@
-"""Host-side logic for backends that launch C-like kernels (CUDA here, Metal in
-tallow_metal): op codes, dtype names, argument packing of shapes and strides,
+"""Host-side logic for backends that launch C-like kernels (tallow_cuda and tallow_metal,
+through KernelBackend): op codes, dtype names, argument packing of shapes and strides,
 launch grids and value packing. Pure Python: no cupy, no numpy, so it is
 tested on machines without a GPU.
 
 The kernels find strided operands through a `meta` int32 array:
     [ndim, shape[MAX_DIMS], then per operand: offset, strides[MAX_DIMS]]
-(see kernels/common.cuh: strided_offset, and tallow_metal's common.metal).
+(see cuda_backend/kernels/common.cuh: strided_offset, and metal_backend/kernels/common.metal).
 """
 import struct
 
