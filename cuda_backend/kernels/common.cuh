@@ -92,7 +92,7 @@ __device__ __forceinline__ F unary_float(int op, F v, double a0, double a1) {
     case U_COS: return cos(v);
     case U_TANH: return tanh(v);
     case U_SIGMOID: return F(1) / (F(1) + exp(-v));
-    case U_RELU: return v > F(0) ? v : F(0);
+    case U_RELU: return v < F(0) ? F(0) : v;  // keeps NaN, as numpy
     case U_GELU: return F(0.5) * v * (F(1) + erf(v * F(0.70710678118654752)));
     case U_GELU_TANH: return F(0.5) * v * (F(1) + tanh(F(0.79788456080286536) * (v + F(0.044715) * v * v * v)));
     case U_SILU: return v / (F(1) + exp(-v));
@@ -118,9 +118,9 @@ __device__ __forceinline__ I unary_int(int op, I v, double a0, double a1) {
     case U_SQUARE: return v * v;
     case U_FLOOR: case U_CEIL: case U_ROUND: return v;
     case U_SIGN: return v > (I)0 ? (I)1 : ((long long)v < 0 ? (I)(0 - 1) : (I)0);
-    case U_CLAMP: { double r = (double)v; r = r < a0 ? a0 : r; r = r > a1 ? a1 : r; return (I)(long long)r; }
+    case U_CLAMP: return (double)v < a0 ? (I)(long long)a0 : ((double)v > a1 ? (I)(long long)a1 : v);  // v exact
     case U_POW_SCALAR: { I r = 1; for (long long e = (long long)a0; e > 0; --e) r *= v; return r; }
-    case U_AFFINE: return (I)(long long)((double)v * a0 + a1);
+    case U_AFFINE: return (I)(v * (I)(long long)a0 + (I)(long long)a1);  // integer arithmetic, wrapping as numpy
     }
     // Transcendental ops on integers: computed in double (the front end sends floats here).
     return (I)(long long)unary_float<double>(op, (double)v, a0, a1);

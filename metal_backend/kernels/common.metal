@@ -98,7 +98,7 @@ inline float apply_unary(int op, float v, float a0, float a1) {
     case U_COS: return cos(v);
     case U_TANH: return tanh(v);
     case U_SIGMOID: return 1.0f / (1.0f + exp(-v));
-    case U_RELU: return v > 0.0f ? v : 0.0f;
+    case U_RELU: return v < 0.0f ? 0.0f : v;  // keeps NaN, as numpy
     case U_GELU: return 0.5f * v * (1.0f + erf_(v * 0.70710678118654752f));
     case U_GELU_TANH: return 0.5f * v * (1.0f + tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
     case U_SILU: return v / (1.0f + exp(-v));
@@ -124,9 +124,9 @@ inline I apply_unary_int(int op, I v, float a0, float a1) {
     case U_SQUARE: return v * v;
     case U_FLOOR: case U_CEIL: case U_ROUND: return v;
     case U_SIGN: return v > I(0) ? I(1) : (long(v) < 0 ? I(0 - 1) : I(0));
-    case U_CLAMP: { float r = float(v); r = r < a0 ? a0 : r; r = r > a1 ? a1 : r; return I(long(r)); }
+    case U_CLAMP: return float(v) < a0 ? I(long(a0)) : (float(v) > a1 ? I(long(a1)) : v);  // v exact
     case U_POW_SCALAR: { I r = 1; for (long e = long(a0); e > 0; --e) r *= v; return r; }
-    case U_AFFINE: return I(long(float(v) * a0 + a1));
+    case U_AFFINE: return I(v * I(long(a0)) + I(long(a1)));  // integer arithmetic, wrapping as numpy
     }
     return I(long(apply_unary(op, float(v), a0, a1)));
 }

@@ -43,7 +43,7 @@ def compile_emulated(tag, deps, gxx, preprocess, unit, runtime, wrappers, includ
     with open(tu, "w") as f:
         f.write(unit + wrappers(pre.stdout))
     tmp = f"{lib}.{os.getpid()}.tmp"
-    proc = subprocess.run([gxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-I", HERE] + include_flags
+    proc = subprocess.run([gxx, "-O1", "-fwrapv", "-shared", "-fPIC", "-std=c++17", "-w", "-I", HERE] + include_flags
                           + ["-include", runtime, tu, "-o", tmp],
                           capture_output=True, text=True)
     if proc.returncode:
