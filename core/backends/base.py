@@ -16,6 +16,8 @@ Binary op names: add sub mul div pow maximum minimum (operands same dtype)
 Compare op names: eq ne lt le gt ge (result dtype bool)
 Reduce op names: sum prod max min (result dtype as input, except sum/prod of
                  bool/ints -> i64) and argmax argmin (single dim, result i64).
+Transcendental unary ops (exp, log, sin, gelu, ...) get float dtypes: the front end
+promotes integer inputs to f32 first.
 Integer ids (index_select, gather, scatter_add) arrive in [0, size): the front end
 checks them once for every backend (core/index_check.py), so a backend need not.
 """
