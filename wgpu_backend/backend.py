@@ -4,7 +4,8 @@ Storage is a pooled GPU buffer (WgpuStorage). What each dtype becomes on the
 GPU is described in wgsl.py: f32/i32/u32 as they are; f16 as f16 with
 shader-f16, else as f32 rounded to f16 after every op; bf16 as f32 rounded to
 bf16; i8/u8/bool widened to 32 bits on upload (by a kernel) and narrowed again
-on download; i64 as i32 (uploads outside the i32 range are refused); f64 is
+on download; i64 as i32 (uploads outside the i32 range are refused, and i64
+arithmetic that could leave it runs exactly on the host: _exact_i64); f64 is
 refused. GGUF blocks stay on the GPU as raw bytes: Q8_0, Q4_0, Q4_1, Q4_K and
 Q6_K are dequantised inside the matmul kernels; other block formats are
 dequantised once on upload.
