@@ -4,8 +4,8 @@ transposed, strided and broadcast layouts, zero-size and 0-d shapes, for several
 References are numpy (f32/f16/ints/bool), torch (bf16, and the activations / conv /
 attention numpy lacks) and the gguf package (block formats).
 
-What a device truly cannot do is in NO_DTYPE: the test then expects exactly that
-UnsupportedError on that device, never a skip. Tests of one backend's internals (wgpu's
+What a device truly cannot do is a row of device_limits.py (NO_DTYPE, NARROW_INTS): the test
+then expects exactly that UnsupportedError on that device, never a skip. Tests of one backend's internals (wgpu's
 buffer pool and limits, the pure-Python backend's dot paths) stay in that backend's file.
 """
 import math
@@ -17,18 +17,12 @@ from tallow import dtypes as D
 from tallow.errors import FormatError, ShapeError, UnsupportedError
 from tallow.layout import Layout
 
+from device_limits import NARROW_INTS, NO_DTYPE
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 RNG = np.random.default_rng(1234)
-
-# (device type, dtype) -> why that device refuses the dtype (the UnsupportedError must name the dtype).
-NO_DTYPE = {
-    ("wgpu", "f64"): "WebGPU has no f64",
-    ("metal", "f64"): "Metal has no double",
-}
-# Values a device keeps in fewer bits, refused outside that range (never wrapped silently).
-NARROW_INTS = {("wgpu", "i64"): (-2 ** 31, 2 ** 31 - 1)}  # WebGPU has no 64-bit integers: i64 lives as i32
 
 NP_TYPES = {D.f64: np.float64, D.f32: np.float32, D.f16: np.float16, D.i64: np.int64, D.i32: np.int32,
             D.i8: np.int8, D.u8: np.uint8, D.u32: np.uint32, D.bool_: np.bool_}
