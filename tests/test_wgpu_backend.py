@@ -132,3 +132,19 @@ def test_missing_wgpu_package_is_a_device_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "wgpu", None)
     with pytest.raises(DeviceError, match="pip install wgpu"):
         driver_native.NativeDriver()
+
+
+def test_f16_without_shader_f16_round_trips_like_numpy(be):
+    """On an adapter without shader-f16 (Chrome's SwiftShader) f16 lives as f32 rounded to f16;
+    its bytes, overflow to inf, NaN, subnormals and signed zeros must still be numpy's."""
+    plain = WgpuBackend(be.driver)
+    plain.has_f16 = False
+    x = np.array([1 / 3, 0.1, -2.7, 65519.0, 65520.0, 1e5, -1e5, 1e-8, 6e-8, -3e-5, 2.5, -0.0, 1.0009765625,
+                  1.00048828125, 3.0e38, 1.00390625, np.inf, -np.inf, np.nan, -7.0e-39], np.float32)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    st = plain.cast(plain.from_bytes(x.tobytes(), D.f32), Layout(x.shape), D.f32, D.f16)
+    got = plain.to_bytes(st, Layout(x.shape), D.f16)
+    assert np.frombuffer(got, np.uint16)[~np.isnan(want)].tolist() == want.view(np.uint16)[~np.isnan(want)].tolist()
+    assert np.isnan(np.frombuffer(got, np.float16)[np.isnan(want)]).all()
+    assert plain.to_bytes(plain.from_bytes(want.tobytes(), D.f16), Layout(x.shape), D.f16) == want.tobytes()

@@ -142,6 +142,19 @@ fn powf(a: f32, b: f32) -> f32 {
     return select(r, -r, fract(b * 0.5) != 0.0);
 }
 """
+# The f16 bits of v, which holds an f16 value exactly (f16 lives as f32 on an adapter without
+# shader-f16). Not pack2x16float: SwiftShader (Chrome without a GPU) makes inf a NaN there.
+_F16_BITS = """
+fn f16_bits(v: f32) -> u32 {
+    let u = bitcast<u32>(v);
+    let sign = (u >> 16u) & 0x8000u;
+    let a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) { return sign | 0x7e00u; }  // NaN
+    if (a >= 0x47800000u) { return sign | 0x7c00u; }  // beyond f16: infinity
+    if (a < 0x38800000u) { return sign | u32(bitcast<f32>(a) * 16777216.0); }  // subnormal: a multiple of 2**-24
+    return sign | (((a >> 23u) - 112u) << 10u) | ((a >> 13u) & 0x3ffu);
+}
+"""
 _IPOW = """
 fn ipow(a: CX, e: CX) -> CX {
     var r = CX(1);
@@ -414,8 +427,9 @@ class WgpuBackend(Backend):
             src, off = self.copy(src, Layout((numel,), (1,), off), dtype), 0
         per_word = 4 // dtype.itemsize
         nwords = (numel + per_word - 1) // per_word
+        prelude = ""
         if dtype is f16:
-            expr = "pack2x16float(vec2<f32>(item(2u * j), item(2u * j + 1u)))"
+            expr, prelude = "f16_bits(item(2u * j)) | (f16_bits(item(2u * j + 1u)) << 16u)", _F16_BITS
         elif dtype is bf16:
             expr = "(bitcast<u32>(item(2u * j)) >> 16u) | (bitcast<u32>(item(2u * j + 1u)) & 0xffff0000u)"
         else:
@@ -423,7 +437,7 @@ class WgpuBackend(Backend):
                     "((bitcast<u32>(item(4u * j + 2u)) & 255u) << 16u) | (bitcast<u32>(item(4u * j + 3u)) << 24u)")
         out = self._alloc(nwords * 4)
         self._run("pack", {"X": dtype}, [src, out], self._params([numel], [nwords]), (nwords + 255) // 256,
-                  {"EXPR": expr}, label=f"pack {dtype.name}")
+                  {"EXPR": expr}, label=f"pack {dtype.name}", prelude=prelude)
         return self._read(out, 0, numel * dtype.itemsize)
 
     def from_list(self, values, dtype):
