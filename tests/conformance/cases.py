@@ -84,10 +84,21 @@ def run(name, device):
     return CASES[name].compute(tallow.Device(device))
 
 
-def source(name, device):
-    """Python source that, run as a script where tallow is importable, evaluates to run(name, device)."""
+def refusal(name, device):
+    """The UnsupportedError message of case `name` on `device`, or None when it runs. A device a
+    case is not applicable to (Case.not_applicable) must refuse it so, never narrow silently."""
+    try:
+        run(name, device)
+    except tallow.UnsupportedError as e:
+        return str(e)
+    return None
+
+
+def source(name, device, call="run"):
+    """Python source that, run as a script where tallow is importable, evaluates to
+    run(name, device) (or to refusal(name, device) with call="refusal")."""
     with open(__file__, encoding="utf-8") as f:
-        return f"{f.read()}\nrun({name!r}, {device!r})\n"
+        return f"{f.read()}\n{call}({name!r}, {device!r})\n"
 
 
 def _f32(np, a):

@@ -4,8 +4,6 @@ numpy/torch references; the same cases run inside Pyodide (test_pyodide.py) and 
 import numpy as np
 import pytest
 
-import tallow
-
 import cases
 from compare import assert_matches
 
@@ -17,8 +15,7 @@ def test_case_matches_reference(device, name):
         pytest.importorskip("torch")
     reason = case.not_applicable(device.type)
     if reason:  # a device without f64 (cases.NO_F64) refuses it with a clear error, never narrows silently
-        with pytest.raises(tallow.UnsupportedError, match="f64"):
-            cases.run(name, device)
+        assert "f64" in (cases.refusal(name, device) or ""), f"{name} on {device}: {reason}, yet it ran"
         return
     rtol, atol = case.tolerance(device.type)
     assert_matches(cases.run(name, device), case.reference(np), f"{name} on {device}", rtol, atol)
