@@ -7,11 +7,11 @@ integer ops inside the kernels, which works on every GPU (no __nv_bfloat16 neede
 its matmul runs in f32 on cuBLAS (cupy has no bf16 dtype). GGUF blocks stay on the GPU
 as bytes: Q8_0, Q4_0, Q4_1, Q4_K and Q6_K are dequantised inside the kernels.
 """
+from tallow.backends.kernel.backend import KernelBackend
 from tallow.dtypes import bf16, f32
 from tallow.layout import Layout, numel_of
 
 from .driver import CupyDriver
-from .kernel_backend import KernelBackend
 
 
 class CudaBackend(KernelBackend):

@@ -1,11 +1,11 @@
 """Test-only: a driver that runs tallow's CUDA C kernels on the CPU, so the kernels and
-the host logic (kernel_backend.py) are executed and checked against numpy on machines
+the host logic (tallow.backends.kernel) are executed and checked against numpy on machines
 without an NVIDIA GPU.
 
 Each module's CUDA C source (driver.kernel_source, the text NVRTC gets) is compiled by g++
 as C++17 with cuda_cpu_shim.h (blocks run as fibers: __syncthreads and __shfl_down_sync
-synchronise; see cpu_fibers.h) and a
-generated wrapper per kernel taking its arguments as CuPy passes them (pointers, and
+synchronise; see core/backends/kernel/cpu_fibers.h)
+and a generated wrapper per kernel taking its arguments as CuPy passes them (pointers, and
 scalars of driver.SCALAR_TYPES). Dense matmul, which is cuBLAS on a GPU, is numpy here.
 Libraries are cached by source hash in $TALLOW_CPU_EMULATOR_CACHE (default: the temp dir).
 
@@ -19,19 +19,17 @@ import os
 import re
 import shutil
 import struct
-import subprocess
-import tempfile
 
+from tallow.backends.kernel.backend import DeviceStorage, KernelBackend
+from tallow.backends.kernel.emulator import FIBERS, compile_emulated, launch_emulated, source_file
+from tallow.backends.kernel.host import Meta
 from tallow.dtypes import bf16, f16
-from tallow.errors import DeviceError, UnsupportedError
+from tallow.errors import DeviceError
 
 from .backend import CudaBackend
 from .driver import SCALAR_TYPES, kernel_source
-from .host import Meta
-from .kernel_backend import DeviceStorage, KernelBackend
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FIBERS = os.path.join(HERE, "cpu_fibers.h")
 SHIM = os.path.join(HERE, "cuda_cpu_shim.h")
 MODULES = ("elementwise", "reduce", "index", "attention", "quant")
 FIBER_MODULES = ("reduce", "attention", "quant")  # kernels with __syncthreads or shuffles
@@ -39,57 +37,6 @@ _STRUCT = {"int32": "<i", "int64": "<q", "uint32": "<I", "uint64": "<Q", "float6
 
 
 # ---- building ------------------------------------------------------------------------------
-def cache_dir():
-    return os.path.join(os.environ.get("TALLOW_CPU_EMULATOR_CACHE") or tempfile.gettempdir(), "tallow-cpu-emulator")
-
-
-def compile_emulated(tag, deps, gxx, preprocess, unit, runtime, wrappers, includes=()):
-    """Build (once per hash of `deps`) a shared library: `unit` + wrappers(preprocessed source),
-    compiled with -include runtime and the include dirs `includes`. Returns its path."""
-    h = hashlib.sha256()
-    for p in list(deps) + [__file__]:
-        with open(p, "rb") as f:
-            h.update(f.read())
-    os.makedirs(cache_dir(), exist_ok=True)
-    lib = os.path.join(cache_dir(), f"{tag}-{h.hexdigest()[:16]}.so")
-    if os.path.exists(lib):
-        return lib
-    include_flags = [flag for d in includes for flag in ("-I", d)]
-    pre = subprocess.run([gxx, "-E", "-std=c++17", "-x", "c++", "-I", HERE] + include_flags + preprocess,
-                         capture_output=True, text=True)
-    if pre.returncode:
-        raise DeviceError(f"cpu emulator: preprocessing {tag} failed:\n{pre.stderr[-3000:]}")
-    tu = lib[:-3] + ".cpp"
-    with open(tu, "w") as f:
-        f.write(unit + wrappers(pre.stdout))
-    tmp = f"{lib}.{os.getpid()}.tmp"
-    proc = subprocess.run([gxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-I", HERE] + include_flags
-                          + ["-include", runtime, tu, "-o", tmp],
-                          capture_output=True, text=True)
-    if proc.returncode:
-        raise DeviceError(f"cpu emulator: compiling {tag} failed:\n{proc.stderr[-3000:]}")
-    os.replace(tmp, lib)
-    return lib
-
-
-def launch_emulated(lib, module, kernel, grid, block, args, pack, fibers):
-    """Call tallow_launch_<kernel>: buffers by their address, everything else by the address of
-    its packed bytes (the wrappers dereference scalars and take meta arrays as pointers)."""
-    fn = getattr(lib, "tallow_launch_" + kernel, None)
-    if fn is None:
-        raise UnsupportedError(f"no kernel {kernel} in {module}")
-    keep, ptrs = [], []
-    for a in args:
-        if isinstance(a, DeviceStorage):
-            ptrs.append(a.buf.ctypes.data)
-        else:
-            raw = pack(a)
-            b = ctypes.create_string_buffer(raw, max(8, len(raw)))
-            keep.append(b)
-            ptrs.append(ctypes.addressof(b))
-    fn((ctypes.c_void_p * len(ptrs))(*ptrs), (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), int(fibers))
-
-
 def kernel_params(preprocessed):
     """{kernel: [C type, ...]} of every extern "C" kernel in the preprocessed source."""
     found = {}
@@ -106,18 +53,6 @@ def cuda_wrappers(preprocessed):
                    f'extern "C" void tallow_launch_{name}(void** a, const unsigned* g, const unsigned* b, int f) '
                    f"{{ tallow_run(tallow_entry_{name}, a, g, b, f); }}\n")
     return "".join(out)
-
-
-def source_file(tag, source, suffix):
-    """A user's kernel source written once to the cache, named by its hash (compile_emulated reads files)."""
-    os.makedirs(cache_dir(), exist_ok=True)
-    path = os.path.join(cache_dir(), f"{tag}-{hashlib.sha256(source.encode()).hexdigest()[:16]}{suffix}")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
-    return path
 
 
 def build_custom(source, gxx="g++"):

@@ -8,8 +8,8 @@ import os
 from tallow.backends import gpu_kernels
 from tallow.errors import DeviceError
 
-from .host import F64, I32, I64, U32, U64, Meta
-from .kernel_backend import DeviceStorage
+from tallow.backends.kernel.backend import DeviceStorage
+from tallow.backends.kernel.host import F64, I32, I64, U32, U64, Meta
 
 KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")  # CUDA-only kernels: kernels/<module>.cu
 OWN_MODULES = ()  # the modules in KERNEL_DIR (none yet: every CUDA kernel is shared with Metal)

@@ -1,13 +1,13 @@
 """The Metal backend: tallow's backend contract as MSL kernels (kernels/*.metal) driven
-through PyObjC on Apple silicon. The op logic is tallow_cuda's KernelBackend: the MSL
+through PyObjC on Apple silicon. The op logic is tallow.backends.kernel's KernelBackend, shared with CUDA: the MSL
 kernels have the CUDA kernels' names and arguments. Differences from CUDA: no f64
 (Metal has no double), no i64 scatter_add (no 64-bit atomics), float scalars as float,
 and a tiled MSL matmul kernel instead of cuBLAS.
 """
+from tallow.backends.kernel.backend import KernelBackend
+from tallow.backends.kernel.host import I32, Meta, pack_meta
 from tallow.dtypes import bf16, f16, f32, i32, i64
 from tallow.layout import numel_of
-from tallow_cuda.host import I32, Meta, pack_meta
-from tallow_cuda.kernel_backend import KernelBackend
 
 from .driver import MetalDriver
 

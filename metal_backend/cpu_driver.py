@@ -1,5 +1,5 @@
 """Test-only: a driver that runs tallow's MSL kernels on the CPU, so the Metal kernels
-and the host logic they share with CUDA (tallow_cuda.kernel_backend) can be executed and
+and the host logic they share with CUDA (tallow.backends.kernel) can be executed and
 checked against numpy on machines without a Mac.
 
 Each module's MSL source (driver.kernel_source, the text Metal gets) is compiled by g++ as
@@ -20,8 +20,8 @@ import re
 import shutil
 
 from tallow.errors import DeviceError, UnsupportedError
-from tallow_cuda.cpu_driver import FIBERS, cache_dir, compile_emulated, launch_emulated, source_file
-from tallow_cuda.kernel_backend import DeviceStorage, KernelBackend
+from tallow.backends.kernel.backend import DeviceStorage, KernelBackend
+from tallow.backends.kernel.emulator import FIBERS, cache_dir, compile_emulated, launch_emulated, source_file
 
 from .backend import MetalBackend
 from .driver import kernel_source, pack_arg

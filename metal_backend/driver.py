@@ -10,8 +10,8 @@ import sys
 
 from tallow.backends import gpu_kernels
 from tallow.errors import DeviceError, UnsupportedError
-from tallow_cuda.host import F64, I32, I64, U32, U64, Meta
-from tallow_cuda.kernel_backend import DeviceStorage
+from tallow.backends.kernel.backend import DeviceStorage
+from tallow.backends.kernel.host import F64, I32, I64, U32, U64, Meta
 
 KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")  # Metal-only kernels: kernels/<module>.metal
 OWN_MODULES = ("matmul",)  # the modules in KERNEL_DIR (CUDA's dense matmul is cuBLAS)

@@ -1,11 +1,11 @@
 // Test-only: runs tallow's MSL kernels on the CPU (see cpu_driver.py). On top of
 // msl_shim.h it makes threadgroup arrays static (shared by a group's threads) and runs
-// threadgroups as fibers (tallow_cuda/cpu_fibers.h), so threadgroup_barrier and
+// threadgroups as fibers (core/backends/kernel/cpu_fibers.h), so threadgroup_barrier and
 // simd_sum really synchronise. Atomics are plain adds (one OS thread).
 #pragma once
 #define TG_SHARED static
 #include "msl_shim.h"
-#include "cpu_fibers.h"  // tallow_cuda/: the fiber scheduler (shared with the CUDA emulator)
+#include "cpu_fibers.h"  // core/backends/kernel/: the fiber scheduler (shared with the CUDA emulator)
 
 void threadgroup_barrier(mem_flags::flags) { tallow_barrier(); }
 

@@ -18,7 +18,7 @@ import pytest
 
 import tallow
 from tallow.layout import Layout
-from tallow_cuda import host
+from tallow.backends.kernel import host
 from tallow_cuda.driver import SCALAR_TYPES, kernel_source, storage_numpy_dtype
 
 from conftest import emulated
@@ -171,7 +171,7 @@ def test_pack_values_staging():
 
 
 def test_op_codes_match_the_kernel_enums():
-    """The host's op codes are the enum order in common.cuh (a reordering would silently swap ops)."""
+    """The host's op codes are the enum order in gpu_kernels/common.h (a reordering would silently swap ops)."""
     src = kernel_source("elementwise")
     for prefix, table in (("U_", host.UNARY_CODES), ("B_", host.BINARY_CODES), ("C_", host.COMPARE_CODES)):
         body = re.search(r"enum \{ (" + prefix + r"[^}]*)\}", src).group(1)

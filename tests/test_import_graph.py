@@ -114,3 +114,13 @@ def test_import_tallow_stays_light():
     code = "import sys, tallow; print(sorted(m for m in ('numpy', 'torch', 'tallow.quant') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_shared_kernel_backend_stays_light():
+    # tallow.backends.kernel is what CUDA and Metal build on: it must import on a box without
+    # numpy, cupy or PyObjC (the drivers bring those), and without either GPU package.
+    code = ("import sys; import tallow.backends.kernel.backend, tallow.backends.kernel.host, "
+            "tallow.backends.kernel.emulator; print(sorted(m for m in ('numpy', 'cupy', 'Metal', 'tallow_cuda', "
+            "'tallow_metal', 'tallow_wgpu') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -18,8 +18,8 @@ import pytest
 
 from tallow.backends import gpu_kernels
 from tallow_cuda import driver as cuda_driver
+from tallow.backends.kernel.host import kernel_inventory
 from tallow_cuda.cpu_driver import kernel_params
-from tallow_cuda.host import kernel_inventory
 from tallow_metal import backend as metal_backend
 from tallow_metal import driver as metal_driver
 from tallow_metal.cpu_driver import kernel_signatures

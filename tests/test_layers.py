@@ -3,8 +3,9 @@ sits in one layer, and a module only imports modules of its own layer or below.
 
     0  foundation    errors, JSON and config-field reading: no tensors
     1  tensor core   dtypes, layout, devices, Tensor and its ops, autograd, quantised
-                     blocks, and the backends that run them (tallow.backends, tallow_wgpu,
-                     tallow_cuda, tallow_metal)
+                     blocks, and the backends that run them (tallow.backends, with
+                     tallow.backends.kernel shared by CUDA and Metal; tallow_wgpu,
+                     tallow_cuda, tallow_metal, which never import each other)
     2  io            weight files (GGUF, safetensors, npz, CTranslate2) <-> tensors
     3  blocks        nn layers, optimisers, audio features, tokenizers, and the hub
                      (model files on disk: known names, downloads, the cache)
@@ -180,6 +181,35 @@ def test_the_checks_catch_an_upward_import_and_a_cycle(graph):
     planted["tallow.cli"].add("tallow.nn.layers")
     assert ("tallow.nn.layers", "tallow.cli") in upward_imports(planted)
     assert any({"tallow.nn.layers", "tallow.cli"} <= set(c) for c in cycles(planted))
+
+
+GPU_PACKAGES = ("tallow_wgpu", "tallow_cuda", "tallow_metal")
+
+
+def cross_imports(graph):
+    """(module, imported module) pairs where one GPU backend package imports another, or the
+    tallow package imports a GPU backend package (it finds them by name in tallow.device)."""
+    def package(m):
+        return m.split(".")[0]
+    return sorted((m, t) for m, targets in graph.items() for t in targets
+                  if package(t) in GPU_PACKAGES and package(t) != package(m))
+
+
+def test_gpu_backend_packages_do_not_import_each_other(graph):
+    # CUDA and Metal share tallow.backends.kernel (KernelBackend, the host logic, the emulator
+    # runtime); neither imports the other, so either can be read, packaged or changed alone.
+    assert any(t.startswith("tallow.backends.kernel") for t in graph["tallow_metal.backend"])
+    assert any(t.startswith("tallow.backends.kernel") for t in graph["tallow_cuda.backend"])
+    bad = [f"{m} imports {t}" for m, t in cross_imports(graph)]
+    assert not bad, "GPU backend packages must build on tallow.backends.kernel, not on each other:\n" + "\n".join(bad)
+
+
+def test_the_cross_import_check_catches_metal_importing_cuda(graph):
+    planted = {m: set(t) for m, t in graph.items()}
+    planted["tallow_metal.cpu_driver"].add("tallow_cuda.cpu_driver")
+    planted["tallow_cuda.driver"].add("tallow_metal.driver")
+    assert cross_imports(planted) == [("tallow_cuda.driver", "tallow_metal.driver"),
+                                      ("tallow_metal.cpu_driver", "tallow_cuda.cpu_driver")]
 
 
 def test_function_level_imports_count(tmp_path):

@@ -86,7 +86,7 @@ def test_moved_last_gives_rows_of_the_reduced_elements(rank):
 
 @pytest.mark.parametrize("rank", range(7))
 def test_kernel_meta_locates_every_element_of_every_operand(rank):
-    """Decode the words as the kernels do (common.cuh strided_offset) and compare with numpy."""
+    """Decode the words as the kernels do (gpu_kernels/common.h strided_offset) and compare with numpy."""
     max_dims = 8
     for _ in range(20):
         a = random_view(rank)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tallow
-from tallow_cuda.host import F64, I32, I64, U32, U64, Meta
+from tallow.backends.kernel.host import F64, I32, I64, U32, U64, Meta
 from tallow_metal.driver import MetalDriver, kernel_source, pack_arg
 
 from conftest import emulated

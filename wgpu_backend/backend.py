@@ -4,7 +4,8 @@ Storage is a pooled GPU buffer (WgpuStorage). What each dtype becomes on the
 GPU is described in wgsl.py: f32/i32/u32 as they are; f16 as f16 with
 shader-f16, else as f32 rounded to f16 after every op; bf16 as f32 rounded to
 bf16; i8/u8/bool widened to 32 bits on upload (by a kernel) and narrowed again
-on download; i64 as i32 (uploads outside the i32 range are refused); f64 is
+on download; i64 as i32 (uploads outside the i32 range are refused, and i64
+arithmetic that could leave it runs exactly on the host: _exact_i64); f64 is
 refused. GGUF blocks stay on the GPU as raw bytes: Q8_0, Q4_0, Q4_1, Q4_K and
 Q6_K are dequantised inside the matmul kernels; other block formats are
 dequantised once on upload.
@@ -76,14 +77,23 @@ def _contig_strides(shape):
 
 
 # ---- op expressions (compute values: p, q for binary; v for unary) -------------
+def _nan(x):
+    """WGSL: is the f32 x a NaN? By its bits: WGSL's min/max/clamp/sign leave NaN unspecified, and
+    drivers may fold `x != x` away. Ops below keep NaN where numpy does."""
+    return f"((bitcast<u32>({x}) & 0x7fffffffu) > 0x7f800000u)"
+
+
 _FLOAT_UNARY = {
     "neg": "-v", "abs": "abs(v)", "exp": "exp(v)", "log": "log(v)", "sqrt": "sqrt(v)", "rsqrt": "1.0 / sqrt(v)",
-    "sin": "sin(v)", "cos": "cos(v)", "tanh": "tanh(clamp(v, -15.0, 15.0))", "sigmoid": "1.0 / (1.0 + exp(-v))",
-    "relu": "max(v, 0.0)", "gelu": "0.5 * v * erfc_(-v * 0.70710678118654752)",
+    "sin": "sin(v)", "cos": "cos(v)",
+    "tanh": f"select(tanh(clamp(v, -15.0, 15.0)), v, {_nan('v')})", "sigmoid": "1.0 / (1.0 + exp(-v))",
+    "relu": f"select(max(v, 0.0), v, {_nan('v')})", "gelu": "0.5 * v * erfc_(-v * 0.70710678118654752)",
     "gelu_tanh": "0.5 * v * (1.0 + tanh(clamp(0.79788456080286536 * (v + 0.044715 * v * v * v), -15.0, 15.0)))",
     "silu": "v / (1.0 + exp(-v))", "square": "v * v", "reciprocal": "1.0 / v", "floor": "floor(v)",
-    "ceil": "ceil(v)", "round": "round(v)", "sign": "sign(v)", "logical_not": "select(0u, 1u, v == 0.0)",
-    "clamp_lo": "max(v, PF(37u))", "clamp_hi": "min(v, PF(38u))", "clamp": "min(max(v, PF(37u)), PF(38u))",
+    "ceil": "ceil(v)", "round": "round(v)", "sign": f"select(sign(v), v, {_nan('v')})",
+    "logical_not": "select(0u, 1u, v == 0.0)",
+    "clamp_lo": f"select(max(v, PF(37u)), v, {_nan('v')})", "clamp_hi": f"select(min(v, PF(38u)), v, {_nan('v')})",
+    "clamp": f"select(min(max(v, PF(37u)), PF(38u)), v, {_nan('v')})",
     "pow_scalar": "powf(v, PF(37u))", "affine": "v * PF(37u) + PF(38u)", "identity": "v",
 }
 _INT_UNARY = {
@@ -95,10 +105,17 @@ _INT_UNARY = {
     "affine": "v * CX(PI(37u)) + CX(PI(38u))",
 }
 _FLOAT_BINARY = {"add": "p + q", "sub": "p - q", "mul": "p * q", "div": "p / q", "pow": "powf(p, q)",
-                 "maximum": "max(p, q)", "minimum": "min(p, q)"}
+                 "maximum": f"select(max(p, q), p + q, {_nan('p')} || {_nan('q')})",
+                 "minimum": f"select(min(p, q), p + q, {_nan('p')} || {_nan('q')})"}
 _INT_BINARY = {"add": "p + q", "sub": "p - q", "mul": "p * q", "div": "p / q", "pow": "ipow(p, q)",
                "maximum": "max(p, q)", "minimum": "min(p, q)"}
-_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+# i64 is kept as i32 on the GPU: these ops can carry an i64 result past the i32 range, so they run
+# exactly on the host (WgpuBackend._exact_i64), as do integer sums/cumsums of 32-bit inputs (their
+# result is i64) and integer products. Sums of fewer than _SMALL_INT_SUMS 8/16-bit values always fit.
+_I64_MAY_OVERFLOW = frozenset({"neg", "abs", "square", "pow_scalar", "affine", "add", "sub", "mul", "div", "pow"})
+_SMALL_INT_SUMS = 1 << 23
+# ne as !(p == q): true for a NaN operand on every driver (lavapipe's p != q is the ordered compare).
+_COMPARE = {"eq": "p == q", "ne": "!(p == q)", "lt": "p < q", "le": "p <= q", "gt": "p > q", "ge": "p >= q"}
 
 # Helpers some ops need, prepended to the kernel when used.
 _MATH = """
@@ -114,12 +131,28 @@ fn erfc_(x: f32) -> f32 {
 }
 // pow as numpy: negative bases only with integral exponents.
 fn powf(a: f32, b: f32) -> f32 {
-    if (b == 0.0) { return 1.0; }
+    if (b == 0.0 || a == 1.0) { return 1.0; }
+    if ((bitcast<u32>(a) & 0x7fffffffu) > 0x7f800000u || (bitcast<u32>(b) & 0x7fffffffu) > 0x7f800000u) {
+        return f32_nan();
+    }
     if (a > 0.0) { return pow(a, b); }
     if (a == 0.0) { return select(f32_inf(), 0.0, b > 0.0); }
     if (floor(b) != b) { return f32_nan(); }
     let r = pow(-a, b);
     return select(r, -r, fract(b * 0.5) != 0.0);
+}
+"""
+# The f16 bits of v, which holds an f16 value exactly (f16 lives as f32 on an adapter without
+# shader-f16). Not pack2x16float: SwiftShader (Chrome without a GPU) makes inf a NaN there.
+_F16_BITS = """
+fn f16_bits(v: f32) -> u32 {
+    let u = bitcast<u32>(v);
+    let sign = (u >> 16u) & 0x8000u;
+    let a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) { return sign | 0x7e00u; }  // NaN
+    if (a >= 0x47800000u) { return sign | 0x7c00u; }  // beyond f16: infinity
+    if (a < 0x38800000u) { return sign | u32(bitcast<f32>(a) * 16777216.0); }  // subnormal: a multiple of 2**-24
+    return sign | (((a >> 23u) - 112u) << 10u) | ((a >> 13u) & 0x3ffu);
 }
 """
 _IPOW = """
@@ -289,8 +322,7 @@ class WgpuBackend(Backend):
                 return self._upload(data)
             return self._dequantize_on_upload(data, dtype)
         mv = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else memoryview(data)
-        if len(mv) % dtype.itemsize:
-            raise ShapeError(f"wgpu from_bytes: {len(mv)} bytes is not a whole number of {dtype.name} elements")
+        self._check_whole_elements(len(mv), dtype)
         numel = len(mv) // dtype.itemsize
         st_type = wgsl.storage_type(dtype, self.has_f16)
         if dtype is i64:
@@ -343,6 +375,25 @@ class WgpuBackend(Backend):
         st.dequantized = True
         return st
 
+    def _exact_i64(self, what, out_shape, compute):
+        """An i64 op whose result may leave the i32 range that i64 is kept in here: computed exactly
+        (64 bits) on the host backend, and kept only when every value fits; else UnsupportedError,
+        never a 32-bit wrap-around. compute(host, up) runs the op on the host, up(st, layout, dtype)
+        moving an operand there."""
+        from tallow.backends.host import host_device
+        host = host_device().backend
+
+        def up(st, layout, dtype):
+            return host.from_bytes(self.to_bytes(st, layout, dtype), dtype), Layout(layout.shape)
+
+        vals = array("q")
+        vals.frombytes(host.to_bytes(compute(host, up), Layout(tuple(out_shape)), i64))
+        if len(vals) and (min(vals) < I32_MIN or max(vals) > I32_MAX):
+            raise UnsupportedError(f"wgpu {what}: the i64 result leaves the i32 range (min {min(vals)}, max "
+                                   f"{max(vals)}), and the wgpu backend keeps i64 as i32; compute it on the cpu "
+                                   "device, or in f32")
+        return self._upload(array("i", vals).tobytes())
+
     @staticmethod
     def _check_i32(vals, what):
         if len(vals) and (min(vals) < I32_MIN or max(vals) > I32_MAX):
@@ -376,8 +427,9 @@ class WgpuBackend(Backend):
             src, off = self.copy(src, Layout((numel,), (1,), off), dtype), 0
         per_word = 4 // dtype.itemsize
         nwords = (numel + per_word - 1) // per_word
+        prelude = ""
         if dtype is f16:
-            expr = "pack2x16float(vec2<f32>(item(2u * j), item(2u * j + 1u)))"
+            expr, prelude = "f16_bits(item(2u * j)) | (f16_bits(item(2u * j + 1u)) << 16u)", _F16_BITS
         elif dtype is bf16:
             expr = "(bitcast<u32>(item(2u * j)) >> 16u) | (bitcast<u32>(item(2u * j + 1u)) & 0xffff0000u)"
         else:
@@ -385,7 +437,7 @@ class WgpuBackend(Backend):
                     "((bitcast<u32>(item(4u * j + 2u)) & 255u) << 16u) | (bitcast<u32>(item(4u * j + 3u)) << 24u)")
         out = self._alloc(nwords * 4)
         self._run("pack", {"X": dtype}, [src, out], self._params([numel], [nwords]), (nwords + 255) // 256,
-                  {"EXPR": expr}, label=f"pack {dtype.name}")
+                  {"EXPR": expr}, label=f"pack {dtype.name}", prelude=prelude)
         return self._read(out, 0, numel * dtype.itemsize)
 
     def from_list(self, values, dtype):
@@ -465,6 +517,9 @@ class WgpuBackend(Backend):
     def cast(self, st, layout, src_dtype, dst_dtype):
         if src_dtype.is_quantized or dst_dtype.is_quantized:
             raise UnsupportedError(f"wgpu cast {src_dtype.name} -> {dst_dtype.name}: use dequantize / quantize")
+        if dst_dtype is i64 and (src_dtype.is_float or src_dtype is u32):  # values beyond i32 come from these
+            return self._exact_i64(f"cast {src_dtype.name} -> i64", layout.shape,
+                                   lambda host, up: host.cast(*up(st, layout, src_dtype), src_dtype, i64))
         return self._map(f"cast {src_dtype.name}->{dst_dtype.name}", st, layout, src_dtype, dst_dtype,
                          _convert_expr(src_dtype, dst_dtype))
 
@@ -480,8 +535,13 @@ class WgpuBackend(Backend):
         else:
             table, conv, prelude = _INT_UNARY, int, _IPOW
         expr = table.get(op)
+        if op == "sign" and dtype.kind in "ub":  # no -1 in an unsigned type
+            expr = "select(CX(0), CX(1), v > CX(0))"
         if expr is None:
             raise UnsupportedError(f"the wgpu backend has no unary {op} for {dtype.name}")
+        if dtype is i64 and op in _I64_MAY_OVERFLOW:
+            return self._exact_i64(f"unary {op}", layout.shape,
+                                   lambda host, up: host.unary(op, *up(storage, layout, dtype), dtype, arg))
         if op in ("clamp", "clamp_lo", "clamp_hi", "affine"):
             extras = [conv(a) for a in arg]
         elif op == "pow_scalar":
@@ -496,6 +556,9 @@ class WgpuBackend(Backend):
         expr = table.get(op)
         if expr is None:
             raise UnsupportedError(f"the wgpu backend has no binary {op}")
+        if dtype is i64 and op in _I64_MAY_OVERFLOW:
+            return self._exact_i64(f"binary {op}", la.shape,
+                                   lambda host, up: host.binary(op, *up(a, la, dtype), *up(b, lb, dtype), dtype))
         return self._binary(op, expr, a, la, b, lb, dtype, dtype, prelude)
 
     def _binary(self, label, expr, a, la, b, lb, dtype, out_dtype, prelude=""):
@@ -508,7 +571,7 @@ class WgpuBackend(Backend):
         sym = _COMPARE.get(op)
         if sym is None:
             raise UnsupportedError(f"the wgpu backend has no compare {op}")
-        return self._binary(op, f"select(0u, 1u, p {sym} q)", a, la, b, lb, dtype, bool_)
+        return self._binary(op, f"select(0u, 1u, {sym})", a, la, b, lb, dtype, bool_)
 
     def where(self, cond, lc, a, la, b, lb, dtype):
         out = self._out(la.numel(), dtype)
@@ -533,6 +596,9 @@ class WgpuBackend(Backend):
         if op not in ("sum", "prod", "max", "min", "argmax", "argmin"):
             raise UnsupportedError(f"the wgpu backend has no reduce {op}")
         out_dtype = i64 if arg or (op in ("sum", "prod") and not dtype.is_float) else dtype
+        if out_dtype is i64 and not arg and (dtype.itemsize >= 4 or op == "prod" or r_count >= _SMALL_INT_SUMS):
+            return self._exact_i64(f"reduce {op}", [shape[d] for d in kept],
+                                   lambda host, up: host.reduce(op, *up(storage, layout, dtype), dtype, dims))
         out = self._out(outputs, out_dtype)
         if outputs == 0:
             return out
@@ -542,8 +608,14 @@ class WgpuBackend(Backend):
         init = {"sum": "CA(0)", "prod": "CA(1)", "max": small, "min": big, "argmax": small, "argmin": big}[op]
         combine = {"sum": "acc + v", "prod": "acc * v", "max": "max(acc, v)", "min": "min(acc, v)"}.get(op, "acc")
         cmp = "<" if op == "argmin" else ">"
+        better = f"v2 {cmp} v || (v2 == v && i2 < i)"
+        if dtype.is_float:  # as numpy: max/min are NaN when a NaN is reduced; argmax/argmin pick the first NaN
+            nan_acc, nan_v, nan_v2 = _nan("acc"), _nan("v"), _nan("v2")
+            if op in ("max", "min"):
+                combine = f"select({combine}, acc + v, {nan_acc} || {nan_v})"
+            better = f"({nan_v2} && (!{nan_v} || i2 < i)) || (!{nan_v} && !{nan_v2} && ({better}))"
         subs = {"CA": ca, "INIT": init, "COMBINE": combine, "ARG": "true" if arg else "false",
-                "BETTER": f"v2 {cmp} v || (v2 == v && i2 < i)",
+                "BETTER": better,
                 "WRITE": "y[o] = sy(i32(si[0]));" if arg else "y[o] = sy(CY(sv[0]));"}
         _, perm = layout.moved_last(dims)
         words = _layout_words(perm.shape, [perm], True, op)
@@ -554,6 +626,9 @@ class WgpuBackend(Backend):
     def cumsum(self, storage, layout, dtype, dim):
         out_dtype = dtype if dtype.is_float else i64
         numel = layout.numel()
+        if out_dtype is i64 and (dtype.itemsize >= 4 or layout.shape[dim] >= _SMALL_INT_SUMS):
+            return self._exact_i64("cumsum", layout.shape,
+                                   lambda host, up: host.cumsum(*up(storage, layout, dtype), dtype, dim))
         out = self._out(numel, out_dtype)
         if numel == 0:
             return out
@@ -580,6 +655,9 @@ class WgpuBackend(Backend):
         return st, layout.offset, bstride, strides[-2], strides[-1]
 
     def matmul(self, a, la, b, lb, dtype):
+        if dtype is i64:
+            return self._exact_i64("matmul", la.shape[:-1] + lb.shape[-1:],
+                                   lambda host, up: host.matmul(*up(a, la, dtype), *up(b, lb, dtype), dtype))
         m, k = la.shape[-2:]
         n = lb.shape[-1]
         batch = numel_of(la.shape[:-2])

@@ -16,9 +16,13 @@ Binary op names: add sub mul div pow maximum minimum (operands same dtype)
 Compare op names: eq ne lt le gt ge (result dtype bool)
 Reduce op names: sum prod max min (result dtype as input, except sum/prod of
                  bool/ints -> i64) and argmax argmin (single dim, result i64).
+Transcendental unary ops (exp, log, sin, gelu, ...) get float dtypes: the front end
+promotes integer inputs to f32 first.
+Integer ids (index_select, gather, scatter_add) arrive in [0, size): the front end
+checks them once for every backend (core/index_check.py), so a backend need not.
 """
 from ..dtypes import bf16
-from ..errors import UnsupportedError
+from ..errors import FormatError, UnsupportedError
 
 
 class Backend:
@@ -26,6 +30,12 @@ class Backend:
 
     def _missing(self, op):
         raise UnsupportedError(f"the {self.name} backend does not implement {op}")
+
+    def _check_whole_elements(self, nbytes, dtype):
+        """from_bytes of a plain dtype: a byte count that is not whole elements is a truncated or corrupt input."""
+        if not dtype.is_quantized and nbytes % dtype.itemsize:
+            raise FormatError(f"{self.name} from_bytes: {nbytes} bytes is not a whole number of {dtype.name} "
+                              f"elements ({dtype.itemsize} bytes each)")
 
     def features(self):
         """Dict describing the device (adapter name, f16 support, ...), shown by `tallow devices`."""

@@ -181,6 +181,7 @@ class NumpyBackend(Backend):
         if dtype.is_quantized:
             arr = np.frombuffer(data, dtype=np.uint8)
         else:
+            self._check_whole_elements(memoryview(data).nbytes, dtype)
             arr = np.frombuffer(data, dtype=np.dtype(dtype.np_name).newbyteorder("<")).astype(dtype.np_name, copy=False)
         return arr.copy() if isinstance(data, bytes) else arr
 
@@ -322,8 +323,10 @@ class NumpyBackend(Backend):
         return self.store(np.take(self.view(st, layout), idx, axis=dim), dtype)
 
     def gather(self, st, layout, dtype, ids, lids, dim):
-        return self.store(np.take_along_axis(self.view(st, layout), self.view(ids, lids).astype(np.int64), axis=dim),
-                          dtype)
+        idx = self.view(ids, lids).astype(np.int64)
+        # As torch: the index may be shorter than the input in the other dims (take_along_axis wants them equal).
+        src = self.view(st, layout)[tuple(slice(None) if d == dim else slice(0, n) for d, n in enumerate(idx.shape))]
+        return self.store(np.take_along_axis(src, idx, axis=dim), dtype)
 
     def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
         out = np.array(self.load(dst, ld, dtype), copy=True)

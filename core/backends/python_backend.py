@@ -12,7 +12,7 @@ from array import array
 from itertools import accumulate
 
 from ..dtypes import bf16, bool_, f16, f32, i64
-from ..errors import DTypeError, FormatError, IndexRangeError, ShapeError, UnsupportedError
+from ..errors import DTypeError, IndexRangeError, ShapeError, UnsupportedError
 from ..layout import Layout, broadcast_shapes, contiguous_strides, inverse_permutation
 from . import python_elementwise as ew
 from . import python_fused as fused
@@ -63,9 +63,7 @@ class PythonBackend(Backend):
         data = bytes(data)
         if dtype.is_quantized:
             return data
-        if len(data) % dtype.itemsize:
-            raise FormatError(f"{len(data)} bytes is not a whole number of {dtype.name} elements "
-                              f"({dtype.itemsize} bytes each)")
+        self._check_whole_elements(len(data), dtype)
         if dtype is f16:
             return f16_from_bytes(data)
         if dtype is bf16:

@@ -7,6 +7,8 @@ import pytest
 import tallow
 from tallow import functional as F
 
+from device_limits import NARROW_INTS, NO_DTYPE
+
 torch = pytest.importorskip("torch")
 
 RNG = np.random.default_rng(0)
@@ -70,10 +72,10 @@ def test_random_is_seeded(device):
 @pytest.mark.parametrize("name", ["f32", "f16", "bf16", "f64", "i8", "u8", "i32", "i64", "u32", "bool"])
 def test_dtype_roundtrip(device, name):
     dt = tallow.get_dtype(name)
-    if device.type in ("wgpu", "metal") and name == "f64":
-        with pytest.raises(tallow.UnsupportedError, match="f64"):
+    if (device.type, name) in NO_DTYPE:  # WebGPU and Metal have no f64: refused, never silently narrowed
+        with pytest.raises(tallow.UnsupportedError, match=name):
             tallow.tensor([1.0], dtype=dt, device=device)
-        return  # WebGPU and Metal have no f64: refused, never silently narrowed
+        return
     values = [0, 1, 2, 100] if dt.kind in "iu" else ([True, False] if dt.kind == "b" else [0.0, 1.5, -2.25, 1e-3])
     x = tallow.tensor(values, dtype=dt, device=device)
     assert x.dtype is dt and len(bytes(x)) == dt.itemsize * len(values)
@@ -469,11 +471,16 @@ def test_int_out_of_range_for_dtype(device, value, dtype):
 def test_int_range_edges_and_non_finite(device):
     assert tallow.tensor([2 ** 31 - 1, -2 ** 31], dtype="i32", device=device).tolist() == [2 ** 31 - 1, -2 ** 31]
     assert tallow.tensor([0, 255], dtype="u8", device=device).tolist() == [0, 255]
-    if device.type == "wgpu":  # it keeps i64 as i32 on the GPU, and says so
+    if (device.type, "i64") in NARROW_INTS:  # wgpu keeps i64 as i32 on the GPU, and says so
         with pytest.raises(tallow.UnsupportedError, match="outside the i32 range"):
             tallow.tensor([2 ** 63 - 1], device=device)
+        top = tallow.tensor([2 ** 31 - 1], device=device)
+        with pytest.raises(tallow.UnsupportedError, match="leaves the i32 range"):  # never a 32-bit wrap
+            top + 1
+        assert (top - 1).tolist() == [2 ** 31 - 2] and top.sum().item() == 2 ** 31 - 1
     else:
         assert tallow.tensor([2 ** 63 - 1], device=device).tolist() == [2 ** 63 - 1]
+        assert (tallow.tensor([2 ** 31 - 1], device=device) + 1).tolist() == [2 ** 31]
     assert tallow.tensor([-0.5, 2.9], dtype="u8", device=device).tolist() == [0, 2]  # truncated, as torch does
     for v in (float("nan"), float("inf")):
         with pytest.raises(tallow.ValueRangeError, match="not a finite number"):

@@ -10,7 +10,7 @@
 //   warp_sum(v), atomic_add(p, v), ERF(x), REAL(literal)
 //   uchar schar ushort uint llong ullong, real_t (double on CUDA, float on Metal)
 //   HAS_F64, HAS_ATOMIC64: what the language has (the dtype lists below follow them)
-// Names, codes and argument order are what tallow_cuda/host.py packs, for both languages.
+// Names, codes and argument order are what tallow.backends.kernel.host packs, for both languages.
 
 #define MAX_DIMS 8
 #define BLOCK 256
@@ -46,7 +46,7 @@ struct ThreadPos {
 
 // ---- strided indexing ------------------------------------------------------
 // meta (int32): [ndim, shape[MAX_DIMS], then per operand: offset, strides[MAX_DIMS]]
-// (packed by tallow_cuda/host.py: pack_meta).
+// (packed by tallow.backends.kernel.host: pack_meta).
 DEVICE llong strided_offset(CONSTANT int* meta, int operand, llong i) {
     int nd = meta[0];
     CONSTANT int* shape = meta + 1;
@@ -106,7 +106,7 @@ struct T_bf16 {
     static DEVICE S store(C c) { return f32_to_bf16(c); }
 };
 
-// ---- unary ops (codes in tallow_cuda/host.py: UNARY_CODES) -------------------
+// ---- unary ops (codes in tallow.backends.kernel.host: UNARY_CODES) -------------------
 enum { U_NEG, U_ABS, U_EXP, U_LOG, U_SQRT, U_RSQRT, U_SIN, U_COS, U_TANH, U_SIGMOID, U_RELU, U_GELU,
        U_GELU_TANH, U_SILU, U_SQUARE, U_RECIPROCAL, U_FLOOR, U_CEIL, U_ROUND, U_SIGN, U_CLAMP,
        U_POW_SCALAR, U_AFFINE };
@@ -124,7 +124,7 @@ DEVICE F unary_float(int op, F v, real_t a0, real_t a1) {
     case U_COS: return cos(v);
     case U_TANH: return tanh(v);
     case U_SIGMOID: return F(1) / (F(1) + exp(-v));
-    case U_RELU: return v > F(0) ? v : F(0);
+    case U_RELU: return v < F(0) ? F(0) : v;  // keeps NaN, as numpy
     case U_GELU: return F(REAL(0.5)) * v * (F(1) + ERF(v * F(REAL(0.70710678118654752))));
     case U_GELU_TANH:
         return F(REAL(0.5)) * v * (F(1) + tanh(F(REAL(0.79788456080286536)) * (v + F(REAL(0.044715)) * v * v * v)));
@@ -151,9 +151,9 @@ DEVICE I unary_int(int op, I v, real_t a0, real_t a1) {
     case U_SQUARE: return v * v;
     case U_FLOOR: case U_CEIL: case U_ROUND: return v;
     case U_SIGN: return v > (I)0 ? (I)1 : ((llong)v < 0 ? (I)(0 - 1) : (I)0);
-    case U_CLAMP: { real_t r = (real_t)v; r = r < a0 ? a0 : r; r = r > a1 ? a1 : r; return (I)(llong)r; }
+    case U_CLAMP: return (real_t)v < a0 ? (I)(llong)a0 : ((real_t)v > a1 ? (I)(llong)a1 : v);  // v exact
     case U_POW_SCALAR: { I r = 1; for (llong e = (llong)a0; e > 0; --e) r *= v; return r; }
-    case U_AFFINE: return (I)(llong)((real_t)v * a0 + a1);
+    case U_AFFINE: return (I)(v * (I)(llong)a0 + (I)(llong)a1);  // integer arithmetic, wrapping as numpy
     }
     // Transcendental ops on integers: computed in real_t (the front end sends floats here).
     return (I)(llong)unary_float<real_t>(op, (real_t)v, a0, a1);

@@ -1,20 +1,17 @@
-"""The backend contract on top of a kernel *driver*: the op-by-op logic shared by the
-CUDA backend (CuPy driver, CUDA C kernels) and the Metal backend (PyObjC driver, MSL
-kernels). Both kernel sets have the same kernel names and argument lists, so this file
-decides what to launch and the drivers only move bytes and launch.
-
-A driver provides: name, has_f64, atomic64, alloc(dtype, numel), upload(bytes, dtype),
-download(storage, byte_offset, nbytes), launch(module, kernel, grid, block, args) and
-load_source(name, source) -> module (a user's kernel source, compiled once); the backend
-subclass provides matmul and custom_source(op). Storage is a DeviceStorage.
+"""KernelBackend: tallow's backend contract on top of a kernel *driver* (the protocol is in
+this package's docstring, tallow/backends/kernel/__init__.py). It decides what to launch; the
+CUDA (CuPy) and Metal (PyObjC) drivers and their CPU emulators only move bytes and launch.
+The backend subclass provides matmul and custom_source(op). Storage is a DeviceStorage.
 """
+import struct
+
 from tallow.backends.base import Backend
-from tallow.dtypes import bool_, f32, f64, i64
+from tallow.dtypes import bool_, f16, f32, f64, i64
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, contiguous_strides, inverse_permutation, numel_of
 
 from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, IN_KERNEL_QUANTS, REDUCE_CODES,
-                   SCATTER_WORK_DTYPES, U32, U64, UNARY_CODES, Meta, conv_output_size, grid_1d, grid_qmatvec,
+                   SCATTER_WORK_DTYPES, U32, U64, UNARY_CODES, Meta, conv_output_size, f16_bits, grid_1d, grid_qmatvec,
                    kernel_name, pack_meta, pack_values, rows_of, scalar_bits, staging_dtype, unpack_values,
                    width_kernel)
 
@@ -74,6 +71,7 @@ class KernelBackend(Backend):
     # ---- memory -------------------------------------------------------------------
     def from_bytes(self, data, dtype):
         self._check(dtype, "from_bytes")
+        self._check_whole_elements(memoryview(data).nbytes, dtype)
         return self.driver.upload(data, dtype)
 
     def to_bytes(self, st, layout, dtype):
@@ -86,6 +84,8 @@ class KernelBackend(Backend):
 
     def from_list(self, values, dtype):
         self._check(dtype, "from_list")
+        if dtype is f16:  # rounded once, from the Python float (a device cast from f64 or f32 rounds twice)
+            return self.driver.upload(struct.pack(f"<{len(values)}H", *[f16_bits(v) for v in values]), f16)
         stage = staging_dtype(dtype)
         if stage is f64 and not self.driver.has_f64:
             stage = f32

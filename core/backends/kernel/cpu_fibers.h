@@ -1,5 +1,5 @@
 // Test-only: the fiber scheduler behind tallow's CPU emulators of its GPU kernels
-// (tallow_cuda/cpu_driver.py, tallow_metal/cpu_driver.py). A dispatch runs one block
+// (cuda_backend/cpu_driver.py, metal_backend/cpu_driver.py; built by tallow.backends.kernel.emulator). A dispatch runs one block
 // (threadgroup) at a time; with fibers, each of its threads is a ucontext fiber on one OS
 // thread, and tallow_barrier() switches back to the scheduler, which runs every live
 // thread to its next barrier before any goes past it. Without fibers (kernels that never

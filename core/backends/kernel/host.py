@@ -1,11 +1,11 @@
-"""Host-side logic for backends that launch C-like kernels (CUDA here, Metal in
-tallow_metal): op codes, dtype names, argument packing of shapes and strides,
+"""Host-side logic for backends that launch C-like kernels (tallow_cuda and tallow_metal,
+through KernelBackend): op codes, dtype names, argument packing of shapes and strides,
 launch grids and value packing. Pure Python: no cupy, no numpy, so it is
 tested on machines without a GPU.
 
 The kernels find strided operands through a `meta` int32 array:
     [ndim, shape[MAX_DIMS], then per operand: offset, strides[MAX_DIMS]]
-(see kernels/common.cuh: strided_offset, and tallow_metal's common.metal).
+(see core/backends/gpu_kernels/common.h: strided_offset).
 """
 import struct
 
@@ -17,7 +17,7 @@ MAX_DIMS = 8
 BLOCK = 256  # threads per block for 1-D and row kernels (kernels assume it for row kernels)
 MAX_BLOCKS = 1 << 20  # 1-D kernels loop over the grid, so a capped grid covers any size
 
-# The order of each table is the kernels' enum order (common.cuh / common.metal).
+# The order of each table is the kernels' enum order (core/backends/gpu_kernels/common.h).
 UNARY_CODES = {name: i for i, name in enumerate((
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "relu", "gelu",
     "gelu_tanh", "silu", "square", "reciprocal", "floor", "ceil", "round", "sign", "clamp",
