@@ -1,5 +1,5 @@
-"""The CUDA backend: tallow's backend contract as CUDA C kernels (kernels/*.cu) driven
-through CuPy, with cuBLAS (cupy.matmul) for dense matmul.
+"""The CUDA backend: tallow's backend contract as CUDA C kernels (core/backends/gpu_kernels/,
+written once for CUDA and Metal) driven through CuPy, with cuBLAS (cupy.matmul) for dense matmul.
 
 Storage is a DeviceStorage over a flat cupy array. f16 is computed in f32 and rounded
 on store (as the numpy backend); bf16 is kept as its 16-bit pattern and converted with

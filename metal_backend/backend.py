@@ -1,6 +1,6 @@
-"""The Metal backend: tallow's backend contract as MSL kernels (kernels/*.metal) driven
-through PyObjC on Apple silicon. The op logic is tallow.backends.kernel's KernelBackend, shared with CUDA: the MSL
-kernels have the CUDA kernels' names and arguments. Differences from CUDA: no f64
+"""The Metal backend: tallow's backend contract as MSL kernels (core/backends/gpu_kernels/,
+written once for CUDA and Metal, plus kernels/matmul.metal) driven through PyObjC on Apple
+silicon. The op logic is tallow.backends.kernel's KernelBackend, shared with CUDA. Differences from CUDA: no f64
 (Metal has no double), no i64 scatter_add (no 64-bit atomics), float scalars as float,
 and a tiled MSL matmul kernel instead of cuBLAS.
 """

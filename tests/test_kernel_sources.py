@@ -18,6 +18,7 @@ import pytest
 
 from tallow.backends import gpu_kernels
 from tallow_cuda import driver as cuda_driver
+from tallow.backends.kernel import emulator
 from tallow.backends.kernel.host import kernel_inventory
 from tallow_cuda.cpu_driver import kernel_params
 from tallow_metal import backend as metal_backend
@@ -60,7 +61,8 @@ def _preprocessed(path, language):
     """The source after the C preprocessor, as the CPU emulator sees it (MSL attributes kept)."""
     args = (["-include", CUDA_SHIM] if language == "cuda"
             else ["-DTALLOW_MSL_KEEP_ATTRIBUTES", "-include", MSL_SHIM])
-    proc = subprocess.run([_gxx(), "-E", "-std=c++17", "-x", "c++"] + args + [path],
+    # -I: the shims include the fiber scheduler beside the shared kernel backend.
+    proc = subprocess.run([_gxx(), "-E", "-std=c++17", "-x", "c++", "-I", emulator.HERE] + args + [path],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
