@@ -15,6 +15,8 @@ from tallow import dtypes as D
 from tallow.errors import DeviceError, UnsupportedError
 from tallow.layout import Layout
 
+from storage_io import down, up
+
 try:
     from tallow_wgpu.backend import WgpuBackend, WgpuStorage
     _BACKEND = WgpuBackend()
@@ -31,27 +33,6 @@ F32 = dict(rtol=1e-5, atol=1e-6)
 @pytest.fixture(scope="module")
 def be():
     return _BACKEND
-
-
-def bf16_bits(x):
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def up(be, arr, dtype):
-    """Storage of arr (any shape) in dtype, uploaded as raw bytes."""
-    arr = np.asarray(arr)
-    if dtype is D.bf16:
-        return be.from_bytes(bf16_bits(arr).tobytes(), dtype)
-    return be.from_bytes(np.ascontiguousarray(arr, dtype.np_name).tobytes(), dtype)
-
-
-def down(be, st, shape, dtype):
-    """numpy array (f32 for f16/bf16) of contiguous storage st."""
-    raw = be.to_bytes(st, Layout(shape), dtype)
-    if dtype is D.bf16:
-        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    return np.frombuffer(raw, dtype.np_name).reshape(shape).astype(np.float32 if dtype is D.f16 else dtype.np_name)
 
 
 def rnd(*shape, lo=-2.0, hi=2.0):

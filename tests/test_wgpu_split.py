@@ -19,6 +19,8 @@ from tallow import dtypes as D
 from tallow.errors import DeviceError, UnsupportedError
 from tallow.layout import Layout
 
+from storage_io import down, up
+
 try:
     from tallow_wgpu import split
     from tallow_wgpu.backend import WgpuBackend
@@ -49,14 +51,6 @@ def be():
     _BACKEND.calls = calls
     yield _BACKEND
     driver.dispatch = real
-
-
-def up(be, arr, dtype):
-    return be.from_bytes(np.ascontiguousarray(arr, dtype.np_name).tobytes(), dtype)
-
-
-def down(be, st, shape):
-    return np.frombuffer(be.to_bytes(st, Layout(shape), D.f32), np.float32).reshape(shape)
 
 
 def _split_happened(be):

@@ -14,6 +14,7 @@ from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout
 
 from device_limits import NARROW_INTS, int_range, refused
+from storage_io import bf16_bits, down, up
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -23,27 +24,6 @@ RNG = np.random.default_rng(4321)
 F16 = dict(rtol=1e-2, atol=1e-3)
 F32 = dict(rtol=1e-5, atol=1e-6)
 
-
-
-def bf16_bits(x):
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def up(be, arr, dtype):
-    """Storage of arr (any shape) in dtype, uploaded as raw bytes."""
-    arr = np.asarray(arr)
-    if dtype is D.bf16:
-        return be.from_bytes(bf16_bits(arr).tobytes(), dtype)
-    return be.from_bytes(np.ascontiguousarray(arr, dtype.np_name).tobytes(), dtype)
-
-
-def down(be, st, shape, dtype):
-    """numpy array (f32 for f16/bf16) of contiguous storage st."""
-    raw = be.to_bytes(st, Layout(shape), dtype)
-    if dtype is D.bf16:
-        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    return np.frombuffer(raw, dtype.np_name).reshape(shape).astype(np.float32 if dtype is D.f16 else dtype.np_name)
 
 
 def view(be, arr, dtype, perm):
