@@ -122,6 +122,23 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     return ops.attention(q, k, v, mask, is_causal, scale)
 
 
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None,
+                 eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """(x + residual, rms_norm(x + residual, weight, eps)) as one op: a residual add and the next norm."""
+    return ops.add_rms_norm(x, residual, weight, eps)
+
+
+def gated_linear(x: Tensor, weight: Tensor, act: str = "silu") -> Tensor:
+    """act(x @ gate.T) * (x @ up.T) with weight the [gate; up] rows (2 * out, in), float or quantised."""
+    return ops.gated_linear(x, weight, act)
+
+
+def rope_kv_write(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_slot: Tensor, v_slot: Tensor,
+                  interleaved: bool = False) -> Tensor:
+    """rotary_emb(q); writes rotary_emb(k) into k_slot and v into v_slot in place (a KV cache's new positions)."""
+    return ops.rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, interleaved)
+
+
 # ---- losses ------------------------------------------------------------------------------------
 def cross_entropy(logits: Tensor, targets: Tensor | Sequence[int]) -> Tensor:
     """Mean negative log-likelihood of integer class targets under softmax(logits); logits (n, classes)."""

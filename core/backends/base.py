@@ -19,6 +19,7 @@ Reduce op names: sum prod max min (result dtype as input, except sum/prod of
 """
 from ..dtypes import bf16
 from ..errors import UnsupportedError
+from ..layout import Layout
 
 
 class Backend:
@@ -142,6 +143,38 @@ class Backend:
         """softmax(q k^T * scale + mask) v. q (b, h, tq, d), k/v (b, h, tk, d[v]); mask is
         additive, already broadcast to (b, h, tq, tk), or None. causal masks key j > i + (tk - tq)."""
         self._missing("attention")
+
+    # ---- fused decode ops: defaults composed from the primitives above ---------
+    # One-token decoding issues a few dispatches per layer only if these are single kernels;
+    # a backend that has no kernel for one inherits the composition, with the same result.
+    def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
+        """(x + r, rms_norm(x + r) * w), both contiguous: a residual add and the next norm.
+        lx and lr have the same shape; w (d,) may be None."""
+        total = self.binary("add", x, lx, r, lr, dtype)
+        return total, self.rms_norm(total, Layout(lx.shape), w, lw, dtype, eps)
+
+    def gated_matmul(self, a, la, b, lb, dtype, act):
+        """act(a . b[:, :n]) * (a . b[:, n:]): a gate/up projection with its GLU. la (m, k),
+        lb (k, 2n) (the transpose of [gate; up] rows) -> (m, n). act is a unary op name."""
+        return self._gate(self.matmul(a, la, b, lb, dtype), la.shape[0], lb.shape[1] // 2, dtype, act)
+
+    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
+        """As gated_matmul with quantised w of 2n rows of k ([gate; up]): x (..., k) -> (..., n)."""
+        m = lx.numel() // k if k else 0
+        return self._gate(self.qmatmul(x, lx, dtype, w, wdtype, 2 * n, k), m, n, dtype, act)
+
+    def _gate(self, y, m, n, dtype, act):
+        gate = self.unary(act, y, Layout((m, n), (2 * n, 1), 0), dtype)
+        return self.binary("mul", gate, Layout((m, n)), y, Layout((m, n), (2 * n, 1), n), dtype)
+
+    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
+        """Rotary embedding fused with the KV-cache write: returns rope(q) (contiguous) and, in
+        place, writes rope(k) into kc at lkc and v into vc at lvc. q (b, h, t, d); k, v and the
+        cache slots lkc, lvc (b, hk, t, d); cos/sin (t, d/2); every operand of dtype."""
+        k_rot = self.rope(k, lk, cos, lcos, sin, lsin, dtype, interleaved)
+        self.assign(kc, lkc, k_rot, Layout(lk.shape), dtype)
+        self.assign(vc, lvc, v, lv, dtype)
+        return self.rope(q, lq, cos, lcos, sin, lsin, dtype, interleaved)
 
     # ---- optional capabilities: defaults that every backend has ---------------
     def to_numpy(self, storage, layout, dtype, copy=True):

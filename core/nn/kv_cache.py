@@ -31,14 +31,25 @@ class KVCache:
             v[:, :, :self.length] = self.v.narrow(2, 0, self.length)
         self.k, self.v = k, v
 
-    def append(self, k, v):
-        """Add k, v of shape (b, heads, t, d); return views of all cached keys and values."""
+    def slots(self, k, v):
+        """Views of the cache where k, v (b, heads, t, d) go next, grown if needed: write them
+        (e.g. with functional.rope_kv_write), then commit(t)."""
         t = k.shape[2]
         need = self.length + t
         if self.k is None or need > self.k.shape[2]:
             self._grow(k, v, need)
-        self.k[:, :, self.length:need] = k
-        self.v[:, :, self.length:need] = v
+        return self.k.narrow(2, self.length, t), self.v.narrow(2, self.length, t)
+
+    def commit(self, t):
+        """Count t written positions; return views of all cached keys and values."""
+        need = self.length + t
         self.length = need
         start = 0 if self.max_len is None else max(0, need - self.max_len)
         return self.k.narrow(2, start, need - start), self.v.narrow(2, start, need - start)
+
+    def append(self, k, v):
+        """Add k, v of shape (b, heads, t, d); return views of all cached keys and values."""
+        k_slot, v_slot = self.slots(k, v)
+        k_slot[...] = k
+        v_slot[...] = v
+        return self.commit(k.shape[2])

@@ -35,17 +35,47 @@ class VarBuilder:
         if hasattr(self.source, "get_or_create"):  # a VarMap: create on first use (training)
             return self.source.get_or_create(full, tuple(shape), self.device, D.get_dtype(dtype) or self.dtype,
                                              "zeros" if name.endswith("bias") else "kaiming")
+        return self._as_float(self._fetch(shape, name).to(self.device), dtype)
+
+    def _fetch(self, shape, name, device=None):
+        """The stored tensor `name` (shape checked) on `device` (default: the builder's)."""
+        full = self.prefix + name
         if full not in self._keys():
             raise FormatError(f"the weights have no tensor {full!r} (expected shape {tuple(shape)}); "
                               "is this checkpoint for this architecture and config?")
         src = self.source
-        t = src[full] if isinstance(src, dict) else src.tensor(full, device=self.device)
+        t = src[full] if isinstance(src, dict) else src.tensor(full, device=device or self.device)
         if not isinstance(t, Tensor):
             raise FormatError(f"weights entry {full!r} is not a tensor")
         if shape is not None and tuple(t.shape) != tuple(shape):
             raise ShapeError(f"tensor {full!r} has shape {tuple(t.shape)}, the config expects {tuple(shape)}")
-        t = t.to(self.device)
+        return t
+
+    def _as_float(self, t, dtype=None):
         want = D.get_dtype(dtype) or self.dtype
         if t.dtype.is_float and t.dtype is not want:
             t = t.to(want)
         return t
+
+    def get_rows(self, parts, dtype=None):
+        """The tensors `parts` [(shape, name), ...] joined along dim 0 into one, on the device:
+        several Linear weights (or biases) over one input become one matmul. GGUF block rows
+        are whole blocks, so quantised rows join byte for byte. None when they cannot join
+        (block formats that differ, as a Q4_K_M file's q6_k attn_v beside q4_k attn_q, or a
+        VarMap, whose parameters train apart): then load the parts one by one."""
+        if hasattr(self.source, "get_or_create"):
+            return None
+        from ..backends.host import host_device
+        from ..creation import cat, from_buffer
+        host = host_device()
+        tensors = [self._fetch(shape, name, host) for shape, name in parts]
+        kinds = {t.dtype for t in tensors if t.dtype.is_quantized}
+        if kinds:
+            widths = {t.shape[1:] for t in tensors}
+            if len(kinds) > 1 or len(kinds) != len({t.dtype for t in tensors}) or len(widths) > 1:
+                return None
+            rows = sum(t.shape[0] for t in tensors)
+            data = b"".join(bytes(t) for t in tensors)
+            return from_buffer(data, tensors[0].dtype, (rows,) + tensors[0].shape[1:], device=self.device)
+        joined = cat([self._as_float(t.to(host), dtype) for t in tensors], 0)
+        return joined.to(self.device)
