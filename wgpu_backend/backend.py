@@ -33,6 +33,10 @@ IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 # share each dequantised block) 4-20x from m = 1 to m = 32; qmatmul serves
 # long prompts, where one qmatvec dispatch would run for very long.
 QMATVEC_MAX_ROWS = 64
+# Up to this many query rows per (batch, head) attention runs as one kernel (kernels/attend.wgsl)
+# reading the KV cache directly; longer prompts keep scores, softmax and weighted sum as three
+# dispatches, whose matmuls share loads between rows.
+ATTEND_MAX_ROWS = 16
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -877,6 +881,8 @@ class WgpuBackend(Backend):
         return out
 
     def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        if len(lq.shape) == 4 and lq.shape[2] <= ATTEND_MAX_ROWS and lq.shape[3] <= 256 and lv.shape[3] <= 256:
+            return self._attend(q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal)
         # Three dispatches: scores = q k^T (strided matmul, or matvec when
         # decoding), a fused scale + mask + causal softmax, then p v.
         *batch, tq, _ = lq.shape
@@ -887,6 +893,84 @@ class WgpuBackend(Backend):
         sl = Layout(tuple(batch) + (tq, tk))
         probs = self._softmax(scores, sl, dtype, False, scale, mask, lmask, causal)
         return self.matmul(probs, sl, v, lv, dtype)
+
+    def _attend(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        """One dispatch: kernels/attend.wgsl, one workgroup per query row."""
+        b, h, tq, d = lq.shape
+        tk, dv = lk.shape[2], lv.shape[3]
+        rows = b * h * tq
+        if tk == 0 and rows * dv:  # no keys: a sum of nothing, as the three-dispatch path gives
+            return self._fill(rows * dv, 0.0, 0, dtype)
+        out = self._out(rows * dv, dtype)
+        if rows * dv == 0:
+            return out
+        words = [rows, h, tq, tk, d, dv, _f32_bits(scale), int(causal), int(mask is not None)]
+        for lay in (lq, lk, lv, lmask if mask is not None else lq):
+            words += [lay.offset, *lay.strides]
+        self._run("attend", {"X": dtype}, [q, k, v, mask if mask is not None else q, out], words,
+                  self._grid(rows, "attention"), label="attention")
+        return out
+
+    def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
+        numel = lx.numel()
+        total, out = self._out(numel, dtype), self._out(numel, dtype)
+        if numel == 0:
+            return total, out
+        d = lx.shape[-1]
+        rows = numel // d
+        wl = lw.broadcast_to(lx.shape, "norm weight") if w is not None else Layout(lx.shape, [0] * len(lx.shape))
+        ops = [(x, lx.offset, lx.strides), (r, lr.offset, lr.strides), (w if w is not None else x, wl.offset,
+                                                                         wl.strides)]
+        words = _layout_words(lx.shape, [(o, st) for _, o, st in ops], True, "add_rms_norm")
+        extras = [d, int(w is not None), _f32_bits(eps), rows]
+        self._run("add_norm", {"X": dtype}, [st for st, _, _ in ops] + [total, out], self._params(words, extras),
+                  rows, label="add_rms_norm")
+        return total, out
+
+    def gated_matmul(self, a, la, b, lb, dtype, act):
+        m, k = la.shape
+        n = lb.shape[1] // 2
+        b_off, (b_rs, b_cs) = lb.offset, lb.strides
+        if (m != 1 or act not in _FLOAT_UNARY or b_rs != 1 or k % 4 or b_off % 4 or b_cs % 4
+                or (b.nbytes + 3) // 4 * 4 > self.limits["max_storage_binding"]):
+            return super().gated_matmul(a, la, b, lb, dtype, act)
+        out = self._out(n, dtype)
+        if n == 0:
+            return out
+        words = [1, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], b_off, 0, b_rs, b_cs]
+        self._run("matvec_rows_glu", {"X": dtype}, [a, b, out], words, ((n + 255) // 256, 1, 1),
+                  {"ACT": _FLOAT_UNARY[act]}, label=f"gated matvec {act}", prelude=_MATH)
+        return out
+
+    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
+        m = lx.numel() // k if k else 0
+        if (w.dequantized or wdtype.name not in IN_KERNEL_QUANTS or m > QMATVEC_MAX_ROWS or k % 32
+                or act not in _FLOAT_UNARY or wdtype.nbytes(2 * n * k) > self.limits["max_storage_binding"]):
+            return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
+        out = self._out(m * n, dtype)
+        if m * n == 0:
+            return out
+        xs, xoff = self._contiguous(x, lx, dtype)
+        self._run("qmatvec_glu", {"X": dtype}, [w, xs, out], [m, n, k, wdtype.nbytes(k), xoff],
+                  self._grid((n + 255) // 256, "gated qmatvec"), {"ACT": _FLOAT_UNARY[act]},
+                  ("quant_common", wdtype.name), f"gated qmatvec {wdtype.name} {act}", _MATH)
+        return out
+
+    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
+        b, hq, t, d = lq.shape
+        hk = lk.shape[1]
+        out = self._out(lq.numel(), dtype)
+        pairs = b * (hq + 2 * hk) * t * (d // 2)
+        if pairs == 0:
+            return out
+        words = [pairs, b, hq, hk, t, d // 2, int(interleaved)]
+        for lay in (lq, lk, lv, lkc, lvc):
+            words += [lay.offset, *lay.strides]
+        for lay in (lcos, lsin):
+            words += [lay.offset, *lay.strides]
+        self._run("rope_kv", {"X": dtype}, [q, k, v, cos, sin, kc, vc, out], words, (pairs + 255) // 256,
+                  label="rope_kv_write")
+        return out
 
     # ---- user-defined ops ---------------------------------------------------------
     def custom(self, op, inputs, out_shape, out_dtype):
