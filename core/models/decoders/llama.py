@@ -81,13 +81,15 @@ class LlamaBlock(Module):
 
 
 class LlamaForCausalLM(CausalLM):
+    block = LlamaBlock  # Phi-3 reuses the model with its own block
+
     def __init__(self, vb, cfg):
         super().__init__(cfg, vb.device, vb.dtype)
         m = vb.pp("model")
         self.embed_tokens = Embedding(m.pp("embed_tokens"), cfg.vocab_size, cfg.hidden_size)
-        self.layers = [LlamaBlock(m.pp(f"layers.{i}"), cfg) for i in range(cfg.num_layers)]
+        self.layers = [self.block(m.pp(f"layers.{i}"), cfg) for i in range(cfg.num_layers)]
         self.norm = RMSNorm(m.pp("norm"), cfg.hidden_size, cfg.rms_norm_eps)
-        # Tied checkpoints (SmolLM2, small Qwen2) reuse the embedding table as the output layer.
+        # Tied checkpoints (SmolLM2, small Qwen2, Phi-4-mini) reuse the embedding table as the output layer.
         if cfg.tie_word_embeddings:
             self.lm_head_weight = self.embed_tokens.weight
         else:
