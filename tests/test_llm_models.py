@@ -96,7 +96,7 @@ def test_llama_matches_transformers(tmp_path, overrides):
 
 def test_qwen2_matches_transformers(tmp_path):
     model, path = _hf("qwen2", tmp_path, tie_word_embeddings=True)
-    assert model.model.layers[0].self_attn.qkv_proj.bias is not None  # the qkv biases are there
+    assert model.model.layers[0].self_attn.q_proj.bias is not None  # the qkv biases are there
     _check_against(model, path)
 
 
