@@ -80,11 +80,7 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias; a quantised weight is dequantised inside the backend's kernel."""
-    if x.shape[-1] != weight.shape[-1]:
-        raise ShapeError(f"linear: input {x.shape} has {x.shape[-1]} features, "
-                         f"weight {weight.shape} expects {weight.shape[-1]}")
-    y = ops.matmul(x, ops.t(weight))
-    return y if bias is None else y + bias
+    return ops.linear(x, weight, bias)
 
 
 def embedding(ids: Tensor | Sequence, table: Tensor) -> Tensor:
@@ -126,6 +122,12 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None,
                  eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """(x + residual, rms_norm(x + residual, weight, eps)) as one op: a residual add and the next norm."""
     return ops.add_rms_norm(x, residual, weight, eps)
+
+
+def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
+                   eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """(x + residual, layer_norm(x + residual, weight, bias, eps)) as one op."""
+    return ops.add_layer_norm(x, residual, weight, bias, eps)
 
 
 def gated_linear(x: Tensor, weight: Tensor, act: str = "silu") -> Tensor:

@@ -602,12 +602,20 @@ class WgpuBackend(Backend):
         self._matmul_dispatch(a_st, b_st, out, words, dtype)
         return out
 
-    def _matmul_dispatch(self, a_st, b_st, out, words, dtype):
+    @staticmethod
+    def _rows_matvec(words):
+        """Whether matvec_rows.wgsl takes this matmul: one row times w^T whose rows read as vec4s."""
         m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs = words
-        if m == 1 and b_rs == 1 and k % 4 == 0 and b_off % 4 == 0 and b_bs % 4 == 0 and b_cs % 4 == 0:
+        return m == 1 and b_rs == 1 and k % 4 == 0 and b_off % 4 == 0 and b_bs % 4 == 0 and b_cs % 4 == 0
+
+    def _matmul_dispatch(self, a_st, b_st, out, words, dtype, bias=None):
+        """bias: (storage, offset, stride) added to each column, only where _rows_matvec(words)."""
+        m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs = words
+        if self._rows_matvec(words):
             # Decoding through a Linear layer (b = w^T): rows of w read as vec4s.
-            self._run("matvec_rows", {"X": dtype}, [a_st, b_st, out], words, ((n + 255) // 256, 1, batch),
-                      label="matvec")
+            bias_st, bias_words = (a_st, [0, 0, 0]) if bias is None else (bias[0], [1, bias[1], bias[2]])
+            self._run("matvec_rows", {"X": dtype}, [a_st, b_st, out, bias_st], words + bias_words,
+                      ((n + 255) // 256, 1, batch), label="matvec")
         elif m == 1:
             self._run("matvec", {"X": dtype}, [a_st, b_st, out], words, ((n + 63) // 64, 1, batch), label="matvec")
         elif a_cs == 1 and b_rs == 1 and k % 4 == 0 and all(v % 4 == 0 for v in (a_off, a_bs, a_rs, b_off, b_bs, b_cs)):
@@ -675,11 +683,13 @@ class WgpuBackend(Backend):
                 self._place_columns(y, out, m, cols, n, r0, dtype)
         return out
 
-    def _qmatmul_piece(self, wb, xs, y, m, n, k, row_bytes, xoff, dtype, wdtype, extra):
+    def _qmatmul_piece(self, wb, xs, y, m, n, k, row_bytes, xoff, dtype, wdtype, extra, bias=None):
+        """bias: (storage, offset, stride) added to each column, only where m <= QMATVEC_MAX_ROWS."""
         words = [m, n, k, row_bytes, xoff]
         if m <= QMATVEC_MAX_ROWS:
-            self._run_quant("qmatvec", {"X": dtype}, [wb, xs, y], words, self._grid((n + 255) // 256, "qmatvec"),
-                            extra, f"qmatvec {wdtype.name}")
+            bias_st, bias_words = (xs, [0, 0, 0]) if bias is None else (bias[0], [1, bias[1], bias[2]])
+            self._run_quant("qmatvec", {"X": dtype}, [wb, xs, y, bias_st], words + bias_words,
+                            self._grid((n + 255) // 256, "qmatvec"), extra, f"qmatvec {wdtype.name}")
         else:
             self._run_quant("qmatmul", {"X": dtype}, [wb, xs, y], words, ((n + 63) // 64, (m + 3) // 4, 1), extra,
                             f"qmatmul {wdtype.name}")
@@ -912,20 +922,50 @@ class WgpuBackend(Backend):
         return out
 
     def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
+        return self._add_norm(x, lx, r, lr, w, lw, None, None, dtype, eps, False)
+
+    def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
+        return self._add_norm(x, lx, r, lr, w, lw, b, lb, dtype, eps, True)
+
+    def _add_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps, center):
+        """One dispatch of kernels/add_norm.wgsl: (x + r, norm(x + r) * w + b)."""
         numel = lx.numel()
         total, out = self._out(numel, dtype), self._out(numel, dtype)
         if numel == 0:
             return total, out
         d = lx.shape[-1]
         rows = numel // d
-        wl = lw.broadcast_to(lx.shape, "norm weight") if w is not None else Layout(lx.shape, [0] * len(lx.shape))
-        ops = [(x, lx.offset, lx.strides), (r, lr.offset, lr.strides), (w if w is not None else x, wl.offset,
-                                                                         wl.strides)]
-        words = _layout_words(lx.shape, [(o, st) for _, o, st in ops], True, "add_rms_norm")
-        extras = [d, int(w is not None), _f32_bits(eps), rows]
-        self._run("add_norm", {"X": dtype}, [st for st, _, _ in ops] + [total, out], self._params(words, extras),
-                  rows, label="add_rms_norm")
+        words = _layout_words(lx.shape, [(lx.offset, lx.strides), (lr.offset, lr.strides)], True, "add_norm")
+        extras = [d, int(w is not None), _f32_bits(eps), rows, int(center), int(b is not None)]
+        for lay in (lw, lb):
+            extras += [0, 0] if lay is None else [lay.offset, lay.strides[0]]
+        label = "add_layer_norm" if center else "add_rms_norm"
+        self._run("add_norm", {"X": dtype}, [x, r, w if w is not None else x, b if b is not None else x, total, out],
+                  self._params(words, extras), rows, label=label)
         return total, out
+
+    def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
+        m, k = la.shape
+        n = lb.shape[1]
+        words = [m, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], lb.offset, 0, lb.strides[0], lb.strides[1]]
+        if not self._rows_matvec(words) or (b.nbytes + 3) // 4 * 4 > self.limits["max_storage_binding"]:
+            return super().matmul_bias(a, la, b, lb, bias, lbias, dtype)
+        out = self._out(n, dtype)
+        if n:
+            self._matmul_dispatch(a, b, out, words, dtype, (bias, lbias.offset, lbias.strides[0]))
+        return out
+
+    def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
+        m = lx.numel() // k if k else 0
+        if (w.dequantized or wdtype.name not in IN_KERNEL_QUANTS or m > QMATVEC_MAX_ROWS or k % 32
+                or wdtype.nbytes(n * k) > self.limits["max_storage_binding"]):
+            return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
+        out = self._out(m * n, dtype)
+        if m * n:
+            xs, xoff = self._contiguous(x, lx, dtype)
+            self._qmatmul_piece(w, xs, out, m, n, k, wdtype.nbytes(k), xoff, dtype, wdtype,
+                                self._quant_kernel(wdtype, "quantised matmul"), (bias, lbias.offset, lbias.strides[0]))
+        return out
 
     def gated_matmul(self, a, la, b, lb, dtype, act):
         m, k = la.shape

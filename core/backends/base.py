@@ -153,6 +153,23 @@ class Backend:
         total = self.binary("add", x, lx, r, lr, dtype)
         return total, self.rms_norm(total, Layout(lx.shape), w, lw, dtype, eps)
 
+    def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
+        """(x + r, layer_norm(x + r) * w + b), both contiguous; w and b (d,) may be None."""
+        total = self.binary("add", x, lx, r, lr, dtype)
+        return total, self.layer_norm(total, Layout(lx.shape), w, lw, b, lb, dtype, eps)
+
+    def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
+        """a . b + bias: a Linear layer with its bias. la (m, k), lb (k, n), bias (n,) -> (m, n)."""
+        m, n = la.shape[0], lb.shape[1]
+        y = self.matmul(a, la, b, lb, dtype)
+        return self.binary("add", y, Layout((m, n)), bias, lbias.broadcast_to((m, n), "bias"), dtype)
+
+    def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
+        """qmatmul plus a bias (n,): x (..., k) -> (..., n)."""
+        m = lx.numel() // k if k else 0
+        y = self.qmatmul(x, lx, dtype, w, wdtype, n, k)
+        return self.binary("add", y, Layout((m, n)), bias, lbias.broadcast_to((m, n), "bias"), dtype)
+
     def gated_matmul(self, a, la, b, lb, dtype, act):
         """act(a . b[:, :n]) * (a . b[:, n:]): a gate/up projection with its GLU. la (m, k),
         lb (k, 2n) (the transpose of [gate; up] rows) -> (m, n). act is a unary op name."""

@@ -15,11 +15,11 @@ projection, rope + KV-cache write), quantized (GGUF block tensors), new (tensors
 input's device).
 """
 from .arguments import dim_index
-from .decode import GATE_ACTS, add_rms_norm, gated_linear, rope_kv_write
+from .decode import GATE_ACTS, add_layer_norm, add_rms_norm, gated_linear, rope_kv_write
 from .elementwise import (COMPARISONS, UNARY, binary, cast, clone, gelu, logical, parse_target, pow, to_device, unary,
                           where)
 from .index import as_index, assign, gather, index_select, scatter_add
-from .linalg import matmul
+from .linalg import linear, matmul
 from .new import new_arange, new_full, new_values
 from .nn import attention, conv, custom, layer_norm, repeat_kv, rms_norm, rotary_emb
 from .reduce import arg_reduce, cumsum, mean, reduce, softmax, var
@@ -27,7 +27,7 @@ from .shape import (cat, chunk, contiguous, expand, flatten, narrow, pad, permut
                     transpose, unsqueeze)
 
 __all__ = [
-    "dim_index", "GATE_ACTS", "add_rms_norm", "gated_linear", "rope_kv_write",
+    "dim_index", "GATE_ACTS", "add_layer_norm", "add_rms_norm", "gated_linear", "rope_kv_write", "linear",
     "COMPARISONS", "UNARY", "binary", "cast", "clone", "gelu", "logical", "parse_target", "pow",
     "to_device", "unary",
     "where", "as_index", "assign", "gather", "index_select", "scatter_add", "matmul", "new_arange", "new_full",

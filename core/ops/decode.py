@@ -1,6 +1,7 @@
 """Fused decode ops: the few fat ops a transformer layer decodes one token with.
 
     add_rms_norm(x, r, w)                   -> (x + r, rms_norm(x + r, w))
+    add_layer_norm(x, r, w, b)              -> (x + r, layer_norm(x + r, w, b))
     gated_linear(x, w_gate_up, "silu")      -> silu(x @ gate.T) * (x @ up.T)
     rope_kv_write(q, k, v, cos, sin, kc, vc) -> rope(q); rope(k) and v written into the cache slots
 
@@ -15,7 +16,7 @@ from .arguments import check_devices, float_input, parts
 from .elementwise import binary, unary
 from .index import assign
 from .linalg import matmul
-from .nn import rms_norm, rotary_emb
+from .nn import layer_norm, rms_norm, rotary_emb
 from .shape import narrow, reshape, t
 
 # The activations a gated projection may apply to its gate half (unary op names).
@@ -38,6 +39,27 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6):
         return total, rms_norm(total, w, eps)
     total, normed = x.device.backend.add_rms_norm(x._storage, x._layout, residual._storage, residual._layout,
                                                   *parts(w), dtype, eps)
+    return x._new(total, x.shape, dtype), x._new(normed, x.shape, dtype)
+
+
+def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5):
+    """(x + residual, layer_norm(x + residual, weight, bias, eps)): a residual add and the norm after it."""
+    x, residual = float_input(x, "add_layer_norm"), float_input(residual, "add_layer_norm")
+    check_devices("add_layer_norm", x, residual, weight, bias)
+    if x.shape != residual.shape:
+        raise ShapeError(f"add_layer_norm: x {x.shape} and residual {residual.shape} must have the same shape")
+    for p in (weight, bias):
+        if p is not None and p.shape != (x.shape[-1],):
+            raise ShapeError(f"add_layer_norm: weight/bias of shape {p.shape} does not match the last dim of {x.shape}")
+    dtype = D.promote(x.dtype, residual.dtype)
+    x, residual = x.to(dtype), residual.to(dtype)
+    w = weight.to(dtype) if weight is not None else None
+    b = bias.to(dtype) if bias is not None else None
+    if needs_grad(x, residual, w, b):
+        total = binary(x, residual, "add")
+        return total, layer_norm(total, w, b, eps)
+    total, normed = x.device.backend.add_layer_norm(x._storage, x._layout, residual._storage, residual._layout,
+                                                    *parts(w), *parts(b), dtype, eps)
     return x._new(total, x.shape, dtype), x._new(normed, x.shape, dtype)
 
 

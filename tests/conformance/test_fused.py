@@ -1,6 +1,7 @@
 """The fused decode ops (issue 13 item 2) on every device, against PyTorch and gguf's codecs:
-add_rms_norm, gated_linear (float and GGUF weights), rope_kv_write, and attention over a
-long KV cache (one kernel on wgpu: online softmax across chunks of keys)."""
+add_rms_norm, add_layer_norm, linear with its bias, gated_linear (float and GGUF weights),
+rope_kv_write, and attention over a long KV cache (one kernel on wgpu: online softmax
+across chunks of keys)."""
 import numpy as np
 import pytest
 
@@ -54,6 +55,48 @@ def test_add_rms_norm_errors(device):
         F.add_rms_norm(x, tallow.ones((8,), device=device))
     with pytest.raises(tallow.ShapeError, match="weight"):
         F.add_rms_norm(x, x, tallow.ones((4,), device=device))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_add_layer_norm(device, affine):
+    x, r, w, b = rnd(3, 100), rnd(3, 100) + 4.0, rnd(100), rnd(100)  # an offset mean: centring matters
+    wt, bt = (T(w, device), T(b, device)) if affine else (None, None)
+    total, normed = F.add_layer_norm(T(x, device), T(r, device), wt, bt, 1e-5)
+    ref = tt(x) + tt(r)
+    close(total, ref.numpy())
+    want = torch.nn.functional.layer_norm(ref, (100,), tt(w) if affine else None, tt(b) if affine else None, 1e-5)
+    close(normed, want.numpy(), 1e-4)
+
+
+def test_add_layer_norm_errors(device):
+    x = tallow.ones((2, 8), device=device)
+    with pytest.raises(tallow.ShapeError, match="same shape"):
+        F.add_layer_norm(x, tallow.ones((2, 4), device=device))
+    with pytest.raises(tallow.ShapeError, match="weight/bias"):
+        F.add_layer_norm(x, x, None, tallow.ones((4,), device=device))
+
+
+# ---- linear with a bias -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rows", [1, 3])
+def test_linear_bias_float(device, rows):
+    x, w, b = rnd(rows, 64), rnd(37, 64), rnd(37)
+    ref = torch.nn.functional.linear(tt(x), tt(w), tt(b)).numpy()
+    close(F.linear(T(x, device), T(w, device), T(b, device)), ref, 1e-4)
+    # A strided bias (every other element of a longer vector).
+    bb = rnd(74)
+    ref = torch.nn.functional.linear(tt(x), tt(w), tt(bb[::2])).numpy()
+    close(F.linear(T(x, device), T(w, device), T(bb, device)[::2]), ref, 1e-4)
+
+
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows", [1, 70])  # 70: past the GPU's few-rows (matvec) kernel
+def test_linear_bias_quantised(device, qtype, rows):
+    kind = gguf.GGMLQuantizationType[qtype.upper()]
+    x, w, b = rnd(rows, 64), rnd(12, 64), rnd(12)
+    blocks = gguf.quants.quantize(w, kind)
+    ref = torch.nn.functional.linear(tt(x), tt(gguf.quants.dequantize(blocks, kind)), tt(b)).numpy()
+    wq = tallow.from_buffer(blocks.tobytes(), qtype, w.shape, device=device)
+    close(F.linear(T(x, device), wq, T(b, device)), ref, 1e-4)
 
 
 # ---- gated_linear ------------------------------------------------------------------------------------------
