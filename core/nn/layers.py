@@ -44,14 +44,16 @@ class FusedLinear(Module):
     """
 
     def __init__(self, vb, names, in_features, sizes, bias=True):
+        """bias: True/False for every part, or one flag per part (a part without one adds zeros)."""
         self.sizes = list(sizes)
+        biases = list(bias) if isinstance(bias, (list, tuple)) else [bias] * len(names)
         self.weight = vb.get_rows([((n, in_features), f"{name}.weight") for name, n in zip(names, sizes)])
         self.bias = None
         self.separate = None
         if self.weight is None:
-            self.separate = [Linear(vb.pp(name), in_features, n, bias) for name, n in zip(names, sizes)]
-        elif bias:
-            self.bias = vb.get_rows([((n,), f"{name}.bias") for name, n in zip(names, sizes)])
+            self.separate = [Linear(vb.pp(name), in_features, n, b) for name, n, b in zip(names, sizes, biases)]
+        elif any(biases):
+            self.bias = vb.get_rows([((n,), f"{name}.bias" if b else None) for name, n, b in zip(names, sizes, biases)])
 
     def forward(self, x):
         """The parts' outputs side by side: (..., sum(sizes))."""

@@ -60,15 +60,18 @@ class VarBuilder:
     def get_rows(self, parts, dtype=None):
         """The tensors `parts` [(shape, name), ...] joined along dim 0 into one, on the device:
         several Linear weights (or biases) over one input become one matmul. GGUF block rows
-        are whole blocks, so quantised rows join byte for byte. None when they cannot join
-        (block formats that differ, as a Q4_K_M file's q6_k attn_v beside q4_k attn_q, or a
-        VarMap, whose parameters train apart): then load the parts one by one."""
+        are whole blocks, so quantised rows join byte for byte. A name None stands for zeros
+        (a part without a bias: Whisper's k_proj). None when they cannot join (block formats
+        that differ, as a Q4_K_M file's q6_k attn_v beside q4_k attn_q, or a VarMap, whose
+        parameters train apart): then load the parts one by one."""
         if hasattr(self.source, "get_or_create"):
             return None
         from ..backends.host import host_device
-        from ..creation import cat, from_buffer
+        from ..creation import cat, from_buffer, zeros
         host = host_device()
-        tensors = [self._fetch(shape, name, host) for shape, name in parts]
+        want = D.get_dtype(dtype) or self.dtype
+        tensors = [zeros(*shape, dtype=want, device=host) if name is None else self._fetch(shape, name, host)
+                   for shape, name in parts]
         kinds = {t.dtype for t in tensors if t.dtype.is_quantized}
         if kinds:
             widths = {t.shape[1:] for t in tensors}
