@@ -135,6 +135,11 @@ def gated_linear(x: Tensor, weight: Tensor, act: str = "silu") -> Tensor:
     return ops.gated_linear(x, weight, act)
 
 
+def kv_write(k: Tensor, v: Tensor, k_slot: Tensor, v_slot: Tensor) -> None:
+    """Write k into k_slot and v into v_slot in place (a KV cache's new positions) as one op."""
+    ops.kv_write(k, v, k_slot, v_slot)
+
+
 def rope_kv_write(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_slot: Tensor, v_slot: Tensor,
                   interleaved: bool = False) -> Tensor:
     """rotary_emb(q); writes rotary_emb(k) into k_slot and v into v_slot in place (a KV cache's new positions)."""

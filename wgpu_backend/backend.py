@@ -996,6 +996,15 @@ class WgpuBackend(Backend):
                   ("quant_common", wdtype.name), f"gated qmatvec {wdtype.name} {act}", _MATH)
         return out
 
+    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
+        nk, nv = lk.numel(), lv.numel()
+        if nk + nv == 0:
+            return
+        words = [nk, nv, *lk.shape, *lv.shape]
+        for lay in (lk, lv, lkc, lvc):
+            words += [lay.offset, *lay.strides]
+        self._run("kv_write", {"X": dtype}, [k, v, kc, vc], words, (nk + nv + 255) // 256, label="kv_write")
+
     def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
         b, hq, t, d = lq.shape
         hk = lk.shape[1]

@@ -184,6 +184,11 @@ class Backend:
         gate = self.unary(act, y, Layout((m, n), (2 * n, 1), 0), dtype)
         return self.binary("mul", gate, Layout((m, n)), y, Layout((m, n), (2 * n, 1), n), dtype)
 
+    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
+        """In place: k into kc at lkc and v into vc at lvc (a KV cache's new positions; all 4-D)."""
+        self.assign(kc, lkc, k, lk, dtype)
+        self.assign(vc, lvc, v, lv, dtype)
+
     def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
         """Rotary embedding fused with the KV-cache write: returns rope(q) (contiguous) and, in
         place, writes rope(k) into kc at lkc and v into vc at lvc. q (b, h, t, d); k, v and the

@@ -1,5 +1,6 @@
 """A preallocated key/value cache. Appending writes in place; when full it
 grows by doubling, so the whole cache is copied O(log n) times, not per token."""
+from .. import functional as F
 from ..creation import zeros
 
 
@@ -50,6 +51,5 @@ class KVCache:
     def append(self, k, v):
         """Add k, v of shape (b, heads, t, d); return views of all cached keys and values."""
         k_slot, v_slot = self.slots(k, v)
-        k_slot[...] = k
-        v_slot[...] = v
+        F.kv_write(k, v, k_slot, v_slot)
         return self.commit(k.shape[2])

@@ -11,11 +11,11 @@ Modules, by concept: elementwise (the unary table, binary ops and comparisons, w
 shape (views, cat/stack/split/pad), reduce (sum ... softmax), linalg (matmul),
 index (index_select, gather, scatter_add, assignment), nn (norms, rope, attention,
 conv, custom ops), decode (the fused ops one-token decoding runs on: add + norm, gated
-projection, rope + KV-cache write), quantized (GGUF block tensors), new (tensors on an
+projection, KV-cache writes), quantized (GGUF block tensors), new (tensors on an
 input's device).
 """
 from .arguments import dim_index
-from .decode import GATE_ACTS, add_layer_norm, add_rms_norm, gated_linear, rope_kv_write
+from .decode import GATE_ACTS, add_layer_norm, add_rms_norm, gated_linear, kv_write, rope_kv_write
 from .elementwise import (COMPARISONS, UNARY, binary, cast, clone, gelu, logical, parse_target, pow, to_device, unary,
                           where)
 from .index import as_index, assign, gather, index_select, scatter_add
@@ -27,7 +27,8 @@ from .shape import (cat, chunk, contiguous, expand, flatten, narrow, pad, permut
                     transpose, unsqueeze)
 
 __all__ = [
-    "dim_index", "GATE_ACTS", "add_layer_norm", "add_rms_norm", "gated_linear", "rope_kv_write", "linear",
+    "dim_index", "GATE_ACTS", "add_layer_norm", "add_rms_norm", "gated_linear", "kv_write", "rope_kv_write",
+    "linear",
     "COMPARISONS", "UNARY", "binary", "cast", "clone", "gelu", "logical", "parse_target", "pow",
     "to_device", "unary",
     "where", "as_index", "assign", "gather", "index_select", "scatter_add", "matmul", "new_arange", "new_full",

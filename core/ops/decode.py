@@ -4,6 +4,7 @@
     add_layer_norm(x, r, w, b)              -> (x + r, layer_norm(x + r, w, b))
     gated_linear(x, w_gate_up, "silu")      -> silu(x @ gate.T) * (x @ up.T)
     rope_kv_write(q, k, v, cos, sin, kc, vc) -> rope(q); rope(k) and v written into the cache slots
+    kv_write(k, v, kc, vc)                  -> k and v written into the cache slots
 
 Each is one backend primitive (core/backends/base.py composes it from the others for
 backends without a kernel). With a gradient to record they run the same maths through
@@ -98,6 +99,23 @@ def gated_linear(x, weight, act="silu"):
 
 def _gate_composed(y, n, act):
     return binary(unary(narrow(y, -1, 0, n), act), narrow(y, -1, n, n), "mul")
+
+
+def kv_write(k, v, k_slot, v_slot):
+    """Write k into k_slot and v into v_slot in place (views of a preallocated KV cache at the
+    new positions), as one op. All (b, heads, t, d); each slot has its tensor's shape."""
+    check_devices("kv_write", k, v, k_slot, v_slot)
+    if k.ndim != 4 or v.ndim != 4 or k_slot.shape != k.shape or v_slot.shape != v.shape:
+        raise ShapeError(f"kv_write: k {k.shape} and v {v.shape} must be (batch, heads, seq, head_dim) and fit their "
+                         f"cache slots {k_slot.shape} and {v_slot.shape}")
+    if k_slot.dtype is not v_slot.dtype or not k_slot.dtype.is_float:
+        raise DTypeError(f"kv_write: the key and value caches must share one float dtype, got "
+                         f"{k_slot.dtype.name} and {v_slot.dtype.name}")
+    dtype = k_slot.dtype
+    k, v = float_input(k, "kv_write").to(dtype), float_input(v, "kv_write").to(dtype)
+    if k_slot.numel() or v_slot.numel():
+        k.device.backend.kv_write(k._storage, k._layout, v._storage, v._layout, k_slot._storage, k_slot._layout,
+                                  v_slot._storage, v_slot._layout, dtype)
 
 
 def rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, interleaved=False):

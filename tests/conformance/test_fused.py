@@ -1,6 +1,6 @@
 """The fused decode ops (issue 13 item 2) on every device, against PyTorch and gguf's codecs:
 add_rms_norm, add_layer_norm, linear with its bias, gated_linear (float and GGUF weights),
-rope_kv_write, and attention over a long KV cache (one kernel on wgpu: online softmax
+rope_kv_write, kv_write, and attention over a long KV cache (one kernel on wgpu: online softmax
 across chunks of keys)."""
 import numpy as np
 import pytest
@@ -180,6 +180,21 @@ def test_rope_kv_write_errors(device):
     with pytest.raises(tallow.ShapeError, match="cos/sin"):
         F.rope_kv_write(q, k, k, tallow.ones((1, 3), device=device), cs, cache.narrow(2, 0, 1),
                         cache.narrow(2, 0, 1))
+
+
+def test_kv_write(device):
+    hk, t, d, dv, start, cap = 3, 2, 8, 6, 4, 9
+    k, v = rnd(1, t, hk, d), rnd(1, hk, t, dv)
+    kc, vc = tallow.zeros(1, hk, cap, d, device=device), tallow.zeros(1, hk, cap, dv, device=device)
+    # k as a transposed view, as a decoder's head split makes it
+    F.kv_write(T(k, device).transpose(1, 2), T(v, device), kc.narrow(2, start, t), vc.narrow(2, start, t))
+    want_k, want_v = np.zeros((1, hk, cap, d), np.float32), np.zeros((1, hk, cap, dv), np.float32)
+    want_k[:, :, start:start + t] = k.transpose(0, 2, 1, 3)
+    want_v[:, :, start:start + t] = v
+    close(kc, want_k, 0)
+    close(vc, want_v, 0)
+    with pytest.raises(tallow.ShapeError, match="cache slots"):
+        F.kv_write(T(v, device), T(v, device), kc.narrow(2, 0, t), vc.narrow(2, 0, t))
 
 
 # ---- attention over a long cache --------------------------------------------------------------------------
