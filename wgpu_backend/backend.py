@@ -891,7 +891,7 @@ class WgpuBackend(Backend):
         return out
 
     def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
-        if len(lq.shape) == 4 and lq.shape[2] <= ATTEND_MAX_ROWS and lq.shape[3] <= 256 and lv.shape[3] <= 256:
+        if len(lq.shape) == 4 and lq.shape[2] <= ATTEND_MAX_ROWS and self._attend_fits(lk, lv):
             return self._attend(q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal)
         # Three dispatches: scores = q k^T (strided matmul, or matvec when
         # decoding), a fused scale + mask + causal softmax, then p v.
@@ -903,6 +903,12 @@ class WgpuBackend(Backend):
         sl = Layout(tuple(batch) + (tq, tk))
         probs = self._softmax(scores, sl, dtype, False, scale, mask, lmask, causal)
         return self.matmul(probs, sl, v, lv, dtype)
+
+    @staticmethod
+    def _attend_fits(lk, lv):
+        """Whether attend.wgsl reads these keys and values: rows of contiguous features as vec4s."""
+        return all(lay.shape[3] <= 256 and lay.shape[3] % 4 == 0 and lay.strides[3] == 1 and lay.offset % 4 == 0
+                   and all(st % 4 == 0 for st in lay.strides[:3]) for lay in (lk, lv))
 
     def _attend(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
         """One dispatch: kernels/attend.wgsl, one workgroup per query row."""
