@@ -358,6 +358,27 @@ class WgpuBackend(Backend):
             return b""
         return self.driver.read_buffer(st.buf, offset_bytes, nbytes)
 
+    def concat_rows(self, parts, dtype):
+        """Buffer-to-buffer copies on the GPU: joined weights never pass through Python memory."""
+        spans = []
+        for st, lay in parts:
+            if dtype.is_quantized and not st.dequantized:
+                start, nbytes = lay.offset // dtype.block_size * dtype.block_bytes, dtype.nbytes(lay.numel())
+            else:
+                size = 4 if dtype.is_quantized else self._esize(dtype)
+                start, nbytes = lay.offset * size, lay.numel() * size
+            spans.append((st, start, nbytes))
+        if any(start % 4 or nbytes % 4 for _, start, nbytes in spans):  # copies move whole words
+            return super().concat_rows(parts, dtype)
+        out = self._alloc(sum(nbytes for _, _, nbytes in spans))
+        out.dequantized = bool(parts) and parts[0][0].dequantized
+        pos = 0
+        for st, start, nbytes in spans:
+            if nbytes:
+                self.driver.copy_buffer(st.buf, start, out.buf, pos, nbytes)
+            pos += nbytes
+        return out
+
     def to_bytes(self, st, layout, dtype):
         numel = layout.numel()
         if dtype.is_quantized:

@@ -144,6 +144,12 @@ class Backend:
         additive, already broadcast to (b, h, tq, tk), or None. causal masks key j > i + (tk - tq)."""
         self._missing("attention")
 
+    def concat_rows(self, parts, dtype):
+        """One storage holding the contiguous tensors `parts` [(storage, layout)] one after another:
+        cat along dim 0 that also joins quantised blocks (which the element-wise assign cannot
+        write), e.g. q/k/v weight rows joined at load time. Default: through host bytes."""
+        return self.from_bytes(b"".join(self.to_bytes(st, lay, dtype) for st, lay in parts), dtype)
+
     # ---- fused decode ops: defaults composed from the primitives above ---------
     # One-token decoding issues a few dispatches per layer only if these are single kernels;
     # a backend that has no kernel for one inherits the composition, with the same result.

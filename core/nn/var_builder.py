@@ -66,19 +66,14 @@ class VarBuilder:
         parameters train apart): then load the parts one by one."""
         if hasattr(self.source, "get_or_create"):
             return None
-        from ..backends.host import host_device
-        from ..creation import cat, from_buffer, zeros
-        host = host_device()
+        from ..creation import cat, zeros
         want = D.get_dtype(dtype) or self.dtype
-        tensors = [zeros(*shape, dtype=want, device=host) if name is None else self._fetch(shape, name, host)
-                   for shape, name in parts]
+        # Each part goes to the device as get() places it (in the browser, straight from the
+        # fetched file's JS buffer to the GPU) and is joined there.
+        tensors = [zeros(*shape, dtype=want, device=self.device) if name is None
+                   else self._fetch(shape, name).to(self.device) for shape, name in parts]
         kinds = {t.dtype for t in tensors if t.dtype.is_quantized}
-        if kinds:
-            widths = {t.shape[1:] for t in tensors}
-            if len(kinds) > 1 or len(kinds) != len({t.dtype for t in tensors}) or len(widths) > 1:
-                return None
-            rows = sum(t.shape[0] for t in tensors)
-            data = b"".join(bytes(t) for t in tensors)
-            return from_buffer(data, tensors[0].dtype, (rows,) + tensors[0].shape[1:], device=self.device)
-        joined = cat([self._as_float(t.to(host), dtype) for t in tensors], 0)
-        return joined.to(self.device)
+        if kinds and (len(kinds) > 1 or len(kinds) != len({t.dtype for t in tensors})
+                      or len({t.shape[1:] for t in tensors}) > 1):
+            return None
+        return cat(tensors if kinds else [self._as_float(t, dtype) for t in tensors], 0)

@@ -1,7 +1,7 @@
 """The fused decode ops (issue 13 item 2) on every device, against PyTorch and gguf's codecs:
 add_rms_norm, add_layer_norm, linear with its bias, gated_linear (float and GGUF weights),
-rope_kv_write, kv_write, and attention over a long KV cache (one kernel on wgpu: online softmax
-across chunks of keys)."""
+rope_kv_write, kv_write, attention over a long KV cache (one kernel on wgpu: online softmax
+across chunks of keys), and joining weight rows (cat of quantised rows, nn.FusedLinear)."""
 import numpy as np
 import pytest
 
@@ -211,3 +211,53 @@ def test_attention_long_cache(device, tq, causal, mask):
     got = F.scaled_dot_product_attention(T(q, device), T(k, device), T(v, device),
                                          None if m is None else T(m, device), is_causal=causal)
     close(got, ref.numpy(), 1e-4)
+
+
+# ---- joined weight rows -----------------------------------------------------------------------------------
+def _blocks(w, qtype):
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype.upper()])
+
+
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "q4_0", "q5_0"])  # q5_0: dequantised on upload on wgpu
+def test_cat_of_quantised_rows(device, qtype):
+    a, b = rnd(3, 64), rnd(5, 64)
+    parts = [tallow.from_buffer(_blocks(w, qtype).tobytes(), qtype, w.shape, device=device) for w in (a, b)]
+    joined = tallow.cat(parts, 0)
+    assert joined.dtype.name == qtype and joined.shape == (8, 64)
+    kind = gguf.GGMLQuantizationType[qtype.upper()]
+    want = gguf.quants.dequantize(_blocks(np.concatenate([a, b]), qtype), kind)  # rows quantise independently
+    close(joined.to(tallow.f32), want, 0)
+    with pytest.raises(tallow.UnsupportedError, match="cat of quantised"):
+        tallow.cat(parts, 1)
+
+
+def _fused_linear(source, device, bias):
+    from tallow.nn import FusedLinear, VarBuilder
+    return FusedLinear(VarBuilder(source, device), ["q", "k", "v"], 64, [8, 4, 4], bias=bias)
+
+
+def test_fused_linear_joins_rows_and_keeps_missing_biases_zero(device):
+    ws = {n: rnd(r, 64) for n, r in (("q", 8), ("k", 4), ("v", 4))}
+    bq, bv = rnd(8), rnd(4)
+    source = {f"{n}.weight": T(w, device) for n, w in ws.items()}
+    source.update({"q.bias": T(bq, device), "v.bias": T(bv, device)})
+    layer = _fused_linear(source, device, [True, False, True])
+    assert layer.separate is None and layer.weight.shape == (16, 64)
+    x = rnd(2, 64)
+    q, k, v = layer.parts(T(x, device))
+    close(q, x @ ws["q"].T + bq, 1e-4)
+    close(k, x @ ws["k"].T, 1e-4)
+    close(v, x @ ws["v"].T + bv, 1e-4)
+
+
+def test_fused_linear_keeps_parts_of_different_block_formats_apart(device):
+    ws = {n: rnd(r, 64) for n, r in (("q", 8), ("k", 4), ("v", 4))}
+    formats = {"q": "q4_0", "k": "q4_0", "v": "q8_0"}  # as a Q4_K_M file mixes formats
+    kinds = {n: gguf.GGMLQuantizationType[f.upper()] for n, f in formats.items()}
+    source = {f"{n}.weight": tallow.from_buffer(_blocks(w, formats[n]).tobytes(), formats[n], w.shape, device=device)
+              for n, w in ws.items()}
+    layer = _fused_linear(source, device, False)
+    assert layer.weight is None and len(layer.separate) == 3
+    x = rnd(1, 64)
+    for got, n in zip(layer.parts(T(x, device)), "qkv"):
+        close(got, x @ gguf.quants.dequantize(_blocks(ws[n], formats[n]), kinds[n]).T, 1e-4)
