@@ -96,7 +96,8 @@ def _rows(layer, x):
 
 
 class Attention(Module):
-    """Multi-head attention with Whisper's projections (no bias on k_proj)."""
+    """Multi-head attention with Whisper's projections (no bias on k_proj): the decoder's
+    cross-attention, keys and values from the audio features (key_values) once per audio."""
 
     def __init__(self, vb, d, heads):
         self.heads, self.head_dim = heads, d // heads
@@ -113,17 +114,11 @@ class Attention(Module):
         """(k, v) of shape (b, heads, t, head_dim) for the keys/values source x (b, t, d)."""
         return self.split_heads(_rows(self.k_proj, x)), self.split_heads(_rows(self.v_proj, x))
 
-    def attend(self, x, k, v, causal=False):
+    def attend(self, x, k, v):
         b, t, d = x.shape
         q = self.split_heads(_rows(self.q_proj, x))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal and t > 1)
+        y = F.scaled_dot_product_attention(q, k, v)
         return _rows(self.out_proj, y.transpose(1, 2).reshape(b, t, d))
-
-    def forward(self, x, cache=None):
-        k, v = self.key_values(x)
-        if cache is not None:
-            k, v = cache.append(k, v)
-        return self.attend(x, k, v, causal=cache is not None)
 
 
 class SelfAttention(Attention):
