@@ -80,11 +80,7 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias; a quantised weight is dequantised inside the backend's kernel."""
-    if x.shape[-1] != weight.shape[-1]:
-        raise ShapeError(f"linear: input {x.shape} has {x.shape[-1]} features, "
-                         f"weight {weight.shape} expects {weight.shape[-1]}")
-    y = ops.matmul(x, ops.t(weight))
-    return y if bias is None else y + bias
+    return ops.linear(x, weight, bias)
 
 
 def embedding(ids: Tensor | Sequence, table: Tensor) -> Tensor:
@@ -120,6 +116,34 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     """softmax(q k^T * scale + mask) v. q (b, h, tq, d), k/v (b, hk, tk, d) with h a multiple of hk (GQA).
     mask: additive float, or bool where True means "may attend" (as in torch); broadcast to (b, h, tq, tk)."""
     return ops.attention(q, k, v, mask, is_causal, scale)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None,
+                 eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """(x + residual, rms_norm(x + residual, weight, eps)) as one op: a residual add and the next norm."""
+    return ops.add_rms_norm(x, residual, weight, eps)
+
+
+def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
+                   eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """(x + residual, layer_norm(x + residual, weight, bias, eps)) as one op."""
+    return ops.add_layer_norm(x, residual, weight, bias, eps)
+
+
+def gated_linear(x: Tensor, weight: Tensor, act: str = "silu") -> Tensor:
+    """act(x @ gate.T) * (x @ up.T) with weight the [gate; up] rows (2 * out, in), float or quantised."""
+    return ops.gated_linear(x, weight, act)
+
+
+def kv_write(k: Tensor, v: Tensor, k_slot: Tensor, v_slot: Tensor) -> None:
+    """Write k into k_slot and v into v_slot in place (a KV cache's new positions) as one op."""
+    ops.kv_write(k, v, k_slot, v_slot)
+
+
+def rope_kv_write(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_slot: Tensor, v_slot: Tensor,
+                  interleaved: bool = False) -> Tensor:
+    """rotary_emb(q); writes rotary_emb(k) into k_slot and v into v_slot in place (a KV cache's new positions)."""
+    return ops.rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, interleaved)
 
 
 # ---- losses ------------------------------------------------------------------------------------

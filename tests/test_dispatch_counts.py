@@ -1,6 +1,7 @@
 """Dispatches per transformer layer in one-token decode on the GPU path, counted with the
-do-nothing driver (wgpu_backend/driver_null.py). Host time per token grows with this
-count, so it is pinned here; bench/gpu_host.py measures the time itself."""
+do-nothing driver (wgpu_backend/driver_null.py), for a Llama-family decoder and for
+Whisper's decoder. Host time per token grows with this count, so it is pinned here;
+bench/gpu_host.py measures the time itself."""
 import pytest
 
 import tallow
@@ -11,9 +12,14 @@ from tallow_wgpu.backend import WgpuBackend  # noqa: E402
 from tallow_wgpu.driver_null import NullDriver  # noqa: E402
 from tiny_llama import save_tiny_llama  # noqa: E402
 
-# Today: 2 norms, q/k/v/o + gate/up/down projections, 2 ropes, 2 cache writes, 2 residual
-# adds, scores, softmax, weighted sum, silu, mul. Issue #13 lowers this to <= 8.
-MAX_DISPATCHES_PER_LAYER = 20
+# Issue #13 item 2 took this from 20 to 8: residual add + input norm, q/k/v as one matvec,
+# rope fused with the KV-cache write, attention, o_proj, residual add + post-attention norm,
+# gate/up as one matvec with SwiGLU fused in, down.
+MAX_DISPATCHES_PER_LAYER = 8
+# Whisper's decoder layer, from 31 to 13: residual add + layer norm (3 times), q/k/v as one
+# matvec, the KV-cache write, 2 attentions, q of the cross-attention, 2 output projections,
+# fc1, gelu, fc2 (every bias added inside its matvec).
+MAX_WHISPER_DISPATCHES_PER_LAYER = 13
 
 
 def _decode_dispatches(tmp_path, layers):
@@ -40,3 +46,35 @@ def test_decode_dispatches_per_layer_are_bounded(tmp_path):
     assert per_layer == int(per_layer), "every layer issues the same dispatches"
     assert per_layer <= MAX_DISPATCHES_PER_LAYER, (per_layer, kernels)
     assert two - 2 * per_layer <= 4, "outside the layers: embedding, final norm, head"
+
+
+def _whisper_step_dispatches(tmp_path, layers):
+    transformers = pytest.importorskip("transformers")
+    from tallow.models import whisper
+    folder = tmp_path / f"whisper{layers}"
+    cfg = transformers.WhisperConfig(
+        vocab_size=100, num_mel_bins=8, d_model=32, encoder_layers=1, decoder_layers=layers,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_source_positions=8, max_target_positions=16, decoder_start_token_id=1, pad_token_id=0,
+        eos_token_id=2, bos_token_id=1)
+    transformers.WhisperForConditionalGeneration(cfg).save_pretrained(folder, safe_serialization=True)
+    driver = NullDriver()
+    try:
+        dev = use_backend("wgpu", WgpuBackend(driver))
+        model = whisper.load(folder, device=dev)
+        state = model.start(model.encode(tallow.zeros(1, 8, 16, device=dev)))
+        model.decode_step([[1, 5, 7]], state).tolist()
+        driver.reset_counts()
+        model.decode_step([[9]], state).tolist()
+        return driver.dispatches, dict(driver.by_kernel)
+    finally:
+        restore_backend("wgpu")
+
+
+def test_whisper_decoder_dispatches_per_layer_are_bounded(tmp_path):
+    two, _ = _whisper_step_dispatches(tmp_path, 2)
+    four, kernels = _whisper_step_dispatches(tmp_path, 4)
+    per_layer = (four - two) / 2
+    assert per_layer == int(per_layer), "every layer issues the same dispatches"
+    assert per_layer <= MAX_WHISPER_DISPATCHES_PER_LAYER, (per_layer, kernels)
+    assert two - 2 * per_layer <= 5, "outside the layers: token and position embeddings, norms, logits"

@@ -307,7 +307,7 @@ def _qwen3(tmp_path):
 def test_qwen3_matches_transformers(tmp_path):
     model, path = _qwen3(tmp_path)
     ours = _check(model, path)
-    assert ours.layers[0].self_attn.q_proj.bias is None and ours.config.qk_norm
+    assert ours.layers[0].self_attn.qkv_proj.bias is None and ours.config.qk_norm
 
 
 def test_qwen3_gguf_matches_transformers(tmp_path):

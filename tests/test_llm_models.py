@@ -303,7 +303,7 @@ def test_qwen2_gguf_matches_transformers(tmp_path):
     model, _ = _hf("qwen2", tmp_path, tie_word_embeddings=False)
     path = _write_gguf(model, tmp_path / "qwen2.gguf", "f32", arch="qwen2")
     ours, _ = _check_against(model, path)
-    assert not ours.config.rope_interleaved and ours.layers[0].self_attn.q_proj.bias is not None
+    assert not ours.config.rope_interleaved and ours.layers[0].self_attn.qkv_proj.bias is not None
 
 
 def test_phi3_gguf_matches_transformers(tmp_path):

@@ -34,6 +34,10 @@ IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 # share each dequantised block) 4-20x from m = 1 to m = 32; qmatmul serves
 # long prompts, where one qmatvec dispatch would run for very long.
 QMATVEC_MAX_ROWS = 64
+# Up to this many query rows per (batch, head) attention runs as one kernel (kernels/attend.wgsl)
+# reading the KV cache directly; longer prompts keep scores, softmax and weighted sum as three
+# dispatches, whose matmuls share loads between rows.
+ATTEND_MAX_ROWS = 16
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -405,6 +409,27 @@ class WgpuBackend(Backend):
             return b""
         return self.driver.read_buffer(st.buf, offset_bytes, nbytes)
 
+    def concat_rows(self, parts, dtype):
+        """Buffer-to-buffer copies on the GPU: joined weights never pass through Python memory."""
+        spans = []
+        for st, lay in parts:
+            if dtype.is_quantized and not st.dequantized:
+                start, nbytes = lay.offset // dtype.block_size * dtype.block_bytes, dtype.nbytes(lay.numel())
+            else:
+                size = 4 if dtype.is_quantized else self._esize(dtype)
+                start, nbytes = lay.offset * size, lay.numel() * size
+            spans.append((st, start, nbytes))
+        if any(start % 4 or nbytes % 4 for _, start, nbytes in spans):  # copies move whole words
+            return super().concat_rows(parts, dtype)
+        out = self._alloc(sum(nbytes for _, _, nbytes in spans))
+        out.dequantized = bool(parts) and parts[0][0].dequantized
+        pos = 0
+        for st, start, nbytes in spans:
+            if nbytes:
+                self.driver.copy_buffer(st.buf, start, out.buf, pos, nbytes)
+            pos += nbytes
+        return out
+
     def to_bytes(self, st, layout, dtype):
         numel = layout.numel()
         if dtype.is_quantized:
@@ -676,12 +701,20 @@ class WgpuBackend(Backend):
         self._matmul_dispatch(a_st, b_st, out, words, dtype)
         return out
 
-    def _matmul_dispatch(self, a_st, b_st, out, words, dtype):
+    @staticmethod
+    def _rows_matvec(words):
+        """Whether matvec_rows.wgsl takes this matmul: one row times w^T whose rows read as vec4s."""
         m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs = words
-        if m == 1 and b_rs == 1 and k % 4 == 0 and b_off % 4 == 0 and b_bs % 4 == 0 and b_cs % 4 == 0:
+        return m == 1 and b_rs == 1 and k % 4 == 0 and b_off % 4 == 0 and b_bs % 4 == 0 and b_cs % 4 == 0
+
+    def _matmul_dispatch(self, a_st, b_st, out, words, dtype, bias=None):
+        """bias: (storage, offset, stride) added to each column, only where _rows_matvec(words)."""
+        m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs = words
+        if self._rows_matvec(words):
             # Decoding through a Linear layer (b = w^T): rows of w read as vec4s.
-            self._run("matvec_rows", {"X": dtype}, [a_st, b_st, out], words, ((n + 255) // 256, 1, batch),
-                      label="matvec")
+            bias_st, bias_words = (a_st, [0, 0, 0]) if bias is None else (bias[0], [1, bias[1], bias[2]])
+            self._run("matvec_rows", {"X": dtype}, [a_st, b_st, out, bias_st], words + bias_words,
+                      ((n + 255) // 256, 1, batch), label="matvec")
         elif m == 1:
             self._run("matvec", {"X": dtype}, [a_st, b_st, out], words, ((n + 63) // 64, 1, batch), label="matvec")
         elif a_cs == 1 and b_rs == 1 and k % 4 == 0 and all(v % 4 == 0 for v in (a_off, a_bs, a_rs, b_off, b_bs, b_cs)):
@@ -749,11 +782,13 @@ class WgpuBackend(Backend):
                 self._place_columns(y, out, m, cols, n, r0, dtype)
         return out
 
-    def _qmatmul_piece(self, wb, xs, y, m, n, k, row_bytes, xoff, dtype, wdtype, extra):
+    def _qmatmul_piece(self, wb, xs, y, m, n, k, row_bytes, xoff, dtype, wdtype, extra, bias=None):
+        """bias: (storage, offset, stride) added to each column, only where m <= QMATVEC_MAX_ROWS."""
         words = [m, n, k, row_bytes, xoff]
         if m <= QMATVEC_MAX_ROWS:
-            self._run_quant("qmatvec", {"X": dtype}, [wb, xs, y], words, self._grid((n + 255) // 256, "qmatvec"),
-                            extra, f"qmatvec {wdtype.name}")
+            bias_st, bias_words = (xs, [0, 0, 0]) if bias is None else (bias[0], [1, bias[1], bias[2]])
+            self._run_quant("qmatvec", {"X": dtype}, [wb, xs, y, bias_st], words + bias_words,
+                            self._grid((n + 255) // 256, "qmatvec"), extra, f"qmatvec {wdtype.name}")
         else:
             self._run_quant("qmatmul", {"X": dtype}, [wb, xs, y], words, ((n + 63) // 64, (m + 3) // 4, 1), extra,
                             f"qmatmul {wdtype.name}")
@@ -955,6 +990,8 @@ class WgpuBackend(Backend):
         return out
 
     def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        if len(lq.shape) == 4 and lq.shape[2] <= ATTEND_MAX_ROWS and self._attend_fits(lk, lv):
+            return self._attend(q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal)
         # Three dispatches: scores = q k^T (strided matmul, or matvec when
         # decoding), a fused scale + mask + causal softmax, then p v.
         *batch, tq, _ = lq.shape
@@ -965,6 +1002,129 @@ class WgpuBackend(Backend):
         sl = Layout(tuple(batch) + (tq, tk))
         probs = self._softmax(scores, sl, dtype, False, scale, mask, lmask, causal)
         return self.matmul(probs, sl, v, lv, dtype)
+
+    @staticmethod
+    def _attend_fits(lk, lv):
+        """Whether attend.wgsl reads these keys and values: rows of contiguous features as vec4s."""
+        return all(lay.shape[3] <= 256 and lay.shape[3] % 4 == 0 and lay.strides[3] == 1 and lay.offset % 4 == 0
+                   and all(st % 4 == 0 for st in lay.strides[:3]) for lay in (lk, lv))
+
+    def _attend(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        """One dispatch: kernels/attend.wgsl, one workgroup per query row."""
+        b, h, tq, d = lq.shape
+        tk, dv = lk.shape[2], lv.shape[3]
+        rows = b * h * tq
+        if tk == 0 and rows * dv:  # no keys: a sum of nothing, as the three-dispatch path gives
+            return self._fill(rows * dv, 0.0, 0, dtype)
+        out = self._out(rows * dv, dtype)
+        if rows * dv == 0:
+            return out
+        words = [rows, h, tq, tk, d, dv, _f32_bits(scale), int(causal), int(mask is not None)]
+        for lay in (lq, lk, lv, lmask if mask is not None else lq):
+            words += [lay.offset, *lay.strides]
+        self._run("attend", {"X": dtype}, [q, k, v, mask if mask is not None else q, out], words,
+                  self._grid(rows, "attention"), label="attention")
+        return out
+
+    def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
+        return self._add_norm(x, lx, r, lr, w, lw, None, None, dtype, eps, False)
+
+    def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
+        return self._add_norm(x, lx, r, lr, w, lw, b, lb, dtype, eps, True)
+
+    def _add_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps, center):
+        """One dispatch of kernels/add_norm.wgsl: (x + r, norm(x + r) * w + b)."""
+        numel = lx.numel()
+        total, out = self._out(numel, dtype), self._out(numel, dtype)
+        if numel == 0:
+            return total, out
+        d = lx.shape[-1]
+        rows = numel // d
+        words = _layout_words(lx.shape, [(lx.offset, lx.strides), (lr.offset, lr.strides)], True, "add_norm")
+        extras = [d, int(w is not None), _f32_bits(eps), rows, int(center), int(b is not None)]
+        for lay in (lw, lb):
+            extras += [0, 0] if lay is None else [lay.offset, lay.strides[0]]
+        label = "add_layer_norm" if center else "add_rms_norm"
+        self._run("add_norm", {"X": dtype}, [x, r, w if w is not None else x, b if b is not None else x, total, out],
+                  self._params(words, extras), rows, label=label)
+        return total, out
+
+    def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
+        m, k = la.shape
+        n = lb.shape[1]
+        words = [m, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], lb.offset, 0, lb.strides[0], lb.strides[1]]
+        if not self._rows_matvec(words) or (b.nbytes + 3) // 4 * 4 > self.limits["max_storage_binding"]:
+            return super().matmul_bias(a, la, b, lb, bias, lbias, dtype)
+        out = self._out(n, dtype)
+        if n:
+            self._matmul_dispatch(a, b, out, words, dtype, (bias, lbias.offset, lbias.strides[0]))
+        return out
+
+    def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
+        m = lx.numel() // k if k else 0
+        if (w.dequantized or wdtype.name not in IN_KERNEL_QUANTS or m > QMATVEC_MAX_ROWS or k % 32
+                or wdtype.nbytes(n * k) > self.limits["max_storage_binding"]):
+            return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
+        out = self._out(m * n, dtype)
+        if m * n:
+            xs, xoff = self._contiguous(x, lx, dtype)
+            self._qmatmul_piece(w, xs, out, m, n, k, wdtype.nbytes(k), xoff, dtype, wdtype,
+                                self._quant_kernel(wdtype, "quantised matmul"), (bias, lbias.offset, lbias.strides[0]))
+        return out
+
+    def gated_matmul(self, a, la, b, lb, dtype, act):
+        m, k = la.shape
+        n = lb.shape[1] // 2
+        b_off, (b_rs, b_cs) = lb.offset, lb.strides
+        if (m != 1 or act not in _FLOAT_UNARY or b_rs != 1 or k % 4 or b_off % 4 or b_cs % 4
+                or (b.nbytes + 3) // 4 * 4 > self.limits["max_storage_binding"]):
+            return super().gated_matmul(a, la, b, lb, dtype, act)
+        out = self._out(n, dtype)
+        if n == 0:
+            return out
+        words = [1, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], b_off, 0, b_rs, b_cs]
+        self._run("matvec_rows_glu", {"X": dtype}, [a, b, out], words, ((n + 255) // 256, 1, 1),
+                  {"ACT": _FLOAT_UNARY[act]}, label=f"gated matvec {act}", prelude=_MATH)
+        return out
+
+    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
+        m = lx.numel() // k if k else 0
+        if (w.dequantized or wdtype.name not in IN_KERNEL_QUANTS or m > QMATVEC_MAX_ROWS or k % 32
+                or act not in _FLOAT_UNARY or wdtype.nbytes(2 * n * k) > self.limits["max_storage_binding"]):
+            return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
+        out = self._out(m * n, dtype)
+        if m * n == 0:
+            return out
+        xs, xoff = self._contiguous(x, lx, dtype)
+        self._run("qmatvec_glu", {"X": dtype}, [w, xs, out], [m, n, k, wdtype.nbytes(k), xoff],
+                  self._grid((n + 255) // 256, "gated qmatvec"), {"ACT": _FLOAT_UNARY[act]},
+                  ("quant_common", wdtype.name), f"gated qmatvec {wdtype.name} {act}", _MATH)
+        return out
+
+    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
+        nk, nv = lk.numel(), lv.numel()
+        if nk + nv == 0:
+            return
+        words = [nk, nv, *lk.shape, *lv.shape]
+        for lay in (lk, lv, lkc, lvc):
+            words += [lay.offset, *lay.strides]
+        self._run("kv_write", {"X": dtype}, [k, v, kc, vc], words, (nk + nv + 255) // 256, label="kv_write")
+
+    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
+        b, hq, t, d = lq.shape
+        hk = lk.shape[1]
+        out = self._out(lq.numel(), dtype)
+        pairs = b * (hq + 2 * hk) * t * (d // 2)
+        if pairs == 0:
+            return out
+        words = [pairs, b, hq, hk, t, d // 2, int(interleaved)]
+        for lay in (lq, lk, lv, lkc, lvc):
+            words += [lay.offset, *lay.strides]
+        for lay in (lcos, lsin):
+            words += [lay.offset, *lay.strides]
+        self._run("rope_kv", {"X": dtype}, [q, k, v, cos, sin, kc, vc, out], words, (pairs + 255) // 256,
+                  label="rope_kv_write")
+        return out
 
     # ---- user-defined ops ---------------------------------------------------------
     def custom(self, op, inputs, out_shape, out_dtype):

@@ -23,6 +23,7 @@ checks them once for every backend (core/index_check.py), so a backend need not.
 """
 from ..dtypes import bf16
 from ..errors import FormatError, UnsupportedError
+from ..layout import Layout
 
 
 class Backend:
@@ -152,6 +153,66 @@ class Backend:
         """softmax(q k^T * scale + mask) v. q (b, h, tq, d), k/v (b, h, tk, d[v]); mask is
         additive, already broadcast to (b, h, tq, tk), or None. causal masks key j > i + (tk - tq)."""
         self._missing("attention")
+
+    def concat_rows(self, parts, dtype):
+        """One storage holding the contiguous tensors `parts` [(storage, layout)] one after another:
+        cat along dim 0 that also joins quantised blocks (which the element-wise assign cannot
+        write), e.g. q/k/v weight rows joined at load time. Default: through host bytes."""
+        return self.from_bytes(b"".join(self.to_bytes(st, lay, dtype) for st, lay in parts), dtype)
+
+    # ---- fused decode ops: defaults composed from the primitives above ---------
+    # One-token decoding issues a few dispatches per layer only if these are single kernels;
+    # a backend that has no kernel for one inherits the composition, with the same result.
+    def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
+        """(x + r, rms_norm(x + r) * w), both contiguous: a residual add and the next norm.
+        lx and lr have the same shape; w (d,) may be None."""
+        total = self.binary("add", x, lx, r, lr, dtype)
+        return total, self.rms_norm(total, Layout(lx.shape), w, lw, dtype, eps)
+
+    def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
+        """(x + r, layer_norm(x + r) * w + b), both contiguous; w and b (d,) may be None."""
+        total = self.binary("add", x, lx, r, lr, dtype)
+        return total, self.layer_norm(total, Layout(lx.shape), w, lw, b, lb, dtype, eps)
+
+    def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
+        """a . b + bias: a Linear layer with its bias. la (m, k), lb (k, n), bias (n,) -> (m, n)."""
+        m, n = la.shape[0], lb.shape[1]
+        y = self.matmul(a, la, b, lb, dtype)
+        return self.binary("add", y, Layout((m, n)), bias, lbias.broadcast_to((m, n), "bias"), dtype)
+
+    def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
+        """qmatmul plus a bias (n,): x (..., k) -> (..., n)."""
+        m = lx.numel() // k if k else 0
+        y = self.qmatmul(x, lx, dtype, w, wdtype, n, k)
+        return self.binary("add", y, Layout((m, n)), bias, lbias.broadcast_to((m, n), "bias"), dtype)
+
+    def gated_matmul(self, a, la, b, lb, dtype, act):
+        """act(a . b[:, :n]) * (a . b[:, n:]): a gate/up projection with its GLU. la (m, k),
+        lb (k, 2n) (the transpose of [gate; up] rows) -> (m, n). act is a unary op name."""
+        return self._gate(self.matmul(a, la, b, lb, dtype), la.shape[0], lb.shape[1] // 2, dtype, act)
+
+    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
+        """As gated_matmul with quantised w of 2n rows of k ([gate; up]): x (..., k) -> (..., n)."""
+        m = lx.numel() // k if k else 0
+        return self._gate(self.qmatmul(x, lx, dtype, w, wdtype, 2 * n, k), m, n, dtype, act)
+
+    def _gate(self, y, m, n, dtype, act):
+        gate = self.unary(act, y, Layout((m, n), (2 * n, 1), 0), dtype)
+        return self.binary("mul", gate, Layout((m, n)), y, Layout((m, n), (2 * n, 1), n), dtype)
+
+    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
+        """In place: k into kc at lkc and v into vc at lvc (a KV cache's new positions; all 4-D)."""
+        self.assign(kc, lkc, k, lk, dtype)
+        self.assign(vc, lvc, v, lv, dtype)
+
+    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
+        """Rotary embedding fused with the KV-cache write: returns rope(q) (contiguous) and, in
+        place, writes rope(k) into kc at lkc and v into vc at lvc. q (b, h, t, d); k, v and the
+        cache slots lkc, lvc (b, hk, t, d); cos/sin (t, d/2); every operand of dtype."""
+        k_rot = self.rope(k, lk, cos, lcos, sin, lsin, dtype, interleaved)
+        self.assign(kc, lkc, k_rot, Layout(lk.shape), dtype)
+        self.assign(vc, lvc, v, lv, dtype)
+        return self.rope(q, lq, cos, lcos, sin, lsin, dtype, interleaved)
 
     # ---- optional capabilities: defaults that every backend has ---------------
     def to_numpy(self, storage, layout, dtype, copy=True):

@@ -27,18 +27,26 @@ def apply_rotary(x, cos, sin, rotary_dim, interleaved=False):
     return cat([rotated, x.narrow(-1, rotary_dim, d - rotary_dim)], -1)
 
 
+# A config's hidden_act -> the unary op (core/backends/base.py) that computes it.
+_ACTIVATION_OPS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
+                   "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+
+
+def activation_op(name):
+    """The unary op name of the MLP non-linearity a config's hidden_act names."""
+    op = _ACTIVATION_OPS.get(name)
+    if op is None:
+        from ..errors import UnsupportedError
+        raise UnsupportedError(f"hidden_act {name!r} is not supported (silu, gelu, gelu_new, gelu_pytorch_tanh, relu)")
+    return op
+
+
 def activation(name):
-    """The MLP non-linearity a config's hidden_act names."""
-    if name in ("silu", "swish"):
-        return F.silu
-    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_tanh"):
+    """The MLP non-linearity a config's hidden_act names, as a function."""
+    op = activation_op(name)
+    if op == "gelu_tanh":
         return lambda x: x.gelu("tanh")
-    if name == "gelu":
-        return lambda x: x.gelu()
-    if name == "relu":
-        return F.relu
-    from ..errors import UnsupportedError
-    raise UnsupportedError(f"hidden_act {name!r} is not supported (silu, gelu, gelu_new, gelu_pytorch_tanh, relu)")
+    return {"silu": F.silu, "gelu": lambda x: x.gelu(), "relu": F.relu}[op]
 
 
 class Step:
@@ -63,8 +71,18 @@ class Step:
         """Append k, v to the layer's cache and attend causally over everything it holds.
         scale: of the scores (default head_dim**-0.5; Gemma 3: query_pre_attn_scalar**-0.5)."""
         keys, values = kv_cache.append(k, v)
+        return self._over_cache(q, keys, values, scale)
+
+    def attend_rotary(self, q, k, v, kv_cache, interleaved=False, scale=None):
+        """attend() for q and k not yet rotated (full-width rotary): one fused op rotates q and k
+        and writes k and v into the cache (functional.rope_kv_write)."""
+        k_slot, v_slot = kv_cache.slots(k, v)
+        q = F.rope_kv_write(q, k, v, self.cos, self.sin, k_slot, v_slot, interleaved)
+        keys, values = kv_cache.commit(k.shape[2])
+        return self._over_cache(q, keys, values, scale)
+
+    def _over_cache(self, q, keys, values, scale):
         if self.key_start:
             n = keys.shape[2] - self.key_start
             keys, values = keys.narrow(2, self.key_start, n), values.narrow(2, self.key_start, n)
         return F.scaled_dot_product_attention(q, keys, values, mask=self.mask, is_causal=True, scale=scale)
-

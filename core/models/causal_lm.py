@@ -57,7 +57,8 @@ class DecoderCache:
 
 class CausalLM(Module):
     """Subclasses build `self.layers` (each `layer(hidden, step, kv_cache)`), and
-    define `embed(ids)`, `final_norm(hidden)` and `lm_head(hidden)`."""
+    define `embed(ids)`, `final_norm(hidden)` and `lm_head(hidden)`; they may override
+    run_layers / final_add_norm to carry a residual add into the next norm."""
     kind = "llm"  # what the model does, for front ends that serve several (the web worker)
 
     def __init__(self, config, device, dtype):
@@ -137,12 +138,23 @@ class CausalLM(Module):
         cfg = self.config
         steps = {kind: Step(cache.length, ids.shape[1], self.rotaries[kind], cfg.window(kind), self.device)
                  for kind in set(cfg.layer_types)}
-        hidden = self.embed(ids)
-        for layer, kind, kv in zip(self.layers, cfg.layer_types, cache.layers):
-            hidden = layer(hidden, steps[kind], kv)
+        hidden, pending = self.run_layers(self.embed(ids), [steps[kind] for kind in cfg.layer_types], cache)
         if last_only and hidden.shape[1] > 1:
             hidden = hidden.narrow(1, hidden.shape[1] - 1, 1)
-        return self.lm_head(self.final_norm(hidden))
+            pending = None if pending is None else pending.narrow(1, pending.shape[1] - 1, 1)
+        return self.lm_head(self.final_add_norm(hidden, pending))
+
+    def run_layers(self, hidden, steps, cache):
+        """(hidden, pending): the layers' output as a sum hidden + pending, pending None when there
+        is nothing left to add. A model whose blocks fuse the residual add into the next norm
+        (Llama) hands the last block's addend on, and final_add_norm adds it."""
+        for layer, step, kv in zip(self.layers, steps, cache.layers):
+            hidden = layer(hidden, step, kv)
+        return hidden, None
+
+    def final_add_norm(self, hidden, pending):
+        """final_norm(hidden + pending); pending may be None."""
+        return self.final_norm(hidden if pending is None else hidden + pending)
 
     # ---- generation (tallow.generation) --------------------------------------------
     def generate(self, prompt, **options):

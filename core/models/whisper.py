@@ -22,7 +22,7 @@ from ..creation import tensor
 from ..device import Device, default_device
 from ..errors import Error, FormatError, ShapeError
 from ..json_file import read_json
-from ..nn import Conv1d, Embedding, KVCache, LayerNorm, Linear, Module, VarBuilder
+from ..nn import Conv1d, Embedding, FusedLinear, KVCache, LayerNorm, Linear, Module, VarBuilder
 
 _ACTIVATIONS = {
     "gelu": lambda x: x.gelu(),
@@ -96,7 +96,8 @@ def _rows(layer, x):
 
 
 class Attention(Module):
-    """Multi-head attention with Whisper's projections (no bias on k_proj)."""
+    """Multi-head attention with Whisper's projections (no bias on k_proj): the decoder's
+    cross-attention, keys and values from the audio features (key_values) once per audio."""
 
     def __init__(self, vb, d, heads):
         self.heads, self.head_dim = heads, d // heads
@@ -113,24 +114,36 @@ class Attention(Module):
         """(k, v) of shape (b, heads, t, head_dim) for the keys/values source x (b, t, d)."""
         return self.split_heads(_rows(self.k_proj, x)), self.split_heads(_rows(self.v_proj, x))
 
-    def attend(self, x, k, v, causal=False):
+    def attend(self, x, k, v):
         b, t, d = x.shape
         q = self.split_heads(_rows(self.q_proj, x))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal and t > 1)
+        y = F.scaled_dot_product_attention(q, k, v)
         return _rows(self.out_proj, y.transpose(1, 2).reshape(b, t, d))
 
+
+class SelfAttention(Attention):
+    """Attention over its own input: q, k and v as one matmul over their joined rows."""
+
+    def __init__(self, vb, d, heads):
+        self.heads, self.head_dim = heads, d // heads
+        self.qkv_proj = FusedLinear(vb, ["q_proj", "k_proj", "v_proj"], d, [d, d, d],
+                                    bias=[True, vb.contains("k_proj.bias"), True])
+        self.out_proj = Linear(vb.pp("out_proj"), d, d)
+
     def forward(self, x, cache=None):
-        k, v = self.key_values(x)
+        b, t, d = x.shape
+        q, k, v = (self.split_heads(p) for p in self.qkv_proj.parts(x))
         if cache is not None:
             k, v = cache.append(k, v)
-        return self.attend(x, k, v, causal=cache is not None)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is not None and t > 1)
+        return _rows(self.out_proj, y.transpose(1, 2).reshape(b, t, d))
 
 
 class EncoderLayer(Module):
     def __init__(self, vb, cfg):
         d = cfg.d_model
         self.self_attn_layer_norm = LayerNorm(vb.pp("self_attn_layer_norm"), d)
-        self.self_attn = Attention(vb.pp("self_attn"), d, cfg.encoder_heads)
+        self.self_attn = SelfAttention(vb.pp("self_attn"), d, cfg.encoder_heads)
         self.final_layer_norm = LayerNorm(vb.pp("final_layer_norm"), d)
         self.fc1 = Linear(vb.pp("fc1"), d, cfg.encoder_ffn_dim)
         self.fc2 = Linear(vb.pp("fc2"), cfg.encoder_ffn_dim, d)
@@ -145,7 +158,7 @@ class DecoderLayer(Module):
     def __init__(self, vb, cfg):
         d = cfg.d_model
         self.self_attn_layer_norm = LayerNorm(vb.pp("self_attn_layer_norm"), d)
-        self.self_attn = Attention(vb.pp("self_attn"), d, cfg.decoder_heads)
+        self.self_attn = SelfAttention(vb.pp("self_attn"), d, cfg.decoder_heads)
         self.encoder_attn_layer_norm = LayerNorm(vb.pp("encoder_attn_layer_norm"), d)
         self.encoder_attn = Attention(vb.pp("encoder_attn"), d, cfg.decoder_heads)
         self.final_layer_norm = LayerNorm(vb.pp("final_layer_norm"), d)
@@ -154,9 +167,25 @@ class DecoderLayer(Module):
         self.act = _ACTIVATIONS[cfg.activation]
 
     def forward(self, x, cache, cross_k, cross_v):
-        x = x + self.self_attn(self.self_attn_layer_norm(x), cache)
-        x = x + self.encoder_attn.attend(self.encoder_attn_layer_norm(x), cross_k, cross_v)
-        return x + _rows(self.fc2, self.act(_rows(self.fc1, self.final_layer_norm(x))))
+        hidden, pending = self.forward_fused(x, None, cache, cross_k, cross_v)
+        return hidden + pending
+
+    def forward_fused(self, x, pending, cache, cross_k, cross_v):
+        """(hidden, addend) with the layer's output hidden + addend: each residual add runs fused
+        with the layer norm after it (functional.add_layer_norm), the last one in the next layer."""
+        hidden, normed = _add_norm(self.self_attn_layer_norm, x, pending)
+        attn = self.self_attn(normed, cache)
+        hidden, normed = _add_norm(self.encoder_attn_layer_norm, hidden, attn)
+        attn = self.encoder_attn.attend(normed, cross_k, cross_v)
+        hidden, normed = _add_norm(self.final_layer_norm, hidden, attn)
+        return hidden, _rows(self.fc2, self.act(_rows(self.fc1, normed)))
+
+
+def _add_norm(norm, x, pending):
+    """(x + pending, norm(x + pending)) as one op; pending None: (x, norm(x))."""
+    if pending is None:
+        return x, norm(x)
+    return F.add_layer_norm(x, pending, norm.weight, norm.bias, norm.eps)
 
 
 class Encoder(Module):
@@ -210,12 +239,15 @@ class Decoder(Module):
                              f"{self.cfg.max_target_positions} positions")
         x = self.embed_tokens(ids) + self.embed_positions.weight.narrow(0, offset, t)
         cross = state.cross_for(b)
+        pending = None
         for layer, cache, (ck, cv) in zip(self.layers, state.caches, cross):
-            x = layer(x, cache, ck, cv)
-        if positions is not None:
+            x, pending = layer.forward_fused(x, pending, cache, ck, cv)
+        x = _add_norm(self.layer_norm, x, pending)[1]
+        rows = None if positions is None else [p % t for p in positions]
+        if rows is not None and rows != list(range(t)):
             # the vocabulary projection is the biggest matmul: skip the positions nobody reads
-            x = x.index_select(1, tensor([p % t for p in positions], device=x.device))
-        return _rows(lambda h: h @ self.embed_tokens.weight.t(), self.layer_norm(x))
+            x = x.index_select(1, tensor(rows, device=x.device))
+        return _rows(lambda h: h @ self.embed_tokens.weight.t(), x)
 
 
 class DecoderState:

@@ -1,5 +1,6 @@
 """A preallocated key/value cache. Appending writes in place; when full it
 grows by doubling, so the whole cache is copied O(log n) times, not per token."""
+from .. import functional as F
 from ..creation import zeros
 
 
@@ -31,14 +32,24 @@ class KVCache:
             v[:, :, :self.length] = self.v.narrow(2, 0, self.length)
         self.k, self.v = k, v
 
-    def append(self, k, v):
-        """Add k, v of shape (b, heads, t, d); return views of all cached keys and values."""
+    def slots(self, k, v):
+        """Views of the cache where k, v (b, heads, t, d) go next, grown if needed: write them
+        (e.g. with functional.rope_kv_write), then commit(t)."""
         t = k.shape[2]
         need = self.length + t
         if self.k is None or need > self.k.shape[2]:
             self._grow(k, v, need)
-        self.k[:, :, self.length:need] = k
-        self.v[:, :, self.length:need] = v
+        return self.k.narrow(2, self.length, t), self.v.narrow(2, self.length, t)
+
+    def commit(self, t):
+        """Count t written positions; return views of all cached keys and values."""
+        need = self.length + t
         self.length = need
         start = 0 if self.max_len is None else max(0, need - self.max_len)
         return self.k.narrow(2, start, need - start), self.v.narrow(2, start, need - start)
+
+    def append(self, k, v):
+        """Add k, v of shape (b, heads, t, d); return views of all cached keys and values."""
+        k_slot, v_slot = self.slots(k, v)
+        F.kv_write(k, v, k_slot, v_slot)
+        return self.commit(k.shape[2])

@@ -1,5 +1,6 @@
 """The layers: thin holders of weights whose forward is one functional op."""
 from .. import functional as F
+from .. import ops
 
 
 class Module:
@@ -31,6 +32,53 @@ class Linear(Module):
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)
+
+
+class FusedLinear(Module):
+    """Linear layers over one input (q/k/v, gate/up) as one matmul: their weight rows and
+    biases joined at load time (VarBuilder.get_rows), the outputs column ranges of the result.
+    Parts that cannot join (block formats that differ) stay separate Linears, same results.
+
+        qkv = FusedLinear(vb, ["q_proj", "k_proj", "v_proj"], 576, [576, 192, 192], bias=False)
+        q, k, v = qkv.parts(x)            # views of one (..., 960) output
+    """
+
+    def __init__(self, vb, names, in_features, sizes, bias=True):
+        """bias: True/False for every part, or one flag per part (a part without one adds zeros)."""
+        self.sizes = list(sizes)
+        biases = list(bias) if isinstance(bias, (list, tuple)) else [bias] * len(names)
+        self.weight = vb.get_rows([((n, in_features), f"{name}.weight") for name, n in zip(names, sizes)])
+        self.bias = None
+        self.separate = None
+        if self.weight is None:
+            self.separate = [Linear(vb.pp(name), in_features, n, b) for name, n, b in zip(names, sizes, biases)]
+        elif any(biases):
+            self.bias = vb.get_rows([((n,), f"{name}.bias" if b else None) for name, n, b in zip(names, sizes, biases)])
+
+    def forward(self, x):
+        """The parts' outputs side by side: (..., sum(sizes))."""
+        if self.separate is not None:
+            return F.cat([part(x) for part in self.separate], -1)
+        return F.linear(x, self.weight, self.bias)
+
+    def parts(self, x):
+        """Each part's output (views of one matmul's result when joined)."""
+        if self.separate is not None:
+            return [part(x) for part in self.separate]
+        y = F.linear(x, self.weight, self.bias)
+        out, start = [], 0
+        for n in self.sizes:
+            out.append(y.narrow(-1, start, n))
+            start += n
+        return out
+
+    def gated(self, x, act):
+        """act(gate(x)) * up(x) for two parts [gate, up]; one fused op when the rows joined
+        and there is no bias. act: a unary op name (silu, gelu, gelu_tanh, relu)."""
+        if self.separate is None and self.bias is None:
+            return F.gated_linear(x, self.weight, act)
+        gate, up = self.parts(x)
+        return ops.unary(gate, act) * up
 
 
 class Embedding(Module):

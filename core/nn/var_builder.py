@@ -35,17 +35,45 @@ class VarBuilder:
         if hasattr(self.source, "get_or_create"):  # a VarMap: create on first use (training)
             return self.source.get_or_create(full, tuple(shape), self.device, D.get_dtype(dtype) or self.dtype,
                                              "zeros" if name.endswith("bias") else "kaiming")
+        return self._as_float(self._fetch(shape, name).to(self.device), dtype)
+
+    def _fetch(self, shape, name, device=None):
+        """The stored tensor `name` (shape checked) on `device` (default: the builder's)."""
+        full = self.prefix + name
         if full not in self._keys():
             raise FormatError(f"the weights have no tensor {full!r} (expected shape {tuple(shape)}); "
                               "is this checkpoint for this architecture and config?")
         src = self.source
-        t = src[full] if isinstance(src, dict) else src.tensor(full, device=self.device)
+        t = src[full] if isinstance(src, dict) else src.tensor(full, device=device or self.device)
         if not isinstance(t, Tensor):
             raise FormatError(f"weights entry {full!r} is not a tensor")
         if shape is not None and tuple(t.shape) != tuple(shape):
             raise ShapeError(f"tensor {full!r} has shape {tuple(t.shape)}, the config expects {tuple(shape)}")
-        t = t.to(self.device)
+        return t
+
+    def _as_float(self, t, dtype=None):
         want = D.get_dtype(dtype) or self.dtype
         if t.dtype.is_float and t.dtype is not want:
             t = t.to(want)
         return t
+
+    def get_rows(self, parts, dtype=None):
+        """The tensors `parts` [(shape, name), ...] joined along dim 0 into one, on the device:
+        several Linear weights (or biases) over one input become one matmul. GGUF block rows
+        are whole blocks, so quantised rows join byte for byte. A name None stands for zeros
+        (a part without a bias: Whisper's k_proj). None when they cannot join (block formats
+        that differ, as a Q4_K_M file's q6_k attn_v beside q4_k attn_q, or a VarMap, whose
+        parameters train apart): then load the parts one by one."""
+        if hasattr(self.source, "get_or_create"):
+            return None
+        from ..creation import cat, zeros
+        want = D.get_dtype(dtype) or self.dtype
+        # Each part goes to the device as get() places it (in the browser, straight from the
+        # fetched file's JS buffer to the GPU) and is joined there.
+        tensors = [zeros(*shape, dtype=want, device=self.device) if name is None
+                   else self._fetch(shape, name).to(self.device) for shape, name in parts]
+        kinds = {t.dtype for t in tensors if t.dtype.is_quantized}
+        if kinds and (len(kinds) > 1 or len(kinds) != len({t.dtype for t in tensors})
+                      or len({t.shape[1:] for t in tensors}) > 1):
+            return None
+        return cat(tensors if kinds else [self._as_float(t, dtype) for t in tensors], 0)

@@ -2,12 +2,42 @@
 right operand goes to the backend's fused dequantising kernel)."""
 from .. import dtypes as D
 from .. import grad_rules as G
-from ..autograd import record_if_needed
+from ..autograd import needs_grad, record_if_needed
 from ..errors import ShapeError
 from ..layout import broadcast_shapes
 from ..tensor_base import TensorBase
 from .arguments import same_device
+from .elementwise import binary
 from .quantized import qmatmul
+from .shape import reshape, t
+
+
+def linear(x, weight, bias=None):
+    """x @ weight.T + bias, weight (n, k) float or quantised; with a bias, one backend call
+    (matmul_bias / qmatmul_bias) instead of a matmul and an add."""
+    if x.ndim == 0 or x.shape[-1] != weight.shape[-1]:
+        raise ShapeError(f"linear: input {x.shape} has {x.shape[-1] if x.ndim else 0} features, "
+                         f"weight {weight.shape} expects {weight.shape[-1]}")
+    if weight.dtype.is_quantized:  # as qmatmul: x's float dtype
+        dtype = x.dtype if x.dtype.is_float else D.f32
+    else:
+        dtype = D.promote(x.dtype, weight.dtype)
+    if (bias is None or weight.ndim != 2 or bias.shape != (weight.shape[0],) or bias.dtype is not dtype
+            or bias.device is not x.device or needs_grad(x, weight, bias)
+            or (weight.dtype.is_quantized and (not weight._layout.is_contiguous() or weight._layout.offset))):
+        y = matmul(x, t(weight))
+        return y if bias is None else binary(y, bias, "add")
+    n, k = weight.shape
+    lead = x.shape[:-1]
+    be = x.device.backend
+    if weight.dtype.is_quantized:
+        x = x.to(dtype)
+        st = be.qmatmul_bias(x._storage, x._layout, dtype, weight._storage, weight.dtype, n, k, bias._storage,
+                             bias._layout)
+        return x._new(st, lead + (n,), dtype)
+    x2, wt = reshape(x.to(dtype), (-1, k)), t(weight.to(dtype))
+    st = be.matmul_bias(x2._storage, x2._layout, wt._storage, wt._layout, bias._storage, bias._layout, dtype)
+    return x._new(st, lead + (n,), dtype)
 
 
 def matmul(a, b):

@@ -135,6 +135,8 @@ def cat(tensors, dim=0):
         raise ShapeError("cat: needs at least one tensor")
     first = tensors[0]
     dim = dim_index(dim, first.ndim, "cat")
+    if any(x.dtype.is_quantized for x in tensors):
+        return _cat_quantised(tensors, dim)
     dtype = first.dtype
     for x in tensors[1:]:
         if x.device is not first.device:
@@ -154,6 +156,20 @@ def cat(tensors, dim=0):
             be.assign(out._storage, out._layout.narrow(dim, pos, n), src._storage, src._layout, dtype)
         pos += n
     return record_if_needed(out, tensors, lambda: G.cat(tensors, dim))
+
+
+def _cat_quantised(tensors, dim):
+    """Whole quantised (rows, k) matrices of one block format joined along dim 0 (block rows are
+    runs of whole blocks, so this joins their bytes)."""
+    first = tensors[0]
+    for x in tensors:
+        if (x.dtype is not first.dtype or dim != 0 or x.ndim != 2 or x.shape[1] != first.shape[1]
+                or x.device is not first.device or x._layout.offset or not x._layout.is_contiguous()):
+            raise UnsupportedError("cat of quantised tensors: only whole (rows, k) matrices of one block format "
+                                   f"and width along dim 0, on one device (got {x.dtype.name} {x.shape} with "
+                                   f"{first.dtype.name} {first.shape}, dim {dim})")
+    st = first.device.backend.concat_rows([(x._storage, x._layout) for x in tensors], first.dtype)
+    return first._new(st, (sum(x.shape[0] for x in tensors), first.shape[1]))
 
 
 def stack(tensors, dim=0):

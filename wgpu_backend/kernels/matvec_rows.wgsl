@@ -1,10 +1,12 @@
 // y (batch, 1, N) = a (batch, 1, K) . b where b's columns are contiguous rows
 // of K elements (b = w^T of a Linear weight w (N, K)), read as vec4s; K % 4 == 0
 // and b's offsets are multiples of 4. One invocation per 4 columns: each vec4
-// of a is loaded once for all 4. Same parameters as matmul.wgsl.
+// of a is loaded once for all 4. Same parameters as matmul.wgsl, then a Linear
+// layer's bias: P(12) = 1 adds bias[P(13) + c * P(14)] to column c.
 @group(0) @binding(1) var<storage, read> a: array<SX>;
 @group(0) @binding(2) var<storage, read> b: array<vec4<SX>>;
 @group(0) @binding(3) var<storage, read_write> y: array<SX>;
+@group(0) @binding(4) var<storage, read> bias: array<SX>;
 
 fn bv(i: u32) -> vec4<f32> { return vec4<f32>(b[i]); }
 
@@ -36,5 +38,10 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
     let out = bi * nn;
     let sums = vec4<f32>(dot(acc0, vec4<f32>(1.0)), dot(acc1, vec4<f32>(1.0)), dot(acc2, vec4<f32>(1.0)),
                          dot(acc3, vec4<f32>(1.0)));
-    for (var c = 0u; c < min(4u, nn - col0); c = c + 1u) { y[out + col0 + c] = sx(sums[c]); }
+    for (var c = 0u; c < min(4u, nn - col0); c = c + 1u) {
+        var v = sums[c];
+        // Rounded to the dtype before the bias, as a matmul and an add apart would.
+        if (P(12u) == 1u) { v = lx(sx(v)) + lx(bias[P(13u) + (col0 + c) * P(14u)]); }
+        y[out + col0 + c] = sx(v);
+    }
 }

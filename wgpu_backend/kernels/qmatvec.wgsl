@@ -4,9 +4,11 @@
 // once into xb (with their sum in xsum) and the format's q_dot gives each
 // column's dot product with them. On CPU-emulated adapters every load costs
 // about the same per lane, so sharing x between 4 columns saves most of them.
-// P: 0 M, 1 N, 2 K, 3 bytes per row of w, 4 x offset (elements).
+// P: 0 M, 1 N, 2 K, 3 bytes per row of w, 4 x offset (elements); a Linear layer's
+// bias: P(5) = 1 adds bias[P(6) + c * P(7)] to column c.
 @group(0) @binding(2) var<storage, read> x: array<SX>;
 @group(0) @binding(3) var<storage, read_write> y: array<SX>;
+@group(0) @binding(4) var<storage, read> bias: array<SX>;
 
 fn xv(i: u32) -> vec4<f32> { return vec4<f32>(lx(x[i]), lx(x[i + 1u]), lx(x[i + 2u]), lx(x[i + 3u])); }
 
@@ -32,6 +34,11 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
             xsum = t.x + t.y + t.z + t.w;
             acc = acc + vec4<f32>(q_dot(rows.x, s), q_dot(rows.y, s), q_dot(rows.z, s), q_dot(rows.w, s));
         }
-        for (var c = 0u; c < min(4u, nn - col0); c = c + 1u) { y[r * nn + col0 + c] = sx(acc[c]); }
+        for (var c = 0u; c < min(4u, nn - col0); c = c + 1u) {
+            var v = acc[c];
+            // Rounded to the dtype before the bias, as a matmul and an add apart would.
+            if (P(5u) == 1u) { v = lx(sx(v)) + lx(bias[P(6u) + (col0 + c) * P(7u)]); }
+            y[r * nn + col0 + c] = sx(v);
+        }
     }
 }

@@ -6,20 +6,19 @@ instead normalises each q/k head (RMSNorm) before the rotary embedding.
 Weight names are the Hugging Face checkpoint's (model.layers.N.self_attn.q_proj...).
 """
 from ... import functional as F
-from ...nn import Embedding, Linear, Module, RMSNorm
+from ...nn import Embedding, FusedLinear, Linear, Module, RMSNorm
 from ..architectures import Architecture, register
-from ..attention import activation, apply_rotary, merge_heads, split_heads
+from ..attention import activation_op, apply_rotary, merge_heads, split_heads
 from ..causal_lm import CausalLM
 from ..gguf_names import LLAMA_BLOCKS, QK_NORM_BLOCKS
 
 
 class LlamaAttention(Module):
     def __init__(self, vb, cfg):
-        qkv_bias = cfg.qkv_bias
         h, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = Linear(vb.pp("q_proj"), cfg.hidden_size, h * d, bias=qkv_bias)
-        self.k_proj = Linear(vb.pp("k_proj"), cfg.hidden_size, hk * d, bias=qkv_bias)
-        self.v_proj = Linear(vb.pp("v_proj"), cfg.hidden_size, hk * d, bias=qkv_bias)
+        # q, k and v as one matmul over their joined rows (and biases: Qwen2).
+        self.qkv_proj = FusedLinear(vb, ["q_proj", "k_proj", "v_proj"], cfg.hidden_size, [h * d, hk * d, hk * d],
+                                    bias=cfg.qkv_bias)
         self.o_proj = Linear(vb.pp("o_proj"), h * d, cfg.hidden_size, bias=cfg.attention_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(vb.pp("q_norm"), d, cfg.rms_norm_eps)
@@ -28,25 +27,32 @@ class LlamaAttention(Module):
 
     def forward(self, x, step, kv_cache):
         cfg = self.cfg
-        q = split_heads(self.q_proj(x), cfg.num_heads, cfg.head_dim)
-        k = split_heads(self.k_proj(x), cfg.num_kv_heads, cfg.head_dim)
-        v = split_heads(self.v_proj(x), cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self.qkv_proj.parts(x)
+        q = split_heads(q, cfg.num_heads, cfg.head_dim)
+        k = split_heads(k, cfg.num_kv_heads, cfg.head_dim)
+        v = split_heads(v, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
-        k = apply_rotary(k, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
-        return self.o_proj(merge_heads(step.attend(q, k, v, kv_cache)))
+        if cfg.rotary_dim == cfg.head_dim:
+            out = step.attend_rotary(q, k, v, kv_cache, cfg.rope_interleaved)
+        else:
+            q = apply_rotary(q, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
+            k = apply_rotary(k, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
+            out = step.attend(q, k, v, kv_cache)
+        return self.o_proj(merge_heads(out))
 
 
 class LlamaMLP(Module):
     def __init__(self, vb, cfg):
-        self.gate_proj = Linear(vb.pp("gate_proj"), cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.up_proj = Linear(vb.pp("up_proj"), cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = Linear(vb.pp("down_proj"), cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.act = activation(cfg.hidden_act)
+        size = cfg.intermediate_size
+        # gate and up as one matmul with the activation and product fused in (SwiGLU).
+        self.gate_up_proj = FusedLinear(vb, ["gate_proj", "up_proj"], cfg.hidden_size, [size, size],
+                                        bias=cfg.mlp_bias)
+        self.down_proj = Linear(vb.pp("down_proj"), size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = activation_op(cfg.hidden_act)
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.gate_up_proj.gated(x, self.act))
 
 
 class LlamaBlock(Module):
@@ -57,18 +63,33 @@ class LlamaBlock(Module):
         self.mlp = LlamaMLP(vb.pp("mlp"), cfg)
 
     def forward(self, x, step, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), step, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        hidden, pending = self.forward_fused(x, None, step, kv_cache)
+        return hidden + pending
+
+    def forward_fused(self, x, pending, step, kv_cache):
+        """(hidden, addend) with the block's output hidden + addend: each residual add runs
+        fused with the norm after it (functional.add_rms_norm), the last one in the next block."""
+        norm = self.input_layernorm
+        if pending is None:
+            hidden, normed = x, norm(x)
+        else:
+            hidden, normed = F.add_rms_norm(x, pending, norm.weight, norm.eps)
+        attn = self.self_attn(normed, step, kv_cache)
+        norm = self.post_attention_layernorm
+        hidden, normed = F.add_rms_norm(hidden, attn, norm.weight, norm.eps)
+        return hidden, self.mlp(normed)
 
 
 class LlamaForCausalLM(CausalLM):
+    block = LlamaBlock  # Phi-3 reuses the model with its own block
+
     def __init__(self, vb, cfg):
         super().__init__(cfg, vb.device, vb.dtype)
         m = vb.pp("model")
         self.embed_tokens = Embedding(m.pp("embed_tokens"), cfg.vocab_size, cfg.hidden_size)
-        self.layers = [LlamaBlock(m.pp(f"layers.{i}"), cfg) for i in range(cfg.num_layers)]
+        self.layers = [self.block(m.pp(f"layers.{i}"), cfg) for i in range(cfg.num_layers)]
         self.norm = RMSNorm(m.pp("norm"), cfg.hidden_size, cfg.rms_norm_eps)
-        # Tied checkpoints (SmolLM2, small Qwen2) reuse the embedding table as the output layer.
+        # Tied checkpoints (SmolLM2, small Qwen2, Phi-4-mini) reuse the embedding table as the output layer.
         if cfg.tie_word_embeddings:
             self.lm_head_weight = self.embed_tokens.weight
         else:
@@ -80,6 +101,17 @@ class LlamaForCausalLM(CausalLM):
 
     def final_norm(self, hidden):
         return self.norm(hidden)
+
+    def run_layers(self, hidden, steps, cache):
+        pending = None
+        for layer, step, kv in zip(self.layers, steps, cache.layers):
+            hidden, pending = layer.forward_fused(hidden, pending, step, kv)
+        return hidden, pending
+
+    def final_add_norm(self, hidden, pending):
+        if pending is None:
+            return self.norm(hidden)
+        return F.add_rms_norm(hidden, pending, self.norm.weight, self.norm.eps)[1]
 
     def lm_head(self, hidden):
         return F.linear(hidden, self.lm_head_weight)

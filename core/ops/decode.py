@@ -1,0 +1,152 @@
+"""Fused decode ops: the few fat ops a transformer layer decodes one token with.
+
+    add_rms_norm(x, r, w)                   -> (x + r, rms_norm(x + r, w))
+    add_layer_norm(x, r, w, b)              -> (x + r, layer_norm(x + r, w, b))
+    gated_linear(x, w_gate_up, "silu")      -> silu(x @ gate.T) * (x @ up.T)
+    rope_kv_write(q, k, v, cos, sin, kc, vc) -> rope(q); rope(k) and v written into the cache slots
+    kv_write(k, v, kc, vc)                  -> k and v written into the cache slots
+
+Each is one backend primitive (core/backends/base.py composes it from the others for
+backends without a kernel). With a gradient to record they run the same maths through
+differentiable ops instead.
+"""
+from .. import dtypes as D
+from ..autograd import needs_grad
+from ..errors import DTypeError, ShapeError, UnsupportedError
+from .arguments import check_devices, float_input, parts
+from .elementwise import binary, unary
+from .index import assign
+from .linalg import matmul
+from .nn import layer_norm, rms_norm, rotary_emb
+from .shape import narrow, reshape, t
+
+# The activations a gated projection may apply to its gate half (unary op names).
+GATE_ACTS = ("silu", "gelu", "gelu_tanh", "relu")
+
+
+def add_rms_norm(x, residual, weight=None, eps=1e-6):
+    """(x + residual, rms_norm(x + residual, weight, eps)): a residual add and the norm after it."""
+    x, residual = float_input(x, "add_rms_norm"), float_input(residual, "add_rms_norm")
+    check_devices("add_rms_norm", x, residual, weight)
+    if x.shape != residual.shape:
+        raise ShapeError(f"add_rms_norm: x {x.shape} and residual {residual.shape} must have the same shape")
+    if weight is not None and weight.shape != (x.shape[-1],):
+        raise ShapeError(f"add_rms_norm: weight of shape {weight.shape} does not match the last dim of {x.shape}")
+    dtype = D.promote(x.dtype, residual.dtype)
+    x, residual = x.to(dtype), residual.to(dtype)
+    w = weight.to(dtype) if weight is not None else None
+    if needs_grad(x, residual, w):
+        total = binary(x, residual, "add")
+        return total, rms_norm(total, w, eps)
+    total, normed = x.device.backend.add_rms_norm(x._storage, x._layout, residual._storage, residual._layout,
+                                                  *parts(w), dtype, eps)
+    return x._new(total, x.shape, dtype), x._new(normed, x.shape, dtype)
+
+
+def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5):
+    """(x + residual, layer_norm(x + residual, weight, bias, eps)): a residual add and the norm after it."""
+    x, residual = float_input(x, "add_layer_norm"), float_input(residual, "add_layer_norm")
+    check_devices("add_layer_norm", x, residual, weight, bias)
+    if x.shape != residual.shape:
+        raise ShapeError(f"add_layer_norm: x {x.shape} and residual {residual.shape} must have the same shape")
+    for p in (weight, bias):
+        if p is not None and p.shape != (x.shape[-1],):
+            raise ShapeError(f"add_layer_norm: weight/bias of shape {p.shape} does not match the last dim of {x.shape}")
+    dtype = D.promote(x.dtype, residual.dtype)
+    x, residual = x.to(dtype), residual.to(dtype)
+    w = weight.to(dtype) if weight is not None else None
+    b = bias.to(dtype) if bias is not None else None
+    if needs_grad(x, residual, w, b):
+        total = binary(x, residual, "add")
+        return total, layer_norm(total, w, b, eps)
+    total, normed = x.device.backend.add_layer_norm(x._storage, x._layout, residual._storage, residual._layout,
+                                                    *parts(w), *parts(b), dtype, eps)
+    return x._new(total, x.shape, dtype), x._new(normed, x.shape, dtype)
+
+
+def gated_linear(x, weight, act="silu"):
+    """act(x @ gate.T) * (x @ up.T) where weight is [gate; up] (2n, k) rows, float or quantised:
+    a GLU MLP's gate and up projections as one. x (..., k) -> (..., n)."""
+    if act not in GATE_ACTS:
+        raise UnsupportedError(f"gated_linear: activation {act!r} is not supported ({', '.join(GATE_ACTS)})")
+    x = float_input(x, "gated_linear")
+    check_devices("gated_linear", x, weight)
+    if weight.ndim != 2 or weight.shape[0] % 2:
+        raise ShapeError(f"gated_linear: weight must be (2 * out, in) rows [gate; up], got shape {weight.shape}")
+    n2, k = weight.shape
+    n = n2 // 2
+    if x.ndim == 0 or x.shape[-1] != k:
+        raise ShapeError(f"gated_linear: input {x.shape} has {x.shape[-1] if x.ndim else 0} features, "
+                         f"weight {weight.shape} expects {k}")
+    lead = x.shape[:-1]
+    if weight.dtype.is_quantized:
+        if not weight._layout.is_contiguous() or weight._layout.offset:
+            raise UnsupportedError("gated_linear: a quantised weight must be the whole stored (2 * out, in) matrix")
+        dtype = x.dtype
+        if needs_grad(x):
+            return _gate_composed(matmul(x, t(weight)), n, act)
+        st = x.device.backend.gated_qmatmul(x._storage, x._layout, dtype, weight._storage, weight.dtype, n, k, act)
+        return x._new(st, lead + (n,), dtype)
+    if not weight.dtype.is_float:
+        raise DTypeError(f"gated_linear: weight dtype {weight.dtype.name} is not a float or GGUF block type")
+    dtype = D.promote(x.dtype, weight.dtype)
+    x2, wt = reshape(x.to(dtype), (-1, k)), t(weight.to(dtype))
+    if needs_grad(x2, wt):
+        return reshape(_gate_composed(matmul(x2, wt), n, act), lead + (n,))
+    st = x.device.backend.gated_matmul(x2._storage, x2._layout, wt._storage, wt._layout, dtype, act)
+    return x._new(st, lead + (n,), dtype)
+
+
+def _gate_composed(y, n, act):
+    return binary(unary(narrow(y, -1, 0, n), act), narrow(y, -1, n, n), "mul")
+
+
+def kv_write(k, v, k_slot, v_slot):
+    """Write k into k_slot and v into v_slot in place (views of a preallocated KV cache at the
+    new positions), as one op. All (b, heads, t, d); each slot has its tensor's shape."""
+    check_devices("kv_write", k, v, k_slot, v_slot)
+    if k.ndim != 4 or v.ndim != 4 or k_slot.shape != k.shape or v_slot.shape != v.shape:
+        raise ShapeError(f"kv_write: k {k.shape} and v {v.shape} must be (batch, heads, seq, head_dim) and fit their "
+                         f"cache slots {k_slot.shape} and {v_slot.shape}")
+    if k_slot.dtype is not v_slot.dtype or not k_slot.dtype.is_float:
+        raise DTypeError(f"kv_write: the key and value caches must share one float dtype, got "
+                         f"{k_slot.dtype.name} and {v_slot.dtype.name}")
+    dtype = k_slot.dtype
+    k, v = float_input(k, "kv_write").to(dtype), float_input(v, "kv_write").to(dtype)
+    if k_slot.numel() or v_slot.numel():
+        k.device.backend.kv_write(k._storage, k._layout, v._storage, v._layout, k_slot._storage, k_slot._layout,
+                                  v_slot._storage, v_slot._layout, dtype)
+
+
+def rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, interleaved=False):
+    """Rotary embedding fused with the KV-cache write. Returns rope(q); writes rope(k) into
+    k_slot and v into v_slot in place (views of a preallocated cache at the new positions).
+    q (b, h, t, d), k and v (b, hk, t, d) with k_slot/v_slot of k's/v's shape, cos/sin (t, d/2)."""
+    q, k, v = (float_input(a, "rope_kv_write") for a in (q, k, v))
+    check_devices("rope_kv_write", q, k, v, cos, sin, k_slot, v_slot)
+    if q.ndim != 4 or k.ndim != 4 or q.shape[-1] % 2:
+        raise ShapeError(f"rope_kv_write: q and k must be (batch, heads, seq, even head_dim), got {q.shape} and "
+                         f"{k.shape}")
+    b, _, tl, d = q.shape
+    if k.shape[0] != b or k.shape[2:] != (tl, d) or v.shape != k.shape:
+        raise ShapeError(f"rope_kv_write: q {q.shape}, k {k.shape} and v {v.shape} do not fit "
+                         "(same batch, seq and head_dim; k and v the same shape)")
+    if k_slot.shape != k.shape or v_slot.shape != v.shape:
+        raise ShapeError(f"rope_kv_write: cache slots {k_slot.shape} and {v_slot.shape} must have k's shape {k.shape}")
+    if k_slot.dtype is not v_slot.dtype or not k_slot.dtype.is_float:
+        raise DTypeError(f"rope_kv_write: the key and value caches must share one float dtype, got "
+                         f"{k_slot.dtype.name} and {v_slot.dtype.name}")
+    want = (tl, d // 2)
+    if cos.shape != want or sin.shape != want:
+        raise ShapeError(f"rope_kv_write: cos/sin must have shape {want} for q {q.shape}, got {cos.shape} and "
+                         f"{sin.shape}")
+    dtype = k_slot.dtype
+    q, k, v, c, s = (a.to(dtype) for a in (q, k, v, cos, sin))
+    if needs_grad(q, k, v, c, s):
+        assign(k_slot, k_slot._layout, rotary_emb(k, c, s, interleaved))
+        assign(v_slot, v_slot._layout, v)
+        return rotary_emb(q, c, s, interleaved)
+    st = q.device.backend.rope_kv_write(q._storage, q._layout, k._storage, k._layout, v._storage, v._layout,
+                                        c._storage, c._layout, s._storage, s._layout, k_slot._storage,
+                                        k_slot._layout, v_slot._storage, v_slot._layout, dtype, interleaved)
+    return q._new(st, q.shape, dtype)

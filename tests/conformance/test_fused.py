@@ -1,0 +1,263 @@
+"""The fused decode ops (issue 13 item 2) on every device, against PyTorch and gguf's codecs:
+add_rms_norm, add_layer_norm, linear with its bias, gated_linear (float and GGUF weights),
+rope_kv_write, kv_write, attention over a long KV cache (one kernel on wgpu: online softmax
+across chunks of keys), and joining weight rows (cat of quantised rows, nn.FusedLinear)."""
+import numpy as np
+import pytest
+
+import tallow
+from tallow import functional as F
+
+torch = pytest.importorskip("torch")
+gguf = pytest.importorskip("gguf")
+
+RNG = np.random.default_rng(13)
+
+
+def rnd(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def T(a, device):
+    return tallow.from_numpy(np.ascontiguousarray(a), device=device)
+
+
+def close(t, ref, tol=1e-5):
+    got = t.numpy()
+    ref = np.asarray(ref)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=tol, atol=tol)
+
+
+def tt(a):
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _rms_norm(x, w, eps):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+# ---- add_rms_norm ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("weight", [True, False])
+def test_add_rms_norm(device, weight):
+    x, r, w = rnd(2, 3, 72), rnd(3, 2, 72), rnd(72)
+    wt = T(w, device) if weight else None
+    # The residual as a strided view (a transpose), the weight optional.
+    total, normed = F.add_rms_norm(T(x, device), T(r, device).transpose(0, 1), wt, 1e-5)
+    ref = tt(x) + tt(r).transpose(0, 1)
+    close(total, ref.numpy())
+    close(normed, _rms_norm(ref, tt(w) if weight else None, 1e-5).numpy(), 1e-4)
+
+
+def test_add_rms_norm_errors(device):
+    x = tallow.ones((2, 8), device=device)
+    with pytest.raises(tallow.ShapeError, match="same shape"):
+        F.add_rms_norm(x, tallow.ones((8,), device=device))
+    with pytest.raises(tallow.ShapeError, match="weight"):
+        F.add_rms_norm(x, x, tallow.ones((4,), device=device))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_add_layer_norm(device, affine):
+    x, r, w, b = rnd(3, 100), rnd(3, 100) + 4.0, rnd(100), rnd(100)  # an offset mean: centring matters
+    wt, bt = (T(w, device), T(b, device)) if affine else (None, None)
+    total, normed = F.add_layer_norm(T(x, device), T(r, device), wt, bt, 1e-5)
+    ref = tt(x) + tt(r)
+    close(total, ref.numpy())
+    want = torch.nn.functional.layer_norm(ref, (100,), tt(w) if affine else None, tt(b) if affine else None, 1e-5)
+    close(normed, want.numpy(), 1e-4)
+
+
+def test_add_layer_norm_errors(device):
+    x = tallow.ones((2, 8), device=device)
+    with pytest.raises(tallow.ShapeError, match="same shape"):
+        F.add_layer_norm(x, tallow.ones((2, 4), device=device))
+    with pytest.raises(tallow.ShapeError, match="weight/bias"):
+        F.add_layer_norm(x, x, None, tallow.ones((4,), device=device))
+
+
+# ---- linear with a bias -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rows", [1, 3])
+def test_linear_bias_float(device, rows):
+    x, w, b = rnd(rows, 64), rnd(37, 64), rnd(37)
+    ref = torch.nn.functional.linear(tt(x), tt(w), tt(b)).numpy()
+    close(F.linear(T(x, device), T(w, device), T(b, device)), ref, 1e-4)
+    # A strided bias (every other element of a longer vector).
+    bb = rnd(74)
+    ref = torch.nn.functional.linear(tt(x), tt(w), tt(bb[::2])).numpy()
+    close(F.linear(T(x, device), T(w, device), T(bb, device)[::2]), ref, 1e-4)
+
+
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows", [1, 70])  # 70: past the GPU's few-rows (matvec) kernel
+def test_linear_bias_quantised(device, qtype, rows):
+    kind = gguf.GGMLQuantizationType[qtype.upper()]
+    x, w, b = rnd(rows, 64), rnd(12, 64), rnd(12)
+    blocks = gguf.quants.quantize(w, kind)
+    ref = torch.nn.functional.linear(tt(x), tt(gguf.quants.dequantize(blocks, kind)), tt(b)).numpy()
+    wq = tallow.from_buffer(blocks.tobytes(), qtype, w.shape, device=device)
+    close(F.linear(T(x, device), wq, T(b, device)), ref, 1e-4)
+
+
+# ---- gated_linear ------------------------------------------------------------------------------------------
+_TORCH_ACTS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.relu,
+               "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh")}
+
+
+def _gated_ref(x, w, act):
+    n = w.shape[0] // 2
+    y = tt(x) @ tt(w).T
+    return (_TORCH_ACTS[act](y[..., :n]) * y[..., n:]).numpy()
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "gelu", "relu"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gated_linear_float(device, act, rows):
+    x, w = rnd(1, rows, 64), rnd(2 * 36, 64)  # 36 outputs: a partial group of 4 columns on the GPU
+    close(F.gated_linear(T(x, device), T(w, device), act), _gated_ref(x, w, act), 1e-4)
+
+
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "q4_0"])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_gated_linear_quantised(device, qtype, rows):
+    kind = gguf.GGMLQuantizationType[qtype.upper()]
+    x, w = rnd(rows, 64), rnd(2 * 10, 64)
+    blocks = gguf.quants.quantize(w, kind)
+    ref_w = gguf.quants.dequantize(blocks, kind)  # what the kernels must read back
+    wq = tallow.from_buffer(blocks.tobytes(), qtype, w.shape, device=device)
+    close(F.gated_linear(T(x, device), wq, "silu"), _gated_ref(x, ref_w, "silu"), 1e-4)
+
+
+def test_gated_linear_errors(device):
+    x = tallow.ones((1, 8), device=device)
+    with pytest.raises(tallow.ShapeError, match="2 \\* out"):
+        F.gated_linear(x, tallow.ones((3, 8), device=device))
+    with pytest.raises(tallow.ShapeError, match="features"):
+        F.gated_linear(x, tallow.ones((4, 6), device=device))
+    with pytest.raises(tallow.UnsupportedError, match="activation"):
+        F.gated_linear(x, tallow.ones((4, 8), device=device), "tanh")
+
+
+# ---- rope_kv_write ------------------------------------------------------------------------------------------
+def _torch_rope(x, cos, sin, interleaved):
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2)
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("t", [1, 3])
+def test_rope_kv_write(device, interleaved, t):
+    h, hk, d, start, cap = 4, 2, 8, 3, 10
+    # q, k and v as a decoder gets them: head views of one fused projection's output.
+    qkv = rnd(1, t, (h + 2 * hk) * d)
+    ang = (start + np.arange(t))[:, None] * (10000 ** (-np.arange(d // 2) / (d // 2)))[None]
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    heads = T(qkv, device).reshape(1, t, h + 2 * hk, d)
+    q, k, v = (heads.narrow(2, a, n).transpose(1, 2) for a, n in ((0, h), (h, hk), (h + hk, hk)))
+    kc, vc = tallow.zeros(1, hk, cap, d, device=device), tallow.zeros(1, hk, cap, d, device=device)
+    got = F.rope_kv_write(q, k, v, T(cos, device), T(sin, device), kc.narrow(2, start, t), vc.narrow(2, start, t),
+                          interleaved)
+    th = tt(qkv).reshape(1, t, h + 2 * hk, d).transpose(1, 2)
+    tq, tk, tv = th[:, :h], th[:, h:h + hk], th[:, h + hk:]
+    close(got, _torch_rope(tq, tt(cos), tt(sin), interleaved).numpy())
+    want_k, want_v = np.zeros((1, hk, cap, d), np.float32), np.zeros((1, hk, cap, d), np.float32)
+    want_k[:, :, start:start + t] = _torch_rope(tk, tt(cos), tt(sin), interleaved).numpy()
+    want_v[:, :, start:start + t] = tv.numpy()
+    close(kc, want_k)
+    close(vc, want_v, 0)
+
+
+def test_rope_kv_write_errors(device):
+    q, k = tallow.ones((1, 2, 1, 8), device=device), tallow.ones((1, 1, 1, 8), device=device)
+    cs = tallow.ones((1, 4), device=device)
+    cache = tallow.zeros(1, 1, 4, 8, device=device)
+    with pytest.raises(tallow.ShapeError, match="cache slots"):
+        F.rope_kv_write(q, k, k, cs, cs, cache, cache.narrow(2, 0, 1))
+    with pytest.raises(tallow.ShapeError, match="cos/sin"):
+        F.rope_kv_write(q, k, k, tallow.ones((1, 3), device=device), cs, cache.narrow(2, 0, 1),
+                        cache.narrow(2, 0, 1))
+
+
+def test_kv_write(device):
+    hk, t, d, dv, start, cap = 3, 2, 8, 6, 4, 9
+    k, v = rnd(1, t, hk, d), rnd(1, hk, t, dv)
+    kc, vc = tallow.zeros(1, hk, cap, d, device=device), tallow.zeros(1, hk, cap, dv, device=device)
+    # k as a transposed view, as a decoder's head split makes it
+    F.kv_write(T(k, device).transpose(1, 2), T(v, device), kc.narrow(2, start, t), vc.narrow(2, start, t))
+    want_k, want_v = np.zeros((1, hk, cap, d), np.float32), np.zeros((1, hk, cap, dv), np.float32)
+    want_k[:, :, start:start + t] = k.transpose(0, 2, 1, 3)
+    want_v[:, :, start:start + t] = v
+    close(kc, want_k, 0)
+    close(vc, want_v, 0)
+    with pytest.raises(tallow.ShapeError, match="cache slots"):
+        F.kv_write(T(v, device), T(v, device), kc.narrow(2, 0, t), vc.narrow(2, 0, t))
+
+
+# ---- attention over a long cache --------------------------------------------------------------------------
+@pytest.mark.parametrize("tq,causal,mask", [(1, True, False), (3, True, True), (2, False, True)])
+def test_attention_long_cache(device, tq, causal, mask):
+    h, hk, tk, d, dv = 4, 2, 600, 64, 80  # 600 keys: three chunks of the one-kernel path
+    q, k, v = rnd(1, h, tq, d), rnd(1, hk, tk, d), rnd(1, hk, tk, dv)
+    m = rnd(1, h, tq, tk) if mask else None
+    kr, vr = tt(k).repeat_interleave(h // hk, 1), tt(v).repeat_interleave(h // hk, 1)
+    bias = torch.zeros(tq, tk) if m is None else tt(m)
+    if causal:  # the last query sees the last key (a KV cache), not torch's top-left alignment
+        bias = bias.masked_fill(~torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq), float("-inf"))
+    ref = torch.nn.functional.scaled_dot_product_attention(tt(q), kr, vr, attn_mask=bias)
+    got = F.scaled_dot_product_attention(T(q, device), T(k, device), T(v, device),
+                                         None if m is None else T(m, device), is_causal=causal)
+    close(got, ref.numpy(), 1e-4)
+
+
+# ---- joined weight rows -----------------------------------------------------------------------------------
+def _blocks(w, qtype):
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype.upper()])
+
+
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "q4_0", "q5_0"])  # q5_0: dequantised on upload on wgpu
+def test_cat_of_quantised_rows(device, qtype):
+    a, b = rnd(3, 64), rnd(5, 64)
+    parts = [tallow.from_buffer(_blocks(w, qtype).tobytes(), qtype, w.shape, device=device) for w in (a, b)]
+    joined = tallow.cat(parts, 0)
+    assert joined.dtype.name == qtype and joined.shape == (8, 64)
+    kind = gguf.GGMLQuantizationType[qtype.upper()]
+    want = gguf.quants.dequantize(_blocks(np.concatenate([a, b]), qtype), kind)  # rows quantise independently
+    close(joined.to(tallow.f32), want, 0)
+    with pytest.raises(tallow.UnsupportedError, match="cat of quantised"):
+        tallow.cat(parts, 1)
+
+
+def _fused_linear(source, device, bias):
+    from tallow.nn import FusedLinear, VarBuilder
+    return FusedLinear(VarBuilder(source, device), ["q", "k", "v"], 64, [8, 4, 4], bias=bias)
+
+
+def test_fused_linear_joins_rows_and_keeps_missing_biases_zero(device):
+    ws = {n: rnd(r, 64) for n, r in (("q", 8), ("k", 4), ("v", 4))}
+    bq, bv = rnd(8), rnd(4)
+    source = {f"{n}.weight": T(w, device) for n, w in ws.items()}
+    source.update({"q.bias": T(bq, device), "v.bias": T(bv, device)})
+    layer = _fused_linear(source, device, [True, False, True])
+    assert layer.separate is None and layer.weight.shape == (16, 64)
+    x = rnd(2, 64)
+    q, k, v = layer.parts(T(x, device))
+    close(q, x @ ws["q"].T + bq, 1e-4)
+    close(k, x @ ws["k"].T, 1e-4)
+    close(v, x @ ws["v"].T + bv, 1e-4)
+
+
+def test_fused_linear_keeps_parts_of_different_block_formats_apart(device):
+    ws = {n: rnd(r, 64) for n, r in (("q", 8), ("k", 4), ("v", 4))}
+    formats = {"q": "q4_0", "k": "q4_0", "v": "q8_0"}  # as a Q4_K_M file mixes formats
+    kinds = {n: gguf.GGMLQuantizationType[f.upper()] for n, f in formats.items()}
+    source = {f"{n}.weight": tallow.from_buffer(_blocks(w, formats[n]).tobytes(), formats[n], w.shape, device=device)
+              for n, w in ws.items()}
+    layer = _fused_linear(source, device, False)
+    assert layer.weight is None and len(layer.separate) == 3
+    x = rnd(1, 64)
+    for got, n in zip(layer.parts(T(x, device)), "qkv"):
+        close(got, x @ gguf.quants.dequantize(_blocks(ws[n], formats[n]), kinds[n]).T, 1e-4)
