@@ -29,7 +29,7 @@ steps capture again. `model.capture_decode = False` turns this off.
 import threading
 
 from .. import dtypes as D
-from ..capture import capture
+from ..step_capture import capture
 from ..creation import tensor
 from ..errors import ContextWindowError, IndexRangeError, ShapeError
 from ..nn import KVCache, Module, RotaryEmbedding
@@ -201,12 +201,14 @@ class CausalLM(Module):
         if cache.graph is not None:
             graph, fixed = cache.graph
             first = cache.layers[0]
-            if position < first.k.shape[2] and self._same(fixed, self._fixed(cache, position)):
+            if first.k is not None and position < first.k.shape[2] and self._same(fixed, self._fixed(cache, position)):
                 logits, = graph.replay([[token]], position=position)
                 cache.advance(1)
                 return logits
             cache.graph = None  # the cache grew or was rebuilt: capture again
-        if cache.capture_refused:
+        first = cache.layers[0] if cache.layers else None
+        if cache.capture_refused or first is None or first.k is None or position >= first.k.shape[2]:
+            # Refused, or this step grows the KV cache (copies a capture must not record): eager.
             return self._forward(tensor([[token]], D.i64, self.device), cache, last_only)
         graph = capture(self.device, position=position)
         with graph:

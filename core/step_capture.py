@@ -22,7 +22,7 @@ Everything else is frozen: shapes, weights, the KV cache's buffers (a cache that
 new buffers: capture again), and Python state the step changed (the caller advances its
 cache lengths itself). same_launches() compares two captures taken at different positions:
 when they match, nothing else in the step depended on the position, which is how
-CausalLM checks a step before it replays it (models/causal_lm.py).
+CausalLM checks a step before it replays it (models/causal_lm.py). (The module is tallow.step_capture; `tallow.capture` is the function.)
 
 Backends: wgpu with the native or do-nothing driver (wgpu_backend/recording.py). Elsewhere
 can_capture(device) is False and tallow.capture raises UnsupportedError; callers fall back
