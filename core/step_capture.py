@@ -22,13 +22,15 @@ Everything else is frozen: shapes, weights, the KV cache's buffers (a cache that
 new buffers: capture again), and Python state the step changed (the caller advances its
 cache lengths itself). same_launches() compares two captures taken at different positions:
 when they match, nothing else in the step depended on the position, which is how
-CausalLM checks a step before it replays it (models/causal_lm.py). (The module is tallow.step_capture; `tallow.capture` is the function.)
+CausalLM checks a step before it replays it (models/causal_lm.py).
+(The module is tallow.step_capture; `tallow.capture` is the function.)
 
 Backends: wgpu with the native or do-nothing driver (wgpu_backend/recording.py). Elsewhere
 can_capture(device) is False and tallow.capture raises UnsupportedError; callers fall back
 to eager.
 """
 import struct
+from typing import Any
 
 from .creation import tensor
 from .device import Device, default_device
@@ -59,7 +61,7 @@ class Graph:
         self.device, self.position, self.tokens = device, position, tokens
         self.inputs: list[Tensor] = []
         self.outputs: list[Tensor] = []
-        self.recording = None
+        self.recording: Any = None  # the backend's recording, after the block
         self._open = False
 
     def __enter__(self):
@@ -97,6 +99,8 @@ class Graph:
         """Whether other recorded the same launches (kernels, parameters, workgroups, binding
         ranges): true for two positions means the step depends on the position only through
         the step buffer."""
+        if self.recording is None or other.recording is None:
+            raise Error("capture: same_launches compares two graphs that recorded a step")
         return self.recording.signature() == other.recording.signature()
 
     def replay(self, *inputs, position: int) -> list[Tensor]:
