@@ -174,3 +174,18 @@ def test_devices_without_capture_refuse_it():
     assert not tallow.can_capture("cpu")
     with pytest.raises(UnsupportedError, match="cannot capture"):
         tallow.capture("cpu")
+
+
+@pytest.mark.slow
+def test_smollm2_captured_decode_matches_eager(wgpu, smollm2_gguf, monkeypatch):
+    from tallow.generation import chat_prompt_ids, generate_ids
+    model = tallow.load_model(smollm2_gguf, device=wgpu)
+    calls = _count_captures(monkeypatch, wgpu.backend)
+    for prompt in ("What is the capital of France?", "Write a haiku about the sea."):
+        ids = chat_prompt_ids(model, [{"role": "user", "content": prompt}])
+        model.capture_decode = True
+        captured = list(generate_ids(model, ids, max_tokens=16, stop_tokens=[], cache=model.new_cache()))
+        model.capture_decode = False
+        eager = list(generate_ids(model, ids, max_tokens=16, stop_tokens=[], cache=model.new_cache()))
+        assert captured == eager, f"{prompt!r}: {model.tokenizer.decode(captured)!r} vs {model.tokenizer.decode(eager)!r}"
+    assert calls["replay"] >= 2 * 12, calls
