@@ -39,8 +39,8 @@ QMATVEC_MAX_ROWS = 64
 # dispatches, whose matmuls share loads between rows.
 ATTEND_MAX_ROWS = 16
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
-# Drivers whose record/replay re-encode a captured step (the browser's does not yet: it runs eager).
-REPLAYING_DRIVERS = ("native", "null")
+# Drivers whose record/replay re-encode a captured step (all three: native, browser, null).
+REPLAYING_DRIVERS = ("native", "browser", "null")
 
 
 def probe():

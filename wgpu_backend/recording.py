@@ -7,7 +7,8 @@ that depend on them (rope_kv_write's cache slots and rotary rows, attention's ke
 over a KV cache written in the same step) are built in a variant that reads them from
 there, so the launches -- pipelines, bindings, parameters, workgroup counts -- are the
 same at every position. replay() writes the step buffer and hands the list to the driver,
-which re-encodes it (native: one command encoder; null: counts) with no tallow op front
+which re-encodes it (native: one command encoder; browser: one JS call that encodes and
+submits the list it keeps; null: counts) with no tallow op front
 end, layout work or kernel choice.
 """
 import struct
@@ -56,7 +57,7 @@ class Recording:
     def signature(self):
         """What must match for two recordings to be the same step at two positions: kernels,
         parameters, workgroups and binding ranges (buffers made in the step differ, of course)."""
-        return [(pipe[2], params, grid, tuple((off, size) for _, off, size in binds))
+        return [(pipe[-1], params, grid, tuple((off, size) for _, off, size in binds))
                 for pipe, binds, params, grid in self.launches]
 
     def replay(self, driver, position, tokens):
