@@ -189,3 +189,18 @@ def test_smollm2_captured_decode_matches_eager(wgpu, smollm2_gguf, monkeypatch):
         eager = list(generate_ids(model, ids, max_tokens=16, stop_tokens=[], cache=model.new_cache()))
         assert captured == eager, f"{prompt!r}: {model.tokenizer.decode(captured)!r} vs {model.tokenizer.decode(eager)!r}"
     assert calls["replay"] >= 2 * 12, calls
+
+
+def test_another_threads_ops_stay_out_of_a_capture(null_wgpu):
+    import threading
+    dev, driver = null_wgpu
+    x = tallow.zeros(4, device=dev)
+    with tallow.capture(dev, position=0) as graph:
+        other = threading.Thread(target=lambda: (x + 1.0, x - 1.0))
+        other.start()
+        other.join()
+        graph.output(x * 2.0)
+    driver.reset_counts()
+    graph.replay(position=1)
+    # the scalar's fill and the mul, then the copy of the output: none of the other thread's add and sub
+    assert driver.by_kernel == {"fill f32": 1, "mul": 1, "identity": 1}

@@ -14,6 +14,7 @@ natively; a navigator.gpu driver in the browser) through a small interface.
 """
 import struct
 import sys
+import threading
 import weakref
 from array import array
 
@@ -183,7 +184,9 @@ class WgpuBackend(Backend):
                                                                  max_binding)
         self.pool = BufferPool(driver)
         self._pipelines = {}
-        self._capture = None  # the Recording being captured (tallow.capture), else None
+        # The Recording each thread is capturing (tallow.capture): another thread's ops on this
+        # device run eagerly and stay out of it.
+        self._captures = {}
 
     def features(self):
         return {
@@ -253,8 +256,9 @@ class WgpuBackend(Backend):
 
     def _launch(self, pipe, binds, params, grid, storages):
         """One dispatch, also recorded while a step is being captured."""
-        if self._capture is not None:
-            self._capture.add(pipe, binds, params, grid, [s for s in storages if isinstance(s, WgpuStorage)])
+        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        if cap is not None:
+            cap.add(pipe, binds, params, grid, [s for s in storages if isinstance(s, WgpuStorage)])
         self.driver.dispatch(pipe, binds, params, grid)
 
     # ---- capture and replay (tallow.capture; recording.py) --------------------------
@@ -264,12 +268,13 @@ class WgpuBackend(Backend):
     def begin_capture(self, position, tokens):
         if not self.can_capture():
             return super().begin_capture(position, tokens)
-        if self._capture is not None:
-            raise UnsupportedError("wgpu: a capture is already in progress (captures do not nest)")
-        self._capture = Recording(self.driver, position, tokens)
+        me = threading.get_ident()
+        if me in self._captures:
+            raise UnsupportedError("wgpu: a capture is already in progress in this thread (captures do not nest)")
+        self._captures[me] = Recording(self.driver, position, tokens)
 
     def end_capture(self):
-        rec, self._capture = self._capture, None
+        rec = self._captures.pop(threading.get_ident(), None)
         if rec is None:
             raise UnsupportedError("wgpu: end_capture without begin_capture")
         return rec.finish(self.driver)
@@ -294,7 +299,8 @@ class WgpuBackend(Backend):
         the step buffer at the binding after `storages`; else the neutral accessors."""
         if not from_step:
             return STEP_EAGER, storages
-        return STEP_CAPTURED.format(binding=len(storages) + 1), storages + [self._capture.step_binding]
+        cap = self._captures[threading.get_ident()]
+        return STEP_CAPTURED.format(binding=len(storages) + 1), storages + [cap.step_binding]
 
     def _params(self, words, extras):
         """Element-wise layout words padded to 37, then kernel scalars from word 37."""
@@ -969,7 +975,7 @@ class WgpuBackend(Backend):
         out = self._out(rows * dv, dtype)
         if rows * dv == 0:
             return out
-        cap = self._capture
+        cap = self._captures.get(threading.get_ident()) if self._captures else None
         # Over a KV cache this captured step wrote, from its start: the key count comes from the
         # step buffer (position + tokens), so the recorded launch serves every position.
         over_cache = (cap is not None and mask is None and id(k.buf) in cap.cache_bufs
@@ -1074,7 +1080,7 @@ class WgpuBackend(Backend):
         pairs = b * (hq + 2 * hk) * t * (d // 2)
         if pairs == 0:
             return out
-        cap = self._capture
+        cap = self._captures.get(threading.get_ident()) if self._captures else None
         # While capturing, the cache slots and rotary rows are those of the step's position: the
         # parameters hold them relative to it and the kernel adds the position from the step buffer.
         pos = 0 if cap is None else cap.position
