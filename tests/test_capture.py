@@ -204,3 +204,20 @@ def test_another_threads_ops_stay_out_of_a_capture(null_wgpu):
     graph.replay(position=1)
     # the scalar's fill and the mul, then the copy of the output: none of the other thread's add and sub
     assert driver.by_kernel == {"fill f32": 1, "mul": 1, "identity": 1}
+
+
+def test_a_step_that_reads_the_position_elsewhere_decodes_eagerly(wgpu, tmp_path):
+    # Phi-2's partial rotary runs its own rope and kv_write, whose parameters hold the position:
+    # the two captures differ, so the cache stops capturing and decodes eagerly, with the same logits.
+    import torch
+    import transformers as tf
+    torch.manual_seed(0)
+    cfg = tf.PhiConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       max_position_embeddings=64, partial_rotary_factor=0.5)
+    tf.PhiForCausalLM(cfg).eval().save_pretrained(tmp_path, safe_serialization=True)
+    model = tallow.load_model(str(tmp_path), device=wgpu)
+    cache = model.new_cache()
+    captured = _greedy_logits(model, [1, 5, 9], 6, cache)
+    assert cache.capture_refused and cache.graph is None
+    model.capture_decode = False
+    assert captured == _greedy_logits(model, [1, 5, 9], 6, model.new_cache())
