@@ -11,9 +11,13 @@ the KV cache growing, cross-attention over 1500 audio frames), natively and
 inside Pyodide (the same wasm CPython the browser runs; here under Node's V8,
 not Chromium: the Python work is the same, the JS driver is absent by design).
 
+Each is measured eager (every op through tallow's front end) and captured
+(tallow.capture: the step recorded once, then replayed; CausalLM does this for
+one-token steps on wgpu). Whisper's decoder is not captured yet: eager only.
 The last line is `host_ms_per_token native=X browser=Y dispatches=Z` for the
-SmolLM2 decode (browser: the Pyodide figure; n/a when node or the pyodide
-package is missing).
+SmolLM2 decode, captured where capture works there (browser: the Pyodide figure;
+n/a when node or the pyodide package is missing); the eager figures are on the
+line above it.
 """
 import os
 import sys
@@ -46,11 +50,13 @@ def measure(llm_path, whisper_path, tokens):
     dev = use_backend("wgpu", WgpuBackend(driver))
     out = {}
     llm = tallow.load_model(llm_path, device=dev)
-    cache = llm.new_cache()
-    llm([1, 2, 3, 4], cache=cache, last_only=True).tolist()
-    step = lambda: llm([5], cache=cache, last_only=True).tolist()
-    ms, disp = host_per_token(step, driver, tokens)
-    out["llm"] = (ms, disp, llm.config.num_layers)
+    for captured in (False, True):
+        llm.capture_decode = captured and tallow.can_capture(dev)
+        cache = llm.new_cache()
+        llm([1, 2, 3, 4], cache=cache, last_only=True).tolist()
+        step = lambda: llm([5], cache=cache, last_only=True).tolist()
+        ms, disp = host_per_token(step, driver, tokens)
+        out["llm captured" if llm.capture_decode else "llm"] = (ms, disp, llm.config.num_layers)
     w = tallow.load_model(whisper_path, device=dev)
     feats = w.encode(tallow.zeros(1, w.config.num_mel_bins, 3000, device=dev))
     state = w.start(feats)
@@ -103,13 +109,18 @@ def main():
             print(f"{where}: not measured: {result}")
             continue
         for model, (ms, disp, layers) in result.items():
-            name = "SmolLM2-135M Q4_1 decode" if model == "llm" else "Whisper tiny.en decoder step"
-            print(f"{where:8s} {name:30s} host {ms:7.2f} ms/token  {disp:6.1f} dispatches/token "
+            name = {"llm": "SmolLM2-135M Q4_1 decode, eager", "llm captured": "SmolLM2-135M Q4_1 decode, captured",
+                    "whisper": "Whisper tiny.en decoder, eager"}[model]
+            print(f"{where:8s} {name:36s} host {ms:7.2f} ms/token  {disp:6.1f} dispatches/token "
                   f"({disp / layers:.1f} per layer, {layers} layers)  ceiling {1e3 / ms:7.1f} tok/s")
-    nat = got["native"]["llm"]
-    pyo = got["pyodide"]
-    browser = f"{pyo['llm'][0]:.2f}" if isinstance(pyo, dict) else "n/a"
-    print(f"host_ms_per_token native={nat[0]:.2f} browser={browser} dispatches={nat[1]:.0f}")
+
+    def figures(key):
+        pyo = got["pyodide"]
+        nat = got["native"].get(key, got["native"]["llm"])
+        browser = f"{pyo.get(key, pyo['llm'])[0]:.2f}" if isinstance(pyo, dict) else "n/a"
+        return f"native={nat[0]:.2f} browser={browser} dispatches={nat[1]:.0f}"
+    print(f"eager host_ms_per_token {figures('llm')}")
+    print(f"host_ms_per_token {figures('llm captured')}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from .functional import (  # noqa: F401
     sigmoid, silu, softmax,
 )
 from .tensor import Tensor  # noqa: F401
+from .step_capture import Graph, can_capture, capture  # noqa: F401
 
 
 def __getattr__(name):

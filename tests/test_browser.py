@@ -392,6 +392,9 @@ def test_smollm2_streams_its_greedy_reply_like_native_tallow(demo, dist, ui):
     assert len(result_ids) >= 16 and reply.strip()
     native_ids, prompt_tokens = _native_greedy_ids(dist, [{"role": "user", "content": prompt}], 16, with_prompt=True)
     assert result_ids == native_ids
+    # decoded by replaying a captured step (tallow.capture): after the prompt, two captured steps
+    driver, replays = demo.run(ui, "import tallow\nd = tallow.Device('wgpu').backend.driver\n[d.name, d.replays]")
+    assert driver == "browser" and replays >= 16 - 3, (driver, replays)
     # the chat panel's status: the prompt being read, then tokens with the decode rate only
     texts = demo.recorded_texts(ui, "#chat-status")
     assert any(t.startswith(f"Reading your {prompt_tokens}-token prompt") for t in texts), texts

@@ -40,7 +40,7 @@ LAYERS = {
     "tallow.tensor": TENSOR_CORE, "tallow.creation": TENSOR_CORE, "tallow.functional": TENSOR_CORE,
     "tallow.indexing": TENSOR_CORE, "tallow.index_check": TENSOR_CORE, "tallow.autograd": TENSOR_CORE,
     "tallow.grad_rules": TENSOR_CORE, "tallow.custom_op": TENSOR_CORE, "tallow.quant": TENSOR_CORE,
-    "tallow.ops": TENSOR_CORE, "tallow.nested": TENSOR_CORE, "tallow.tensor_base": TENSOR_CORE,
+    "tallow.ops": TENSOR_CORE, "tallow.nested": TENSOR_CORE, "tallow.tensor_base": TENSOR_CORE, "tallow.step_capture": TENSOR_CORE,
     "tallow.backends": TENSOR_CORE, "tallow_wgpu": TENSOR_CORE, "tallow_cuda": TENSOR_CORE,
     "tallow_metal": TENSOR_CORE,
 

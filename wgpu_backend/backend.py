@@ -15,6 +15,7 @@ natively; a navigator.gpu driver in the browser) through a small interface.
 """
 import struct
 import sys
+import threading
 import weakref
 from array import array
 
@@ -25,6 +26,7 @@ from tallow.layout import Layout, coalesce_dims, contiguous_strides, kernel_meta
 
 from . import split, wgsl
 from .pool import BufferPool
+from .recording import STEP_CAPTURED, STEP_EAGER, Recording
 
 MAX_DIMS = 8
 IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
@@ -39,6 +41,8 @@ QMATVEC_MAX_ROWS = 64
 # dispatches, whose matmuls share loads between rows.
 ATTEND_MAX_ROWS = 16
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
+# Drivers whose record/replay re-encode a captured step (all three: native, browser, null).
+REPLAYING_DRIVERS = ("native", "browser", "null")
 
 
 def probe():
@@ -213,6 +217,9 @@ class WgpuBackend(Backend):
                                                                  max_binding)
         self.pool = BufferPool(driver)
         self._pipelines = {}
+        # The Recording each thread is capturing (tallow.capture): another thread's ops on this
+        # device run eagerly and stay out of it.
+        self._captures = {}
 
     def features(self):
         return {
@@ -278,7 +285,55 @@ class WgpuBackend(Backend):
         what = label or kernel
         binds = [s if isinstance(s, tuple) else self._bind(s, what) for s in storages]
         grid = groups if isinstance(groups, tuple) else self._grid(groups, what)
-        self.driver.dispatch(pipe, binds, _pack(words), grid)
+        self._launch(pipe, binds, _pack(words), grid, storages)
+
+    def _launch(self, pipe, binds, params, grid, storages):
+        """One dispatch, also recorded while a step is being captured."""
+        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        if cap is not None:
+            cap.add(pipe, binds, params, grid, [s for s in storages if isinstance(s, WgpuStorage)])
+        self.driver.dispatch(pipe, binds, params, grid)
+
+    # ---- capture and replay (tallow.capture; recording.py) --------------------------
+    def can_capture(self):
+        return self.driver.name in REPLAYING_DRIVERS
+
+    def begin_capture(self, position, tokens):
+        if not self.can_capture():
+            return super().begin_capture(position, tokens)
+        me = threading.get_ident()
+        if me in self._captures:
+            raise UnsupportedError("wgpu: a capture is already in progress in this thread (captures do not nest)")
+        self._captures[me] = Recording(self.driver, position, tokens)
+
+    def end_capture(self):
+        rec = self._captures.pop(threading.get_ident(), None)
+        if rec is None:
+            raise UnsupportedError("wgpu: end_capture without begin_capture")
+        return rec.finish(self.driver)
+
+    def replay(self, recording, position, tokens):
+        recording.replay(self.driver, position, tokens)
+
+    def overwrite(self, storage, data, dtype):
+        if dtype.is_quantized or self._esize(dtype) != dtype.itemsize and dtype is not i64:
+            raise UnsupportedError(f"wgpu overwrite: {dtype.name} is not stored as it is on the GPU")
+        if dtype is i64:
+            vals = array("q")
+            vals.frombytes(data)
+            self._check_i32(vals, "overwrite")
+            data = array("i", vals).tobytes()
+        if len(data) > storage.nbytes:
+            raise ShapeError(f"wgpu overwrite: {len(data)} bytes do not fit a {storage.nbytes}-byte storage")
+        self.driver.write_buffer(storage.buf, 0, data)
+
+    def _step_variant(self, storages, from_step):
+        """(prelude, bindings) of a position-dependent kernel: from_step (only while capturing) reads
+        the step buffer at the binding after `storages`; else the neutral accessors."""
+        if not from_step:
+            return STEP_EAGER, storages
+        cap = self._captures[threading.get_ident()]
+        return STEP_CAPTURED.format(binding=len(storages) + 1), storages + [cap.step_binding]
 
     def _params(self, words, extras):
         """Element-wise layout words padded to 37, then kernel scalars from word 37."""
@@ -813,7 +868,7 @@ class WgpuBackend(Backend):
             self._pipelines[key] = pipe
         binds = [s if isinstance(s, tuple) else self._bind(s, label) for s in storages]
         grid = groups if isinstance(groups, tuple) else self._grid(groups, label)
-        self.driver.dispatch(pipe, binds, _pack(words), grid)
+        self._launch(pipe, binds, _pack(words), grid, storages)
 
     def dequantize(self, w, wdtype, numel, dtype):
         if w.dequantized:
@@ -1019,11 +1074,18 @@ class WgpuBackend(Backend):
         out = self._out(rows * dv, dtype)
         if rows * dv == 0:
             return out
-        words = [rows, h, tq, tk, d, dv, _f32_bits(scale), int(causal), int(mask is not None)]
+        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        # Over a KV cache this captured step wrote, from its start: the key count comes from the
+        # step buffer (position + tokens), so the recorded launch serves every position.
+        over_cache = (cap is not None and mask is None and id(k.buf) in cap.cache_bufs
+                      and id(v.buf) in cap.cache_bufs and lk.offset == lv.offset == 0
+                      and tk == cap.position + cap.tokens)
+        words = [rows, h, tq, 0 if over_cache else tk, d, dv, _f32_bits(scale), int(causal), int(mask is not None)]
         for lay in (lq, lk, lv, lmask if mask is not None else lq):
             words += [lay.offset, *lay.strides]
-        self._run("attend", {"X": dtype}, [q, k, v, mask if mask is not None else q, out], words,
-                  self._grid(rows, "attention"), label="attention")
+        prelude, binds = self._step_variant([q, k, v, mask if mask is not None else q, out], over_cache)
+        self._run("attend", {"X": dtype}, binds, words, self._grid(rows, "attention"), label="attention",
+                  prelude=prelude)
         return out
 
     def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
@@ -1117,13 +1179,22 @@ class WgpuBackend(Backend):
         pairs = b * (hq + 2 * hk) * t * (d // 2)
         if pairs == 0:
             return out
+        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        # While capturing, the cache slots and rotary rows are those of the step's position: the
+        # parameters hold them relative to it and the kernel adds the position from the step buffer.
+        pos = 0 if cap is None else cap.position
+        if cap is not None:
+            cap.cache_bufs.update((id(kc.buf), id(vc.buf)))
         words = [pairs, b, hq, hk, t, d // 2, int(interleaved)]
-        for lay in (lq, lk, lv, lkc, lvc):
+        for lay in (lq, lk, lv):
             words += [lay.offset, *lay.strides]
+        for lay in (lkc, lvc):
+            words += [lay.offset - pos * lay.strides[2], *lay.strides]
         for lay in (lcos, lsin):
-            words += [lay.offset, *lay.strides]
-        self._run("rope_kv", {"X": dtype}, [q, k, v, cos, sin, kc, vc, out], words, (pairs + 255) // 256,
-                  label="rope_kv_write")
+            words += [lay.offset - pos * lay.strides[0], *lay.strides]
+        prelude, binds = self._step_variant([q, k, v, cos, sin, kc, vc, out], cap is not None)
+        self._run("rope_kv", {"X": dtype}, binds, words, (pairs + 255) // 256, label="rope_kv_write",
+                  prelude=prelude)
         return out
 
     # ---- user-defined ops ---------------------------------------------------------
@@ -1137,15 +1208,16 @@ class WgpuBackend(Backend):
         numel = 1
         for d in out_shape:
             numel *= d
-        binds = []
+        binds, kept = [], []
         for st, lay, dt in inputs:
             cst, off = self._contiguous(st, lay, dt)
             if off:
                 cst = self.copy(st, lay, dt)
             binds.append(self._bind(cst, op.name))
+            kept.append(cst)
         out = self._out(numel, out_dtype)
         if numel:
             pipe = self.driver.pipeline(op.wgsl, f"custom op {op.name}")
-            self.driver.dispatch(pipe, binds + [self._bind(out, op.name)], _pack([numel]),
-                                 self._grid((numel + 63) // 64, op.name))
+            self._launch(pipe, binds + [self._bind(out, op.name)], _pack([numel]),
+                         self._grid((numel + 63) // 64, op.name), kept + [out])
         return out

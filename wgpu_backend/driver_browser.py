@@ -92,6 +92,29 @@ class _Buffer:
         return f"BrowserBuffer(id={self.id}, {self.nbytes} bytes)"
 
 
+class _UniformBuffer(_Buffer):
+    """A small uniform buffer known to JS by id (a captured step's step buffer)."""
+    __slots__ = ()
+
+    def __init__(self, driver, nbytes):
+        self.driver, self.nbytes = driver, nbytes
+        self.id = driver._js_driver.createUniform(nbytes)
+
+
+class _Graph:
+    """A captured step prepared in JS (js/driver.js record): replayed by id; dropping it frees it there."""
+    __slots__ = ("id", "driver")
+
+    def __init__(self, driver, graph_id):
+        self.driver, self.id = driver, graph_id
+
+    def __del__(self):
+        try:
+            self.driver._dead_graphs.append(self.id)
+        except Exception:  # interpreter shutdown
+            pass
+
+
 class BrowserDriver:
     name = "browser"
     reads_js_buffers = True  # write_buffer_from_js: fetched weights go JS -> GPU, skipping the wasm heap
@@ -139,7 +162,9 @@ class BrowserDriver:
         self._ops = array("I")
         self._params = bytearray()
         self._dead = []
+        self._dead_graphs = []
         self.submits = 0
+        self.replays = 0
         self.readbacks = 0
         # bytes written into GPU buffers from Python memory (the wasm heap) and straight from JS buffers
         self.bytes_from_python = 0
@@ -201,6 +226,35 @@ class BrowserDriver:
     def copy_buffer(self, src, src_offset, dst, dst_offset, nbytes):
         self._ops.extend((1, src.id, src_offset, dst.id, dst_offset, nbytes))
 
+    def create_uniform(self, nbytes):
+        return _UniformBuffer(self, nbytes)
+
+    # ---- capture and replay (tallow.capture) -------------------------------------------
+    def record(self, launches):
+        """A captured step's launches, prepared once in JS (bind groups, a uniform buffer of parameters)."""
+        ops, params = array("I"), bytearray()
+        for pipeline, buffers, p, workgroups in launches:
+            if len(p) > PARAMS_BYTES:
+                raise DeviceError(f"kernel '{pipeline[1]}': {len(p)} bytes of parameters (max {PARAMS_BYTES})")
+            ops.extend((0, pipeline[0], len(params), len(buffers)))
+            for buf, off, size in buffers:
+                ops.extend((buf.id, off, max(4, size)))
+            ops.extend(workgroups)
+            params += p + bytes(PARAMS_BYTES - len(p))
+        proxy = self._ffi.create_proxy(memoryview(params))
+        try:
+            graph_id = self._js_driver.record(self._ffi.to_js(ops), proxy, PARAMS_BYTES, len(params))
+        finally:
+            proxy.destroy()
+        return _Graph(self, int(graph_id))
+
+    def replay(self, handle):
+        """Encode and submit a recorded step: one JS call (work recorded before it is submitted first)."""
+        if self._ops:
+            self.flush()
+        self._js_driver.replay(handle.id)
+        self.replays += 1
+
     # ---- pipelines and dispatch -----------------------------------------------
     def pipeline(self, wgsl, label):
         p = self._pipelines.get(wgsl)
@@ -245,6 +299,9 @@ class BrowserDriver:
         if self._dead:
             dead, self._dead = self._dead, []
             self._js_driver.forget(self._ffi.to_js(dead))
+        if self._dead_graphs:
+            dead, self._dead_graphs = self._dead_graphs, []
+            self._js_driver.forgetGraphs(self._ffi.to_js(dead))
 
 
 def register_device(driver, max_binding=None):

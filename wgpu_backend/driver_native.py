@@ -10,6 +10,9 @@ driver (navigator.gpu through Pyodide's `js` module) implements too:
     pipeline(wgsl, label) -> compiled once per source text
     dispatch(pipeline, buffers, params, workgroups)
     flush()
+    create_uniform(nbytes): a small uniform buffer (a captured step's position and length)
+    record(launches) -> handle: a captured step's dispatches, prepared once; replay(handle)
+        encodes them again (tallow.capture; the native and null drivers only)
     reads_js_buffers: whether write_buffer_from_js(buf, offset, array_buffer, src_offset, nbytes)
         copies from a JS ArrayBuffer (the browser driver only)
 
@@ -111,6 +114,41 @@ class NativeDriver:
         self._pass.end()
         self._encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
         self._pass = self._encoder.begin_compute_pass()
+
+    def create_uniform(self, nbytes):
+        u = self._wgpu.BufferUsage
+        return self.device.create_buffer(size=max(16, nbytes), usage=u.UNIFORM | u.COPY_DST)
+
+    # ---- capture and replay ---------------------------------------------------------
+    def record(self, launches):
+        """A captured step's launches [(pipeline, buffers, params, workgroups)] prepared for replay:
+        their parameters in one uniform buffer of their own, written once, and one bind group each."""
+        params = bytearray()
+        for _, _, p, _ in launches:
+            if len(p) > PARAMS_BYTES:
+                raise DeviceError(f"{len(p)} bytes of parameters (max {PARAMS_BYTES})")
+            params += p + bytes(PARAMS_BYTES - len(p))
+        u = self._wgpu.BufferUsage
+        arena = self.device.create_buffer(size=max(PARAMS_BYTES, len(params)), usage=u.UNIFORM | u.COPY_DST)
+        if params:
+            self.device.queue.write_buffer(arena, 0, bytes(params))
+        steps = []
+        for i, (pipeline, buffers, _, workgroups) in enumerate(launches):
+            entries = [{"binding": 0, "resource": {"buffer": arena, "offset": i * PARAMS_BYTES, "size": PARAMS_BYTES}}]
+            for j, (buf, off, size) in enumerate(buffers):
+                entries.append({"binding": j + 1, "resource": {"buffer": buf, "offset": off, "size": max(4, size)}})
+            group = self.device.create_bind_group(layout=pipeline[1], entries=entries)
+            steps.append((pipeline[0], group, tuple(workgroups)))
+        return arena, steps
+
+    def replay(self, handle):
+        """Encode a recorded step into the open command encoder (submitted at the next sync point)."""
+        self._begin()
+        cpass = self._pass
+        for pipeline, group, workgroups in handle[1]:
+            cpass.set_pipeline(pipeline)
+            cpass.set_bind_group(0, group)
+            cpass.dispatch_workgroups(*workgroups)
 
     # ---- pipelines and dispatch -----------------------------------------------
     def pipeline(self, wgsl, label):

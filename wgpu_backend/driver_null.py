@@ -22,10 +22,12 @@ class NullDriver:
         self.dispatches = 0
         self.by_kernel = {}  # kernel label -> dispatches, for "where do they go" questions
         self.submits = 0
+        self.replays = 0  # captured steps replayed (tallow.capture)
 
     def reset_counts(self):
         self.dispatches = 0
         self.by_kernel = {}
+        self.replays = 0
 
     def create_buffer(self, nbytes):
         return object()
@@ -46,6 +48,23 @@ class NullDriver:
         self.dispatches += 1
         label = pipeline[2]
         self.by_kernel[label] = self.by_kernel.get(label, 0) + 1
+
+    def create_uniform(self, nbytes):
+        return object()
+
+    def record(self, launches):
+        """A captured step: only its dispatch counts, which replay adds up."""
+        by_kernel = {}
+        for pipeline, _, _, _ in launches:
+            by_kernel[pipeline[2]] = by_kernel.get(pipeline[2], 0) + 1
+        return len(launches), by_kernel
+
+    def replay(self, handle):
+        n, by_kernel = handle
+        self.dispatches += n
+        for label, count in by_kernel.items():
+            self.by_kernel[label] = self.by_kernel.get(label, 0) + count
+        self.replays += 1
 
     def flush(self):
         pass

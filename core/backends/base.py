@@ -42,6 +42,30 @@ class Backend:
         """Dict describing the device (adapter name, f16 support, ...), shown by `tallow devices`."""
         return {}
 
+    # ---- capture and replay (tallow.capture) ----------------------------------
+    def can_capture(self):
+        """Whether begin_capture/end_capture/replay work here (tallow.capture falls back to eager when not)."""
+        return False
+
+    def begin_capture(self, position, tokens):
+        """Record the launches that follow (running them too) until end_capture. position: where the
+        step's `tokens` new positions start in the KV cache; kernels that depend on it read it from a
+        step buffer, so the recording is valid at any position."""
+        raise UnsupportedError(f"the {self.name} backend cannot capture and replay launches")
+
+    def end_capture(self):
+        """The recording since begin_capture (an object for replay and signature)."""
+        raise UnsupportedError(f"the {self.name} backend cannot capture and replay launches")
+
+    def replay(self, recording, position, tokens):
+        """Launch a recording again with the step buffer set to position, tokens."""
+        raise UnsupportedError(f"the {self.name} backend cannot capture and replay launches")
+
+    def overwrite(self, storage, data, dtype):
+        """Write raw little-endian bytes of dtype elements over the start of an existing storage in place
+        (a captured graph's input)."""
+        self._missing("overwrite")
+
     # ---- memory -----------------------------------------------------------
     def from_bytes(self, data, dtype):
         """Storage from raw little-endian bytes (bytes/bytearray/memoryview). For

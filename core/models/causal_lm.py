@@ -17,15 +17,35 @@ give each thread its own `cache=model.new_cache()`.
 
 A sequence may not pass `config.max_position_embeddings` positions (the context
 window): forward raises ContextWindowError before computing anything.
+
+One-token decode steps on a device that captures (tallow.capture: wgpu natively) are
+captured and replayed: the first two steps on a cache run eagerly while recording their
+launches; when the two recordings match (nothing but the step buffer depends on the
+position), later steps replay the recording with the new token id and position, no
+Python per op. A step whose shape differs (a prompt, a batch, a sliding window) or that
+would grow the KV cache past the captured capacity runs eagerly; the next one-token
+steps capture again. `model.capture_decode = False` turns this off.
 """
 import threading
 
 from .. import dtypes as D
+from ..step_capture import capture
 from ..creation import tensor
-from ..errors import ContextWindowError, ShapeError
+from ..errors import ContextWindowError, IndexRangeError, ShapeError
 from ..nn import KVCache, Module, RotaryEmbedding
 from ..tensor import Tensor
 from .attention import Step
+
+
+def _one_token(input_ids):
+    """The token id when input_ids is one Python int id ([t] or [[t]]), else None."""
+    if isinstance(input_ids, (list, tuple)) and len(input_ids) == 1:
+        t = input_ids[0]
+        if isinstance(t, (list, tuple)) and len(t) == 1:
+            t = t[0]
+        if isinstance(t, int) and not isinstance(t, bool):
+            return t
+    return None
 
 
 class DecoderCache:
@@ -37,6 +57,17 @@ class DecoderCache:
         self.layers = [KVCache() for _ in range(num_layers)]
         self.token_ids = []
         self.long_rope = False
+        self.forget_capture()
+
+    def forget_capture(self):
+        self.graph = None          # (Graph, fixed) replayed for one-token steps
+        self.pending = None        # (Graph, fixed) of the last captured step, not yet confirmed
+        self.capture_refused = False  # two captures differed: this cache decodes eagerly
+
+    def advance(self, t):
+        """Count t positions a replayed step wrote into every layer's cache."""
+        for c in self.layers:
+            c.length += t
 
     @property
     def length(self):
@@ -47,6 +78,7 @@ class DecoderCache:
             c.reset()
         self.token_ids = []
         self.long_rope = False
+        self.forget_capture()
 
     def truncate(self, length):
         """Keep the first `length` positions (to reuse a shared prompt prefix)."""
@@ -60,6 +92,7 @@ class CausalLM(Module):
     define `embed(ids)`, `final_norm(hidden)` and `lm_head(hidden)`; they may override
     run_layers / final_add_norm to carry a residual add into the next norm."""
     kind = "llm"  # what the model does, for front ends that serve several (the web worker)
+    capture_decode = True  # replay captured one-token steps where the device can (see the module doc)
 
     def __init__(self, config, device, dtype):
         self.config = config
@@ -125,14 +158,70 @@ class CausalLM(Module):
     def forward(self, input_ids, cache=None, last_only=False):
         """Logits (batch, seq, vocab) for the new tokens; last_only keeps just the
         final position (batch, 1, vocab), which is all generation needs."""
-        ids = self._ids(input_ids)
         cache = self.cache if cache is None else cache
-        if cache.length + ids.shape[1] > self.context_window:
-            raise ContextWindowError(
-                f"{self.config.source}: {cache.length} cached + {ids.shape[1]} new positions pass the model's "
-                f"context window of {self.context_window}; reset() or use a shorter input")
+        token = _one_token(input_ids)
+        if token is not None and self._captures():
+            self._check_fits(cache, 1)
+            if not 0 <= token < self.config.vocab_size:
+                raise IndexRangeError(f"embedding: id {token} is out of range for dim 0 of size "
+                                      f"{self.config.vocab_size} (valid: 0 to {self.config.vocab_size - 1})")
+            with self._lock:
+                return self._decode_one(token, cache, last_only)
+        ids = self._ids(input_ids)
+        self._check_fits(cache, ids.shape[1])
         with self._lock:
             return self._forward(ids, cache, last_only)
+
+    def _check_fits(self, cache, new):
+        if cache.length + new > self.context_window:
+            raise ContextWindowError(
+                f"{self.config.source}: {cache.length} cached + {new} new positions pass the model's "
+                f"context window of {self.context_window}; reset() or use a shorter input")
+
+    # ---- captured one-token decode (tallow.capture) ------------------------------------
+    def _captures(self):
+        cfg = self.config
+        return (self.capture_decode and self.device.backend.can_capture()
+                and all(cfg.window(kind) is None for kind in set(cfg.layer_types)))
+
+    def _fixed(self, cache, position):
+        """What a recorded step bound that a later step must find unchanged: every layer's KV
+        buffers (a cache that grows gets new ones) and the rotary tables at this position."""
+        tables = [t._storage for rot in self.rotaries.values() for t in rot.tables(position, 1)]
+        return [c.k for c in cache.layers] + [c.v for c in cache.layers] + tables
+
+    @staticmethod
+    def _same(a, b):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+    def _decode_one(self, token, cache, last_only):
+        """Logits (1, 1, vocab) of one token: a replay of the cache's captured step when it still
+        fits (same KV buffers, room in the cache), else an eager step captured on the way."""
+        position = cache.length
+        if cache.graph is not None:
+            graph, fixed = cache.graph
+            first = cache.layers[0]
+            if first.k is not None and position < first.k.shape[2] and self._same(fixed, self._fixed(cache, position)):
+                logits, = graph.replay([[token]], position=position)
+                cache.advance(1)
+                return logits
+            cache.graph = None  # the cache grew or was rebuilt: capture again
+        first = cache.layers[0] if cache.layers else None
+        if cache.capture_refused or first is None or first.k is None or position >= first.k.shape[2]:
+            # Refused, or this step grows the KV cache (copies a capture must not record): eager.
+            return self._forward(tensor([[token]], D.i64, self.device), cache, last_only)
+        graph = capture(self.device, position=position)
+        with graph:
+            ids = graph.input([[token]], D.i64)
+            graph.output(self._forward(ids, cache, last_only))
+        fixed = self._fixed(cache, position + 1)
+        pending, cache.pending = cache.pending, (graph, fixed)
+        if pending is not None and self._same(pending[1], fixed):
+            if pending[0].same_launches(graph):
+                cache.graph, cache.pending = (graph, fixed), None
+            else:  # something in the step depends on the position beyond the step buffer
+                cache.capture_refused, cache.pending = True, None
+        return graph.results()[0]
 
     def _forward(self, ids, cache, last_only):
         cfg = self.config

@@ -21,6 +21,13 @@ function makeTallowDriver(device, arenaBytes) {
     return id;
   }
 
+  // A small uniform buffer: a captured step's position and key count (tallow.capture).
+  function createUniform(nbytes) {
+    const id = nextId++;
+    buffers.set(id, device.createBuffer({ size: Math.max(16, nbytes), usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST }));
+    return id;
+  }
+
   // A dropped buffer is only forgotten here; WebGPU keeps it alive until
   // submitted work that uses it is done.
   function forget(ids) {
@@ -144,6 +151,60 @@ function makeTallowDriver(device, arenaBytes) {
     device.queue.submit([encoder.finish()]);
   }
 
+  // A captured step (tallow.capture): dispatches in submit()'s op format (dispatches only),
+  // prepared once -- their parameters in a uniform buffer of their own, one bind group each --
+  // and kept under an id. replay(id) encodes and submits them: one call per decoded token.
+  const graphs = new Map();
+  function record(ops, paramsPy, paramsBytes, paramsBytesLen) {
+    const uniforms = device.createBuffer({ size: Math.max(paramsBytes, paramsBytesLen), usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+    if (paramsBytesLen) {
+      const view = paramsPy.getBuffer("u8");
+      try {
+        device.queue.writeBuffer(uniforms, 0, view.data, 0, paramsBytesLen);
+      } finally {
+        view.release();
+      }
+    }
+    const steps = [];
+    let i = 0;
+    while (i < ops.length) {
+      if (ops[i++] !== 0) throw new Error(`tallow driver: a captured step records dispatches only (op ${ops[i - 1]})`);
+      const pipe = pipelines.get(ops[i++]);
+      const slot = ops[i++];
+      const nb = ops[i++];
+      const entries = [{ binding: 0, resource: { buffer: uniforms, offset: slot, size: paramsBytes } }];
+      for (let b = 0; b < nb; b++) {
+        entries.push({ binding: b + 1, resource: { buffer: buffers.get(ops[i]), offset: ops[i + 1], size: ops[i + 2] } });
+        i += 3;
+      }
+      steps.push([pipe.p, device.createBindGroup({ layout: pipe.layout, entries }), ops[i], ops[i + 1], ops[i + 2]]);
+      i += 3;
+    }
+    const id = nextId++;
+    graphs.set(id, { uniforms, steps });
+    return id;
+  }
+
+  function replay(id) {
+    const encoder = device.createCommandEncoder();
+    const pass = encoder.beginComputePass();
+    for (const [p, group, x, y, z] of graphs.get(id).steps) {
+      pass.setPipeline(p);
+      pass.setBindGroup(0, group);
+      pass.dispatchWorkgroups(x, y, z);
+    }
+    pass.end();
+    device.queue.submit([encoder.finish()]);
+  }
+
+  function forgetGraphs(ids) {
+    for (const id of ids) {
+      const g = graphs.get(id);
+      if (g !== undefined) g.uniforms.destroy();
+      graphs.delete(id);
+    }
+  }
+
   // GPU -> a fresh ArrayBuffer (the caller awaits it: Python through run_sync).
   async function read(id, offset, nbytes) {
     const staging = device.createBuffer({ size: nbytes, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
@@ -158,8 +219,9 @@ function makeTallowDriver(device, arenaBytes) {
   }
 
   return {
-    createBuffer, forget, compileAsync, compileSync, writeFromPython, writeFromJs, writeFromSlices, submit, read,
-    liveBuffers: () => buffers.size,
+    createBuffer, createUniform, forget, compileAsync, compileSync, writeFromPython, writeFromJs, writeFromSlices,
+    submit, read, record, replay, forgetGraphs,
+    liveBuffers: () => buffers.size, liveGraphs: () => graphs.size,
   };
 }
 return makeTallowDriver;

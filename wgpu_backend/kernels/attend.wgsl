@@ -10,6 +10,8 @@
 // 7 = 1: causal (key j > i + tk - tq banned), 8 = 1: additive mask.
 // Operands, offset then 4 strides (batch, head, row, feature), in elements: q at 9,
 // k at 14, v at 19, the mask (batch, head, row, key) at 24.
+// step_keys(tk): tk eagerly; position + tokens from the step buffer in a captured step
+// (wgpu_backend/recording.py), so one recorded launch serves every cache length.
 @group(0) @binding(1) var<storage, read> q: array<SX>;
 @group(0) @binding(2) var<storage, read> k: array<vec4<SX>>;
 @group(0) @binding(3) var<storage, read> v: array<vec4<SX>>;
@@ -54,7 +56,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
     if (row >= P(0u)) { return; }  // whole workgroups leave together
     let h = P(1u);
     let tq = P(2u);
-    let tk = P(3u);
+    let tk = step_keys(P(3u));  // a captured step over its KV cache reads it from the step buffer
     let d4 = P(4u) / 4u;
     let dv4 = P(5u) / 4u;
     let i = row % tq;

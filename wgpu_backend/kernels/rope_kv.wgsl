@@ -6,6 +6,8 @@
 // Operands, offset then 4 strides (batch, head, position, feature) in elements:
 // q at 7, k at 12, v at 17, the key cache slot at 22, the value cache slot at 27;
 // cos and sin (positions, d/2): offset and 2 strides at 32 and 35.
+// The cache slots and cos/sin rows are offset by step_position() more positions: 0 eagerly;
+// in a captured step (wgpu_backend/recording.py) the step's position, read from the step buffer.
 @group(0) @binding(1) var<storage, read> q: array<SX>;
 @group(0) @binding(2) var<storage, read> k: array<SX>;
 @group(0) @binding(3) var<storage, read> v: array<SX>;
@@ -32,6 +34,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
     let i = p % half;
     var rest = p / half;
     let tt = rest % t;
+    let at = tt + step_position();  // the position in the cache and the rotary tables
     rest = rest / t;
     let head = rest % (hq + 2u * hk);
     let bb = rest / (hq + 2u * hk);
@@ -43,12 +46,12 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
     }
     if (head >= hq + hk) {  // v: copied into its cache slot
         let hh = head - hq - hk;
-        vc[el(27u, bb, hh, tt, e1)] = v[el(17u, bb, hh, tt, e1)];
-        vc[el(27u, bb, hh, tt, e2)] = v[el(17u, bb, hh, tt, e2)];
+        vc[el(27u, bb, hh, at, e1)] = v[el(17u, bb, hh, tt, e1)];
+        vc[el(27u, bb, hh, at, e2)] = v[el(17u, bb, hh, tt, e2)];
         return;
     }
-    let c = lx(cs[u32(PI(32u) + i32(tt) * PI(33u) + i32(i) * PI(34u))]);
-    let s = lx(sn[u32(PI(35u) + i32(tt) * PI(36u) + i32(i) * PI(37u))]);
+    let c = lx(cs[u32(PI(32u) + i32(at) * PI(33u) + i32(i) * PI(34u))]);
+    let s = lx(sn[u32(PI(35u) + i32(at) * PI(36u) + i32(i) * PI(37u))]);
     if (head < hq) {  // q: rotated into the contiguous output
         let x1 = lx(q[el(7u, bb, head, tt, e1)]);
         let x2 = lx(q[el(7u, bb, head, tt, e2)]);
@@ -60,6 +63,6 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
     let hh = head - hq;  // k: rotated into its cache slot
     let x1 = lx(k[el(12u, bb, hh, tt, e1)]);
     let x2 = lx(k[el(12u, bb, hh, tt, e2)]);
-    kc[el(22u, bb, hh, tt, e1)] = sx(x1 * c - x2 * s);
-    kc[el(22u, bb, hh, tt, e2)] = sx(x1 * s + x2 * c);
+    kc[el(22u, bb, hh, at, e1)] = sx(x1 * c - x2 * s);
+    kc[el(22u, bb, hh, at, e2)] = sx(x1 * s + x2 * c);
 }

@@ -1,0 +1,223 @@
+"""Capture and replay (tallow.capture, wgpu_backend/recording.py): a captured one-token decode
+step replayed at later positions gives the logits eager decoding gives, bit for bit, on
+wgpu (lavapipe), across KV-cache growth and rotary-table growth; with the do-nothing driver
+the replays issue the eager step's dispatches with no front end; shape changes fall back to
+eager; a step that depends on the position outside the step buffer is refused."""
+import pytest
+
+import tallow
+from tallow.device import restore_backend, use_backend
+from tallow.errors import DeviceError, IndexRangeError, ShapeError, UnsupportedError
+
+pytest.importorskip("transformers")
+from tallow_wgpu.backend import WgpuBackend  # noqa: E402
+from tallow_wgpu.driver_null import NullDriver  # noqa: E402
+from tiny_llama import save_tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    save_tiny_llama(folder, ["hello world, the quick brown fox"] * 8)
+    return str(folder)
+
+
+@pytest.fixture
+def wgpu():
+    try:
+        return tallow.Device("wgpu")
+    except DeviceError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def null_wgpu():
+    driver = NullDriver()
+    yield use_backend("wgpu", WgpuBackend(driver)), driver
+    restore_backend("wgpu")
+
+
+def _small_cache(model, capacity):
+    cache = model.new_cache()
+    for layer in cache.layers:
+        layer.initial_capacity = capacity  # grows at capacity, 2 * capacity, ...: new buffers to recapture for
+    return cache
+
+
+def _greedy_logits(model, prompt, steps, cache):
+    """Logits of every step of greedy decoding, one token per call after the prompt."""
+    out = []
+    logits = model(prompt, cache=cache, last_only=True).reshape(-1).tolist()
+    for _ in range(steps):
+        out.append(logits)
+        token = max(range(len(logits)), key=logits.__getitem__)
+        logits = model([token], cache=cache, last_only=True).reshape(-1).tolist()
+    return out
+
+
+def _count_captures(monkeypatch, backend):
+    calls = {"capture": 0, "replay": 0}
+    begin, replay = backend.begin_capture, backend.replay
+
+    def counted_begin(*a):
+        calls["capture"] += 1
+        return begin(*a)
+
+    def counted_replay(*a):
+        calls["replay"] += 1
+        return replay(*a)
+    monkeypatch.setattr(backend, "begin_capture", counted_begin)
+    monkeypatch.setattr(backend, "replay", counted_replay)
+    return calls
+
+
+def test_replayed_decode_gives_eager_logits_across_cache_growth(wgpu, tiny_llama_dir, monkeypatch):
+    model = tallow.load_model(tiny_llama_dir, device=wgpu)
+    calls = _count_captures(monkeypatch, wgpu.backend)
+    # 70 steps: the KV cache grows at 8, 16, 32 and 64 positions and the rotary table at 64.
+    captured = _greedy_logits(model, [1, 5, 9], 70, _small_cache(model, 8))
+    model.capture_decode = False
+    eager = _greedy_logits(model, [1, 5, 9], 70, _small_cache(model, 8))
+    assert captured == eager
+    assert calls["replay"] >= 50, calls  # most steps were replays ...
+    assert calls["capture"] <= 12, calls  # ... after two captures per cache or table growth
+
+
+def test_generate_on_wgpu_replays_and_matches_numpy(wgpu, tiny_llama_dir, monkeypatch):
+    from tallow.generation import generate_ids
+    gpu = tallow.load_model(tiny_llama_dir, device=wgpu)
+    cpu = tallow.load_model(tiny_llama_dir, device="cpu")
+    calls = _count_captures(monkeypatch, wgpu.backend)
+    for prompt in ([1, 5, 9], [7, 3, 3, 2, 11]):
+        want = list(generate_ids(cpu, prompt, max_tokens=12, stop_tokens=[]))
+        assert list(generate_ids(gpu, prompt, max_tokens=12, stop_tokens=[])) == want
+    assert calls["replay"] > 0
+
+
+def test_null_driver_replays_the_eager_dispatches(null_wgpu, tiny_llama_dir):
+    dev, driver = null_wgpu
+    model = tallow.load_model(tiny_llama_dir, device=dev)
+    counts = []
+    for capture in (False, True):
+        model.capture_decode = capture
+        cache = model.new_cache()
+        model([1, 2, 3], cache=cache, last_only=True)
+        for _ in range(4):
+            driver.reset_counts()
+            model([4], cache=cache, last_only=True).tolist()
+        counts.append((driver.dispatches, driver.replays, dict(driver.by_kernel)))
+    (eager, eager_replays, eager_kernels), (replayed, replays, kernels) = counts
+    assert (eager_replays, replays) == (0, 1)
+    # The replay launches the recorded step plus one copy of the logits out of the graph.
+    assert replayed == eager + 1, (eager_kernels, kernels)
+
+
+def test_shape_changes_run_eagerly(null_wgpu, tiny_llama_dir):
+    dev, driver = null_wgpu
+    model = tallow.load_model(tiny_llama_dir, device=dev)
+    cache = model.new_cache()
+    model([1, 2, 3], cache=cache)
+    for _ in range(3):
+        model([4], cache=cache)
+    assert cache.graph is not None
+    driver.reset_counts()
+    assert model([5, 6], cache=cache).shape[1] == 2  # a two-token step: eager
+    assert driver.replays == 0 and cache.length == 8
+    assert model([[5], [6]]).shape[0] == 2  # a batch of two (on the model's own cache): eager
+    assert driver.replays == 0
+    model([7], cache=cache)
+    assert driver.replays == 1 and cache.length == 9
+
+
+def test_bad_token_ids_are_refused_before_a_replay(null_wgpu, tiny_llama_dir):
+    dev, _ = null_wgpu
+    model = tallow.load_model(tiny_llama_dir, device=dev)
+    model([1, 2])
+    for _ in range(3):
+        model([3])
+    vocab = model.config.vocab_size
+    with pytest.raises(IndexRangeError, match=f"id {vocab} is out of range"):
+        model([vocab])
+    with pytest.raises(IndexRangeError):
+        model([-1])
+
+
+def test_graph_replays_new_inputs_and_returns_fresh_outputs(wgpu):
+    table = tallow.tensor([[float(10 * r + c) for c in range(4)] for r in range(6)], device=wgpu)
+    with tallow.capture(wgpu, position=0) as graph:
+        ids = graph.input([[2]], tallow.i64)
+        first = graph.output(tallow.functional.embedding(ids, table) * 2.0)
+    assert first.tolist() == [[[40.0, 42.0, 44.0, 46.0]]]
+    five, = graph.replay([[5]], position=1)
+    three, = graph.replay([[3]], position=2)
+    assert five.tolist() == [[[100.0, 102.0, 104.0, 106.0]]]  # kept: not overwritten by the next replay
+    assert three.tolist() == [[[60.0, 62.0, 64.0, 66.0]]]
+    with pytest.raises(ShapeError, match=r"captured with \(1, 1\)"):
+        graph.replay([[1, 2]], position=3)
+
+
+def test_position_dependence_outside_the_step_buffer_shows(null_wgpu):
+    dev, _ = null_wgpu
+    x = tallow.zeros(8, 4, device=dev)
+    graphs = []
+    for position in (2, 3):
+        with tallow.capture(dev, position=position) as graph:
+            graph.output(x.narrow(0, position, 1) + 1.0)  # reads row `position`: not from the step buffer
+        graphs.append(graph)
+    with tallow.capture(dev, position=4) as same:
+        same.output(x.narrow(0, 2, 1) + 1.0)
+    assert not graphs[0].same_launches(graphs[1])
+    assert graphs[0].same_launches(same)
+
+
+def test_devices_without_capture_refuse_it():
+    assert not tallow.can_capture("cpu")
+    with pytest.raises(UnsupportedError, match="cannot capture"):
+        tallow.capture("cpu")
+
+
+@pytest.mark.slow
+def test_smollm2_captured_decode_matches_eager(wgpu, smollm2_gguf, monkeypatch):
+    from tallow.generation import chat_prompt_ids, generate_ids
+    model = tallow.load_model(smollm2_gguf, device=wgpu)
+    calls = _count_captures(monkeypatch, wgpu.backend)
+    for prompt in ("What is the capital of France?", "Write a haiku about the sea."):
+        ids = chat_prompt_ids(model, [{"role": "user", "content": prompt}])
+        model.capture_decode = True
+        captured = list(generate_ids(model, ids, max_tokens=16, stop_tokens=[], cache=model.new_cache()))
+        model.capture_decode = False
+        eager = list(generate_ids(model, ids, max_tokens=16, stop_tokens=[], cache=model.new_cache()))
+        assert captured == eager, f"{prompt!r}: {model.tokenizer.decode(captured)!r} vs {model.tokenizer.decode(eager)!r}"
+    assert calls["replay"] >= 2 * 12, calls
+
+
+def test_another_threads_ops_stay_out_of_a_capture(null_wgpu):
+    import threading
+    dev, driver = null_wgpu
+    x = tallow.zeros(4, device=dev)
+    with tallow.capture(dev, position=0) as graph:
+        other = threading.Thread(target=lambda: (x + 1.0, x - 1.0))
+        other.start()
+        other.join()
+        graph.output(x * 2.0)
+    driver.reset_counts()
+    graph.replay(position=1)
+    # the scalar's fill and the mul, then the copy of the output: none of the other thread's add and sub
+    assert driver.by_kernel == {"fill f32": 1, "mul": 1, "identity": 1}
+
+
+def test_a_step_that_reads_the_position_elsewhere_decodes_eagerly(wgpu, tmp_path):
+    # Phi-2's partial rotary runs its own rope and kv_write, whose parameters hold the position:
+    # the two captures differ, so the cache stops capturing and decodes eagerly, with the same logits.
+    import torch
+    import transformers as tf
+    torch.manual_seed(0)
+    cfg = tf.PhiConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       max_position_embeddings=64, partial_rotary_factor=0.5)
+    tf.PhiForCausalLM(cfg).eval().save_pretrained(tmp_path, safe_serialization=True)
+    model = tallow.load_model(str(tmp_path), device=wgpu)
+    cache = model.new_cache()
+    captured = _greedy_logits(model, [1, 5, 9], 6, cache)
+    assert cache.capture_refused and cache.graph is None
+    model.capture_decode = False
+    assert captured == _greedy_logits(model, [1, 5, 9], 6, model.new_cache())
