@@ -7,9 +7,10 @@ dequantise-with-numpy path.
 
 Few rows of x (a decoding step) are quantised to 16 bits in blocks of 32 and
 multiplied by integer dot products on the blocks (cpu_int_kernels.py, as ggml
-does with 8 bits; why 16 is explained there), which read each weight byte once. Many rows (a prompt) are multiplied by BLAS a tile of weight
-rows at a time, each tile dequantised by a kernel into one reused f32 buffer:
-BLAS's matrix-matrix product is far faster than any loop here, and the tile
+does with 8 bits; why 16 is explained there), which read each weight byte once.
+Many rows (a prompt) are multiplied by BLAS a tile of weight rows at a time,
+each tile dequantised by a kernel into one reused f32 buffer: BLAS's
+matrix-matrix product is far faster than any loop here, and the tile
 keeps memory bounded. That dequantisation runs on one thread: the kernels'
 OpenMP threads spin after each call, and alternating them with BLAS's threads
 on the same cores starved both (measured: first token 5.0 s instead of 1.3 s).
