@@ -5,6 +5,8 @@ Q8_0, with x of 1 row (decoding) and 64 rows (prefill), compares
   f32 cached   : an f32 copy of the weight kept in memory, plain x @ w.T
   full dequant : dequantise the whole weight every call, then x @ w.T
   chunked      : tallow.quant.qmatmul_numpy (rows dequantised ~2 MB at a time)
+  kernels      : the numba kernels on the blocks (tallow.quant.cpu_matmul; integer dot
+                 products for 1 row, tiles dequantised for BLAS for 64), when numba is installed
 and prints time per call, the extra memory each needs, and the pure-Python
 qmatmul on a small matrix. Run: python bench/quant.py
 """
@@ -14,7 +16,7 @@ from array import array
 
 import numpy as np
 
-from tallow.quant import dequantize_numpy, qmatmul_numpy, qmatmul_python, quantize_numpy
+from tallow.quant import cpu_matmul, dequantize_numpy, qmatmul_numpy, qmatmul_python, quantize_numpy
 
 
 def best(f, reps=5):
@@ -37,8 +39,8 @@ def peak_mb(f):
 
 def main():
     rng = np.random.default_rng(0)
-    print(f"{'matrix':>10} {'type':>5} {'m':>3} | {'f32 cached':>10} {'full deq':>9} {'chunked':>9} ms | "
-          f"{'weights':>8} {'f32 copy':>8} {'full tmp':>8} {'chunk tmp':>9} MB")
+    print(f"{'matrix':>10} {'type':>5} {'m':>3} | {'f32 cached':>10} {'full deq':>9} {'chunked':>9} "
+          f"{'kernels':>8} ms | {'weights':>8} {'f32 copy':>8} {'full tmp':>8} {'chunk tmp':>9} MB")
     for n, k in ((1536, 576), (49152, 576)):
         w = rng.standard_normal((n, k)).astype(np.float32)
         for q in ("q4_1", "q8_0"):
@@ -49,10 +51,12 @@ def main():
                 cached = best(lambda: x @ wf.T)
                 full = best(lambda: x @ dequantize_numpy(raw, q, n * k).reshape(n, k).T)
                 chunked = best(lambda: qmatmul_numpy(x, raw, q, n, k))
+                kernels = best(lambda: cpu_matmul.qmatmul(x, raw, q, n, k)) if cpu_matmul.supports(q) else float("nan")
                 full_mem = peak_mb(lambda: x @ dequantize_numpy(raw, q, n * k).reshape(n, k).T)
                 chunk_mem = peak_mb(lambda: qmatmul_numpy(x, raw, q, n, k))
-                print(f"{n:>5}x{k:<4} {q:>5} {m:>3} | {cached:>10.2f} {full:>9.2f} {chunked:>9.2f}    | "
-                      f"{raw.nbytes / 2**20:>8.1f} {wf.nbytes / 2**20:>8.1f} {full_mem:>8.1f} {chunk_mem:>9.1f}")
+                print(f"{n:>5}x{k:<4} {q:>5} {m:>3} | {cached:>10.2f} {full:>9.2f} {chunked:>9.2f} "
+                      f"{kernels:>8.2f}    | {raw.nbytes / 2**20:>8.1f} {wf.nbytes / 2**20:>8.1f} "
+                      f"{full_mem:>8.1f} {chunk_mem:>9.1f}")
     n, k = 256, 576
     w = rng.standard_normal((n, k)).astype(np.float32)
     x = array("f", rng.standard_normal(k).astype(np.float32).tobytes())

@@ -35,16 +35,73 @@ def _kernels_on(monkeypatch):
     monkeypatch.delenv("TALLOW_CPU_KERNELS", raising=False)
 
 
+def _q8_reference(x):
+    """ggml's 8-bit activation blocks, from the `gguf` package's Q8_0 quantiser: (int8 values, their
+    float32 scales amax/127). gguf stores the scale as f16; the kernels keep it in float32."""
+    from gguf import GGMLQuantizationType, quants
+    m, k = x.shape
+    blocks = quants.quantize(x, GGMLQuantizationType.Q8_0).reshape(m, k // 32, 34)
+    qs = blocks[..., 2:].copy().view(np.int8).reshape(m, k)
+    d = np.abs(x.reshape(m, k // 32, 32)).max(axis=2) / np.float32(127)
+    return qs, d.astype(np.float32)
+
+
+def _activation_reference(x, qmax=cpu_matmul.ACTIVATION_MAX):
+    """The same blocks with qmax levels a side (the kernels' 16 bits), rounded by gguf's np_roundf."""
+    from gguf.quants import np_roundf
+    m, k = x.shape
+    blocks = x.reshape(m, k // 32, 32)
+    d = (np.abs(blocks).max(axis=2, keepdims=True) / np.float32(qmax)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    return np_roundf(blocks * inv).astype(np.int32).reshape(m, k), d.reshape(m, k // 32)
+
+
 def _check(q, n, k, m, rng):
     raw = _blocks(q, n * k // get_dtype(q).block_size, rng)
     w = dequantize_numpy(raw, q, n * k).reshape(n, k).astype(np.float64)
     x = rng.standard_normal((m, k)).astype(np.float32)
-    ref = x.astype(np.float64) @ w.T
     got = cpu_matmul.qmatmul(x, raw, q, n, k)
     assert got.shape == (m, n) and got.dtype == np.float32
-    # float32 sums in another order: relative to the size of the terms summed
-    scale = np.abs(x).astype(np.float64) @ np.abs(w).T
-    assert np.all(np.abs(got - ref) <= 1e-5 * scale + 1e-6), q
+    if m > cpu_matmul.FUSED_MAX_ROWS:  # the prompt path: float weights times float x, via BLAS
+        ref = x.astype(np.float64) @ w.T
+        scale = np.abs(x).astype(np.float64) @ np.abs(w).T
+        assert np.all(np.abs(got - ref) <= 1e-5 * scale + 1e-6), q
+        return
+    # Decoding: x is quantised per 32-value block as ggml does (16 bits), then the dot is exact up to
+    # float32 summation order: so against the dequantised activations the error is rounding only...
+    qs, d = _activation_reference(x)
+    xq = (qs.reshape(m, k // 32, 32) * d[..., None].astype(np.float64)).reshape(m, k)
+    ref_q = xq @ w.T
+    scale = np.abs(xq) @ np.abs(w).T
+    assert np.all(np.abs(got - ref_q) <= 2e-5 * scale + 1e-6), q
+    # ...and against the float activations it is ggml's own: each value is off by at most half a
+    # step d/2, so the dot by at most sum over blocks of d/2 * sum |w| (plus the rounding above).
+    bound = (np.abs(w).reshape(n, k // 32, 32).sum(axis=2) @ (d.astype(np.float64) / 2).T).T
+    ref = x.astype(np.float64) @ w.T
+    assert np.all(np.abs(got - ref) <= bound + 2e-5 * scale + 1e-6), q
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_activation_quantisation_matches_gguf(bits):
+    """8 bits: exactly gguf.quants' Q8_0 values (round half away from zero, ties and zero blocks
+    included), with float32 scales; 16 bits (what the kernels use): the same rounding with 32767
+    levels. The block sums are the values' sums."""
+    from tallow.quant import cpu_int_kernels
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    x[0, :32] = 0  # an all-zero block: scale 0, values 0
+    x[1, :32] = np.arange(32, dtype=np.float32) - 15.5  # 127 * v / 15.5: many exact .5 ties
+    x[2, 5] = 0.49999997 * float(np.abs(x[2, :32]).max()) / 127  # just below a tie
+    qmax, dtype = (127, np.int8) if bits == 8 else (32767, np.int16)
+    qx, dx = np.empty((3, 96), dtype), np.empty((3, 3), np.float32)
+    sx = np.empty((3, 3), np.int32)
+    cpu_int_kernels.quantize_rows(x, qmax, qx, dx, sx)
+    qs, d = _q8_reference(x) if bits == 8 else _activation_reference(x, qmax)
+    assert np.array_equal(qx, qs)
+    assert np.array_equal(dx, d)
+    assert np.array_equal(sx, qs.reshape(3, 3, 32).sum(axis=2, dtype=np.int32))
+    assert np.abs(qx).max() == qmax
 
 
 @pytest.mark.parametrize("q", FORMATS)
@@ -98,28 +155,38 @@ def test_bad_shapes_raise_tallow_errors():
         cpu_matmul.qmatmul(np.zeros((1, 64), np.float32), raw[:-1], "q4_0", 2, 64)
 
 
-def test_backend_keeps_f32_copies_within_the_budget_and_uses_kernels_past_it(monkeypatch):
+def test_backend_keeps_weights_quantised_with_kernels_and_copies_only_when_asked(monkeypatch):
     from tallow.backends import numpy_backend
     rng = np.random.default_rng(4)
     w = rng.standard_normal((6, 64)).astype(np.float32)
     x = rng.standard_normal((1, 64)).astype(np.float32)
-    wq = tallow.from_numpy(w).to(get_dtype("q4_0"))
+
+    def quantised():  # a fresh weight each time: the copies are keyed by the weight's storage
+        return tallow.from_numpy(w).to(get_dtype("q4_0"))
+
+    wq = quantised()
     deq = wq.to(tallow.f32).numpy()
+    qs, d = _activation_reference(x)
+    x_q = (qs.reshape(2, 32) * d.reshape(2, 1)).reshape(1, 64)  # what the kernels multiply
     used = numpy_backend._DEQUANT_CACHE.used
-    monkeypatch.setenv("TALLOW_QUANT_CACHE_MB", "0")  # no budget: the kernels read the blocks
-    np.testing.assert_allclose((tallow.from_numpy(x) @ wq.T).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)
-    assert numpy_backend._DEQUANT_CACHE.used == used  # nothing was cached
+    monkeypatch.delenv("TALLOW_QUANT_CACHE_MB", raising=False)  # default: the kernels read the blocks
+    np.testing.assert_allclose((tallow.from_numpy(x) @ wq.T).numpy(), x_q @ deq.T, rtol=1e-5, atol=1e-5)
+    assert numpy_backend._DEQUANT_CACHE.used == used  # no f32 copy
     ids = tallow.from_numpy(np.array([5, 0], dtype=np.int64))
     np.testing.assert_array_equal(wq.index_select(0, ids).numpy(), deq[[5, 0]])  # an embedding lookup
-    monkeypatch.delenv("TALLOW_QUANT_CACHE_MB")  # the default budget: an f32 copy (faster decode)
-    np.testing.assert_allclose((tallow.from_numpy(x) @ wq.T).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("TALLOW_QUANT_CACHE_MB", "1")  # asked for: an f32 copy within the budget
+    w2 = quantised()  # held: a copy lives as long as its weight
+    np.testing.assert_allclose((tallow.from_numpy(x) @ w2.T).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)
     assert numpy_backend._DEQUANT_CACHE.used == used + w.size * 4
-    monkeypatch.setenv("TALLOW_CPU_KERNELS", "0")  # the numpy path is still there
+    monkeypatch.delenv("TALLOW_QUANT_CACHE_MB")
+    monkeypatch.setenv("TALLOW_CPU_KERNELS", "0")  # no kernels (as without numba): today's default copies
     assert not cpu_matmul.supports("q4_0")
-    np.testing.assert_allclose((tallow.from_numpy(x) @ wq.T).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)
+    w3 = quantised()
+    np.testing.assert_allclose((tallow.from_numpy(x) @ w3.T).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)
+    assert numpy_backend._DEQUANT_CACHE.used == used + 2 * w.size * 4
     monkeypatch.setenv("TALLOW_QUANT_CACHE_MB", "lots")
     with pytest.raises(tallow.Error, match="TALLOW_QUANT_CACHE_MB='lots'"):
-        tallow.from_numpy(x) @ tallow.from_numpy(w).to(get_dtype("q4_0")).T
+        tallow.from_numpy(x) @ quantised().T
 
 
 def test_import_tallow_does_not_import_numba():

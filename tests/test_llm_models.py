@@ -288,8 +288,12 @@ def test_llama_gguf_matches_transformers(tmp_path, qtype, tol):
     assert ours.config.rope_interleaved  # the permuted q/k rows are rotated as interleaved pairs
 
 
-def test_llama_q8_0_gguf_matches_transformers_on_the_same_file(tmp_path):
-    """transformers reading the same Q8_0 GGUF (it dequantises and un-permutes) agrees to 1e-4."""
+def test_llama_q8_0_gguf_matches_transformers_on_the_same_file(tmp_path, monkeypatch):
+    """transformers reading the same Q8_0 GGUF (it dequantises and un-permutes) agrees to 1e-4.
+    With f32 copies of the weights: the CPU's numba kernels quantise activations to 8 bits
+    as ggml does (their error is bounded in tests/test_cpu_kernels.py, and the Q8_0 test above
+    holds with them); this test is about reading the file."""
+    monkeypatch.setenv("TALLOW_QUANT_CACHE_MB", "64")
     pytest.importorskip("gguf")
     pytest.importorskip("accelerate")  # transformers needs it to read GGUF
     model, _ = _hf("llama", tmp_path, tie_word_embeddings=False)

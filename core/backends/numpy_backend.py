@@ -60,15 +60,16 @@ _COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equ
 class _DequantCache:
     """f32 copies of quantised weights, kept while they fit a memory budget.
 
-    Measured (bench/quant.py, 49152x576, one token): a kept f32 copy multiplies in
-    12-14 ms, dequantising in chunks per call takes 90-230 ms. So weights are
-    dequantised once and kept, up to $TALLOW_QUANT_CACHE_MB (default: a quarter
-    of physical memory, at most 4 GiB); past the budget the per-call chunked path
-    keeps memory bounded (a Raspberry Pi with a large model). 0 disables it.
-    With numba installed, the formats its kernels handle (quant/cpu_matmul.py) are
-    computed on the mapped blocks past the budget (or with 0) instead of the chunked
-    path: 2.5x less memory than the copies at about half their decode speed (measured
-    on SmolLM2, bench/llm.py), so the copies still pay where they fit.
+    Without numba (numpy only), measured (bench/quant.py, 49152x576, one token): a
+    kept f32 copy multiplies in 12-14 ms, dequantising in chunks per call takes
+    90-230 ms. So weights are dequantised once and kept, up to $TALLOW_QUANT_CACHE_MB
+    (default: a quarter of physical memory, at most 4 GiB); past the budget the
+    per-call chunked path keeps memory bounded. 0 disables it.
+    With numba installed, the formats its kernels handle (quant/cpu_matmul.py) keep no
+    copies unless $TALLOW_QUANT_CACHE_MB is set: the integer-dot kernels decode as fast
+    as the copies (SmolLM2, bench/llm.py) in a third of the memory. Not even the largest,
+    the tied Q8_0 output head: its copy saves 0.4 ms of a ~42 ms token (3.4 vs 3.8 ms,
+    one thread) for 108 MB.
     """
 
     def __init__(self):
@@ -76,13 +77,15 @@ class _DequantCache:
         self.used = 0
         self.budget = None
 
-    def _budget(self):
+    def _budget(self, kernels):
         env = os.environ.get("TALLOW_QUANT_CACHE_MB")  # read each time: a setting may change at run time
         if env is not None:
             try:
                 return int(float(env) * 2**20)
             except ValueError:
                 raise Error(f"TALLOW_QUANT_CACHE_MB={env!r} is not a number of MB (0 keeps no f32 copies)") from None
+        if kernels:  # the kernels compute on the blocks: copies only when asked for
+            return 0
         if self.budget is None:
             try:
                 phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -91,13 +94,15 @@ class _DequantCache:
             self.budget = min(phys // 4, 4 * 2**30)
         return self.budget
 
-    def get(self, w, wdtype, n, k):
+    def get(self, w, wdtype, n, k, kernels=False):
+        """The f32 copy of w, made now if it fits the budget; None past it. kernels: the numba
+        kernels handle wdtype (then the default budget is 0)."""
         key = id(w)
         hit = self.entries.get(key)
         if hit is not None and hit[0]() is w:
             return hit[1]
         size = n * k * 4
-        if self.used + size > self._budget():
+        if self.used + size > self._budget(kernels):
             return None
         from ..quant import dequantize_numpy
         wf = dequantize_numpy(w, wdtype, n * k).reshape(n, k)
@@ -297,9 +302,9 @@ class NumpyBackend(Backend):
         xv = self.load(x, lx, dtype).astype(np.float32, copy=False)
         from ..quant import cpu_matmul
         kernels = cpu_matmul.supports(wdtype)
-        # An f32 copy while it fits the budget (twice the kernels' decode speed);
-        # past it, the numba kernels read the mapped blocks (or numpy's chunked path).
-        wf = _DEQUANT_CACHE.get(w, wdtype, n, k)
+        # With the numba kernels: the mapped blocks, unless $TALLOW_QUANT_CACHE_MB asks for copies.
+        # Without: an f32 copy while it fits the budget, else numpy's chunked path.
+        wf = _DEQUANT_CACHE.get(w, wdtype, n, k, kernels)
         if wf is not None:
             if xv.size == k:  # one row: matrix-vector path (see matmul)
                 return self.store(np.matmul(wf, xv.reshape(k)), dtype)

@@ -1,14 +1,13 @@
-"""numba kernels that compute directly on GGUF blocks (the CPU device's quantised matmul).
+"""numba kernels that decode GGUF blocks to float32 on the CPU device: embedding rows,
+tiles of weight rows for the prompt path (then multiplied by BLAS), and the f16 matmul.
+Decoding steps use the integer dot products of cpu_int_kernels.py instead.
 
 Imported only by the numpy backend, and only when numba is installed
 (`pip install 'tallow[cpu]'`): `import tallow` never imports numba.
 
 Each weight row is a run of GGUF blocks. `decode_block` turns one block into
-block_size float32 values in a small per-thread row buffer (it stays in L1),
-which the caller dots with the activations, so every weight byte is read once
-per call and no f32 copy of the matrix exists. Rows are split across threads (prange).
-The arithmetic follows ggml's `dequantize_row_*` (see dequant_numpy.py); the
-sums are reassociated (fastmath) so they vectorise, hence not bit-identical.
+block_size float32 values, bit-identical to ggml's `dequantize_row_*` (see
+dequant_numpy.py).
 
 Written as plain Python over numpy arrays, so NUMBA_DISABLE_JIT=1 runs the same
 code (slowly) and tests can read it. Integers are widened with np.int32 before
@@ -19,7 +18,6 @@ from numba import njit, prange
 
 # Format codes (the kernels branch on these once per block).
 FORMATS = {"q4_0": 0, "q4_1": 1, "q5_0": 2, "q5_1": 3, "q8_0": 4, "q4_k": 5, "q5_k": 6, "q6_k": 7}
-ROWS_PER_TASK = 16  # output rows one thread takes at a time: amortises the buffer allocation
 
 # float32 value of every f16 bit pattern (256 KB; stays in L2): f16 -> f32 by lookup.
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -140,32 +138,6 @@ def decode_block(fmt, raw, raw8, table, buf):
                 buf[bo + base + j + 32] = d * _i8(raw, sc + s + 2) * np.float32(q2)
                 buf[bo + base + j + 64] = d * _i8(raw, sc + s + 4) * np.float32(q3)
                 buf[bo + base + j + 96] = d * _i8(raw, sc + s + 6) * np.float32(q4)
-
-
-@njit(cache=True, parallel=True, fastmath=True)
-def qmatmul_blocks(fmt, block_size, block_bytes, raw, x, n, table, out):
-    """out (m, n) = x (m, k) times the transpose of the (n, k) block matrix in raw (uint8).
-
-    For the few rows of a decoding step: each weight row is decoded once into a
-    per-thread buffer of k floats (it stays in L1) and dotted with every row of x.
-    Decoding a whole row, then one long dot, vectorises far better than a dot per
-    block (measured 4x on Q8_0 and Q4_1)."""
-    m, k = x.shape
-    blocks = k // block_size
-    row_bytes = blocks * block_bytes
-    raw8 = raw.view(np.int8)
-    for task in prange((n + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        buf = np.empty(k, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(n, (task + 1) * ROWS_PER_TASK)):
-            for b in range(blocks):
-                o = r * row_bytes + b * block_bytes
-                decode_block(fmt, raw[o:o + block_bytes], raw8[o:o + block_bytes], table,
-                             buf[b * block_size:(b + 1) * block_size])
-            for i in range(m):
-                s = np.float32(0.0)
-                for j in range(k):
-                    s += buf[j] * x[i, j]
-                out[i, r] = s
 
 
 @njit(cache=True)

@@ -5,10 +5,12 @@ the numba kernels in cpu_kernels.py, with the argument checks done here.
 $TALLOW_CPU_KERNELS not "0". Otherwise None, and the numpy backend keeps its
 dequantise-with-numpy path.
 
-Few rows of x (a decoding step) go through the fused kernel, which reads each
-weight byte once. Many rows (a prompt) are multiplied by BLAS a tile of weight
-rows at a time, each tile dequantised by a kernel into one reused f32 buffer:
-BLAS's matrix-matrix product is far faster than any loop here, and the tile
+Few rows of x (a decoding step) are quantised to 16 bits in blocks of 32 and
+multiplied by integer dot products on the blocks (cpu_int_kernels.py, as ggml
+does with 8 bits; why 16 is explained there), which read each weight byte once.
+Many rows (a prompt) are multiplied by BLAS a tile of weight rows at a time,
+each tile dequantised by a kernel into one reused f32 buffer: BLAS's
+matrix-matrix product is far faster than any loop here, and the tile
 keeps memory bounded. That dequantisation runs on one thread: the kernels'
 OpenMP threads spin after each call, and alternating them with BLAS's threads
 on the same cores starved both (measured: first token 5.0 s instead of 1.3 s).
@@ -19,6 +21,7 @@ from ..errors import FormatError, ShapeError
 from .formats import quant_dtype
 
 FUSED_MAX_ROWS = 8  # rows of x up to which the fused kernel beats dequantise-then-BLAS (measured)
+ACTIVATION_MAX = 32767  # decoding steps quantise x to int16 (see cpu_int_kernels.py)
 TILE_ELEMENTS = 1 << 18  # f32 elements of a dequantised tile (1 MB: stays in L2)
 
 _state: dict[str, object] = {}
@@ -33,10 +36,11 @@ def kernels():
         if os.environ.get("OMP_NUM_THREADS", "").isdigit() and "NUMBA_NUM_THREADS" not in os.environ:
             os.environ["NUMBA_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
         try:
-            from . import cpu_kernels
+            from . import cpu_int_kernels, cpu_kernels
         except ImportError:
-            cpu_kernels = None
+            cpu_kernels = cpu_int_kernels = None
         _state["module"] = cpu_kernels
+        _state["int"] = cpu_int_kernels
     return _state["module"]
 
 
@@ -71,8 +75,13 @@ def qmatmul(x, raw, qtype, n, k):
     x2 = np.ascontiguousarray(x.reshape(-1, k))
     m = x2.shape[0]
     if m <= FUSED_MAX_ROWS:
+        ints = _state["int"]
+        qx = np.empty((m, k), dtype=np.int16)
+        dx = np.empty((m, k // ints.QK), dtype=np.float32)
+        sx = np.empty((m, k // ints.QK), dtype=np.int32)
+        ints.quantize_rows(x2, ACTIVATION_MAX, qx, dx, sx)
         out = np.empty((m, n), dtype=np.float32)
-        mod.qmatmul_blocks(fmt, d.block_size, d.block_bytes, arr, x2, n, mod.F16_TABLE, out)
+        ints.qmatmul_q(fmt, d.block_size, d.block_bytes, arr, qx, dx, sx, n, mod.F16_TABLE, out, ints.QK // 2)
         return out.reshape(x.shape[:-1] + (n,))
     # out is filled transposed, so each tile writes whole contiguous rows (BLAS's fast path)
     out_t = np.empty((n, m), dtype=np.float32)
