@@ -179,3 +179,29 @@ def test_through_tensors(dev):
     bound = (step / 2) @ np.abs(deq).reshape(6, 2, 32).sum(axis=2).T
     assert np.all(np.abs(got - x @ deq.T) <= bound + 1e-5 * (np.abs(x) @ np.abs(deq).T) + 1e-5)
     _same_bits(wq.to(tallow.f32).numpy(), deq)
+
+
+def test_numpy_joins_adjacent_mapped_rows_without_a_copy():
+    """q/k/v and gate/up are joined at load time; on the CPU, parts side by side in the mapped
+    GGUF (ffn_gate, ffn_up) must join as a view of the mapping, others as a copy."""
+    import mmap
+    import tempfile
+
+    from tallow.backends.numpy_backend import NumpyBackend
+    from tallow.layout import Layout
+
+    be, q = NumpyBackend(), get_dtype("q8_0")
+    raw = np.random.default_rng(0).integers(0, 256, size=3 * 4 * q.block_bytes, dtype=np.uint8)
+    with tempfile.TemporaryFile() as f:
+        f.write(raw.tobytes())
+        f.flush()
+        mapped = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        part = 4 * q.block_bytes
+        a, b, c = (be.from_bytes(mapped[i * part:(i + 1) * part], q) for i in range(3))
+        lay = Layout((4, 32))
+        side_by_side = be.concat_rows([(a, lay), (b, lay)], q)
+        assert np.shares_memory(side_by_side, a) and np.shares_memory(side_by_side, b)
+        np.testing.assert_array_equal(side_by_side, raw[:2 * part])
+        apart = be.concat_rows([(a, lay), (c, lay)], q)
+        assert not np.shares_memory(apart, a)
+        np.testing.assert_array_equal(apart, np.concatenate([raw[:part], raw[2 * part:]]))

@@ -214,6 +214,16 @@ class NumpyBackend(Backend):
             return self.store(start + step * np.arange(numel, dtype=np.float64), dtype)
         return (start + step * np.arange(numel, dtype=np.int64)).astype(dtype.np_name)
 
+    def concat_rows(self, parts, dtype):
+        """Quantised matrices joined along their rows (q/k/v, gate/up at load time). Parts that
+        lie side by side in one memory-mapped file (GGUF writes ffn_gate then ffn_up) join as a
+        view of the mapping, so joining costs no memory; others are copied once."""
+        if not dtype.is_quantized:
+            return super().concat_rows(parts, dtype)
+        arrays = [st for st, _ in parts]
+        joined = _adjacent_view(arrays)
+        return joined if joined is not None else np.concatenate(arrays)
+
     # ---- element-wise -------------------------------------------------------
     def copy(self, st, layout, dtype):
         return np.ascontiguousarray(self.view(st, layout)).reshape(-1).copy()
@@ -439,3 +449,20 @@ class NumpyBackend(Backend):
             raise ShapeError(f"custom op {op.name!r}: cpu() returned shape {y.shape}, "
                              f"output_shape() said {tuple(out_shape)}")
         return self.store(y, out_dtype)
+
+
+def _adjacent_view(arrays):
+    """One read-only uint8 view over `arrays` when they are consecutive byte ranges of the
+    same exported buffer (a memory map), else None."""
+    owners = [a.base.obj if isinstance(a.base, memoryview) else None for a in arrays]
+    if owners[0] is None or any(o is not owners[0] for o in owners):
+        return None
+    whole = np.frombuffer(owners[0], np.uint8)
+    origin = whole.__array_interface__["data"][0]
+    start = arrays[0].__array_interface__["data"][0] - origin
+    at = start
+    for a in arrays:
+        if a.__array_interface__["data"][0] - origin != at or not a.flags.c_contiguous:
+            return None
+        at += a.nbytes
+    return whole[start:at]
