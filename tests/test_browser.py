@@ -53,9 +53,8 @@ def dist(tmp_path_factory):
     missing = harness.missing_requirements()
     if missing:
         _require(missing)
-    build = harness.load_web_module("build")
     out = str(tmp_path_factory.mktemp("web") / "dist")
-    build.build(out, quiet=True, part_bytes=PART_BYTES, test_hooks=True)
+    harness.build_test_site(out, part_bytes=PART_BYTES)
     return out
 
 
