@@ -53,9 +53,8 @@ def dist(tmp_path_factory):
     missing = harness.missing_requirements()
     if missing:
         _require(missing)
-    build = harness.load_web_module("build")
     out = str(tmp_path_factory.mktemp("web") / "dist")
-    build.build(out, quiet=True, part_bytes=PART_BYTES, test_hooks=True)
+    harness.build_test_site(out, part_bytes=PART_BYTES)
     return out
 
 
@@ -650,3 +649,62 @@ def test_a_truncated_file_over_a_byte_source_fails_like_the_mapped_one(tmp_path,
     with pytest.raises(FormatError) as source_error:
         tallow.io.open(BytesSource(data, path), format="gguf")
     assert str(source_error.value) == str(mapped_error.value)
+
+
+# ---- the do-nothing GPU driver in the worker: what bench/gpu_host.py's browser figure times ----
+# The same source runs natively and in the page's worker: one-token decode steps of a model on
+# wgpu_backend/driver_null.py, eager and then replayed from a capture, with their dispatches.
+_NULL_DRIVER_STEPS = r"""
+import tallow
+from tallow.device import restore_backend, use_backend
+from tallow_wgpu.backend import WgpuBackend
+from tallow_wgpu.driver_null import NullDriver
+
+
+def null_driver_steps(folder):
+    driver = NullDriver()
+    dev = use_backend("wgpu", WgpuBackend(driver))
+    try:
+        model = tallow.load_model(folder, device=dev)
+        steps = {}
+        for captured in (False, True):
+            model.capture_decode = captured
+            cache = model.new_cache()
+            model([1, 2, 3], cache=cache, last_only=True).tolist()
+            for token in (4, 5):  # a captured cache records its first two steps, then replays
+                model([token], cache=cache, last_only=True).tolist()
+            driver.reset_counts()
+            model([6], cache=cache, last_only=True).tolist()
+            steps["captured" if captured else "eager"] = [driver.dispatches, driver.replays, dict(driver.by_kernel)]
+        return steps
+    finally:
+        restore_backend("wgpu")
+"""
+
+
+def test_the_null_driver_in_the_chromium_worker_dispatches_what_it_does_natively(demo, ui, tmp_path):
+    """bench/gpu_host.py's browser figure times the same work as its native one: a tiny Llama's
+    decode step on the do-nothing driver issues the same dispatches, kernel by kernel, in the page's
+    worker as natively, eager and replayed from a capture."""
+    pytest.importorskip("transformers")
+    import base64
+    from tiny_llama import save_tiny_llama
+    save_tiny_llama(tmp_path, ["hello world, the quick brown fox"] * 8)
+    namespace = {}
+    exec(_NULL_DRIVER_STEPS, namespace)
+    native = namespace["null_driver_steps"](str(tmp_path))
+    files = {p.name: base64.b64encode(p.read_bytes()).decode() for p in tmp_path.iterdir() if p.is_file()}
+    got = demo.run(ui, _NULL_DRIVER_STEPS + f"""
+import base64, os
+os.makedirs("/tmp/tiny-llama", exist_ok=True)
+for name, data in {files!r}.items():
+    with open("/tmp/tiny-llama/" + name, "wb") as f:
+        f.write(base64.b64decode(data))
+null_driver_steps("/tmp/tiny-llama")
+""")
+    assert native["eager"][0] > 0 and native["eager"][1] == 0, native
+    assert native["captured"][1] == 1, f"the captured step was not replayed natively: {native}"
+    print(f"one tiny-Llama decode step on the null driver: {native}")
+    assert got == native
+    # the page's own WebGPU device is back after the test
+    assert demo.run(ui, "import tallow\ntallow.Device('wgpu').backend.driver.name") == "browser"

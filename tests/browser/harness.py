@@ -55,6 +55,12 @@ def load_web_module(name):
     return sys.modules[key]
 
 
+def build_test_site(out, models=True, part_bytes=None):
+    """Build the demo into `out` as the browser tests and benches drive it: with the test hooks
+    (the worker's `run` request evaluates Python) and, with models=True, the cached models."""
+    return load_web_module("build").build(out, models=models, quiet=True, part_bytes=part_bytes, test_hooks=True)
+
+
 class PlainStaticServer:
     """`python3 -m http.server` in a subprocess: what any static host does, with nothing of tallow's
     server (no byte ranges, no request log). Same start/close/url as StaticServer."""
@@ -155,6 +161,12 @@ class DemoBrowser:
     def run(self, page, code, timeout_s=120):
         """Evaluate Python in the page's worker; the value of the last expression (NaN/Infinity kept)."""
         return json.loads(self.request(page, "run", timeout_s, code=code))
+
+    def copy_model_files(self, page, model, folder="/models", timeout_s=300):
+        """Fetch a model of the site's manifest into the worker's file system, under folder/model
+        (parts joined); returns that folder's path in the worker. Needs a test build."""
+        code = f"import tallow_web_test_hooks as hooks\nawait hooks.copy_model_files({model!r}, {folder!r})"
+        return self.run(page, code, timeout_s)
 
     def screenshot(self, page, name):
         if self.artifacts:
