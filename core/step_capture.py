@@ -127,6 +127,51 @@ class Graph:
                 for o in self.outputs]
 
 
+class StepReplays:
+    """When to capture and when to replay one sequence's decode steps (CausalLM's caches,
+    Whisper's decoder states): the first two steps that fit run eagerly while recording; when
+    both bound the same buffers and recorded the same launches, later steps replay the second;
+    two that differ turn capture off for the sequence (it decodes eagerly)."""
+
+    def __init__(self):
+        self.graph: Any = None    # (Graph, key) replayed for later steps
+        self.pending: Any = None  # (Graph, key) of the last captured step, not yet confirmed
+        self.refused = False
+
+    @staticmethod
+    def _same(a, b):
+        shapes_a, bound_a = a
+        shapes_b, bound_b = b
+        return shapes_a == shapes_b and len(bound_a) == len(bound_b) and all(x is y for x, y in zip(bound_a, bound_b))
+
+    def run(self, device, position, inputs, step, bound, room):
+        """(outputs, replayed) of the step at `position`.
+        inputs: [(nested list, dtype)], the values that change per step (token ids);
+        step(*tensors): the step's outputs (a list of tensors) computed from those inputs;
+        bound(): what the step binds that a replay needs unchanged (KV-cache storages, compared
+        by identity); room: False when the step would grow those buffers (it runs eagerly)."""
+        key = ([flatten_nested(data)[1] for data, _ in inputs], bound())
+        if self.graph is not None:
+            graph, kept = self.graph
+            if room and self._same(kept, key):
+                return graph.replay(*[data for data, _ in inputs], position=position), True
+            self.graph = None  # the buffers or shapes changed: capture again
+        if self.refused or not room:
+            return step(*[tensor(data, dtype, device) for data, dtype in inputs]), False
+        graph = capture(device, position=position)
+        with graph:
+            for out in step(*[graph.input(data, dtype) for data, dtype in inputs]):
+                graph.output(out)
+        key = (key[0], bound())
+        pending, self.pending = self.pending, (graph, key)
+        if pending is not None and self._same(pending[1], key):
+            if pending[0].same_launches(graph):
+                self.graph, self.pending = (graph, key), None
+            else:  # something in the step depends on the position beyond the step buffer
+                self.refused, self.pending = True, None
+        return graph.results(), False
+
+
 def capture(device=None, position: int = 0, tokens: int = 1) -> Graph:
     """A Graph to use as `with tallow.capture(device, position=...) as graph:` (see the module doc)."""
     dev = _device(device)
