@@ -14,15 +14,16 @@ outputs (fresh tensors: a result you keep is never overwritten by the next repla
 
 What a replay may change is only what the kernels read from those buffers:
   - the inputs made with graph.input (same shape and dtype);
-  - the position: inside a capture functional.rope_kv_write writes the KV-cache slots and
-    reads the rotary rows *at the step's position*, and attention over a KV cache that
-    rope_kv_write wrote in the step reads its key count (position + tokens) from the step
-    buffer, so its workgroup count never depends on the cache length.
+  - the position: inside a capture functional.rope_kv_write and functional.kv_write write
+    the KV-cache slots (and rope_kv_write reads the rotary rows) *at the step's position*,
+    and attention over a KV cache written in the step reads its key count (position +
+    tokens) from the step buffer, so its workgroup count never depends on the cache length.
 Everything else is frozen: shapes, weights, the KV cache's buffers (a cache that grows gets
 new buffers: capture again), and Python state the step changed (the caller advances its
 cache lengths itself). same_launches() compares two captures taken at different positions:
 when they match, nothing else in the step depended on the position, which is how
-CausalLM checks a step before it replays it (models/causal_lm.py).
+StepReplays (below) checks a step before it replays it, for CausalLM's one-token steps and
+Whisper's decoder steps (models/causal_lm.py, models/whisper.py).
 (The module is tallow.step_capture; `tallow.capture` is the function.)
 
 Backends: wgpu with the native or do-nothing driver (wgpu_backend/recording.py). Elsewhere
@@ -133,7 +134,7 @@ class StepReplays:
     both bound the same buffers and recorded the same launches, later steps replay the second;
     two that differ turn capture off for the sequence (it decodes eagerly)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.graph: Any = None    # (Graph, key) replayed for later steps
         self.pending: Any = None  # (Graph, key) of the last captured step, not yet confirmed
         self.refused = False

@@ -125,6 +125,12 @@ def test_captured_beams_reordered_in_place_give_eager_logits(wgpu, tiny_dir, mon
     model.capture_decode = False
     assert captured == _beams(model, feats, 10, capacity=16)
     assert calls["replay"] >= 7, calls  # the beams' reorders keep the buffers: every step after two replays
+    # and the in-place reorder on the GPU keeps the rows numpy keeps
+    cpu = whisper.load(tiny_dir, device="cpu")
+    logits, seqs = _beams(cpu, _features(cpu, 1), 10, capacity=16)
+    assert seqs == captured[1]
+    assert max(abs(a - b) for step, want in zip(captured[0], logits) for row, ref in zip(step, want)
+               for a, b in zip(row, ref)) <= 1e-4
 
 
 def test_null_driver_replays_the_eager_kernels(null_wgpu, tiny_dir):
