@@ -18,7 +18,7 @@ and Chromium's first run also pays for V8 tiering the wasm up.
 
 Each is measured eager (every op through tallow's front end) and captured
 (tallow.capture: the step recorded once, then replayed; CausalLM does this for
-one-token steps on wgpu). Whisper's decoder is not captured yet: eager only.
+one-token steps on wgpu, and Whisper's decode_step for one token per row).
 The last line is `host_ms_per_token native=X browser=Y dispatches=Z` for the
 SmolLM2 decode, captured where capture works there; browser= is the Chromium
 figure. Without Chromium (or Playwright, or web/node_modules) the bench says
@@ -65,11 +65,13 @@ def measure(llm_path, whisper_path, tokens):
         out["llm captured" if llm.capture_decode else "llm"] = (ms, disp, llm.config.num_layers)
     w = tallow.load_model(whisper_path, device=dev)
     feats = w.encode(tallow.zeros(1, w.config.num_mel_bins, 3000, device=dev))
-    state = w.start(feats)
-    w.decode_step([w.tokens.sot_sequence(None, "transcribe")], state)
-    step = lambda: w.decode_step([[w.tokens.no_timestamps]], state).tolist()
-    ms, disp = host_per_token(step, driver, tokens)
-    out["whisper"] = (ms, disp, w.config.decoder_layers)
+    for captured in (False, True):
+        w.capture_decode = captured and tallow.can_capture(dev)
+        state = w.start(feats)
+        w.decode_step([w.tokens.sot_sequence(None, "transcribe")], state)
+        step = lambda: w.decode_step([[w.tokens.no_timestamps]], state).tolist()
+        ms, disp = host_per_token(step, driver, tokens)
+        out["whisper captured" if w.capture_decode else "whisper"] = (ms, disp, w.config.decoder_layers)
     return out
 '''
 
@@ -165,7 +167,8 @@ def main():
             continue
         for model, (ms, disp, layers) in result.items():
             name = {"llm": "SmolLM2-135M Q4_1 decode, eager", "llm captured": "SmolLM2-135M Q4_1 decode, captured",
-                    "whisper": "Whisper tiny.en decoder, eager"}[model]
+                    "whisper": "Whisper tiny.en decoder, eager",
+                    "whisper captured": "Whisper tiny.en decoder, captured"}[model]
             print(f"{where:8s} {name:36s} host {ms:7.2f} ms/token  {disp:6.1f} dispatches/token "
                   f"({disp / layers:.1f} per layer, {layers} layers)  ceiling {1e3 / ms:7.1f} tok/s")
 

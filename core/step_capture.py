@@ -14,15 +14,16 @@ outputs (fresh tensors: a result you keep is never overwritten by the next repla
 
 What a replay may change is only what the kernels read from those buffers:
   - the inputs made with graph.input (same shape and dtype);
-  - the position: inside a capture functional.rope_kv_write writes the KV-cache slots and
-    reads the rotary rows *at the step's position*, and attention over a KV cache that
-    rope_kv_write wrote in the step reads its key count (position + tokens) from the step
-    buffer, so its workgroup count never depends on the cache length.
+  - the position: inside a capture functional.rope_kv_write and functional.kv_write write
+    the KV-cache slots (and rope_kv_write reads the rotary rows) *at the step's position*,
+    and attention over a KV cache written in the step reads its key count (position +
+    tokens) from the step buffer, so its workgroup count never depends on the cache length.
 Everything else is frozen: shapes, weights, the KV cache's buffers (a cache that grows gets
 new buffers: capture again), and Python state the step changed (the caller advances its
 cache lengths itself). same_launches() compares two captures taken at different positions:
 when they match, nothing else in the step depended on the position, which is how
-CausalLM checks a step before it replays it (models/causal_lm.py).
+StepReplays (below) checks a step before it replays it, for CausalLM's one-token steps and
+Whisper's decoder steps (models/causal_lm.py, models/whisper.py).
 (The module is tallow.step_capture; `tallow.capture` is the function.)
 
 Backends: wgpu with the native or do-nothing driver (wgpu_backend/recording.py). Elsewhere
@@ -125,6 +126,51 @@ class Graph:
         backend = self.device.backend
         return [Tensor(backend.copy(o._storage, o._layout, o.dtype), Layout(o.shape), o.dtype, self.device)
                 for o in self.outputs]
+
+
+class StepReplays:
+    """When to capture and when to replay one sequence's decode steps (CausalLM's caches,
+    Whisper's decoder states): the first two steps that fit run eagerly while recording; when
+    both bound the same buffers and recorded the same launches, later steps replay the second;
+    two that differ turn capture off for the sequence (it decodes eagerly)."""
+
+    def __init__(self) -> None:
+        self.graph: Any = None    # (Graph, key) replayed for later steps
+        self.pending: Any = None  # (Graph, key) of the last captured step, not yet confirmed
+        self.refused = False
+
+    @staticmethod
+    def _same(a, b):
+        shapes_a, bound_a = a
+        shapes_b, bound_b = b
+        return shapes_a == shapes_b and len(bound_a) == len(bound_b) and all(x is y for x, y in zip(bound_a, bound_b))
+
+    def run(self, device, position, inputs, step, bound, room):
+        """(outputs, replayed) of the step at `position`.
+        inputs: [(nested list, dtype)], the values that change per step (token ids);
+        step(*tensors): the step's outputs (a list of tensors) computed from those inputs;
+        bound(): what the step binds that a replay needs unchanged (KV-cache storages, compared
+        by identity); room: False when the step would grow those buffers (it runs eagerly)."""
+        key = ([flatten_nested(data)[1] for data, _ in inputs], bound())
+        if self.graph is not None:
+            graph, kept = self.graph
+            if room and self._same(kept, key):
+                return graph.replay(*[data for data, _ in inputs], position=position), True
+            self.graph = None  # the buffers or shapes changed: capture again
+        if self.refused or not room:
+            return step(*[tensor(data, dtype, device) for data, dtype in inputs]), False
+        graph = capture(device, position=position)
+        with graph:
+            for out in step(*[graph.input(data, dtype) for data, dtype in inputs]):
+                graph.output(out)
+        key = (key[0], bound())
+        pending, self.pending = self.pending, (graph, key)
+        if pending is not None and self._same(pending[1], key):
+            if pending[0].same_launches(graph):
+                self.graph, self.pending = (graph, key), None
+            else:  # something in the step depends on the position beyond the step buffer
+                self.refused, self.pending = True, None
+        return graph.results(), False
 
 
 def capture(device=None, position: int = 0, tokens: int = 1) -> Graph:

@@ -77,4 +77,6 @@ def test_whisper_decoder_dispatches_per_layer_are_bounded(tmp_path):
     per_layer = (four - two) / 2
     assert per_layer == int(per_layer), "every layer issues the same dispatches"
     assert per_layer <= MAX_WHISPER_DISPATCHES_PER_LAYER, (per_layer, kernels)
-    assert two - 2 * per_layer <= 5, "outside the layers: token and position embeddings, norms, logits"
+    # The step is captured (wgpu captures one-token steps): the position embedding is a gather
+    # of the step's position input, and the logits are copied out of the graph.
+    assert two - 2 * per_layer <= 6, "outside the layers: token and position embeddings, norms, logits"

@@ -1167,10 +1167,19 @@ class WgpuBackend(Backend):
         nk, nv = lk.numel(), lv.numel()
         if nk + nv == 0:
             return
+        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        # While capturing, as in rope_kv_write: the slots' offsets are held relative to the step's
+        # position, which the kernel adds from the step buffer (Whisper's decoder writes its cache so).
+        pos = 0 if cap is None else cap.position
+        if cap is not None:
+            cap.cache_bufs.update((id(kc.buf), id(vc.buf)))
         words = [nk, nv, *lk.shape, *lv.shape]
-        for lay in (lk, lv, lkc, lvc):
+        for lay in (lk, lv):
             words += [lay.offset, *lay.strides]
-        self._run("kv_write", {"X": dtype}, [k, v, kc, vc], words, (nk + nv + 255) // 256, label="kv_write")
+        for lay in (lkc, lvc):
+            words += [lay.offset - pos * lay.strides[2], *lay.strides]
+        prelude, binds = self._step_variant([k, v, kc, vc], cap is not None)
+        self._run("kv_write", {"X": dtype}, binds, words, (nk + nv + 255) // 256, label="kv_write", prelude=prelude)
 
     def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
         b, hq, t, d = lq.shape

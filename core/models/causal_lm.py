@@ -29,7 +29,7 @@ steps capture again. `model.capture_decode = False` turns this off.
 import threading
 
 from .. import dtypes as D
-from ..step_capture import capture
+from ..step_capture import StepReplays
 from ..creation import tensor
 from ..errors import ContextWindowError, IndexRangeError, ShapeError
 from ..nn import KVCache, Module, RotaryEmbedding
@@ -60,9 +60,17 @@ class DecoderCache:
         self.forget_capture()
 
     def forget_capture(self):
-        self.graph = None          # (Graph, fixed) replayed for one-token steps
-        self.pending = None        # (Graph, fixed) of the last captured step, not yet confirmed
-        self.capture_refused = False  # two captures differed: this cache decodes eagerly
+        self.replays = StepReplays()  # captured one-token steps on this cache (tallow.step_capture)
+
+    @property
+    def graph(self):
+        """The (Graph, key) one-token steps replay, or None."""
+        return self.replays.graph
+
+    @property
+    def capture_refused(self):
+        """Two captures differed: this cache decodes eagerly."""
+        return self.replays.refused
 
     def advance(self, t):
         """Count t positions a replayed step wrote into every layer's cache."""
@@ -190,38 +198,19 @@ class CausalLM(Module):
         tables = [t._storage for rot in self.rotaries.values() for t in rot.tables(position, 1)]
         return [c.k for c in cache.layers] + [c.v for c in cache.layers] + tables
 
-    @staticmethod
-    def _same(a, b):
-        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
     def _decode_one(self, token, cache, last_only):
         """Logits (1, 1, vocab) of one token: a replay of the cache's captured step when it still
         fits (same KV buffers, room in the cache), else an eager step captured on the way."""
-        position = cache.length
-        if cache.graph is not None:
-            graph, fixed = cache.graph
-            first = cache.layers[0]
-            if first.k is not None and position < first.k.shape[2] and self._same(fixed, self._fixed(cache, position)):
-                logits, = graph.replay([[token]], position=position)
-                cache.advance(1)
-                return logits
-            cache.graph = None  # the cache grew or was rebuilt: capture again
         first = cache.layers[0] if cache.layers else None
-        if cache.capture_refused or first is None or first.k is None or position >= first.k.shape[2]:
-            # Refused, or this step grows the KV cache (copies a capture must not record): eager.
-            return self._forward(tensor([[token]], D.i64, self.device), cache, last_only)
-        graph = capture(self.device, position=position)
-        with graph:
-            ids = graph.input([[token]], D.i64)
-            graph.output(self._forward(ids, cache, last_only))
-        fixed = self._fixed(cache, position + 1)
-        pending, cache.pending = cache.pending, (graph, fixed)
-        if pending is not None and self._same(pending[1], fixed):
-            if pending[0].same_launches(graph):
-                cache.graph, cache.pending = (graph, fixed), None
-            else:  # something in the step depends on the position beyond the step buffer
-                cache.capture_refused, cache.pending = True, None
-        return graph.results()[0]
+        # A step that grows the KV cache copies it: a capture must not record that, so it runs eagerly.
+        room = first is not None and first.k is not None and cache.length < first.k.shape[2]
+        (logits,), replayed = cache.replays.run(
+            self.device, cache.length, [([[token]], D.i64)],
+            lambda ids: [self._forward(ids, cache, last_only)],
+            lambda: self._fixed(cache, cache.length), room)
+        if replayed:
+            cache.advance(1)
+        return logits
 
     def _forward(self, ids, cache, last_only):
         cfg = self.config

@@ -16,13 +16,15 @@ import math
 import os
 from pathlib import Path
 
+from .. import dtypes as D
 from .. import functional as F
 from ..config_fields import MAX_COUNT, Fields
 from ..creation import tensor
 from ..device import Device, default_device
-from ..errors import Error, FormatError, ShapeError
+from ..errors import Error, FormatError, IndexRangeError, ShapeError
 from ..json_file import read_json
 from ..nn import Conv1d, Embedding, FusedLinear, KVCache, LayerNorm, Linear, Module, VarBuilder
+from ..step_capture import StepReplays
 
 _ACTIVATIONS = {
     "gelu": lambda x: x.gelu(),
@@ -229,15 +231,23 @@ class Decoder(Module):
         self.layers = [DecoderLayer(vb.pp(f"layers.{i}"), cfg) for i in range(cfg.decoder_layers)]
         self.layer_norm = LayerNorm(vb.pp("layer_norm"), d)
 
-    def forward(self, ids, state, positions=None):
-        """ids (b, t) continuing state's sequences -> logits (b, t, vocab); with `positions`
-        (indices into the t new tokens) only those: (b, len(positions), vocab)."""
-        b, t = ids.shape
-        offset = state.length
+    def check_fits(self, offset, t):
         if offset + t > self.cfg.max_target_positions:
             raise ShapeError(f"whisper decoder: {offset + t} tokens is more than the model's "
                              f"{self.cfg.max_target_positions} positions")
-        x = self.embed_tokens(ids) + self.embed_positions.weight.narrow(0, offset, t)
+
+    def forward(self, ids, state, positions=None, position_ids=None):
+        """ids (b, t) continuing state's sequences -> logits (b, t, vocab); with `positions`
+        (indices into the t new tokens) only those: (b, len(positions), vocab). position_ids
+        (1, t): the positions of the new tokens as a tensor (a captured step reads them from
+        its input, not from a view at the position); default: from state.length."""
+        b, t = ids.shape
+        offset = state.length
+        self.check_fits(offset, t)
+        if position_ids is None:
+            x = self.embed_tokens(ids) + self.embed_positions.weight.narrow(0, offset, t)
+        else:
+            x = self.embed_tokens(ids) + self.embed_positions(position_ids)
         cross = state.cross_for(b)
         pending = None
         for layer, cache, (ck, cv) in zip(self.layers, state.caches, cross):
@@ -252,15 +262,35 @@ class Decoder(Module):
 
 class DecoderState:
     """One decoding run: the self-attention KV caches and the encoder's K/V per layer
-    (computed once from the audio features, shared by every beam)."""
+    (computed once from the audio features, shared by every beam), and the run's captured
+    one-token step (a new window is a new state, so its cross-attention K/V are fixed
+    buffers for every replay)."""
 
     def __init__(self, decoder, audio_features):
         self.caches = [KVCache(initial_capacity=64) for _ in decoder.layers]
         self.cross = [layer.encoder_attn.key_values(audio_features) for layer in decoder.layers]
+        self.replays = StepReplays()
 
     @property
     def length(self):
         return self.caches[0].length
+
+    def advance(self, t):
+        """Count t positions a replayed step wrote into every layer's cache."""
+        for c in self.caches:
+            c.length += t
+
+    def bound(self):
+        """The buffers a captured step binds that a replay needs unchanged: the KV caches (a
+        cache that grows gets new ones) and the cross-attention K/V."""
+        return ([c.k._storage for c in self.caches if c.k is not None]
+                + [c.v._storage for c in self.caches if c.v is not None]
+                + [x._storage for kv in self.cross for x in kv])
+
+    def has_room(self, batch):
+        """Whether a one-token step of `batch` rows writes into the caches as they are (no growth)."""
+        k = self.caches[0].k
+        return k is not None and k.shape[0] == batch and self.length < k.shape[2]
 
     def cross_for(self, batch):
         if self.cross[0][0].shape[0] == batch:
@@ -269,15 +299,41 @@ class DecoderState:
         return [(k.expand(batch, *k.shape[1:]), v.expand(batch, *v.shape[1:])) for k, v in self.cross]
 
     def reorder(self, rows):
-        """Keep cache rows `rows` (beam search: each new beam continues some old one)."""
-        ids = tensor(list(rows), device=self.caches[0].k.device)
+        """Keep cache rows `rows` (beam search: each new beam continues some old one). With the
+        batch unchanged the rows are rewritten in place, so a captured step's buffers stay."""
+        rows = list(rows)
+        if rows == list(range(self.caches[0].k.shape[0])):
+            return
+        ids = tensor(rows, device=self.caches[0].k.device)
         for c in self.caches:
-            c.k, c.v = c.k.index_select(0, ids), c.v.index_select(0, ids)
+            if c.k.shape[0] != len(rows):  # a new batch (the prompt's row copied per beam): new buffers
+                c.k, c.v = c.k.index_select(0, ids), c.v.index_select(0, ids)
+                continue
+            n = c.length
+            keys, values = c.k.narrow(2, 0, n).index_select(0, ids), c.v.narrow(2, 0, n).index_select(0, ids)
+            c.k[:, :, :n] = keys
+            c.v[:, :, :n] = values
+
+
+def _one_token_rows(ids):
+    """The token ids when ids is a list of rows of one Python int each ([[t], [u]]), else None."""
+    if not isinstance(ids, (list, tuple)) or not ids:
+        return None
+    tokens = []
+    for row in ids:
+        if not (isinstance(row, (list, tuple)) and len(row) == 1 and isinstance(row[0], int)
+                and not isinstance(row[0], bool)):
+            return None
+        tokens.append(row[0])
+    return tokens
 
 
 class Whisper(Module):
-    """The model, its tokenizer and its mel filters. Call `transcribe` (whisper_transcribe.py)."""
+    """The model, its tokenizer and its mel filters. Call `transcribe` (whisper_transcribe.py).
+    One-token decoder steps on a device that captures (wgpu) replay a captured step;
+    `model.capture_decode = False` decodes eagerly."""
     kind = "whisper"  # what the model does (see CausalLM.kind)
+    capture_decode = True
 
     def __init__(self, vb, cfg, tokenizer=None, mel_filters=None, name="whisper"):
         self.config = cfg
@@ -315,10 +371,36 @@ class Whisper(Module):
 
     def decode_step(self, ids, state, positions=(-1,)):
         """Feed ids (list of lists or (b, t) tensor) through the decoder, appending to state's
-        caches; the logits (b, len(positions), vocab) at those positions (None: all)."""
+        caches; the logits (b, len(positions), vocab) at those positions (None: all).
+        One Python token id per row on a device that captures: a replay of the state's
+        captured step where it fits (see _decode_one)."""
+        tokens = _one_token_rows(ids)
+        if (tokens is not None and (positions is None or len(positions) == 1) and self.capture_decode
+                and self.device.backend.can_capture()):
+            return self._decode_one(tokens, state)
         if not hasattr(ids, "shape"):
             ids = tensor(ids, device=self.device)
         return self.decoder(ids, state, positions)
+
+    def _decode_one(self, tokens, state):
+        """Logits (b, 1, vocab) of one token per row, as CausalLM decodes (tallow.step_capture):
+        the first two steps that fit the state's caches run eagerly while recording, later
+        ones replay with the new ids and position. A new batch (beams), a cache that grows
+        or a new window (a new state) captures again."""
+        vocab = self.config.vocab_size
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise IndexRangeError(f"whisper decoder: token id {bad[0]} is out of range for the vocabulary "
+                                  f"of {vocab} (valid: 0 to {vocab - 1})")
+        position = state.length
+        self.decoder.check_fits(position, 1)
+        (logits,), replayed = state.replays.run(
+            self.device, position, [([[t] for t in tokens], D.i64), ([[position]], D.i64)],
+            lambda ids, pos: [self.decoder(ids, state, position_ids=pos)],
+            state.bound, state.has_room(len(tokens)))
+        if replayed:
+            state.advance(1)
+        return logits
 
     def forward(self, mel, ids):
         """Full-sequence logits (b, t, vocab) for mel (b, n_mels, frames) and ids (b, t)."""

@@ -1,0 +1,219 @@
+"""Whisper's decoder steps captured and replayed (tallow.step_capture, as CausalLM decodes):
+on wgpu (lavapipe) a tiny random-weight Whisper gives the eager logits bit for bit, greedy
+and with beams reordered in place, across KV-cache growth; with the do-nothing driver the
+replays happen and issue the eager step's kernels; shape changes (a prompt, a new batch, a
+new window) fall back to eager; bad ids and a full context are refused before a replay; the
+real tiny.en transcribes jfk.wav to the same sentence captured."""
+import pytest
+
+import tallow
+from tallow.device import restore_backend, use_backend
+from tallow.errors import DeviceError, IndexRangeError, ShapeError
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+from tallow.models import whisper  # noqa: E402
+from tallow_wgpu.backend import WgpuBackend  # noqa: E402
+from tallow_wgpu.driver_null import NullDriver  # noqa: E402
+
+MELS, FRAMES, VOCAB = 8, 16, 100
+PROMPT = [1, 5, 7]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny_whisper")
+    torch.manual_seed(3)
+    cfg = transformers.WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=MELS, d_model=32, encoder_layers=1, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_source_positions=FRAMES // 2, max_target_positions=40, decoder_start_token_id=1, pad_token_id=0,
+        eos_token_id=2, bos_token_id=1)
+    transformers.WhisperForConditionalGeneration(cfg).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.fixture
+def wgpu():
+    try:
+        return tallow.Device("wgpu")
+    except DeviceError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def null_wgpu():
+    driver = NullDriver()
+    yield use_backend("wgpu", WgpuBackend(driver)), driver
+    restore_backend("wgpu")
+
+
+def _count_replays(monkeypatch, backend):
+    calls = {"capture": 0, "replay": 0}
+    begin, replay = backend.begin_capture, backend.replay
+
+    def counted_begin(*a):
+        calls["capture"] += 1
+        return begin(*a)
+
+    def counted_replay(*a):
+        calls["replay"] += 1
+        return replay(*a)
+    monkeypatch.setattr(backend, "begin_capture", counted_begin)
+    monkeypatch.setattr(backend, "replay", counted_replay)
+    return calls
+
+
+def _state(model, features, capacity):
+    state = model.start(features)
+    for cache in state.caches:
+        cache.initial_capacity = capacity  # grows at capacity, 2 * capacity: new buffers to capture again
+    return state
+
+
+def _features(model, seed):
+    torch.manual_seed(seed)
+    return model.encode(tallow.tensor(torch.randn(1, MELS, FRAMES).tolist()))
+
+
+def _greedy(model, features, steps, capacity=4):
+    """Every step's logits of greedy decoding, one token per call after the prompt."""
+    state = _state(model, features, capacity)
+    logits = model.decode_step([PROMPT], state).reshape(-1).tolist()
+    out = []
+    for _ in range(steps):
+        out.append(logits)
+        token = max(range(VOCAB), key=logits.__getitem__)
+        logits = model.decode_step([[token]], state).reshape(-1).tolist()
+    return out
+
+
+def _beams(model, features, steps, beams=3, capacity=4):
+    """Beam-search-shaped decoding: the prompt's cache row copied per beam, then each step
+    keeps, for beam k, the best continuation of beam (k + step) % beams (a reorder per step)."""
+    state = _state(model, features, capacity)
+    model.decode_step([PROMPT], state)
+    state.reorder([0] * beams)
+    seqs, out = [[PROMPT[-1]] for _ in range(beams)], []
+    for step in range(steps):
+        logits = model.decode_step([[s[-1]] for s in seqs], state).reshape(beams, -1).tolist()
+        out.append(logits)
+        sources = [(k + step) % beams for k in range(beams)]
+        state.reorder(sources)
+        seqs = [seqs[src] + [sorted(range(VOCAB), key=logits[src].__getitem__)[-1 - k]]
+                for k, src in enumerate(sources)]
+    return out, seqs
+
+
+def test_captured_greedy_decode_gives_eager_logits_across_cache_growth(wgpu, tiny_dir, monkeypatch):
+    model = whisper.load(tiny_dir, device=wgpu)
+    feats = _features(model, 0)
+    calls = _count_replays(monkeypatch, wgpu.backend)
+    # 30 steps: the KV cache grows at 4, 8, 16 and 32 positions (new buffers: capture again)
+    captured = _greedy(model, feats, 30)
+    model.capture_decode = False
+    assert captured == _greedy(model, feats, 30)
+    assert calls["replay"] >= 14, calls
+    assert calls["capture"] <= 8, calls
+
+
+def test_captured_beams_reordered_in_place_give_eager_logits(wgpu, tiny_dir, monkeypatch):
+    model = whisper.load(tiny_dir, device=wgpu)
+    feats = _features(model, 1)
+    calls = _count_replays(monkeypatch, wgpu.backend)
+    captured = _beams(model, feats, 10, capacity=16)
+    model.capture_decode = False
+    assert captured == _beams(model, feats, 10, capacity=16)
+    assert calls["replay"] >= 7, calls  # the beams' reorders keep the buffers: every step after two replays
+    # and the in-place reorder on the GPU keeps the rows numpy keeps
+    cpu = whisper.load(tiny_dir, device="cpu")
+    logits, seqs = _beams(cpu, _features(cpu, 1), 10, capacity=16)
+    assert seqs == captured[1]
+    assert max(abs(a - b) for step, want in zip(captured[0], logits) for row, ref in zip(step, want)
+               for a, b in zip(row, ref)) <= 1e-4
+
+
+def test_null_driver_replays_the_eager_kernels(null_wgpu, tiny_dir):
+    dev, driver = null_wgpu
+    model = whisper.load(tiny_dir, device=dev)
+    feats = model.encode(tallow.zeros(1, MELS, FRAMES, device=dev))
+    counts = []
+    for capture in (False, True):
+        model.capture_decode = capture
+        state = model.start(feats)
+        model.decode_step([PROMPT], state)
+        for _ in range(4):
+            driver.reset_counts()
+            model.decode_step([[9]], state).tolist()
+        counts.append((driver.replays, dict(driver.by_kernel)))
+    (eager_replays, eager), (replays, replayed) = counts
+    assert (eager_replays, replays) == (0, 1)
+    # The same kernels, plus the position embedding read from the step's input rather than
+    # from a view at the position, and the copy of the logits out of the graph.
+    assert {k: n for k, n in replayed.items() if eager.get(k) != n} == {
+        "index_select": 2 * eager["index_select"], "identity": eager.get("identity", 0) + 1}, (eager, replayed)
+
+
+def test_shape_changes_and_new_windows_capture_again(null_wgpu, tiny_dir):
+    dev, driver = null_wgpu
+    model = whisper.load(tiny_dir, device=dev)
+    feats = model.encode(tallow.zeros(1, MELS, FRAMES, device=dev))
+    state = model.start(feats)
+    model.decode_step([PROMPT], state)
+    for _ in range(3):
+        model.decode_step([[4]], state)
+    assert state.replays.graph is not None and driver.replays == 1
+    driver.reset_counts()
+    assert model.decode_step([[5, 6]], state).shape == (1, 1, VOCAB)  # two tokens: eager
+    assert driver.replays == 0 and state.length == 8
+    state.reorder([0, 0])  # two beams: new cache buffers, so eager while capturing again
+    for _ in range(2):
+        assert model.decode_step([[4], [5]], state).shape == (2, 1, VOCAB)
+    assert driver.replays == 0
+    model.decode_step([[4], [5]], state)
+    state.reorder([1, 0])  # the same batch: rewritten in place, the capture stays
+    model.decode_step([[4], [5]], state)
+    assert driver.replays == 2 and state.length == 12
+    window = model.start(feats)  # a new window: its own caches and capture
+    model.decode_step([PROMPT], window)
+    model.decode_step([[4]], window)
+    assert driver.replays == 2 and window.replays.pending is not None
+
+
+def test_bad_ids_and_a_full_context_are_refused_before_a_replay(null_wgpu, tiny_dir):
+    dev, _ = null_wgpu
+    model = whisper.load(tiny_dir, device=dev)
+    state = model.start(model.encode(tallow.zeros(1, MELS, FRAMES, device=dev)))
+    model.decode_step([PROMPT], state)
+    for _ in range(3):
+        model.decode_step([[4]], state)
+    with pytest.raises(IndexRangeError, match=f"token id {VOCAB} is out of range"):
+        model.decode_step([[VOCAB]], state)
+    with pytest.raises(IndexRangeError, match="token id -1"):
+        model.decode_step([[-1]], state)
+    while state.length < model.config.max_target_positions:
+        model.decode_step([[4]], state)
+    with pytest.raises(ShapeError, match="41 tokens is more than the model's 40 positions"):
+        model.decode_step([[4]], state)
+
+
+@pytest.mark.slow
+def test_tiny_en_transcribes_jfk_the_same_captured(wgpu, whisper_tiny_dir, jfk_wav, monkeypatch):
+    sentence = ("And so my fellow Americans ask not what your country can do for you, "
+                "ask what you can do for your country.")
+    model = whisper.load(whisper_tiny_dir, device=wgpu)
+    calls = _count_replays(monkeypatch, wgpu.backend)
+    captured = model.transcribe(str(jfk_wav), temperature=0.0, timestamps=False)
+    assert captured.text.strip() == sentence
+    assert calls["replay"] >= 15, calls  # eager, it is the same sentence: tests/test_wgpu_models.py
+
+
+def test_beam_search_decode_replays_with_reordered_beams(null_wgpu, whisper_tiny_dir):
+    # decode()'s beam search reorders the beams' cache rows every step: in place, so the
+    # captured step keeps replaying (the null driver's logits are zeros: this counts, not reads).
+    from tallow.models.whisper_decoding import DecodingOptions, decode
+    dev, driver = null_wgpu
+    model = whisper.load(whisper_tiny_dir, device=dev)
+    feats = model.encode(tallow.zeros(1, model.config.num_mel_bins, 3000, device=dev))
+    decode(model, feats, DecodingOptions(beam_size=3, sample_len=12, without_timestamps=True, suppress_blank=False))
+    assert driver.replays >= 8
