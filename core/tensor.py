@@ -166,6 +166,7 @@ class Tensor(TensorBase):
     def neg(self) -> Tensor: return ops.unary(self, "neg")
     def abs(self) -> Tensor: return ops.unary(self, "abs")
     def exp(self) -> Tensor: return ops.unary(self, "exp")
+    def expm1(self) -> Tensor: return ops.unary(self, "expm1")
     def log(self) -> Tensor: return ops.unary(self, "log")
     def sqrt(self) -> Tensor: return ops.unary(self, "sqrt")
     def rsqrt(self) -> Tensor: return ops.unary(self, "rsqrt")

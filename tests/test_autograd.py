@@ -33,7 +33,7 @@ def test_elementwise_broadcast(device):
           lambda a, b: (a * b + a / (b.abs() + 1.0) - b).exp().sum(0), rnd(3, 4), rnd(4))
 
 
-@pytest.mark.parametrize("op", ["tanh", "sigmoid", "relu", "silu", "sin", "cos", "square", "neg", "abs"])
+@pytest.mark.parametrize("op", ["tanh", "sigmoid", "relu", "silu", "sin", "cos", "square", "neg", "abs", "expm1"])
 def test_unary(device, op):
     ref = torch.nn.functional.silu if op == "silu" else (lambda a: getattr(a, op)())
     check(device, lambda a: getattr(a, op)(), ref, rnd(5, 3))

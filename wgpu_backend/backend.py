@@ -92,7 +92,7 @@ def _nan(x):
 
 
 _FLOAT_UNARY = {
-    "neg": "-v", "abs": "abs(v)", "exp": "exp(v)", "log": "log(v)", "sqrt": "sqrt(v)", "rsqrt": "1.0 / sqrt(v)",
+    "neg": "-v", "abs": "abs(v)", "exp": "exp(v)", "expm1": "expm1_(v)", "log": "log(v)", "sqrt": "sqrt(v)", "rsqrt": "1.0 / sqrt(v)",
     "sin": "sin(v)", "cos": "cos(v)",
     "tanh": f"select(tanh(clamp(v, -15.0, 15.0)), v, {_nan('v')})", "sigmoid": "1.0 / (1.0 + exp(-v))",
     "relu": f"select(max(v, 0.0), v, {_nan('v')})", "gelu": "0.5 * v * erfc_(-v * 0.70710678118654752)",
@@ -136,6 +136,15 @@ fn erfc_(x: f32) -> f32 {
             t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
             t * (-0.82215223 + t * 0.17087277)))))))));
     return select(2.0 - r, r, x >= 0.0);
+}
+// expm1: a Taylor polynomial below |v| = 0.5, where exp(v) - 1 loses digits (f32 error < 1 ulp;
+// not Kahan's um1 * v / log(u): adapters' log near 1 is too coarse for it).
+fn expm1_(v: f32) -> f32 {
+    if (abs(v) < 0.5) {
+        return v * (1.0 + v * (0.5 + v * (1.0 / 6.0 + v * (1.0 / 24.0 + v * (1.0 / 120.0 + v * (1.0 / 720.0
+               + v * (1.0 / 5040.0 + v * (1.0 / 40320.0 + v / 362880.0))))))));
+    }
+    return exp(v) - 1.0;
 }
 // pow as numpy: negative bases only with integral exponents.
 fn powf(a: f32, b: f32) -> f32 {

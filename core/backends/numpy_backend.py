@@ -37,7 +37,7 @@ def _erf(x):
 
 
 _UNARY = {
-    "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+    "neg": np.negative, "abs": np.abs, "exp": np.exp, "expm1": np.expm1, "log": np.log, "sqrt": np.sqrt,
     "rsqrt": lambda x: 1.0 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
     "sigmoid": lambda x: np.exp(-np.logaddexp(0, -x)).astype(x.dtype),
     "relu": lambda x: np.maximum(x, 0), "square": np.square,

@@ -123,6 +123,7 @@ FLOAT_UNARY = {
     "neg": lambda xs: [-x for x in xs],
     "abs": lambda xs: list(map(abs, xs)),
     "exp": _guarded(lambda xs: list(map(math.exp, xs)), _exp),
+    "expm1": _guarded(lambda xs: list(map(math.expm1, xs)), lambda x: math.expm1(x) if x < 709 else INF),
     "log": _guarded(lambda xs: list(map(math.log, xs)), _log),
     "sqrt": _guarded(lambda xs: list(map(math.sqrt, xs)), _sqrt),
     "rsqrt": _guarded(lambda xs: [1.0 / r for r in map(math.sqrt, xs)], _rsqrt),

@@ -50,6 +50,7 @@ UNARY = {
     "neg": (False, lambda x, y, arg, g: -g),
     "abs": (False, lambda x, y, arg, g: g * x.sign()),
     "exp": (True, lambda x, y, arg, g: g * y),
+    "expm1": (True, lambda x, y, arg, g: g * (y + 1.0)),
     "log": (True, lambda x, y, arg, g: g / x),
     "sqrt": (True, lambda x, y, arg, g: g * 0.5 / y),
     "rsqrt": (True, lambda x, y, arg, g: g * -0.5 * y * y * y),

@@ -171,7 +171,7 @@ def test_setitem(device):
 
 # ---- element-wise ----------------------------------------------------------------------------------
 UNARY = {
-    "neg": np.negative, "abs": np.abs, "exp": np.exp, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+    "neg": np.negative, "abs": np.abs, "exp": np.exp, "expm1": np.expm1, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
     "sigmoid": lambda v: 1 / (1 + np.exp(-v)), "relu": lambda v: np.maximum(v, 0), "square": np.square,
     "silu": lambda v: v / (1 + np.exp(-v)), "floor": np.floor, "ceil": np.ceil, "sign": np.sign,
 }

@@ -109,7 +109,19 @@ struct T_bf16 {
 // ---- unary ops (codes in tallow.backends.kernel.host: UNARY_CODES) -------------------
 enum { U_NEG, U_ABS, U_EXP, U_LOG, U_SQRT, U_RSQRT, U_SIN, U_COS, U_TANH, U_SIGMOID, U_RELU, U_GELU,
        U_GELU_TANH, U_SILU, U_SQUARE, U_RECIPROCAL, U_FLOOR, U_CEIL, U_ROUND, U_SIGN, U_CLAMP,
-       U_POW_SCALAR, U_AFFINE };
+       U_POW_SCALAR, U_AFFINE, U_EXPM1 };
+
+// expm1 in both languages (MSL has none): a Taylor polynomial below |v| = 0.5, where
+// exp(v) - 1 loses digits; 14 terms keep double's error near 1e-16.
+template <class F>
+DEVICE F expm1_(F v) {
+    if (fabs(v) < F(REAL(0.5))) {
+        F term = v, sum = v;
+        for (int i = 2; i <= 14; ++i) { term *= v / F(i); sum += term; }
+        return sum;
+    }
+    return exp(v) - F(1);
+}
 
 template <class F>
 DEVICE F unary_float(int op, F v, real_t a0, real_t a1) {
@@ -138,6 +150,7 @@ DEVICE F unary_float(int op, F v, real_t a0, real_t a1) {
     case U_CLAMP: { F r = v < F(a0) ? F(a0) : v; return r > F(a1) ? F(a1) : r; }
     case U_POW_SCALAR: return pow(v, F(a0));
     case U_AFFINE: return v * F(a0) + F(a1);
+    case U_EXPM1: return expm1_(v);
     }
     return v;
 }

@@ -21,7 +21,7 @@ MAX_BLOCKS = 1 << 20  # 1-D kernels loop over the grid, so a capped grid covers 
 UNARY_CODES = {name: i for i, name in enumerate((
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "relu", "gelu",
     "gelu_tanh", "silu", "square", "reciprocal", "floor", "ceil", "round", "sign", "clamp",
-    "pow_scalar", "affine"))}
+    "pow_scalar", "affine", "expm1"))}
 BINARY_CODES = {name: i for i, name in enumerate(("add", "sub", "mul", "div", "pow", "maximum", "minimum"))}
 COMPARE_CODES = {name: i for i, name in enumerate(("eq", "ne", "lt", "le", "gt", "ge"))}
 REDUCE_CODES = {"sum": 0, "prod": 1, "max": 2, "min": 3}
