@@ -92,8 +92,8 @@ def _nan(x):
 
 
 _FLOAT_UNARY = {
-    "neg": "-v", "abs": "abs(v)", "exp": "exp(v)", "expm1": "expm1_(v)", "log": "log(v)", "sqrt": "sqrt(v)", "rsqrt": "1.0 / sqrt(v)",
-    "sin": "sin(v)", "cos": "cos(v)",
+    "neg": "-v", "abs": "abs(v)", "exp": "exp(v)", "expm1": "expm1_(v)", "log": "log(v)", "sqrt": "sqrt(v)",
+    "rsqrt": "1.0 / sqrt(v)", "sin": "sin(v)", "cos": "cos(v)",
     "tanh": f"select(tanh(clamp(v, -15.0, 15.0)), v, {_nan('v')})", "sigmoid": "1.0 / (1.0 + exp(-v))",
     "relu": f"select(max(v, 0.0), v, {_nan('v')})", "gelu": "0.5 * v * erfc_(-v * 0.70710678118654752)",
     "gelu_tanh": "0.5 * v * (1.0 + tanh(clamp(0.79788456080286536 * (v + 0.044715 * v * v * v), -15.0, 15.0)))",
