@@ -26,3 +26,20 @@ def down(be, st, shape, dtype=D.f32):
     if dtype is D.bf16:
         return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
     return np.frombuffer(raw, dtype.np_name).reshape(shape).astype(np.float32 if dtype is D.f16 else dtype.np_name)
+
+
+def assert_quantised_product_close(got, x, w, tol=1e-5):
+    """got ~ x @ w.T for GGUF weights w (dequantised), allowing what a backend's activation
+    quantisation may move it by: the CPU's numba kernels quantise x per 32 values to 16 bits, as
+    ggml does to 8, so each value moves by at most half a step (amax/32767/2)."""
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    want = x @ w.T
+    np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want),
+                                 quantised_activation_error(x, w) + tol * (1 + np.abs(want)))
+
+
+def quantised_activation_error(x, w):
+    """The most x @ w.T can move when x is quantised per 32 values to 16 bits (see above)."""
+    k = x.shape[-1]
+    step = np.abs(x.reshape(*x.shape[:-1], k // 32, 32)).max(axis=-1) / 32767
+    return (step / 2) @ np.abs(w.reshape(w.shape[0], k // 32, 32)).sum(axis=-1).T

@@ -8,6 +8,8 @@ import pytest
 import tallow
 from tallow import functional as F
 
+from storage_io import quantised_activation_error
+
 torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
@@ -29,19 +31,11 @@ def close(t, ref, tol=1e-5):
     np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=tol, atol=tol)
 
 
-def xq_error(x, w):
-    """Most a product x @ w.T may move when a backend quantises x per 32 values to 16 bits as
-    ggml does (the CPU's numba kernels): each value by half a step, amax/32767/2."""
-    k = x.shape[-1]
-    step = np.abs(x.reshape(*x.shape[:-1], k // 32, 32)).max(axis=-1) / 32767
-    return (step / 2) @ np.abs(w.reshape(w.shape[0], k // 32, 32)).sum(axis=-1).T
-
-
 def close_quantised(t, ref, x, w, tol=1e-4):
     """close() for x @ w.T on GGUF weights w (dequantised), allowing activation quantisation."""
     got = t.numpy()
     assert got.shape == ref.shape, (got.shape, ref.shape)
-    np.testing.assert_array_less(np.abs(got - ref), xq_error(x, w) + tol * (1 + np.abs(ref)))
+    np.testing.assert_array_less(np.abs(got - ref), quantised_activation_error(x, w) + tol * (1 + np.abs(ref)))
 
 
 def tt(a):
@@ -142,7 +136,7 @@ def test_gated_linear_quantised(device, qtype, rows):
     wq = tallow.from_buffer(blocks.tobytes(), qtype, w.shape, device=device)
     got, ref = F.gated_linear(T(x, device), wq, "silu").numpy(), _gated_ref(x, ref_w, "silu")
     # silu(g) * u with g and u each off by at most xq_error (|silu'| < 1.1).
-    y, err = x @ ref_w.T, xq_error(x, ref_w)
+    y, err = x @ ref_w.T, quantised_activation_error(x, ref_w)
     g, u, eg, eu = y[:, :10], y[:, 10:], err[:, :10], err[:, 10:]
     bound = 1.1 * eg * (np.abs(u) + eu) + np.abs(g) * eu + 1e-4 * (1 + np.abs(ref))
     np.testing.assert_array_less(np.abs(got - ref), bound)

@@ -14,7 +14,7 @@ from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout
 
 from device_limits import NARROW_INTS, int_range, refused
-from storage_io import bf16_bits, down, up
+from storage_io import assert_quantised_product_close, bf16_bits, down, up
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -410,7 +410,7 @@ def test_other_block_formats_are_dequantized_on_upload(device):
     sw = be.from_bytes(blocks.tobytes(), qdt)
     x = rnd(3, 64)
     got = down(be, be.qmatmul(up(be, x, D.f32), Layout((3, 64)), D.f32, sw, qdt, 8, 64), (3, 8), D.f32)
-    np.testing.assert_allclose(got, x @ ref.T, rtol=1e-5, atol=1e-5)
+    assert_quantised_product_close(got, x, ref)
 
 
 # ---- indexing -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from tallow.errors import FormatError, ShapeError
 from tallow.layout import Layout
 
 from device_limits import exact_ints, int_range, refused
+from storage_io import assert_quantised_product_close
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -620,7 +621,7 @@ def test_quantised_dequantize_qmatmul_and_row_select(device, qname):
     check(result(B, B.dequantize(st, qd, n * k, D.bf16), (n, k), D.bf16), bf16_round(ref_w), D.bf16)
     x, sx, lx = make(B, (3, k), D.f32, "transposed", scale=1.0)
     got = result(B, B.qmatmul(sx, lx, D.f32, st, qd, n, k), (3, n), D.f32)
-    np.testing.assert_allclose(got, x.astype(np.float64) @ ref_w.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+    assert_quantised_product_close(got, x, ref_w)
     ids, lid = place(B, np.array([5, 0, n - 1, 2]), D.i64)
     got = result(B, B.index_select(st, Layout((n, k)), qd, ids, lid, 0), (4, k), D.f32)
     np.testing.assert_array_equal(got, ref_w[[5, 0, n - 1, 2]])
