@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 from tallow_wgpu.backend import WgpuBackend  # noqa: E402
 from tallow_wgpu.driver_null import NullDriver  # noqa: E402
 from tiny_llama import save_tiny_llama  # noqa: E402
+from capture_counts import count_captures  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -55,25 +56,10 @@ def _greedy_logits(model, prompt, steps, cache):
     return out
 
 
-def _count_captures(monkeypatch, backend):
-    calls = {"capture": 0, "replay": 0}
-    begin, replay = backend.begin_capture, backend.replay
-
-    def counted_begin(*a):
-        calls["capture"] += 1
-        return begin(*a)
-
-    def counted_replay(*a):
-        calls["replay"] += 1
-        return replay(*a)
-    monkeypatch.setattr(backend, "begin_capture", counted_begin)
-    monkeypatch.setattr(backend, "replay", counted_replay)
-    return calls
-
 
 def test_replayed_decode_gives_eager_logits_across_cache_growth(wgpu, tiny_llama_dir, monkeypatch):
     model = tallow.load_model(tiny_llama_dir, device=wgpu)
-    calls = _count_captures(monkeypatch, wgpu.backend)
+    calls = count_captures(monkeypatch, wgpu.backend)
     # 70 steps: the KV cache grows at 8, 16, 32 and 64 positions and the rotary table at 64.
     captured = _greedy_logits(model, [1, 5, 9], 70, _small_cache(model, 8))
     model.capture_decode = False
@@ -87,7 +73,7 @@ def test_generate_on_wgpu_replays_and_matches_numpy(wgpu, tiny_llama_dir, monkey
     from tallow.generation import generate_ids
     gpu = tallow.load_model(tiny_llama_dir, device=wgpu)
     cpu = tallow.load_model(tiny_llama_dir, device="cpu")
-    calls = _count_captures(monkeypatch, wgpu.backend)
+    calls = count_captures(monkeypatch, wgpu.backend)
     for prompt in ([1, 5, 9], [7, 3, 3, 2, 11]):
         want = list(generate_ids(cpu, prompt, max_tokens=12, stop_tokens=[]))
         assert list(generate_ids(gpu, prompt, max_tokens=12, stop_tokens=[])) == want
@@ -180,7 +166,7 @@ def test_devices_without_capture_refuse_it():
 def test_smollm2_captured_decode_matches_eager(wgpu, smollm2_gguf, monkeypatch):
     from tallow.generation import chat_prompt_ids, generate_ids
     model = tallow.load_model(smollm2_gguf, device=wgpu)
-    calls = _count_captures(monkeypatch, wgpu.backend)
+    calls = count_captures(monkeypatch, wgpu.backend)
     for prompt in ("What is the capital of France?", "Write a haiku about the sea."):
         ids = chat_prompt_ids(model, [{"role": "user", "content": prompt}])
         model.capture_decode = True

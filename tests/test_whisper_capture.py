@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from tallow.models import whisper  # noqa: E402
 from tallow_wgpu.backend import WgpuBackend  # noqa: E402
 from tallow_wgpu.driver_null import NullDriver  # noqa: E402
+from capture_counts import count_captures  # noqa: E402
 
 MELS, FRAMES, VOCAB = 8, 16, 100
 PROMPT = [1, 5, 7]
@@ -47,21 +48,6 @@ def null_wgpu():
     yield use_backend("wgpu", WgpuBackend(driver)), driver
     restore_backend("wgpu")
 
-
-def _count_replays(monkeypatch, backend):
-    calls = {"capture": 0, "replay": 0}
-    begin, replay = backend.begin_capture, backend.replay
-
-    def counted_begin(*a):
-        calls["capture"] += 1
-        return begin(*a)
-
-    def counted_replay(*a):
-        calls["replay"] += 1
-        return replay(*a)
-    monkeypatch.setattr(backend, "begin_capture", counted_begin)
-    monkeypatch.setattr(backend, "replay", counted_replay)
-    return calls
 
 
 def _state(model, features, capacity):
@@ -108,7 +94,7 @@ def _beams(model, features, steps, beams=3, capacity=4):
 def test_captured_greedy_decode_gives_eager_logits_across_cache_growth(wgpu, tiny_dir, monkeypatch):
     model = whisper.load(tiny_dir, device=wgpu)
     feats = _features(model, 0)
-    calls = _count_replays(monkeypatch, wgpu.backend)
+    calls = count_captures(monkeypatch, wgpu.backend)
     # 30 steps: the KV cache grows at 4, 8, 16 and 32 positions (new buffers: capture again)
     captured = _greedy(model, feats, 30)
     model.capture_decode = False
@@ -120,7 +106,7 @@ def test_captured_greedy_decode_gives_eager_logits_across_cache_growth(wgpu, tin
 def test_captured_beams_reordered_in_place_give_eager_logits(wgpu, tiny_dir, monkeypatch):
     model = whisper.load(tiny_dir, device=wgpu)
     feats = _features(model, 1)
-    calls = _count_replays(monkeypatch, wgpu.backend)
+    calls = count_captures(monkeypatch, wgpu.backend)
     captured = _beams(model, feats, 10, capacity=16)
     model.capture_decode = False
     assert captured == _beams(model, feats, 10, capacity=16)
@@ -202,7 +188,7 @@ def test_tiny_en_transcribes_jfk_the_same_captured(wgpu, whisper_tiny_dir, jfk_w
     sentence = ("And so my fellow Americans ask not what your country can do for you, "
                 "ask what you can do for your country.")
     model = whisper.load(whisper_tiny_dir, device=wgpu)
-    calls = _count_replays(monkeypatch, wgpu.backend)
+    calls = count_captures(monkeypatch, wgpu.backend)
     captured = model.transcribe(str(jfk_wav), temperature=0.0, timestamps=False)
     assert captured.text.strip() == sentence
     assert calls["replay"] >= 15, calls  # eager, it is the same sentence: tests/test_wgpu_models.py

@@ -1031,7 +1031,7 @@ class WgpuBackend(Backend):
         words = _layout_words(lx.shape, [(o, s) for _, o, s in ops], True, "norm")
         extras = [d, int(center), _f32_bits(eps), int(w is not None), int(b is not None), rows]
         self._run("norm", {"X": dtype}, [s for s, _, _ in ops] + [out], self._params(words, extras), rows,
-                  label="layer_norm" if center else "rms_norm")
+                  extra=("row_sum",), label="layer_norm" if center else "rms_norm")
         return out
 
     def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
@@ -1117,7 +1117,7 @@ class WgpuBackend(Backend):
             extras += [0, 0] if lay is None else [lay.offset, lay.strides[0]]
         label = "add_layer_norm" if center else "add_rms_norm"
         self._run("add_norm", {"X": dtype}, [x, r, w if w is not None else x, b if b is not None else x, total, out],
-                  self._params(words, extras), rows, label=label)
+                  self._params(words, extras), rows, extra=("row_sum",), label=label)
         return total, out
 
     def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):

@@ -11,19 +11,7 @@
 @group(0) @binding(5) var<storage, read_write> s: array<SX>;
 @group(0) @binding(6) var<storage, read_write> y: array<SX>;
 
-var<workgroup> red: array<f32, 64>;
-
-fn row_sum(l: u32, v: f32) -> f32 {
-    red[l] = v;
-    workgroupBarrier();
-    for (var k = 32u; k > 0u; k = k >> 1u) {
-        if (l < k) { red[l] = red[l] + red[l + k]; }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
+// row_sum: row_sum.wgsl
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,

@@ -7,19 +7,7 @@
 @group(0) @binding(3) var<storage, read> bias: array<SX>;
 @group(0) @binding(4) var<storage, read_write> y: array<SX>;
 
-var<workgroup> red: array<f32, 64>;
-
-fn row_sum(l: u32, v: f32) -> f32 {
-    red[l] = v;
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s = s >> 1u) {
-        if (l < s) { red[l] = red[l] + red[l + s]; }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
+// row_sum: row_sum.wgsl
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
