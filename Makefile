@@ -41,13 +41,13 @@ test: setup lint
 	$(BIN)/python -m pytest tests -q -ra
 
 # The fast loop while you work (under 2 minutes on 2 cores): lint, type-check, and every
-# test that needs no browser, no Pyodide and no model download.
+# test that needs no browser, no Pyodide and no model download, on every core (pytest-xdist).
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 check: lint
-	$(BIN)/python -m pytest tests -q -x -m "not slow and not pyodide and not browser and not models" -p no:cacheprovider
+	$(BIN)/python -m pytest tests -q -x -n auto -m "not slow and not pyodide and not browser and not models" -p no:cacheprovider
 
 bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
