@@ -124,6 +124,25 @@ def model_device(device, request):
 
 
 # ---- test data: one place, honouring $TALLOW_HOME (where `tallow fetch` puts models) ----------
+@pytest.fixture
+def wgpu():
+    """The wgpu device (lavapipe here), or a skip saying why there is none."""
+    try:
+        return tallow.Device("wgpu")
+    except tallow.errors.DeviceError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def null_wgpu():
+    """(device, driver): the wgpu backend over the do-nothing driver, which counts dispatches."""
+    from tallow_wgpu.backend import WgpuBackend
+    from tallow_wgpu.driver_null import NullDriver
+    driver = NullDriver()
+    yield device_module.use_backend("wgpu", WgpuBackend(driver)), driver
+    device_module.restore_backend("wgpu")
+
+
 @pytest.fixture(scope="session")
 def tallow_home():
     """The model cache: $TALLOW_HOME, default ~/.cache/tallow."""

@@ -6,12 +6,9 @@ eager; a step that depends on the position outside the step buffer is refused.""
 import pytest
 
 import tallow
-from tallow.device import restore_backend, use_backend
-from tallow.errors import DeviceError, IndexRangeError, ShapeError, UnsupportedError
+from tallow.errors import IndexRangeError, ShapeError, UnsupportedError
 
 pytest.importorskip("transformers")
-from tallow_wgpu.backend import WgpuBackend  # noqa: E402
-from tallow_wgpu.driver_null import NullDriver  # noqa: E402
 from tiny_llama import save_tiny_llama  # noqa: E402
 from capture_counts import count_captures  # noqa: E402
 
@@ -22,20 +19,6 @@ def tiny_llama_dir(tmp_path_factory):
     save_tiny_llama(folder, ["hello world, the quick brown fox"] * 8)
     return str(folder)
 
-
-@pytest.fixture
-def wgpu():
-    try:
-        return tallow.Device("wgpu")
-    except DeviceError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture
-def null_wgpu():
-    driver = NullDriver()
-    yield use_backend("wgpu", WgpuBackend(driver)), driver
-    restore_backend("wgpu")
 
 
 def _small_cache(model, capacity):

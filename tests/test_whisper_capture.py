@@ -7,14 +7,11 @@ real tiny.en transcribes jfk.wav to the same sentence captured."""
 import pytest
 
 import tallow
-from tallow.device import restore_backend, use_backend
-from tallow.errors import DeviceError, IndexRangeError, ShapeError
+from tallow.errors import IndexRangeError, ShapeError
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 from tallow.models import whisper  # noqa: E402
-from tallow_wgpu.backend import WgpuBackend  # noqa: E402
-from tallow_wgpu.driver_null import NullDriver  # noqa: E402
 from capture_counts import count_captures  # noqa: E402
 
 MELS, FRAMES, VOCAB = 8, 16, 100
@@ -33,20 +30,6 @@ def tiny_dir(tmp_path_factory):
     transformers.WhisperForConditionalGeneration(cfg).save_pretrained(folder, safe_serialization=True)
     return folder
 
-
-@pytest.fixture
-def wgpu():
-    try:
-        return tallow.Device("wgpu")
-    except DeviceError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture
-def null_wgpu():
-    driver = NullDriver()
-    yield use_backend("wgpu", WgpuBackend(driver)), driver
-    restore_backend("wgpu")
 
 
 
