@@ -22,30 +22,46 @@ MAX_DISPATCHES_PER_LAYER = 8
 MAX_WHISPER_DISPATCHES_PER_LAYER = 13
 
 
-def _decode_dispatches(tmp_path, layers):
-    folder = tmp_path / f"llama{layers}"
-    folder.mkdir()
-    save_tiny_llama(folder, ["hello world, the quick brown fox"] * 8, num_hidden_layers=layers)
+def _step_dispatches(load, first, step):
+    """Dispatches (total, per kernel) of one decode step, `step(model, state)`, after `first`
+    set up the state, for the model `load(device)` gives on the do-nothing driver."""
     driver = NullDriver()
     try:
-        dev = use_backend("wgpu", WgpuBackend(driver))
-        model = tallow.load_model(str(folder), device=dev)
-        cache = model.new_cache()
-        model([1, 2, 3], cache=cache, last_only=True).tolist()
+        model = load(use_backend("wgpu", WgpuBackend(driver)))
+        state = first(model)
         driver.reset_counts()
-        model([4], cache=cache, last_only=True).tolist()
+        step(model, state)
         return driver.dispatches, dict(driver.by_kernel)
     finally:
         restore_backend("wgpu")
 
 
-def test_decode_dispatches_per_layer_are_bounded(tmp_path):
-    two, _ = _decode_dispatches(tmp_path, 2)
-    four, kernels = _decode_dispatches(tmp_path, 4)
+def _per_layer(dispatches_for):
+    """(per layer, outside the layers, kernels): from models of 2 and 4 layers."""
+    two, _ = dispatches_for(2)
+    four, kernels = dispatches_for(4)
     per_layer = (four - two) / 2
     assert per_layer == int(per_layer), "every layer issues the same dispatches"
+    return per_layer, two - 2 * per_layer, kernels
+
+
+def _decode_dispatches(tmp_path, layers):
+    folder = tmp_path / f"llama{layers}"
+    folder.mkdir()
+    save_tiny_llama(folder, ["hello world, the quick brown fox"] * 8, num_hidden_layers=layers)
+
+    def first(model):
+        cache = model.new_cache()
+        model([1, 2, 3], cache=cache, last_only=True).tolist()
+        return cache
+    return _step_dispatches(lambda dev: tallow.load_model(str(folder), device=dev), first,
+                            lambda model, cache: model([4], cache=cache, last_only=True).tolist())
+
+
+def test_decode_dispatches_per_layer_are_bounded(tmp_path):
+    per_layer, outside, kernels = _per_layer(lambda layers: _decode_dispatches(tmp_path, layers))
     assert per_layer <= MAX_DISPATCHES_PER_LAYER, (per_layer, kernels)
-    assert two - 2 * per_layer <= 4, "outside the layers: embedding, final norm, head"
+    assert outside <= 4, "outside the layers: embedding, final norm, head"
 
 
 def _whisper_step_dispatches(tmp_path, layers):
@@ -58,25 +74,18 @@ def _whisper_step_dispatches(tmp_path, layers):
         max_source_positions=8, max_target_positions=16, decoder_start_token_id=1, pad_token_id=0,
         eos_token_id=2, bos_token_id=1)
     transformers.WhisperForConditionalGeneration(cfg).save_pretrained(folder, safe_serialization=True)
-    driver = NullDriver()
-    try:
-        dev = use_backend("wgpu", WgpuBackend(driver))
-        model = whisper.load(folder, device=dev)
-        state = model.start(model.encode(tallow.zeros(1, 8, 16, device=dev)))
+
+    def first(model):
+        state = model.start(model.encode(tallow.zeros(1, 8, 16, device=model.device)))
         model.decode_step([[1, 5, 7]], state).tolist()
-        driver.reset_counts()
-        model.decode_step([[9]], state).tolist()
-        return driver.dispatches, dict(driver.by_kernel)
-    finally:
-        restore_backend("wgpu")
+        return state
+    return _step_dispatches(lambda dev: whisper.load(folder, device=dev), first,
+                            lambda model, state: model.decode_step([[9]], state).tolist())
 
 
 def test_whisper_decoder_dispatches_per_layer_are_bounded(tmp_path):
-    two, _ = _whisper_step_dispatches(tmp_path, 2)
-    four, kernels = _whisper_step_dispatches(tmp_path, 4)
-    per_layer = (four - two) / 2
-    assert per_layer == int(per_layer), "every layer issues the same dispatches"
+    per_layer, outside, kernels = _per_layer(lambda layers: _whisper_step_dispatches(tmp_path, layers))
     assert per_layer <= MAX_WHISPER_DISPATCHES_PER_LAYER, (per_layer, kernels)
     # The step is captured (wgpu captures one-token steps): the position embedding is a gather
     # of the step's position input, and the logits are copied out of the graph.
-    assert two - 2 * per_layer <= 6, "outside the layers: token and position embeddings, norms, logits"
+    assert outside <= 6, "outside the layers: token and position embeddings, norms, logits"
