@@ -1,11 +1,13 @@
 """The tensor core has no import cycles: every import counts (module level and inside
 functions), and importing a submodule counts as importing its package too (Python runs
 the package's __init__ first). Application modules are exempt for now (see EXEMPT)."""
-import ast
 import fnmatch
 import subprocess
 import sys
 from pathlib import Path
+
+from import_graph import cycles, module_files
+from import_graph import import_graph as graph_of
 
 CORE = Path(__file__).resolve().parents[1] / "core"
 
@@ -15,79 +17,12 @@ EXEMPT = [
 ]
 
 
-def modules(root, package="tallow"):
-    """{dotted name: path} of the .py files under root, which is the package `package`."""
-    found = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        found[".".join([package] + parts)] = path
-    return found
-
-
-def imports_of(name, path, known):
-    """The known modules that `name` imports anywhere in its source, with the packages they sit in
-    (unless `name` sits in that package too: a package's own modules run inside its import)."""
-    is_package = path.name == "__init__.py"
-    here = name if is_package else name.rpartition(".")[0]
-    targets = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            targets.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = ".".join(here.split(".")[:len(here.split(".")) - node.level + 1])
-                target = f"{base}.{node.module}" if node.module else base
-            else:
-                target = node.module
-            for a in node.names:  # `from . import ops` names a module, `from .ops import cat` a name in one
-                targets.add(f"{target}.{a.name}" if f"{target}.{a.name}" in known else target)
-    found = set()
-    for target in targets:
-        parts = target.split(".")
-        for i in range(2, len(parts) + 1):  # a.b.c also runs a.b's __init__ (the root package is left out)
-            prefix = ".".join(parts[:i])
-            if prefix in known and prefix != name and (i == len(parts) or not name.startswith(prefix + ".")):
-                found.add(prefix)
-    return found
-
-
-def cycles(graph):
-    """The strongly connected components with more than one module (Tarjan's algorithm)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
 def import_graph(root, exempt=()):
-    known = modules(root)
+    """The graph of the package at root (named tallow), with imports counting their packages too."""
+    known = module_files({"tallow": root})
+    graph = graph_of(known, via_packages=True)
     checked = {m for m in known if not any(fnmatch.fnmatchcase(m, p) for p in exempt)}
-    return {m: imports_of(m, known[m], known) & checked for m in sorted(checked)}
+    return {m: graph[m] & checked for m in sorted(checked)}
 
 
 def test_tensor_core_has_no_import_cycles():

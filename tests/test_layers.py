@@ -20,10 +20,12 @@ first use; generation sits below them because CausalLM.generate/stream/chat use 
 The graph counts imports inside functions too. Cycles inside the tensor core are
 another test's business (test_import_graph.py); everywhere else there are none.
 """
-import ast
 import os
 
 import pytest
+
+import import_graph as graph_of
+from import_graph import cycles, import_graph
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = {"tallow": "core", "tallow_wgpu": "wgpu_backend", "tallow_cuda": "cuda_backend",
@@ -60,41 +62,7 @@ LAYERS = {
 
 def module_files(repo=REPO):
     """{dotted module name: file path} of every .py file in the packages."""
-    found = {}
-    for package, folder in PACKAGES.items():
-        top = os.path.join(repo, folder)
-        for root, dirs, files in os.walk(top):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            parts = [package] + [p for p in os.path.relpath(root, top).split(os.sep) if p != "."]
-            for f in files:
-                if f.endswith(".py"):
-                    found[".".join(parts if f == "__init__.py" else parts + [f[:-3]])] = os.path.join(root, f)
-    return found
-
-
-def _targets(node, module, is_package, known):
-    """The modules an import statement names: `from pkg import sub` counts as pkg.sub when that is a module."""
-    if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names]
-    if node.level:
-        base = module.split(".") if is_package else module.split(".")[:-1]
-        base = base[:len(base) - node.level + 1]
-        source = ".".join(base + ([node.module] if node.module else []))
-    else:
-        source = node.module or ""
-    return [f"{source}.{a.name}" if f"{source}.{a.name}" in known else source for a in node.names]
-
-
-def import_graph(files):
-    """{module: set of modules it imports}, from every import statement anywhere in the file."""
-    graph = {}
-    for module, path in files.items():
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-        is_package = path.endswith("__init__.py")
-        graph[module] = {t for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-                         for t in _targets(node, module, is_package, files) if t in files and t != module}
-    return graph
+    return graph_of.module_files({package: os.path.join(repo, folder) for package, folder in PACKAGES.items()})
 
 
 def entry_of(module):
@@ -110,44 +78,6 @@ def layer_of(module):
 def upward_imports(graph):
     """(module, imported module) pairs where the import reaches a higher layer."""
     return sorted((m, t) for m, targets in graph.items() for t in targets if layer_of(t) > layer_of(m))
-
-
-def cycles(graph):
-    """The strongly connected components with more than one module (Tarjan, iterative)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-    for root in graph:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = set()
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.add(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
 
 
 @pytest.fixture(scope="module")

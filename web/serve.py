@@ -184,8 +184,14 @@ class StaticServer:
         self._thread.start()
         return self
 
-    def serve_forever(self):
-        self.httpd.serve_forever()
+    def serve_until_interrupted(self):
+        """Serve in this thread until Ctrl-C (the command-line servers)."""
+        try:
+            self.httpd.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.httpd.server_close()
 
     def close(self):
         self.httpd.shutdown() if self._thread else None
@@ -211,12 +217,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     server = StaticServer(args.dist, args.port, quiet=False)
     print(f"serving {args.dist} at {server.url}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.httpd.server_close()
+    server.serve_until_interrupted()
     return 0
 
 

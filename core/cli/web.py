@@ -63,10 +63,5 @@ def run(args):
     except OSError as e:
         raise Error(f"cannot listen on 127.0.0.1:{args.port}: {e.strerror or e}; choose another --port") from None
     print(f"tallow demo: {server.url}  (open it in Chrome/Edge for WebGPU; Ctrl-C stops)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.httpd.server_close()
+    server.serve_until_interrupted()
     return 0
