@@ -42,17 +42,9 @@ import cases  # noqa: E402  (the conformance op cases, shipped as they are into 
 from compare import assert_matches  # noqa: E402
 
 
-def _require(reason):
-    if os.environ.get("TALLOW_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"TALLOW_REQUIRE_BROWSER=1 but {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory):
-    missing = harness.missing_requirements()
-    if missing:
-        _require(missing)
+    harness.require_browser()
     out = str(tmp_path_factory.mktemp("web") / "dist")
     harness.build_test_site(out, part_bytes=PART_BYTES)
     return out
@@ -87,7 +79,7 @@ def ui(demo, demo_page, request):
 def _model_or_skip(dist, name):
     entry = harness.manifest(dist)["models"][name]
     if entry["missing"]:
-        _require(f"{name}: {entry['missing']}")
+        harness.require_browser(f"{name}: {entry['missing']}")
     return entry
 
 

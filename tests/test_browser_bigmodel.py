@@ -44,22 +44,13 @@ import make_synthetic_gguf as maker  # noqa: E402
 sys.path.pop(0)
 
 
-def _require(reason):
-    if os.environ.get("TALLOW_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"TALLOW_REQUIRE_BROWSER=1 but {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """A built demo whose manifest also offers a tiny synthetic Phi-2; and a tiny Phi-3 file to pick."""
-    missing = harness.missing_requirements()
-    if missing:
-        _require(missing)
-    build = harness.load_web_module("build")
+    harness.require_browser()
     root = tmp_path_factory.mktemp("bigmodel")
     dist = str(root / "dist")
-    build.build(dist, models=False, quiet=True, test_hooks=True)
+    harness.build_test_site(dist, models=False)
     folder = os.path.join(dist, "models", "synthetic-phi2")
     os.makedirs(folder, exist_ok=True)
     phi2 = os.path.join(folder, "phi2-tiny.Q4_0.gguf")

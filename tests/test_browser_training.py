@@ -42,14 +42,9 @@ def train(device, steps=8):
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
-    missing = harness.missing_requirements()
-    if missing:
-        if os.environ.get("TALLOW_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"TALLOW_REQUIRE_BROWSER=1 but {missing}")
-        pytest.skip(missing)
-    build = harness.load_web_module("build")
+    harness.require_browser()
     out = str(tmp_path_factory.mktemp("web") / "dist")
-    build.build(out, models=False, quiet=True, test_hooks=True)
+    harness.build_test_site(out, models=False)
     with harness.DemoBrowser(out, artifacts=os.path.join(os.path.dirname(HERE), "test-artifacts", "browser")) as demo:
         yield demo, demo.open()
 

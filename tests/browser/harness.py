@@ -45,6 +45,17 @@ def missing_requirements():
     return None
 
 
+def require_browser(missing=None):
+    """Skip the calling test (or fixture) when the browser tests cannot run here (or for the
+    reason given); with TALLOW_REQUIRE_BROWSER=1 (CI) that is a failure instead."""
+    import pytest
+    missing = missing or missing_requirements()
+    if missing and os.environ.get("TALLOW_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"TALLOW_REQUIRE_BROWSER=1 but {missing}")
+    if missing:
+        pytest.skip(missing)
+
+
 def load_web_module(name):
     import importlib.util
     key = f"tallow_web_{name}"
