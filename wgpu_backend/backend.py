@@ -1108,9 +1108,7 @@ class WgpuBackend(Backend):
 
     def cache_attention(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask, dtype,
                         position, key_start, scale, interleaved):
-        b, h, t, d = lq.shape
-        dv = lv.shape[3]
-        if t != 1 or mask is not None or not self._attend_fits(lkc, lvc):
+        if lq.shape[2] != 1 or mask is not None or not self._attend_fits(lkc, lvc):
             return super().cache_attention(q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask,
                                            dtype, position, key_start, scale, interleaved)
         return self._cache_attend(q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, dtype, position,
