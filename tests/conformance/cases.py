@@ -434,6 +434,44 @@ def _(np):
     }
 
 
+@case("cache_attention", rtol=2e-5, atol=2e-6, torch=True)
+def cache_attention(dev):
+    """Append to a KV cache inside attention: one decode token (GQA, rotary; the one kernel on
+    wgpu), a token without rotary, and two tokens at once (causal among themselves)."""
+    F = tallow.functional
+    results = {}
+    for name, h, t, rotary in (("decode_rotary_gqa", 4, 1, True), ("decode", 2, 1, False), ("two_tokens", 2, 2, True)):
+        q, k, v = T(dev, 1, h, t, 8), T(dev, 1, 2, t, 8, seed=1), T(dev, 1, 2, t, 8, seed=2)
+        kc, vc = T(dev, 1, 2, 6, 8, seed=3), T(dev, 1, 2, 6, 8, seed=4)
+        cos, sin = (T(dev, t, 4, seed=5), T(dev, t, 4, seed=6)) if rotary else (None, None)
+        y = F.cache_attention(q, k, v, kc, vc, 3, cos, sin)
+        results[name] = {"out": out(y), "k_cache": out(kc), "v_cache": out(vc)}
+    return results
+
+
+def _half_split_rope(torch, x, cos, sin):
+    h = x.shape[-1] // 2
+    return torch.cat([x[..., :h] * cos - x[..., h:] * sin, x[..., :h] * sin + x[..., h:] * cos], -1)
+
+
+@cache_attention.reference
+def _(np):
+    import torch
+    t = lambda *s, seed=0: torch.tensor(_N(np, *s, seed=seed))  # noqa: E731
+    results = {}
+    for name, h, n, rotary in (("decode_rotary_gqa", 4, 1, True), ("decode", 2, 1, False), ("two_tokens", 2, 2, True)):
+        q, k, v = t(1, h, n, 8), t(1, 2, n, 8, seed=1), t(1, 2, n, 8, seed=2)
+        kc, vc = t(1, 2, 6, 8, seed=3), t(1, 2, 6, 8, seed=4)
+        if rotary:
+            q, k = (_half_split_rope(torch, x, t(n, 4, seed=5), t(n, 4, seed=6)) for x in (q, k))
+        kc[:, :, 3:3 + n], vc[:, :, 3:3 + n] = k, v
+        keys, values = kc[:, :, :3 + n].repeat_interleave(h // 2, 1), vc[:, :, :3 + n].repeat_interleave(h // 2, 1)
+        allowed = torch.ones(n, 3 + n, dtype=torch.bool).tril(3)  # query i sees the keys up to position 3 + i
+        y = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
+        results[name] = {"out": y.numpy(), "k_cache": kc.numpy(), "v_cache": vc.numpy()}
+    return results
+
+
 # ---- joining and picking -------------------------------------------------------------
 @case("cat_stack_split")
 def cat_stack_split(dev):
