@@ -146,6 +146,14 @@ def rope_kv_write(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_s
     return ops.rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, interleaved)
 
 
+def cache_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, position: int,
+                    cos: Tensor | None = None, sin: Tensor | None = None, interleaved: bool = False,
+                    scale: float | None = None, key_start: int = 0, mask: Tensor | None = None) -> Tensor:
+    """Write k (rotary_emb(k) with cos/sin) and v into a preallocated KV cache at `position` and return
+    causal attention of q (rotated likewise) over the cache's keys [key_start, position + t), as one op."""
+    return ops.cache_attention(q, k, v, k_cache, v_cache, position, cos, sin, interleaved, scale, key_start, mask)
+
+
 # ---- losses ------------------------------------------------------------------------------------
 def cross_entropy(logits: Tensor, targets: Tensor | Sequence[int]) -> Tensor:
     """Mean negative log-likelihood of integer class targets under softmax(logits); logits (n, classes)."""

@@ -14,8 +14,10 @@ outputs (fresh tensors: a result you keep is never overwritten by the next repla
 
 What a replay may change is only what the kernels read from those buffers:
   - the inputs made with graph.input (same shape and dtype);
-  - the position: inside a capture functional.rope_kv_write and functional.kv_write write
-    the KV-cache slots (and rope_kv_write reads the rotary rows) *at the step's position*,
+  - the position: inside a capture functional.cache_attention, functional.rope_kv_write and
+    functional.kv_write write the KV-cache slots (and the rotary ones read the rotary rows)
+    *at the step's position* (cache_attention attends over the keys up to it; its split-K workgroups are
+    fixed by the cache's capacity),
     and attention over a KV cache written in the step reads its key count (position +
     tokens) from the step buffer, so its workgroup count never depends on the cache length.
 Everything else is frozen: shapes, weights, the KV cache's buffers (a cache that grows gets

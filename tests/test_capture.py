@@ -52,6 +52,25 @@ def test_replayed_decode_gives_eager_logits_across_cache_growth(wgpu, tiny_llama
     assert calls["capture"] <= 12, calls  # ... after two captures per cache or table growth
 
 
+def test_split_k_attention_replays_give_eager_logits_and_numpy_tokens(wgpu, tiny_llama_dir, monkeypatch):
+    """Split-K attention (forced onto small caches: 4 keys per split) under capture: the split count
+    follows the cache's capacity, so one recording replays at every position of it."""
+    from tallow.generation import generate_ids
+    from tallow_wgpu import backend
+    monkeypatch.setattr(backend, "SPLIT_K_MIN_KEYS", 8)
+    monkeypatch.setattr(backend, "KEYS_PER_SPLIT", 4)
+    model = tallow.load_model(tiny_llama_dir, device=wgpu)
+    calls = count_captures(monkeypatch, wgpu.backend)
+    captured = _greedy_logits(model, [1, 5, 9], 30, _small_cache(model, 8))
+    assert calls["replay"] >= 20, calls
+    model.capture_decode = False
+    assert captured == _greedy_logits(model, [1, 5, 9], 30, _small_cache(model, 8))
+    model.capture_decode = True
+    cpu = tallow.load_model(tiny_llama_dir, device="cpu")
+    want = list(generate_ids(cpu, [7, 3, 3, 2, 11], max_tokens=24, stop_tokens=[]))
+    assert list(generate_ids(model, [7, 3, 3, 2, 11], max_tokens=24, stop_tokens=[])) == want
+
+
 def test_generate_on_wgpu_replays_and_matches_numpy(wgpu, tiny_llama_dir, monkeypatch):
     from tallow.generation import generate_ids
     gpu = tallow.load_model(tiny_llama_dir, device=wgpu)

@@ -40,6 +40,15 @@ QMATVEC_MAX_ROWS = 64
 # reading the KV cache directly; longer prompts keep scores, softmax and weighted sum as three
 # dispatches, whose matmuls share loads between rows.
 ATTEND_MAX_ROWS = 16
+# Split-K (flash-decoding) for one-token attention over a long KV cache: one workgroup per
+# query head leaves most of a real GPU idle (SmolLM2: 9 workgroups), so a cache of at least
+# SPLIT_K_MIN_KEYS slots has its keys split among workgroups of KEYS_PER_SPLIT (at most
+# MAX_SPLITS), and a second small dispatch joins their partial softmaxes. The split count comes
+# from the cache's capacity, never its length, so a captured step replays at any position
+# (empty splits weigh nothing). Not tuned on the CPU-emulated adapters.
+SPLIT_K_MIN_KEYS = 1024
+KEYS_PER_SPLIT = 256
+MAX_SPLITS = 64
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 # Drivers whose record/replay re-encode a captured step (all three: native, browser, null).
 REPLAYING_DRIVERS = ("native", "browser", "null")
@@ -1095,6 +1104,50 @@ class WgpuBackend(Backend):
         prelude, binds = self._step_variant([q, k, v, mask if mask is not None else q, out], over_cache)
         self._run("attend", {"X": dtype}, binds, words, self._grid(rows, "attention"), label="attention",
                   prelude=prelude)
+        return out
+
+    def cache_attention(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask, dtype,
+                        position, key_start, scale, interleaved):
+        if lq.shape[2] != 1 or mask is not None or not self._attend_fits(lkc, lvc):
+            return super().cache_attention(q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask,
+                                           dtype, position, key_start, scale, interleaved)
+        return self._cache_attend(q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, dtype, position,
+                                  key_start, scale, interleaved)
+
+    def _cache_attend(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, dtype, position,
+                      key_start, scale, interleaved):
+        """One-token decode: kernels/cache_attend.wgsl rotates, appends and attends in one dispatch;
+        over a long cache its splits' partial results take a second (kernels/attend_combine.wgsl)."""
+        b, h, _, d = lq.shape
+        hk, capacity, dv = lk.shape[1], lkc.shape[2], lv.shape[3]
+        rows = b * h
+        out = self._out(rows * dv, dtype)
+        if rows * dv == 0:
+            return out
+        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        # While capturing (over the whole cache), the position comes from the step buffer: the
+        # parameters hold 0 and the rotary rows relative to it, so one launch serves every step.
+        # (A window's first key moves with the position: such a step records it as it is, and
+        # tallow.capture's same_launches check then finds the step not replayable.)
+        from_step = cap is not None and key_start == 0 and position == cap.position
+        pos = cap.position if from_step else 0
+        avail = capacity - key_start
+        splits = 1 if avail < SPLIT_K_MIN_KEYS else min(MAX_SPLITS, -(-avail // KEYS_PER_SPLIT))
+        per_split = -(-avail // splits)
+        words = [rows, h, h // hk, d, dv, _f32_bits(scale), position - pos, key_start, int(cos is not None),
+                 int(interleaved), splits, per_split]
+        for lay in (lq, lk, lv, lkc, lvc):
+            words += [lay.offset, *lay.strides]
+        for lay in (lcos, lsin):
+            words += [0, 0, 0] if lay is None else [lay.offset - pos * lay.strides[0], *lay.strides]
+        dest = out if splits == 1 else self._out(rows * splits * (dv + 2), f32)
+        tables = [cos, sin] if cos is not None else [q, q]
+        prelude, binds = self._step_variant([q, k, v, *tables, kc, vc, dest], from_step)
+        self._run("cache_attend", {"X": dtype, "Y": dtype if splits == 1 else f32}, binds, words,
+                  self._grid(rows * splits, "cache_attention"), label="cache_attention", prelude=prelude)
+        if splits > 1:
+            self._run("attend_combine", {"X": dtype}, [dest, out], [rows, splits, dv], self._grid(rows, "attention"),
+                      label="attention_combine")
         return out
 
     def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):

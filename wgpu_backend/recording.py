@@ -3,8 +3,9 @@ buffers they bind, held so the pool never hands them to another tensor.
 
 The values that change per step live in a 16-byte uniform "step buffer": the position of
 the step's first new token and the key count after it (position + tokens). The kernels
-that depend on them (rope_kv_write's cache slots and rotary rows, attention's key count
-over a KV cache written in the same step) are built in a variant that reads them from
+that depend on them (cache_attention's and rope_kv_write's cache slots and rotary rows,
+attention's key count over a KV cache written in the same step) are built in a variant
+that reads them from
 there, so the launches -- pipelines, bindings, parameters, workgroup counts -- are the
 same at every position. replay() writes the step buffer and hands the list to the driver,
 which re-encodes it (native: one command encoder; browser: one JS call that encodes and

@@ -238,6 +238,41 @@ class Backend:
         self.assign(vc, lvc, v, lv, dtype)
         return self.rope(q, lq, cos, lcos, sin, lsin, dtype, interleaved)
 
+    def cache_attention(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask, dtype,
+                        position, key_start, scale, interleaved):
+        """Append inside attention: writes k (rope(k) when cos is not None) and v into the caches kc
+        (b, hk, capacity, d) and vc (b, hk, capacity, dv) at positions [position, position + t) and
+        returns causal attention (contiguous (b, h, t, dv)) of q (rope(q)) over the cache's keys
+        [key_start, position + t). q (b, h, t, d), k/v (b, hk, t, d/dv), h a multiple of hk;
+        cos/sin (t, d/2) or None; mask additive, broadcast to (b, h, t, keys), or None."""
+        b, h, t, d = lq.shape
+        hk = lk.shape[1]
+        slots = lkc.narrow(2, position, t), lvc.narrow(2, position, t)
+        if cos is None:
+            self.kv_write(k, lk, v, lv, kc, slots[0], vc, slots[1], dtype)
+        else:
+            q = self.rope_kv_write(q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, slots[0], vc, slots[1], dtype,
+                                   interleaved)
+            lq = Layout(lq.shape)
+        n = position + t - key_start
+        keys, values = lkc.narrow(2, key_start, n), lvc.narrow(2, key_start, n)
+        rep = h // hk
+        if rep > 1 and t == 1 and mask is None:
+            # The query heads that share a KV head become its query rows (one query masks nothing).
+            sb, sh, _, sd = lq.strides
+            lq = Layout((b, hk, rep, d), (sb, rep * sh, sh, sd), lq.offset)
+            return self.attention(q, lq, kc, keys, vc, values, None, None, dtype, scale, False)
+        if rep > 1:  # each query head gets its own copy of its KV head
+            kc, keys = self._repeat_heads(kc, keys, rep, dtype), Layout((b, h, n, d))
+            vc, values = self._repeat_heads(vc, values, rep, dtype), Layout((b, h, n, lvc.shape[3]))
+        return self.attention(q, lq, kc, keys, vc, values, mask, lmask, dtype, scale, True)
+
+    def _repeat_heads(self, st, lay, rep, dtype):
+        """Contiguous (b, hk * rep, n, d) from (b, hk, n, d): every head `rep` times in a row."""
+        b, hk, n, d = lay.shape
+        sb, sh, sn, sd = lay.strides
+        return self.copy(st, Layout((b, hk, rep, n, d), (sb, sh, 0, sn, sd), lay.offset), dtype)
+
     # ---- optional capabilities: defaults that every backend has ---------------
     def to_numpy(self, storage, layout, dtype, copy=True):
         """The layout's elements as a numpy array of its shape (bf16 as float32: numpy has no

@@ -68,21 +68,25 @@ class Step:
                 self.mask = tensor([[p > q - window for p in keys] for q in range(offset, total)], device=device)
 
     def attend(self, q, k, v, kv_cache, scale=None):
-        """Append k, v to the layer's cache and attend causally over everything it holds.
-        scale: of the scores (default head_dim**-0.5; Gemma 3: query_pre_attn_scalar**-0.5)."""
-        keys, values = kv_cache.append(k, v)
-        return self._over_cache(q, keys, values, scale)
+        """Append k, v to the layer's cache and attend causally over everything it holds, as one
+        op (functional.cache_attention). scale: of the scores (default head_dim**-0.5; Gemma 3:
+        query_pre_attn_scalar**-0.5)."""
+        return self._cache_attention(q, k, v, kv_cache, scale)
 
     def attend_rotary(self, q, k, v, kv_cache, interleaved=False, scale=None):
-        """attend() for q and k not yet rotated (full-width rotary): one fused op rotates q and k
-        and writes k and v into the cache (functional.rope_kv_write)."""
-        k_slot, v_slot = kv_cache.slots(k, v)
-        q = F.rope_kv_write(q, k, v, self.cos, self.sin, k_slot, v_slot, interleaved)
-        keys, values = kv_cache.commit(k.shape[2])
-        return self._over_cache(q, keys, values, scale)
+        """attend() for q and k not yet rotated (full-width rotary): the same one op rotates q and
+        k, writes k and v into the cache and attends."""
+        return self._cache_attention(q, k, v, kv_cache, scale, self.cos, self.sin, interleaved)
 
-    def _over_cache(self, q, keys, values, scale):
-        if self.key_start:
-            n = keys.shape[2] - self.key_start
-            keys, values = keys.narrow(2, self.key_start, n), values.narrow(2, self.key_start, n)
-        return F.scaled_dot_product_attention(q, keys, values, mask=self.mask, is_causal=True, scale=scale)
+    def _cache_attention(self, q, k, v, kv_cache, scale, cos=None, sin=None, interleaved=False):
+        kv_cache.slots(k, v)  # grows the cache when the new positions do not fit
+        key_start, mask = self.key_start, self.mask
+        if kv_cache.max_len is not None:  # a cache that keeps only its last max_len positions
+            dropped = max(key_start, kv_cache.length + k.shape[2] - kv_cache.max_len) - key_start
+            key_start += dropped
+            if mask is not None and dropped:
+                mask = mask.narrow(-1, dropped, mask.shape[-1] - dropped)
+        out = F.cache_attention(q, k, v, kv_cache.k, kv_cache.v, kv_cache.length, cos, sin, interleaved, scale,
+                                key_start, mask)
+        kv_cache.commit(k.shape[2])
+        return out

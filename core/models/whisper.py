@@ -135,9 +135,12 @@ class SelfAttention(Attention):
     def forward(self, x, cache=None):
         b, t, d = x.shape
         q, k, v = (self.split_heads(p) for p in self.qkv_proj.parts(x))
-        if cache is not None:
-            k, v = cache.append(k, v)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is not None and t > 1)
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v)
+        else:  # the new keys and values go into the cache inside the attention op
+            cache.slots(k, v)
+            y = F.cache_attention(q, k, v, cache.k, cache.v, cache.length)
+            cache.commit(t)
         return _rows(self.out_proj, y.transpose(1, 2).reshape(b, t, d))
 
 

@@ -34,7 +34,8 @@ class KVCache:
 
     def slots(self, k, v):
         """Views of the cache where k, v (b, heads, t, d) go next, grown if needed: write them
-        (e.g. with functional.rope_kv_write), then commit(t)."""
+        (functional.kv_write, or functional.cache_attention into self.k and self.v at
+        self.length), then commit(t)."""
         t = k.shape[2]
         need = self.length + t
         if self.k is None or need > self.k.shape[2]:

@@ -5,11 +5,15 @@
     gated_linear(x, w_gate_up, "silu")      -> silu(x @ gate.T) * (x @ up.T)
     rope_kv_write(q, k, v, cos, sin, kc, vc) -> rope(q); rope(k) and v written into the cache slots
     kv_write(k, v, kc, vc)                  -> k and v written into the cache slots
+    cache_attention(q, k, v, kc, vc, pos)   -> k, v (rope(k) with cos/sin) written into the cache at pos,
+                                               causal attention of q (rope(q)) over the cache
 
 Each is one backend primitive (core/backends/base.py composes it from the others for
 backends without a kernel). With a gradient to record they run the same maths through
 differentiable ops instead.
 """
+import math
+
 from .. import dtypes as D
 from ..autograd import needs_grad
 from ..errors import DTypeError, ShapeError, UnsupportedError
@@ -17,7 +21,8 @@ from .arguments import check_devices, float_input, parts
 from .elementwise import binary, unary
 from .index import assign
 from .linalg import matmul
-from .nn import layer_norm, rms_norm, rotary_emb
+from .new import new_full
+from .nn import attention, layer_norm, rms_norm, rotary_emb
 from .shape import narrow, reshape, t
 
 # The activations a gated projection may apply to its gate half (unary op names).
@@ -150,3 +155,66 @@ def rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, interleaved=False):
                                         c._storage, c._layout, s._storage, s._layout, k_slot._storage,
                                         k_slot._layout, v_slot._storage, v_slot._layout, dtype, interleaved)
     return q._new(st, q.shape, dtype)
+
+
+def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, interleaved=False, scale=None,
+                    key_start=0, mask=None):
+    """Append the new keys and values to a preallocated KV cache and attend over it, as one op.
+
+    Writes k (rotated, when cos and sin are given) and v into k_cache and v_cache at positions
+    [position, position + t), and returns causal attention of q (rotated likewise) over the
+    cache's keys [key_start, position + t): query i, at position + i, sees the keys up to its
+    own. q (b, h, t, d); k (b, hk, t, d) and v (b, hk, t, dv) with h a multiple of hk (GQA);
+    k_cache (b, hk, capacity, d), v_cache (b, hk, capacity, dv); cos/sin (t, d/2), full-width
+    rotary (half-split, or GPT-J pairs with interleaved). scale: of the scores (default
+    d**-0.5). mask: bool (True: may attend) or additive, broadcast to (b, h, t, keys), for a
+    sliding window's earlier queries. Returns (b, h, t, dv) in the cache's dtype."""
+    q, k, v = (float_input(a, "cache_attention") for a in (q, k, v))
+    check_devices("cache_attention", q, k, v, k_cache, v_cache, cos, sin, mask)
+    if any(a.ndim != 4 for a in (q, k, v, k_cache, v_cache)):
+        raise ShapeError(f"cache_attention: q {q.shape}, k {k.shape}, v {v.shape} and the caches {k_cache.shape}, "
+                         f"{v_cache.shape} must all be (batch, heads, positions, head_dim)")
+    b, h, t, d = q.shape
+    hk, dv = k.shape[1], v.shape[3]
+    if k.shape != (b, hk, t, d) or v.shape != (b, hk, t, dv) or hk == 0 or h % hk:
+        raise ShapeError(f"cache_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit (same batch and "
+                         "positions, k with q's head_dim, q's heads a multiple of k's)")
+    cap = k_cache.shape[2]
+    if k_cache.shape != (b, hk, cap, d) or v_cache.shape != (b, hk, cap, dv):
+        raise ShapeError(f"cache_attention: caches {k_cache.shape} and {v_cache.shape} must be (batch, kv heads, "
+                         f"capacity, head_dim) for k {k.shape} and v {v.shape}")
+    if not 0 <= key_start <= position or position + t > cap:
+        raise ShapeError(f"cache_attention: positions {position}..{position + t - 1} (keys from {key_start}) do not "
+                         f"fit a cache of capacity {cap}: grow the cache first (nn.KVCache.slots does)")
+    if k_cache.dtype is not v_cache.dtype or not k_cache.dtype.is_float:
+        raise DTypeError(f"cache_attention: the key and value caches must share one float dtype, got "
+                         f"{k_cache.dtype.name} and {v_cache.dtype.name}")
+    if (cos is None) != (sin is None):
+        raise ShapeError("cache_attention: give both cos and sin (rotary) or neither")
+    if cos is not None and (d % 2 or cos.shape != (t, d // 2) or sin.shape != (t, d // 2)):
+        raise ShapeError(f"cache_attention: cos/sin must have shape {(t, d // 2)} for q {q.shape} (an even head_dim), "
+                         f"got {cos.shape} and {sin.shape}")
+    tk = position + t - key_start
+    dtype = k_cache.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if cos is not None:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    if mask is not None:
+        if mask.dtype is D.bool_:
+            mask = new_full(q, (), 0.0, dtype).where(mask, float("-inf"))
+        mask = mask.to(dtype)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if needs_grad(q, k, v, cos, sin, mask):
+        k_slot, v_slot = narrow(k_cache, 2, position, t), narrow(v_cache, 2, position, t)
+        if cos is None:
+            kv_write(k, v, k_slot, v_slot)
+        else:
+            q = rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, interleaved)
+        return attention(q, narrow(k_cache, 2, key_start, tk), narrow(v_cache, 2, key_start, tk), mask, True, scale)
+    lmask = None if mask is None else mask._layout.broadcast_to((b, h, t, tk), "cache_attention mask")
+    st = q.device.backend.cache_attention(q._storage, q._layout, k._storage, k._layout, v._storage, v._layout,
+                                          k_cache._storage, k_cache._layout, v_cache._storage, v_cache._layout,
+                                          *parts(cos), *parts(sin), None if mask is None else mask._storage,
+                                          lmask, dtype, position, key_start, scale,
+                                          interleaved)
+    return q._new(st, (b, h, t, dv), dtype)

@@ -434,6 +434,51 @@ def _(np):
     }
 
 
+# name, query heads (over 2 KV heads), new tokens, rotary, position, cache capacity
+_CACHE_ATTENTION_CASES = (("decode_rotary_gqa", 4, 1, True, 3, 6), ("decode", 2, 1, False, 3, 6),
+                          ("two_tokens", 2, 2, True, 3, 6), ("long_cache", 4, 1, True, 1029, 1030))
+
+
+@case("cache_attention", rtol=2e-5, atol=2e-6, torch=True)
+def cache_attention(dev):
+    """Append to a KV cache inside attention: one decode token (GQA, rotary; the one kernel on
+    wgpu), a token without rotary, two tokens at once (causal among themselves), and a token
+    at the end of a cache of 1,030 slots (wgpu splits its keys among workgroups: split-K)."""
+    F = tallow.functional
+    results = {}
+    for name, h, t, rotary, pos, cap in _CACHE_ATTENTION_CASES:
+        q, k, v = T(dev, 1, h, t, 8), T(dev, 1, 2, t, 8, seed=1), T(dev, 1, 2, t, 8, seed=2)
+        kc, vc = T(dev, 1, 2, cap, 8, seed=3), T(dev, 1, 2, cap, 8, seed=4)
+        cos, sin = (T(dev, t, 4, seed=5), T(dev, t, 4, seed=6)) if rotary else (None, None)
+        y = F.cache_attention(q, k, v, kc, vc, pos, cos, sin)
+        results[name] = {"out": out(y), "k_cache": out(kc), "v_cache": out(vc)}
+    return results
+
+
+def _half_split_rope(torch, x, cos, sin):
+    h = x.shape[-1] // 2
+    return torch.cat([x[..., :h] * cos - x[..., h:] * sin, x[..., :h] * sin + x[..., h:] * cos], -1)
+
+
+@cache_attention.reference
+def _(np):
+    import torch
+    t = lambda *s, seed=0: torch.tensor(_N(np, *s, seed=seed))  # noqa: E731
+    results = {}
+    for name, h, n, rotary, pos, cap in _CACHE_ATTENTION_CASES:
+        q, k, v = t(1, h, n, 8), t(1, 2, n, 8, seed=1), t(1, 2, n, 8, seed=2)
+        kc, vc = t(1, 2, cap, 8, seed=3), t(1, 2, cap, 8, seed=4)
+        if rotary:
+            q, k = (_half_split_rope(torch, x, t(n, 4, seed=5), t(n, 4, seed=6)) for x in (q, k))
+        kc[:, :, pos:pos + n], vc[:, :, pos:pos + n] = k, v
+        keys = kc[:, :, :pos + n].repeat_interleave(h // 2, 1)
+        values = vc[:, :, :pos + n].repeat_interleave(h // 2, 1)
+        allowed = torch.ones(n, pos + n, dtype=torch.bool).tril(pos)  # query i sees the keys up to pos + i
+        y = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
+        results[name] = {"out": y.numpy(), "k_cache": kc.numpy(), "v_cache": vc.numpy()}
+    return results
+
+
 # ---- joining and picking -------------------------------------------------------------
 @case("cat_stack_split")
 def cat_stack_split(dev):

@@ -1,7 +1,9 @@
 """The fused decode ops (issue 13 item 2) on every device, against PyTorch and gguf's codecs:
 add_rms_norm, add_layer_norm, linear with its bias, gated_linear (float and GGUF weights),
 rope_kv_write, kv_write, attention over a long KV cache (one kernel on wgpu: online softmax
-across chunks of keys), and joining weight rows (cat of quantised rows, nn.FusedLinear)."""
+across chunks of keys), cache_attention (append to the KV cache inside attention; split-K on
+wgpu, forced onto small caches here), and joining weight rows (cat of quantised rows,
+nn.FusedLinear)."""
 import numpy as np
 import pytest
 
@@ -225,6 +227,122 @@ def test_attention_long_cache(device, tq, causal, mask):
     got = F.scaled_dot_product_attention(T(q, device), T(k, device), T(v, device),
                                          None if m is None else T(m, device), is_causal=causal)
     close(got, ref.numpy(), 1e-4)
+
+
+# ---- cache_attention ------------------------------------------------------------------------------------------
+def _split_k_from(monkeypatch, min_keys, keys_per_split=None):
+    """On wgpu: split-K (flash-decoding) from caches of min_keys slots on, keys_per_split each."""
+    try:
+        from tallow_wgpu import backend
+    except ImportError:
+        return
+    monkeypatch.setattr(backend, "SPLIT_K_MIN_KEYS", min_keys)
+    if keys_per_split is not None:
+        monkeypatch.setattr(backend, "KEYS_PER_SPLIT", keys_per_split)
+
+
+@pytest.fixture
+def split_k(monkeypatch):
+    """Split-K forced onto small caches: from 8 slots on, 4 keys per split."""
+    _split_k_from(monkeypatch, 8, 4)
+
+
+def _cache_attention_case(device, h, hk, t, d, dv, cap, position, rotary=None, key_start=0, window=None,
+                          scale=None):
+    """cache_attention over a random cache (its slots beyond position + t hold junk it must not read),
+    checked against torch: the caches it leaves and its output."""
+    kc0, vc0 = rnd(1, hk, cap, d), rnd(1, hk, cap, dv)
+    # q, k and v as a decoder gets them: head views of one fused projection's output.
+    qkv = rnd(1, t, h * d + hk * (d + dv))
+    x = T(qkv, device)
+    q = x.narrow(2, 0, h * d).reshape(1, t, h, d).transpose(1, 2)
+    k = x.narrow(2, h * d, hk * d).reshape(1, t, hk, d).transpose(1, 2)
+    v = x.narrow(2, h * d + hk * d, hk * dv).reshape(1, t, hk, dv).transpose(1, 2)
+    tq_, tk_, tv_ = (tt(a) for a in (qkv[..., :h * d], qkv[..., h * d:h * d + hk * d], qkv[..., h * d + hk * d:]))
+    tq_, tk_ = tq_.reshape(1, t, h, d).transpose(1, 2), tk_.reshape(1, t, hk, d).transpose(1, 2)
+    tv_ = tv_.reshape(1, t, hk, dv).transpose(1, 2)
+    cos = sin = None
+    if rotary is not None:
+        ang = (position + np.arange(t))[:, None] * (10000 ** (-np.arange(d // 2) / (d // 2)))[None]
+        c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+        cos, sin = T(c, device), T(s, device)
+        tq_, tk_ = (_torch_rope(a, tt(c), tt(s), rotary == "interleaved") for a in (tq_, tk_))
+    n = position + t - key_start
+    mask = None
+    allowed = torch.ones(t, n, dtype=torch.bool).tril(n - t)  # query i sees keys up to position + i
+    if window is not None:  # ... and none older than its window
+        keys = torch.arange(key_start, position + t)[None]
+        allowed &= keys > (torch.arange(position, position + t)[:, None] - window)
+        mask = T(allowed.numpy(), device)
+    kc, vc = T(kc0, device), T(vc0, device)
+    got = F.cache_attention(q, k, v, kc, vc, position, cos, sin, rotary == "interleaved", scale, key_start, mask)
+    want_k, want_v = tt(kc0.copy()), tt(vc0.copy())
+    want_k[:, :, position:position + t], want_v[:, :, position:position + t] = tk_, tv_
+    rep = h // hk
+    keys = want_k[:, :, key_start:position + t].repeat_interleave(rep, 1)
+    values = want_v[:, :, key_start:position + t].repeat_interleave(rep, 1)
+    ref = torch.nn.functional.scaled_dot_product_attention(tq_, keys, values, attn_mask=allowed, scale=scale)
+    close(kc, want_k.numpy(), 1e-6)
+    close(vc, want_v.numpy(), 0)
+    close(got, ref.numpy(), 1e-5)
+    return got
+
+
+# Cache lengths (position + 1 keys) around the forced split of 4 keys: 1, 2, split - 1, split,
+# split + 1, many splits, and a full cache.
+@pytest.mark.parametrize("position", [0, 1, 2, 3, 4, 13, 15])
+@pytest.mark.parametrize("rotary", [None, "half", "interleaved"])
+def test_cache_attention_one_token(device, split_k, position, rotary):
+    # GQA (2 query heads per KV head); values wider than keys when there is no rotary (as a test of dv).
+    _cache_attention_case(device, 4, 2, 1, 8, 12 if rotary is None else 8, 16, position, rotary)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_cache_attention_long_cache(device, monkeypatch, split):
+    """1,100 keys: two 1,024-key chunks of the online softmax in one workgroup, or (as wgpu splits
+    a 1,200-slot cache by default) 5 splits of 240."""
+    if not split:
+        _split_k_from(monkeypatch, 1 << 30)
+    _cache_attention_case(device, 2, 1, 1, 16, 16, 1200, 1099, "half")
+
+
+def test_cache_attention_prompt_and_scale(device):
+    """Several new positions at once (a prompt after earlier ones), causal among themselves; Gemma's scale."""
+    _cache_attention_case(device, 4, 4, 3, 8, 8, 10, 5, "half", scale=0.3)
+
+
+@pytest.mark.parametrize("t,position", [(1, 9), (3, 7)])
+def test_cache_attention_sliding_window(device, split_k, t, position):
+    """A window of 4: keys before the first query's window dropped (key_start), the rest masked per query."""
+    window = 4
+    key_start = max(0, position + 1 - window)
+    _cache_attention_case(device, 4, 2, t, 8, 8, 12, position, "half", key_start=key_start,
+                          window=window if t > 1 else None)
+
+
+def test_cache_attention_errors(device):
+    def args(**over):
+        a = dict(q=tallow.ones((1, 4, 1, 8), device=device), k=tallow.ones((1, 2, 1, 8), device=device),
+                 v=tallow.ones((1, 2, 1, 8), device=device), k_cache=tallow.zeros(1, 2, 4, 8, device=device),
+                 v_cache=tallow.zeros(1, 2, 4, 8, device=device), position=1)
+        a.update(over)
+        return a
+    F.cache_attention(**args())  # the valid call the others break one thing of
+    bad = [
+        (dict(k=tallow.ones((1, 3, 1, 8), device=device)), "do not fit"),   # 4 query heads over 3 KV heads
+        (dict(q=tallow.ones((4, 1, 8), device=device)), "must all be"),
+        (dict(v_cache=tallow.zeros(1, 2, 5, 8, device=device)), "caches"),
+        (dict(position=4), "capacity 4"),
+        (dict(position=1, key_start=2), "keys from 2"),
+        (dict(cos=tallow.ones((1, 4), device=device)), "both cos and sin"),
+        (dict(cos=tallow.ones((1, 3), device=device), sin=tallow.ones((1, 3), device=device)), "cos/sin"),
+        (dict(mask=tallow.ones((1, 3), device=device)), "mask"),
+    ]
+    for over, match in bad:
+        with pytest.raises(tallow.ShapeError, match=match):
+            F.cache_attention(**args(**over))
+    with pytest.raises(tallow.DTypeError, match="one float dtype"):
+        F.cache_attention(**args(v_cache=tallow.zeros(1, 2, 4, 8, dtype=tallow.f16, device=device)))
 
 
 # ---- joined weight rows -----------------------------------------------------------------------------------
