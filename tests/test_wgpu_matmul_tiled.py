@@ -228,3 +228,12 @@ def test_nothing_is_measured_inside_a_capture_or_where_first_use_measuring_is_of
     linear(be2, 100, 64, 48)
     assert driver2.by_kernel == {"matmul_rows": 1}  # CPU-emulated: the simple kernel, unmeasured
     assert not (tmp_path / "tuning.json").exists()
+
+
+def test_operands_larger_than_a_binding_are_not_measured(tmp_path, monkeypatch):
+    monkeypatch.delenv("TALLOW_WGPU_MATMUL", raising=False)
+    be, driver = null_backend(tmp_path, COSTS_TILED_WINS)
+    be.limits["max_storage_binding"] = 4096  # as $TALLOW_WGPU_MAX_BINDING_MB lowers it
+    record = be.tuning.tune("qmatmul q8_0")
+    assert record == {"choice": "tiled64", "seconds": {}, "shape": None} and driver.dispatches == 0
+    assert not (tmp_path / "tuning.json").exists()

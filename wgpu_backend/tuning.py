@@ -173,14 +173,17 @@ class Tuner:
         record = self.measure(family)
         self.chosen[family] = record["choice"]
         self.measured[family] = record
-        write_cache(self._path(), self.key, family, record)
+        if record["seconds"]:
+            write_cache(self._path(), self.key, family, record)
         return record
 
     def measure(self, family):
         """{"choice", "seconds": {candidate: best seconds per run}, "shape": [rows, K, N]}."""
         start = self.clock()
-        record = None
+        record = {"choice": self.default, "seconds": {}, "shape": None}  # no shape fits a binding
         for shape in SHAPES:
+            if not operands_fit(self.backend, family, shape):
+                break
             run = runner(self.backend, family, shape)
             seconds = {}
             for name in self.candidates(family):
@@ -206,6 +209,17 @@ class Tuner:
         t0 = self.clock()
         run(name, REPS)
         return min(first, (self.clock() - t0) / REPS)
+
+def operands_fit(backend, family, shape):
+    """Whether the timed matmul's operands each fit one storage binding (a lowered
+    $TALLOW_WGPU_MAX_BINDING_MB may not leave room)."""
+    from tallow import dtypes
+    m, k, n = shape
+    kind, what = family.split(" ", 1)
+    esize = 4 if kind == "qmatmul" else backend._esize(dtypes.get_dtype(what))
+    weight = dtypes.get_dtype(what).nbytes(n * k) if kind == "qmatmul" else esize * n * k
+    return max(weight, esize * m * max(k, n)) <= backend.limits["max_storage_binding"]
+
 
 def runner(backend, family, shape):
     """run(candidate, reps): `reps` launches of family's candidate on a (rows, K, N) Linear-layer
