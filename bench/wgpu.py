@@ -63,7 +63,7 @@ def prefill(be, quick):
     layers = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
     weights = [(n, k, be.from_bytes(rng.integers(0, 256, q41.nbytes(n * k), dtype=np.uint8).tobytes(), q41))
                for n, k in layers]
-    for n, k, w in weights:  # sane f16 scales: random bytes make NaNs and infinities
+    for _, _, w in weights:  # sane f16 scales: random bytes make NaNs and infinities
         blocks = np.frombuffer(be.to_bytes(w, Layout((w.nbytes,)), D.u8), np.uint8).reshape(-1, 20).copy()
         blocks[:, 0:4] = np.full((len(blocks), 2), 0.01, np.float16).view(np.uint8)
         be.driver.write_buffer(w.buf, 0, blocks.tobytes())
@@ -82,15 +82,16 @@ def prefill(be, quick):
         print(f"prefill smollm2 Q4_1 layer, m={m}: " + "   ".join(f"{c} {r:6.2f} GFLOP/s" for c, r in rates.items()))
     # Whisper tiny.en encoder, 1500 frames: fc1 (384 -> 1536, f32 weights) and q . k^T over 6 heads of 64
     f, d = (500, 384) if quick else (1500, 384)
-    xs = be.from_bytes(rng.standard_normal((f, 1536), dtype=np.float32).tobytes(), D.f32)
+    xs = be.from_bytes(rng.standard_normal((f, d), dtype=np.float32).tobytes(), D.f32)
     ws = be.from_bytes(rng.standard_normal((1536, d), dtype=np.float32).tobytes(), D.f32)
     qk = be.from_bytes(rng.standard_normal((6, f, 64), dtype=np.float32).tobytes(), D.f32)
-    shapes = {
-        "fc1 x @ w.T": (2 * f * d * 1536, (xs, [f, 1536, d, 1, 0, 0, 1536, 1, 0, 0, 1, d]), f * 1536, 1),
-        "attention q @ k^T": (2 * 6 * f * f * 64, (qk, [f, f, 64, 6, 0, f * 64, 64, 1, 0, f * 64, 1, 64]), 6 * f * f, 6),
-    }
-    for name, (flops, (a, words), numel, _) in shapes.items():
-        b = ws if name.startswith("fc1") else qk
+    head = f * 64
+    shapes = [  # name, FLOPs, a, b, matmul words (m n k batch, a: offset/batch/row/col strides, b: the same)
+        ("fc1 x @ w.T", 2 * f * d * 1536, xs, ws, [f, 1536, d, 1, 0, 0, d, 1, 0, 0, 1, d]),
+        ("attention q @ k^T", 2 * 6 * f * f * 64, qk, qk, [f, f, 64, 6, 0, head, 64, 1, 0, head, 1, 64]),
+    ]
+    for name, flops, a, b, words in shapes:
+        numel = words[0] * words[1] * words[3]
         rates = {}
         for choice in tuning.CANDIDATES["matmul"]:
             def mm():
@@ -101,8 +102,8 @@ def prefill(be, quick):
         print(f"whisper encoder {name} ({f} frames): " + "   ".join(f"{c} {r:6.2f} GFLOP/s" for c, r in rates.items()))
     for family in ("matmul f32", "qmatmul q4_1"):
         rec = be.tuning.tune(family)
-        print(f"measured choice for {family} on this adapter: {rec['choice']} "
-              f"(seconds per run at {rec['shape']}: {', '.join(f'{c} {s * 1e3:.1f} ms' for c, s in rec['seconds'].items())})")
+        times = ", ".join(f"{c} {s * 1e3:.1f} ms" for c, s in rec["seconds"].items())
+        print(f"measured choice for {family} on this adapter: {rec['choice']} (per run at {rec['shape']}: {times})")
 
 
 def main():

@@ -221,6 +221,9 @@ def test_nothing_is_measured_inside_a_capture_or_where_first_use_measuring_is_of
         assert driver.dispatches == 0
     finally:
         be.end_capture()
+    assert be.tuning.choice("matmul f32") == "tiled64" and driver.dispatches > 0  # measured once allowed
+    assert "matmul f32" in json.loads((tmp_path / "tuning.json").read_text())["adapters"][be.tuning.key]
+    (tmp_path / "tuning.json").unlink()
     be2, driver2 = null_backend(tmp_path, COSTS_TILED_WINS, measure=None)  # the null driver never measures itself
     be2.driver.cpu_emulated = True
     from tallow_wgpu import tuning
@@ -237,3 +240,16 @@ def test_operands_larger_than_a_binding_are_not_measured(tmp_path, monkeypatch):
     record = be.tuning.tune("qmatmul q8_0")
     assert record == {"choice": "tiled64", "seconds": {}, "shape": None} and driver.dispatches == 0
     assert not (tmp_path / "tuning.json").exists()
+
+
+def test_cli_tune_measures_and_caches_then_show_reads_it(wgpu, tmp_path, monkeypatch, capsys):
+    from tallow.cli import main
+    monkeypatch.delenv("TALLOW_WGPU_MATMUL", raising=False)
+    monkeypatch.setenv("TALLOW_HOME", str(tmp_path))
+    assert main(["gpu", "tune", "--family", "qmatmul q8_0", "--json"]) == 0
+    tuned = json.loads(capsys.readouterr().out)["families"]["qmatmul q8_0"]
+    assert tuned["choice"] in ("simple", "tiled64") and tuned["seconds"][tuned["choice"]] > 0
+    assert main(["gpu", "show", "--family", "qmatmul q8_0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["families"]["qmatmul q8_0"] == tuned
+    assert main(["gpu", "show", "--family", "matmul f64"]) == 2
+    assert "no matmul family 'matmul f64' here" in capsys.readouterr().err

@@ -34,7 +34,8 @@ IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 # qmatvec: 4 columns per invocation share each load of x, and the weight rows
 # are re-read per row of x. Measured on lavapipe it beats qmatmul (4 rows
 # share each dequantised block) 4-20x from m = 1 to m = 32; qmatmul serves
-# long prompts, where one qmatvec dispatch would run for very long.
+# long prompts, where one qmatvec dispatch would run for very long (qmatmul.wgsl
+# or the workgroup-tiled qmatmul_tiled.wgsl: tuning.py measures which per adapter).
 QMATVEC_MAX_ROWS = 64
 # Up to this many query rows per (batch, head) attention runs as one kernel (kernels/attend.wgsl)
 # reading the KV cache directly; longer prompts keep scores, softmax and weighted sum as three
@@ -792,7 +793,8 @@ class WgpuBackend(Backend):
     def _rows_vec4(words):
         """Whether a's rows and b's columns read as vec4s: x . w^T and q . k^T, aligned."""
         m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs = words
-        return a_cs == 1 and b_rs == 1 and k % 4 == 0 and all(v % 4 == 0 for v in (a_off, a_bs, a_rs, b_off, b_bs, b_cs))
+        aligned = all(v % 4 == 0 for v in (a_off, a_bs, a_rs, b_off, b_bs, b_cs))
+        return a_cs == 1 and b_rs == 1 and k % 4 == 0 and aligned
 
     def _matmul_with(self, choice, a_st, b_st, out, words, dtype):
         """y = a . b for m > 1 by kernel `choice`: "simple" (matmul_rows / matmul.wgsl) or a tile
@@ -806,8 +808,9 @@ class WgpuBackend(Backend):
             return
         bm, bn, _ = tuning.TILES[choice]
         loads = "tile_load_vec4" if vec4 else "tile_load_strided"
-        self._run("matmul_tiled", {"X": dtype}, [a_st, b_st, out], words, ((n + bn - 1) // bn, (m + bm - 1) // bm, batch),
-                  tuning.tile_subs(choice), (loads,), f"matmul {choice}")
+        grid = ((n + bn - 1) // bn, (m + bm - 1) // bm, batch)
+        self._run("matmul_tiled", {"X": dtype}, [a_st, b_st, out], words, grid, tuning.tile_subs(choice), (loads,),
+                  f"matmul {choice}")
 
     def capturing(self):
         """Whether a step is being captured (no first-use measurement then)."""

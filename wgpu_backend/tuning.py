@@ -21,6 +21,7 @@ CPU-emulated adapter (lavapipe, SwiftShader) and DEFAULT_GPU ("tiled64") on any 
 import json
 import os
 import sys
+import threading
 import time
 
 from tallow.errors import Error
@@ -144,6 +145,7 @@ class Tuner:
         self.default = DEFAULT_CPU if driver.cpu_emulated else DEFAULT_GPU
         self.chosen = {}  # family -> candidate, for this backend's life
         self.measured = {}  # family -> what measure() recorded, for `tallow gpu tune` and benches
+        self._lock = threading.Lock()  # threads sharing a device measure a family once
 
     def _path(self):
         return self.path or cache_path()
@@ -160,12 +162,13 @@ class Tuner:
         found = self.chosen.get(family)
         if found is not None:
             return found
-        found = cached_choice(read_cache(self._path()), self.key, family)
-        if found is None:
-            if not self.measure_on_first_use or self.backend.capturing():
-                return self.default  # not remembered: measured once it is allowed
-            found = self.tune(family)["choice"]
-        self.chosen[family] = found
+        with self._lock:
+            found = self.chosen.get(family) or cached_choice(read_cache(self._path()), self.key, family)
+            if found is None:
+                if self.backend.capturing():
+                    return self.default  # not remembered: measured after the capture
+                found = self.tune(family)["choice"] if self.measure_on_first_use else self.default
+            self.chosen[family] = found
         return found
 
     def tune(self, family):
