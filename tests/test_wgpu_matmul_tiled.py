@@ -19,13 +19,38 @@ CHOICES = ("tiled64", "tiled32", "simple")
 IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 
 
-def kernels_used(dev):
-    """(kernel file, tile rows or None) of every pipeline the device's backend has built."""
-    return {(key[1] if key[0] == "q" else key[0], dict(key[2]).get("BM")) for key in dev.backend._pipelines}
+def record_labels(monkeypatch, dev):
+    """The labels of the kernels the device's driver dispatches from now on (a list that grows)."""
+    driver, labels = dev.backend.driver, []
+    dispatch = driver.dispatch
+
+    def spy(pipeline, *args):
+        labels.append(pipeline[2])
+        return dispatch(pipeline, *args)
+    monkeypatch.setattr(driver, "dispatch", spy)
+    return labels
 
 
 def rnd(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("choice", ("tiled64", "tiled32"))
+@pytest.mark.parametrize("name", ("matmul", "conv1d"))
+def test_contract_cases_on_the_tiled_kernels(wgpu, monkeypatch, choice, name):
+    """The contract suite's cases that run matmuls of many rows (conv1d through im2col) with the
+    tiled kernels forced on, against their numpy/torch references."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "conformance"))
+    import cases
+    from compare import assert_matches
+    monkeypatch.setenv("TALLOW_WGPU_MATMUL", choice)
+    labels = record_labels(monkeypatch, wgpu)
+    case = cases.CASES[name]
+    rtol, atol = case.tolerance("wgpu")
+    assert_matches(cases.run(name, wgpu), case.reference(np), f"{name} on the {choice} kernels", rtol, atol)
+    assert f"matmul {choice}" in labels
 
 
 # (m, k, n): edges on every side of a 64 and a 32 tile, K not a multiple of the K step
@@ -36,6 +61,7 @@ FLOAT_SHAPES = [(2, 3, 5), (70, 33, 130), (65, 64, 63), (129, 100, 31)]
 @pytest.mark.parametrize("m,k,n", FLOAT_SHAPES)
 def test_float_matmul_layouts_match_torch(wgpu, monkeypatch, choice, m, k, n):
     monkeypatch.setenv("TALLOW_WGPU_MATMUL", choice)
+    labels = record_labels(monkeypatch, wgpu)
     a, b = rnd(m, k), rnd(k, n, seed=1)
     w = rnd(n, k, seed=2)  # a Linear weight: x @ w.T reads both operands' rows (vec4 loads where K % 4 == 0)
     at = rnd(k, m, seed=3)  # a transposed left operand: columns strided
@@ -47,9 +73,11 @@ def test_float_matmul_layouts_match_torch(wgpu, monkeypatch, choice, m, k, n):
     for name, (got, left, right) in cases.items():
         want = (torch.from_numpy(np.ascontiguousarray(left)) @ torch.from_numpy(np.ascontiguousarray(right))).numpy()
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4, err_msg=f"{name} with {choice}")
-    if choice != "simple":
-        bm = str(dict(tiled64=64, tiled32=32)[choice])
-        assert ("matmul_tiled", bm) in kernels_used(wgpu)
+    ran = [label for label in labels if label.startswith("matmul")]
+    if choice == "simple":
+        assert sorted(ran) == ["matmul", "matmul", "matmul" if k % 4 else "matmul_rows"]
+    else:
+        assert ran == [f"matmul {choice}"] * 3
 
 
 @pytest.mark.parametrize("choice", ("tiled64", "tiled32"))
@@ -96,6 +124,7 @@ def test_quantised_prefill_matches_dequantised_product(wgpu, monkeypatch, choice
     from tallow.quant import dequantize_numpy
     from tallow_wgpu.backend import QMATVEC_MAX_ROWS
     monkeypatch.setenv("TALLOW_WGPU_MATMUL", choice)
+    labels = record_labels(monkeypatch, wgpu)
     m, n, k = QMATVEC_MAX_ROWS + 6, 40, 512
     blocks = quantised_blocks(qtype, n, k)
     x = rnd(m, k, seed=6)
@@ -103,8 +132,7 @@ def test_quantised_prefill_matches_dequantised_product(wgpu, monkeypatch, choice
     got = (tallow.from_numpy(x, device=wgpu) @ w.T).numpy()
     want = x.astype(np.float64) @ dequantize_numpy(blocks, qtype, n * k).reshape(n, k).astype(np.float64).T
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3 * np.abs(want).max())
-    if choice != "simple":
-        assert ("qmatmul_tiled", "64") in kernels_used(wgpu)
+    assert labels.count(f"qmatmul {qtype}" if choice == "simple" else f"qmatmul tiled64 {qtype}") == 1
 
 
 def test_quantised_prefill_f16_activations(wgpu, monkeypatch):
