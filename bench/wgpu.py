@@ -67,16 +67,21 @@ def prefill(be, quick):
         blocks = np.frombuffer(be.to_bytes(w, Layout((w.nbytes,)), D.u8), np.uint8).reshape(-1, 20).copy()
         blocks[:, 0:4] = np.full((len(blocks), 2), 0.01, np.float16).view(np.uint8)
         be.driver.write_buffer(w.buf, 0, blocks.tobytes())
-    for m in ((128,) if quick else (65, 128, 256, 512)):
+    from tallow_wgpu.backend import QMATVEC_MAX_ROWS
+    for m in ((128,) if quick else (QMATVEC_MAX_ROWS, QMATVEC_MAX_ROWS + 1, 128, 256, 512)):
         x = be.from_bytes(rng.standard_normal((m, 1536), dtype=np.float32).tobytes(), D.f32)
         flops = sum(2 * m * n * k for n, k, _ in weights)
         rates = {}
-        for choice in tuning.CANDIDATES["qmatmul"]:
+        # up to QMATVEC_MAX_ROWS rows the decode kernel (qmatvec) runs: timed next to the prefill kernels
+        for choice in (("qmatvec",) if m <= QMATVEC_MAX_ROWS else ()) + tuning.CANDIDATES["qmatmul"]:
             def layer():
                 out = None
                 for n, k, w in weights:
-                    out = be._out(m * n, D.f32)
-                    be._qmatmul_with(choice, be._bind(w, "bench"), x, out, m, n, k, q41.nbytes(k), 0, D.f32, q41)
+                    out, wb = be._out(m * n, D.f32), be._bind(w, "bench")
+                    if choice == "qmatvec":
+                        be._qmatmul_piece(wb, x, out, m, n, k, q41.nbytes(k), 0, D.f32, q41, ("quant_common", "q4_1"))
+                    else:
+                        be._qmatmul_with(choice, wb, x, out, m, n, k, q41.nbytes(k), 0, D.f32, q41)
                 be.to_bytes(out, Layout((1,)), D.f32)
             rates[choice] = rate(flops, layer)
         print(f"prefill smollm2 Q4_1 layer, m={m}: " + "   ".join(f"{c} {r:6.2f} GFLOP/s" for c, r in rates.items()))
