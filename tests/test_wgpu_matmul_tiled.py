@@ -281,3 +281,12 @@ def test_cli_tune_measures_and_caches_then_show_reads_it(wgpu, tmp_path, monkeyp
     assert json.loads(capsys.readouterr().out)["families"]["qmatmul q8_0"] == tuned
     assert main(["gpu", "show", "--family", "matmul f64"]) == 2
     assert "no matmul family 'matmul f64' here" in capsys.readouterr().err
+
+
+def test_a_forced_or_default_tile_the_adapter_cannot_run_falls_back(tmp_path, monkeypatch):
+    be, driver = null_backend(tmp_path, COSTS_TILED_WINS, measure=False)
+    be.limits["max_invocations"] = 128  # tiled64 needs 256 threads per workgroup, tiled32 64
+    monkeypatch.setenv("TALLOW_WGPU_MATMUL", "tiled64")
+    assert be.tuning.choice("matmul f32") == "tiled32" and be.tuning.choice("qmatmul q4_k") == "simple"
+    monkeypatch.delenv("TALLOW_WGPU_MATMUL")
+    assert be.tuning.choice("matmul f32") == "tiled32"  # the default on a GPU, where it fits

@@ -158,7 +158,7 @@ class Tuner:
         """The kernel for family: forced, remembered, cached, measured now, or the default."""
         force = forced()
         if force is not None:
-            return force if force in CANDIDATES[family_kind(family)] else DEFAULT_GPU
+            return self._nearest(family, force)
         found = self.chosen.get(family)
         if found is not None:
             return found
@@ -166,10 +166,20 @@ class Tuner:
             found = self.chosen.get(family) or cached_choice(read_cache(self._path()), self.key, family)
             if found is None:
                 if self.backend.capturing():
-                    return self.default  # not remembered: measured after the capture
-                found = self.tune(family)["choice"] if self.measure_on_first_use else self.default
+                    return self._nearest(family, self.default)  # not remembered: measured after the capture
+                measured = self.measure_on_first_use
+                found = self.tune(family)["choice"] if measured else self._nearest(family, self.default)
             self.chosen[family] = found
         return found
+
+    def _nearest(self, family, name):
+        """name where family has it and it fits the adapter's workgroup limits; else the first
+        tiled candidate that fits for a tiled name; else "simple"."""
+        allowed = self.candidates(family)
+        if name in allowed:
+            return name
+        tiled = [c for c in allowed if c != "simple"]
+        return tiled[0] if name != "simple" and tiled else "simple"
 
     def tune(self, family):
         """Measure family's candidates now, remember and cache the winner; the record."""
