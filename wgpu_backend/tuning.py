@@ -72,8 +72,10 @@ def adapter_key(driver):
 
 
 def cache_path():
-    from tallow.hub import home
-    return os.path.join(str(home()), CACHE_FILE)
+    """$TALLOW_HOME/wgpu_tuning.json; $TALLOW_HOME defaults to ~/.cache/tallow as in tallow.hub
+    (a higher layer than this backend, so not imported)."""
+    home = os.environ.get("TALLOW_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "tallow")
+    return os.path.join(home, CACHE_FILE)
 
 
 def forced():
@@ -149,6 +151,28 @@ class Tuner:
 
     def _path(self):
         return self.path or cache_path()
+
+    # ---- what `tallow gpu tune/show` asks (the CLI reaches this module only through a backend) ----
+    def families(self):
+        """Every family this adapter can run: float f32 (and f16 with shader-f16), quantised prefill
+        per in-kernel block format."""
+        from .backend import IN_KERNEL_QUANTS
+        return ["matmul f32"] + (["matmul f16"] if self.backend.has_f16 else []) + \
+            [f"qmatmul {q}" for q in IN_KERNEL_QUANTS]
+
+    def cached(self, family):
+        """The cached record of family on this adapter, or None."""
+        entry = read_cache(self._path()).get(self.key)
+        record = entry.get(family) if isinstance(entry, dict) else None
+        return record if isinstance(record, dict) else None
+
+    def cache_file(self):
+        return self._path()
+
+    @staticmethod
+    def forced():
+        """The kernel $TALLOW_WGPU_MATMUL forces, or None."""
+        return forced()
 
     def candidates(self, family):
         bk = 16 if family_kind(family) == "qmatmul" else None

@@ -15,25 +15,22 @@ def add_arguments(parser):
 
 
 def run(args):
-    import tallow
-    from tallow.errors import Error
-    from tallow_wgpu import tuning
-    from tallow_wgpu.backend import IN_KERNEL_QUANTS
+    from ..device import Device
+    from ..errors import Error
 
-    backend = tallow.Device("wgpu").backend  # DeviceError (one line) where there is no adapter
+    backend = Device("wgpu").backend  # DeviceError (one line) where there is no adapter
     tuner = backend.tuning
-    families = ["matmul f32"] + (["matmul f16"] if backend.has_f16 else []) + [f"qmatmul {q}" for q in IN_KERNEL_QUANTS]
+    families = tuner.families()
     for name in args.family or ():
         if name not in families:
             raise Error(f"no matmul family {name!r} here; families: {', '.join(families)}")
     families = args.family or families
     if args.action == "show":
-        entry = tuning.read_cache(tuner._path()).get(tuner.key, {})
-        records = {f: entry[f] for f in families if isinstance(entry.get(f), dict)}
+        records = {f: r for f in families if (r := tuner.cached(f)) is not None}
     else:
         records = {f: tuner.tune(f) for f in families}
     if args.json:
-        print(json.dumps({"adapter": tuner.key, "cache": tuner._path(), "families": records}, indent=1))
+        print(json.dumps({"adapter": tuner.key, "cache": tuner.cache_file(), "families": records}, indent=1))
         return 0
     print(f"adapter: {tuner.key}")
     for family in families:
@@ -44,8 +41,8 @@ def run(args):
         m, k, n = rec.get("shape") or (0, 0, 0)
         rates = ", ".join(f"{c} {2 * m * k * n / s / 1e9:.2f}" for c, s in rec.get("seconds", {}).items() if s > 0)
         print(f"{family:14s} -> {rec.get('choice')}   GFLOP/s at {m}x{k}x{n}: {rates or 'not timed'}")
-    forced = tuning.forced()
+    forced = tuner.forced()
     if forced:
-        print(f"note: ${tuning.ENV}={forced} overrides these choices while it is set")
-    print(f"cache: {tuner._path()}")
+        print(f"note: $TALLOW_WGPU_MATMUL={forced} overrides these choices while it is set")
+    print(f"cache: {tuner.cache_file()}")
     return 0
