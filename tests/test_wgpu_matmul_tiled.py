@@ -40,9 +40,8 @@ def rnd(*shape, seed=0):
 def test_contract_cases_on_the_tiled_kernels(wgpu, monkeypatch, choice, name):
     """The contract suite's cases that run matmuls of many rows (conv1d through im2col) with the
     tiled kernels forced on, against their numpy/torch references."""
-    import sys
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parent / "conformance"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "conformance"))
     import cases
     from compare import assert_matches
     monkeypatch.setenv("TALLOW_WGPU_MATMUL", choice)
