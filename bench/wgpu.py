@@ -1,6 +1,6 @@
 """wgpu backend throughput vs numpy, measured in the same run.
 
-    python bench/wgpu.py [--quick] [--no-models]
+    python bench/wgpu.py [--quick] [--no-models] [--prefill-only]
 
 matmul: GFLOP/s at 512^3 and 1024^3 (f32), for a @ b and for x @ w.T (a
 Linear layer's form, the vec4 matmul_rows kernel). matvec (one decoding
@@ -10,6 +10,12 @@ peers are `x @ w.T` (what the numpy backend does with its cached f32 copy of
 quantised weights) and tallow.quant.qmatmul_numpy (dequantise + dot). GPU
 timings include one readback per batch of `reps` dispatches (the sync point),
 as a model's forward pass would.
+
+prefill: GFLOP/s of the matmuls of more than one row, per kernel candidate (simple: the
+registers-only kernels tuned on lavapipe; tiled64/tiled32: workgroup-tiled, for real GPUs), on
+SmolLM2-135M's Q4_1 projections at m = 65..512 prompt rows and Whisper tiny.en's encoder
+(1500 frames: fc1 and the attention scores), and which candidate the per-adapter measurement
+(wgpu_backend/tuning.py) picks here. CPU-emulated adapters (lavapipe) say nothing about GPUs.
 
 models (unless --no-models): Whisper tiny.en transcribing jfk.wav, and
 SmolLM2-135M-Instruct prefill / greedy decode tokens per second, on wgpu and
@@ -41,12 +47,79 @@ def best(fn, reps):
     return min(times)
 
 
+def prefill(be, quick):
+    """GFLOP/s of prefill/encoder matmuls per kernel candidate, and the measured choice."""
+    from tallow_wgpu import tuning
+    rng = np.random.default_rng(0)
+
+    def rate(flops, fn):
+        fn()  # compiles the kernel
+        t = time.perf_counter()
+        fn()
+        return flops / (time.perf_counter() - t) / 1e9
+
+    # SmolLM2-135M: hidden 576, q/k/v joined 960 rows, gate/up joined 3072, down 1536 -> 576; Q4_1 blocks
+    q41 = D.get_dtype("q4_1")
+    layers = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+    weights = [(n, k, be.from_bytes(rng.integers(0, 256, q41.nbytes(n * k), dtype=np.uint8).tobytes(), q41))
+               for n, k in layers]
+    for _, _, w in weights:  # sane f16 scales: random bytes make NaNs and infinities
+        blocks = np.frombuffer(be.to_bytes(w, Layout((w.nbytes,)), D.u8), np.uint8).reshape(-1, 20).copy()
+        blocks[:, 0:4] = np.full((len(blocks), 2), 0.01, np.float16).view(np.uint8)
+        be.driver.write_buffer(w.buf, 0, blocks.tobytes())
+    from tallow_wgpu.backend import QMATVEC_MAX_ROWS
+    for m in ((128,) if quick else (QMATVEC_MAX_ROWS, QMATVEC_MAX_ROWS + 1, 128, 256, 512)):
+        x = be.from_bytes(rng.standard_normal((m, 1536), dtype=np.float32).tobytes(), D.f32)
+        flops = sum(2 * m * n * k for n, k, _ in weights)
+        rates = {}
+        # up to QMATVEC_MAX_ROWS rows the decode kernel (qmatvec) runs: timed next to the prefill kernels
+        for choice in (("qmatvec",) if m <= QMATVEC_MAX_ROWS else ()) + tuning.CANDIDATES["qmatmul"]:
+            def layer():
+                out = None
+                for n, k, w in weights:
+                    out, wb = be._out(m * n, D.f32), be._bind(w, "bench")
+                    if choice == "qmatvec":
+                        be._qmatmul_piece(wb, x, out, m, n, k, q41.nbytes(k), 0, D.f32, q41, ("quant_common", "q4_1"))
+                    else:
+                        be._qmatmul_with(choice, wb, x, out, m, n, k, q41.nbytes(k), 0, D.f32, q41)
+                be.to_bytes(out, Layout((1,)), D.f32)
+            rates[choice] = rate(flops, layer)
+        print(f"prefill smollm2 Q4_1 layer, m={m}: " + "   ".join(f"{c} {r:6.2f} GFLOP/s" for c, r in rates.items()))
+    # Whisper tiny.en encoder, 1500 frames: fc1 (384 -> 1536, f32 weights) and q . k^T over 6 heads of 64
+    f, d = (500, 384) if quick else (1500, 384)
+    xs = be.from_bytes(rng.standard_normal((f, d), dtype=np.float32).tobytes(), D.f32)
+    ws = be.from_bytes(rng.standard_normal((1536, d), dtype=np.float32).tobytes(), D.f32)
+    qk = be.from_bytes(rng.standard_normal((6, f, 64), dtype=np.float32).tobytes(), D.f32)
+    head = f * 64
+    shapes = [  # name, FLOPs, a, b, matmul words (m n k batch, a: offset/batch/row/col strides, b: the same)
+        ("fc1 x @ w.T", 2 * f * d * 1536, xs, ws, [f, 1536, d, 1, 0, 0, d, 1, 0, 0, 1, d]),
+        ("attention q @ k^T", 2 * 6 * f * f * 64, qk, qk, [f, f, 64, 6, 0, head, 64, 1, 0, head, 1, 64]),
+    ]
+    for name, flops, a, b, words in shapes:
+        numel = words[0] * words[1] * words[3]
+        rates = {}
+        for choice in tuning.CANDIDATES["matmul"]:
+            def mm():
+                out = be._out(numel, D.f32)
+                be._matmul_with(choice, a, b, out, words, D.f32)
+                be.to_bytes(out, Layout((1,)), D.f32)
+            rates[choice] = rate(flops, mm)
+        print(f"whisper encoder {name} ({f} frames): " + "   ".join(f"{c} {r:6.2f} GFLOP/s" for c, r in rates.items()))
+    for family in ("matmul f32", "qmatmul q4_1"):
+        rec = be.tuning.tune(family)
+        times = ", ".join(f"{c} {s * 1e3:.1f} ms" for c, s in rec["seconds"].items())
+        print(f"measured choice for {family} on this adapter: {rec['choice']} (per run at {rec['shape']}: {times})")
+
+
 def main():
     quick = "--quick" in sys.argv
     be = WgpuBackend()
     feats = be.features()
     print(f"adapter: {feats['adapter']} ({feats['backend_type']}, cpu_emulated={feats['cpu_emulated']}); "
           f"numpy {np.__version__}")
+    prefill(be, quick)
+    if "--prefill-only" in sys.argv:
+        return
     rng = np.random.default_rng(0)
 
     for size in ((512,) if quick else (512, 1024)):

@@ -24,7 +24,7 @@ from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u32
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, coalesce_dims, contiguous_strides, kernel_meta, numel_of
 
-from . import split, wgsl
+from . import split, tuning, wgsl
 from .pool import BufferPool
 from .recording import STEP_CAPTURED, STEP_EAGER, Recording
 
@@ -34,7 +34,8 @@ IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 # qmatvec: 4 columns per invocation share each load of x, and the weight rows
 # are re-read per row of x. Measured on lavapipe it beats qmatmul (4 rows
 # share each dequantised block) 4-20x from m = 1 to m = 32; qmatmul serves
-# long prompts, where one qmatvec dispatch would run for very long.
+# long prompts, where one qmatvec dispatch would run for very long (qmatmul.wgsl
+# or the workgroup-tiled qmatmul_tiled.wgsl: tuning.py measures which per adapter).
 QMATVEC_MAX_ROWS = 64
 # Up to this many query rows per (batch, head) attention runs as one kernel (kernels/attend.wgsl)
 # reading the KV cache directly; longer prompts keep scores, softmax and weighted sum as three
@@ -235,6 +236,7 @@ class WgpuBackend(Backend):
                                                                  max_binding)
         self.pool = BufferPool(driver)
         self._pipelines = {}
+        self.tuning = tuning.Tuner(self)  # which matmul kernels serve more than one row here
         # The Recording each thread is capturing (tallow.capture): another thread's ops on this
         # device run eagerly and stay out of it.
         self._captures = {}
@@ -790,13 +792,38 @@ class WgpuBackend(Backend):
                       ((n + 255) // 256, 1, batch), label="matvec")
         elif m == 1:
             self._run("matvec", {"X": dtype}, [a_st, b_st, out], words, ((n + 63) // 64, 1, batch), label="matvec")
-        elif a_cs == 1 and b_rs == 1 and k % 4 == 0 and all(v % 4 == 0 for v in (a_off, a_bs, a_rs, b_off, b_bs, b_cs)):
-            # x . w^T and q . k^T: rows of both operands read as vec4s.
-            self._run("matmul_rows", {"X": dtype}, [a_st, b_st, out], words,
-                      ((n + 31) // 32, (m + 31) // 32, batch), label="matmul_rows")
         else:
-            self._run("matmul", {"X": dtype}, [a_st, b_st, out], words, ((n + 31) // 32, (m + 31) // 32, batch),
-                      label="matmul")
+            # Prefill and encoder matmuls: the kernel measured fastest on this adapter (tuning.py).
+            family = f"matmul {wgsl.storage_type(dtype, self.has_f16)}"
+            choice = self.tuning.choice(family) if dtype.is_float else "simple"
+            self._matmul_with(choice, a_st, b_st, out, words, dtype)
+
+    @staticmethod
+    def _rows_vec4(words):
+        """Whether a's rows and b's columns read as vec4s: x . w^T and q . k^T, aligned."""
+        m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs = words
+        aligned = all(v % 4 == 0 for v in (a_off, a_bs, a_rs, b_off, b_bs, b_cs))
+        return a_cs == 1 and b_rs == 1 and k % 4 == 0 and aligned
+
+    def _matmul_with(self, choice, a_st, b_st, out, words, dtype):
+        """y = a . b for m > 1 by kernel `choice`: "simple" (matmul_rows / matmul.wgsl) or a tile
+        configuration of matmul_tiled.wgsl (tuning.TILES)."""
+        m, n, k, batch = words[:4]
+        vec4 = self._rows_vec4(words)
+        if choice == "simple":
+            kernel = "matmul_rows" if vec4 else "matmul"
+            self._run(kernel, {"X": dtype}, [a_st, b_st, out], words, ((n + 31) // 32, (m + 31) // 32, batch),
+                      label=kernel)
+            return
+        bm, bn, _ = tuning.TILES[choice]
+        loads = "tile_load_vec4" if vec4 else "tile_load_strided"
+        grid = ((n + bn - 1) // bn, (m + bm - 1) // bm, batch)
+        self._run("matmul_tiled", {"X": dtype}, [a_st, b_st, out], words, grid, tuning.tile_subs(choice), (loads,),
+                  f"matmul {choice}")
+
+    def capturing(self):
+        """Whether a step is being captured (no first-use measurement then)."""
+        return bool(self._captures)
 
     def _matmul_column_pieces(self, out, a_st, a_words, b_st, b_off, b_bs, b_rs, b_cs, m, n, k, batch, dtype):
         """a . b with b larger than one binding: b's columns (a Linear weight's rows, when b = w^T)
@@ -863,8 +890,20 @@ class WgpuBackend(Backend):
             self._run_quant("qmatvec", {"X": dtype}, [wb, xs, y, bias_st], words + bias_words,
                             self._grid((n + 255) // 256, "qmatvec"), extra, f"qmatvec {wdtype.name}")
         else:
+            choice = self.tuning.choice(f"qmatmul {wdtype.name}")
+            self._qmatmul_with(choice, wb, xs, y, m, n, k, row_bytes, xoff, dtype, wdtype)
+
+    def _qmatmul_with(self, choice, wb, xs, y, m, n, k, row_bytes, xoff, dtype, wdtype):
+        """Quantised prefill (m > QMATVEC_MAX_ROWS) by kernel `choice`: "simple" (qmatmul.wgsl) or a
+        tile configuration of qmatmul_tiled.wgsl."""
+        words, extra = [m, n, k, row_bytes, xoff], ("quant_common", wdtype.name)
+        if choice == "simple":
             self._run_quant("qmatmul", {"X": dtype}, [wb, xs, y], words, ((n + 63) // 64, (m + 3) // 4, 1), extra,
                             f"qmatmul {wdtype.name}")
+            return
+        bm, bn, _ = tuning.TILES[choice]
+        self._run("qmatmul_tiled", {"X": dtype}, [wb, xs, y], words, ((n + bn - 1) // bn, (m + bm - 1) // bm, 1),
+                  tuning.tile_subs(choice, 16), extra, f"qmatmul {choice} {wdtype.name}")
 
     def _place_columns(self, piece, out, m, cols, n, first, dtype):
         """out[:, first:first + cols] = piece, for an (m, cols) piece of an (m, n) output."""

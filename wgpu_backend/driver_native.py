@@ -77,6 +77,8 @@ class NativeDriver:
         self.info = {
             "adapter": info.get("device") or info.get("description") or "unknown",
             "vendor": info.get("vendor", ""),
+            "architecture": info.get("architecture", ""),
+            "description": info.get("description", ""),  # the driver and its version (Mesa 22.3.6 ...)
             "backend_type": info.get("backend_type", ""),
             "adapter_type": info.get("adapter_type", ""),
         }

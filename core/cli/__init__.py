@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "quantize": ("tallow.cli.quantize", "quantise a safetensors/GGUF file into GGUF (q8_0, q4_0, q4_1, q4_k)"),
     "bench": ("tallow.cli.bench", "real-time factor (Whisper) and tokens/s (LLM) on this box"),
     "web": ("tallow.cli.web", "build and serve the in-browser demo (Pyodide + WebGPU)"),
+    "gpu": ("tallow.cli.gpu", "measure which matmul kernels suit this WebGPU adapter (`tallow gpu tune`)"),
 }
 
 
