@@ -863,8 +863,9 @@ class WgpuBackend(Backend):
         """bias: (storage, offset, stride) added to each column, only where m <= QMATVEC_MAX_ROWS."""
         if m <= QMATVEC_MAX_ROWS:
             bias_st, bias_words = (xs, [0, 0, 0]) if bias is None else (bias[0], [1, bias[1], bias[2]])
-            self._run("qmatvec", {"X": dtype}, [wb, xs, y, bias_st], _qmatvec_words(m, n, k, row_bytes, xoff) + bias_words,
-                      self._grid((n + 255) // 256, "qmatvec"), _NO_ACT, extra + _QMATVEC_INPUT, f"qmatvec {wdtype.name}")
+            words = _qmatvec_words(m, n, k, row_bytes, xoff) + bias_words
+            self._run("qmatvec", {"X": dtype}, [wb, xs, y, bias_st], words, self._grid((n + 255) // 256, "qmatvec"),
+                      _NO_ACT, extra + _QMATVEC_INPUT, f"qmatvec {wdtype.name}")
         else:
             self._run_quant("qmatmul", {"X": dtype}, [wb, xs, y], [m, n, k, row_bytes, xoff],
                             ((n + 63) // 64, (m + 3) // 4, 1), extra, f"qmatmul {wdtype.name}")
