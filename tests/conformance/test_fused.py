@@ -229,7 +229,12 @@ def test_attention_long_cache(device, tq, causal, mask):
 
 # ---- joined weight rows -----------------------------------------------------------------------------------
 def _blocks(w, qtype):
-    return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype.upper()])
+    """w's GGUF blocks (uint8 rows): gguf's quantizer, or tallow's where gguf has none (K-quants)."""
+    try:
+        return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype.upper()])
+    except NotImplementedError:
+        q = tallow.from_numpy(w).to(tallow.get_dtype(qtype))
+        return np.frombuffer(q.device.backend.to_bytes(q._storage, q._layout, q.dtype), np.uint8).reshape(len(w), -1)
 
 
 @pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "q4_0", "q5_0"])  # q5_0: dequantised on upload on wgpu
@@ -320,16 +325,6 @@ def test_add_norm_linear_float(device, case, rows, k):
     close(y, ref, 1e-4)
 
 
-def _gguf_blocks(w, qtype):
-    """w's GGUF blocks (uint8): gguf's quantizer, or tallow's where gguf has none (K-quants)."""
-    try:
-        return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype.upper()])
-    except NotImplementedError:
-        q = tallow.from_numpy(w).to(tallow.get_dtype(qtype))
-        raw = np.frombuffer(q.device.backend.to_bytes(q._storage, q._layout, q.dtype), np.uint8)
-        return raw.reshape(w.shape[0], -1)
-
-
 @pytest.mark.parametrize("qtype,k", [("q4_1", 64), ("q8_0", 64), ("q4_0", 96), ("q4_k", 256)])
 @pytest.mark.parametrize("rows", [1, 2])  # one row: wgpu's fused kernel; 2: the composed default
 def test_add_norm_linear_quantised(device, qtype, k, rows):
@@ -337,7 +332,7 @@ def test_add_norm_linear_quantised(device, qtype, k, rows):
     n = 12
     x, r, nw, nb, b = rnd(rows, k), rnd(rows, k), rnd(k), rnd(k), rnd(n)
     w, wg = rnd(n, k), rnd(2 * n, k)
-    blocks, gblocks = _gguf_blocks(w, qtype), _gguf_blocks(wg, qtype)
+    blocks, gblocks = _blocks(w, qtype), _blocks(wg, qtype)
     wq = tallow.from_buffer(blocks.tobytes(), qtype, w.shape, device=device)
     wgq = tallow.from_buffer(gblocks.tobytes(), qtype, wg.shape, device=device)
     # Whisper's layer norm + projection with a bias, against PyTorch on the dequantised weights.
@@ -353,6 +348,24 @@ def test_add_norm_linear_quantised(device, qtype, k, rows):
     _, y = _add_norm_linear(device, x, r, nw, None, wgq, None, "rms", "silu", gated=True)
     _, apart = F.add_rms_norm(T(x, device), T(r, device), T(nw, device), 1e-5)
     close(y, F.gated_linear(apart, wgq, "silu").numpy(), 1e-5)
+
+
+@pytest.mark.parametrize("formats", [("q4_0", "q4_0", "q4_0"), ("q4_0", "q4_0", "q8_0")])  # joined, kept apart
+def test_fused_linear_add_norm_parts(device, formats):
+    """nn.FusedLinear.add_norm_parts: one op when the rows joined, the add and norm apart when not."""
+    from tallow.nn import RMSNorm, VarBuilder
+    ws = {n: rnd(r, 64) for n, r in (("q", 8), ("k", 4), ("v", 4))}
+    source = {f"{n}.weight": tallow.from_buffer(_blocks(w, f).tobytes(), f, w.shape, device=device)
+              for (n, w), f in zip(ws.items(), formats)}
+    source["norm.weight"] = T(rnd(64), device)
+    layer = _fused_linear(source, device, False)
+    norm = RMSNorm(VarBuilder(source, device).pp("norm"), 64)
+    x, r = T(rnd(1, 64), device), T(rnd(1, 64), device)
+    hidden, parts = layer.add_norm_parts(x, r, norm)
+    total, normed = F.add_rms_norm(x, r, norm.weight, norm.eps)
+    close(hidden, total.numpy(), 0)
+    for got, want in zip(parts, layer.parts(normed)):
+        close(got, want.numpy(), 1e-5)
 
 
 def test_add_norm_linear_grad(device):
