@@ -93,3 +93,27 @@ def test_whisper_decoder_dispatches_per_layer_are_bounded(tmp_path):
     # The step is captured (wgpu captures one-token steps): the position embedding is a gather
     # of the step's position input, and the logits are copied out of the graph.
     assert outside <= 6, "outside the layers: token and position embeddings, norms, logits"
+
+
+# Gemma 3's block, from 21 to 13: the input norm fused into q/k/v (one matvec), q and k head
+# norms, rope, attention, o_proj, the post-attention norm, residual add + pre-feedforward norm
+# fused into gate/up (one matvec, GeLU-tanh gate fused in), down, the post-feedforward norm
+# and the residual add (its sandwich norms keep the adds apart).
+MAX_GEMMA3_DISPATCHES_PER_LAYER = 13
+
+
+def test_gemma3_decode_dispatches_per_layer_are_bounded(tmp_path):
+    from test_llm_archs import _gemma3
+
+    def dispatches_for(layers):
+        _, path = _gemma3(tmp_path / f"gemma{layers}", num_hidden_layers=layers,
+                          layer_types=["sliding_attention", "full_attention"] * (layers // 2))
+
+        def first(model):
+            cache = model.new_cache()
+            model([1, 2, 3], cache=cache, last_only=True).tolist()
+            return cache
+        return _step_dispatches(lambda dev: tallow.load_model(str(path), device=dev), first,
+                                lambda model, cache: model([4], cache=cache, last_only=True).tolist())
+    per_layer, _, kernels = _per_layer(dispatches_for)
+    assert per_layer <= MAX_GEMMA3_DISPATCHES_PER_LAYER, (per_layer, kernels)
