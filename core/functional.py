@@ -135,6 +135,15 @@ def gated_linear(x: Tensor, weight: Tensor, act: str = "silu") -> Tensor:
     return ops.gated_linear(x, weight, act)
 
 
+def add_norm_linear(x: Tensor, residual: Tensor | None, norm_weight: Tensor | None, norm_bias: Tensor | None,
+                    weight: Tensor, bias: Tensor | None = None, kind: str = "rms", eps: float = 1e-6,
+                    act: str | None = None, gated: bool = False) -> tuple[Tensor, Tensor]:
+    """(hidden, y): hidden = x + residual (x when residual is None), y = linear(norm(hidden), weight, bias)
+    with norm an RMS ("rms") or layer ("layer") norm, then act(y); gated: act(gate) * up for weight rows
+    [gate; up] as gated_linear. One op (one kernel on wgpu when decoding one row)."""
+    return ops.add_norm_linear(x, residual, norm_weight, norm_bias, weight, bias, kind, eps, act, gated)
+
+
 def kv_write(k: Tensor, v: Tensor, k_slot: Tensor, v_slot: Tensor) -> None:
     """Write k into k_slot and v into v_slot in place (a KV cache's new positions) as one op."""
     ops.kv_write(k, v, k_slot, v_slot)

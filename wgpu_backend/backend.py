@@ -37,6 +37,9 @@ IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 # long prompts, where one qmatvec dispatch would run for very long (qmatmul.wgsl
 # or the workgroup-tiled qmatmul_tiled.wgsl: tuning.py measures which per adapter).
 QMATVEC_MAX_ROWS = 64
+# add_norm_linear keeps its normed row in workgroup memory: 16 KiB (every adapter's minimum
+# maxComputeWorkgroupStorageSize) less row_sum's 64 floats. Longer rows take two dispatches.
+NORM_INPUT_MAX_K = (16384 - 256) // 4
 # Up to this many query rows per (batch, head) attention runs as one kernel (kernels/attend.wgsl)
 # reading the KV cache directly; longer prompts keep scores, softmax and weighted sum as three
 # dispatches, whose matmuls share loads between rows.
@@ -197,6 +200,16 @@ fn ipow(a: CX, e: CX) -> CX {
     return r;
 }
 """
+
+# The matvec kernels' output activation when there is none.
+_NO_ACT = {"ACT": "v"}
+# qmatvec*.wgsl read x through input_strided.wgsl, a block at a time (qmatvec_block.wgsl).
+_QMATVEC_INPUT = ("input_strided", "qmatvec_block")
+
+
+def _qmatvec_words(m, n, k, row_bytes, xoff):
+    """Words 0..11 of qmatvec*.wgsl: m rows of x, contiguous from xoff, times n rows of k of w."""
+    return [m, n, k, row_bytes, xoff, 0, k, 1, 0, 0, 0, 0]
 
 
 def _convert_expr(src, dst):
@@ -788,8 +801,8 @@ class WgpuBackend(Backend):
         if self._rows_matvec(words):
             # Decoding through a Linear layer (b = w^T): rows of w read as vec4s.
             bias_st, bias_words = (a_st, [0, 0, 0]) if bias is None else (bias[0], [1, bias[1], bias[2]])
-            self._run("matvec_rows", {"X": dtype}, [a_st, b_st, out, bias_st], words + bias_words,
-                      ((n + 255) // 256, 1, batch), label="matvec")
+            self._run("matvec_rows", {"X": dtype}, [b_st, a_st, out, bias_st], words + bias_words,
+                      ((n + 255) // 256, 1, batch), _NO_ACT, ("input_strided",), label="matvec")
         elif m == 1:
             self._run("matvec", {"X": dtype}, [a_st, b_st, out], words, ((n + 63) // 64, 1, batch), label="matvec")
         else:
@@ -884,11 +897,11 @@ class WgpuBackend(Backend):
 
     def _qmatmul_piece(self, wb, xs, y, m, n, k, row_bytes, xoff, dtype, wdtype, extra, bias=None):
         """bias: (storage, offset, stride) added to each column, only where m <= QMATVEC_MAX_ROWS."""
-        words = [m, n, k, row_bytes, xoff]
         if m <= QMATVEC_MAX_ROWS:
             bias_st, bias_words = (xs, [0, 0, 0]) if bias is None else (bias[0], [1, bias[1], bias[2]])
-            self._run_quant("qmatvec", {"X": dtype}, [wb, xs, y, bias_st], words + bias_words,
-                            self._grid((n + 255) // 256, "qmatvec"), extra, f"qmatvec {wdtype.name}")
+            words = _qmatvec_words(m, n, k, row_bytes, xoff) + bias_words
+            self._run("qmatvec", {"X": dtype}, [wb, xs, y, bias_st], words, self._grid((n + 255) // 256, "qmatvec"),
+                      _NO_ACT, extra + _QMATVEC_INPUT, f"qmatvec {wdtype.name}")
         else:
             choice = self.tuning.choice(f"qmatmul {wdtype.name}")
             self._qmatmul_with(choice, wb, xs, y, m, n, k, row_bytes, xoff, dtype, wdtype)
@@ -1246,8 +1259,8 @@ class WgpuBackend(Backend):
         if n == 0:
             return out
         words = [1, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], b_off, 0, b_rs, b_cs]
-        self._run("matvec_rows_glu", {"X": dtype}, [a, b, out], words, ((n + 255) // 256, 1, 1),
-                  {"ACT": _FLOAT_UNARY[act]}, label=f"gated matvec {act}", prelude=_MATH)
+        self._run("matvec_rows_glu", {"X": dtype}, [b, a, out], words, ((n + 255) // 256, 1, 1),
+                  {"ACT": _FLOAT_UNARY[act]}, ("input_strided",), label=f"gated matvec {act}", prelude=_MATH)
         return out
 
     def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
@@ -1259,10 +1272,58 @@ class WgpuBackend(Backend):
         if m * n == 0:
             return out
         xs, xoff = self._contiguous(x, lx, dtype)
-        self._run("qmatvec_glu", {"X": dtype}, [w, xs, out], [m, n, k, wdtype.nbytes(k), xoff],
+        self._run("qmatvec_glu", {"X": dtype}, [w, xs, out], _qmatvec_words(m, n, k, wdtype.nbytes(k), xoff),
                   self._grid((n + 255) // 256, "gated qmatvec"), {"ACT": _FLOAT_UNARY[act]},
-                  ("quant_common", wdtype.name), f"gated qmatvec {wdtype.name} {act}", _MATH)
+                  ("quant_common", wdtype.name) + _QMATVEC_INPUT, f"gated qmatvec {wdtype.name} {act}", _MATH)
         return out
+
+    def add_norm_linear(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center, act,
+                        gated):
+        """One row (decoding): one dispatch of the matvec kernel with norm_input.wgsl, each
+        workgroup normalising the row itself. Otherwise the composed default."""
+        k = lx.shape[-1]
+        m = lx.numel() // k if k else 0
+        rows = lw.shape[0]
+        n = rows // 2 if gated else rows
+        if wdtype.is_quantized:
+            fits = (not w.dequantized and wdtype.name in IN_KERNEL_QUANTS and k % 32 == 0
+                    and wdtype.nbytes(rows * k) <= self.limits["max_storage_binding"])
+        else:
+            fits = (lw.strides[1] == 1 and k % 4 == 0 and lw.offset % 4 == 0 and lw.strides[0] % 4 == 0
+                    and (w.nbytes + 3) // 4 * 4 <= self.limits["max_storage_binding"])
+        if not (fits and m == 1 and n and 0 < k <= NORM_INPUT_MAX_K and (act is None or act in _FLOAT_UNARY)):
+            return super().add_norm_linear(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
+                                           center, act, gated)
+        xs, xoff = self._contiguous(x, lx, dtype)
+        rs, roff = self._contiguous(r, lr, dtype) if r is not None else (xs, 0)
+        # hidden is always bound (written only with a residual): a fresh buffer, as a writable
+        # binding may not alias the read-only ones.
+        total, out = self._out(k, dtype), self._out(n, dtype)
+        norm_words = [int(r is not None), int(center), _f32_bits(eps), int(nw is not None), int(nb is not None),
+                      xoff, roff]
+        for lay in (lnw, lnb):
+            norm_words += [0, 0] if lay is None else [lay.offset, lay.strides[0]]
+        norm = [rs, nw if nw is not None else xs, nb if nb is not None else xs, total]
+        first = 4 if gated else 5  # the bindings after the kernel's own (the GLU kernels have no bias)
+        subs = {"ACT": _FLOAT_UNARY[act] if act else "v", "K": str(k),
+                **{f"NB{i}": str(first + i) for i in range(4)}}
+        bias_st, bias_words = (xs, [0, 0, 0]) if bias is None else (bias, [1, lbias.offset, lbias.strides[0]])
+        label = f"{'layer' if center else 'rms'}_norm {'gated ' if gated else ''}"
+        if wdtype.is_quantized:
+            words = _qmatvec_words(1, n, k, wdtype.nbytes(k), 0)
+            kernel = "qmatvec_glu" if gated else "qmatvec"
+            extra = ("quant_common", wdtype.name, "qmatvec_block")
+            grid, label = self._grid((n + 255) // 256, "qmatvec"), label + f"qmatvec {wdtype.name}"
+        else:
+            words = [1, n, k, 1, 0, 0, 0, 1, lw.offset, 0, lw.strides[1], lw.strides[0]]
+            kernel, extra = "matvec_rows_glu" if gated else "matvec_rows", ()
+            grid, label = ((n + 255) // 256, 1, 1), label + "matvec"
+        own = [w, xs, out] + ([] if gated else [bias_st])
+        words = words + ([] if gated else bias_words)
+        self._run(kernel, {"X": dtype}, own + norm, words + [0] * (48 - len(words)) + norm_words, grid, subs,
+                  extra + ("row_sum", "norm_input"), label=label + (f" {act}" if act else ""),
+                  prelude=_MATH if act else "")
+        return (total if r is not None else None), out
 
     def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
         nk, nv = lk.numel(), lv.numel()

@@ -88,11 +88,15 @@ def build(kernel, types, has_f16, subs=None, extra=(), prelude=""):
         parts.append(decl(letter, dtype, has_f16))
     parts.append(kernel_text("common"))
     for name in extra:
-        parts.append(kernel_text(name))
+        parts.append(_substitute(kernel_text(name), subs))
     if prelude:
         parts.append(prelude)
-    body = kernel_text(kernel)
-    for key, value in (subs or {}).items():
-        body = body.replace("{{" + key + "}}", value)
-    parts.append(body)
+    parts.append(_substitute(kernel_text(kernel), subs))
     return "\n".join(parts)
+
+
+def _substitute(text, subs):
+    """text with each {{KEY}} of subs replaced (the kernel and its included files alike)."""
+    for key, value in (subs or {}).items():
+        text = text.replace("{{" + key + "}}", value)
+    return text

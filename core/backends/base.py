@@ -224,6 +224,39 @@ class Backend:
         gate = self.unary(act, y, Layout((m, n), (2 * n, 1), 0), dtype)
         return self.binary("mul", gate, Layout((m, n)), y, Layout((m, n), (2 * n, 1), n), dtype)
 
+    def add_norm_linear(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center, act,
+                        gated):
+        """A residual add, the norm after it and the projection that reads it: (hidden, y) with
+        hidden = x + r (contiguous; None when r is None: hidden is x) and, over the m rows of
+        norm(hidden) (m, k), y = act(norm . w^T + bias) (m, rows), or gated, act(gate) * up
+        (m, rows / 2) for w's rows [gate; up] as gated_matmul. The norm is layer_norm (center)
+        or rms_norm, weight nw and bias nb (k,) each may be None. w: rows of k, float of dtype
+        (any layout lw of shape (rows, k)) or quantised (wdtype; the whole stored matrix);
+        bias (rows,) or None (never with gated); act a unary op name or None."""
+        k = lx.shape[-1]
+        m = lx.numel() // k if k else 0
+        if r is None:
+            total = None
+            normed = (self.layer_norm(x, lx, nw, lnw, nb, lnb, dtype, eps) if center
+                      else self.rms_norm(x, lx, nw, lnw, dtype, eps))
+        elif center:
+            total, normed = self.add_layer_norm(x, lx, r, lr, nw, lnw, nb, lnb, dtype, eps)
+        else:
+            total, normed = self.add_rms_norm(x, lx, r, lr, nw, lnw, dtype, eps)
+        ln, rows = Layout((m, k)), lw.shape[0]
+        if wdtype.is_quantized:
+            if gated:
+                return total, self.gated_qmatmul(normed, ln, dtype, w, wdtype, rows // 2, k, act)
+            y = (self.qmatmul(normed, ln, dtype, w, wdtype, rows, k) if bias is None
+                 else self.qmatmul_bias(normed, ln, dtype, w, wdtype, rows, k, bias, lbias))
+        else:
+            wt = lw.permute([1, 0])
+            if gated:
+                return total, self.gated_matmul(normed, ln, w, wt, dtype, act)
+            y = (self.matmul(normed, ln, w, wt, dtype) if bias is None
+                 else self.matmul_bias(normed, ln, w, wt, bias, lbias, dtype))
+        return total, y if act is None else self.unary(act, y, Layout((m, rows)), dtype)
+
     def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
         """In place: k into kc at lkc and v into vc at lvc (a KV cache's new positions; all 4-D)."""
         self.assign(kc, lkc, k, lk, dtype)

@@ -32,6 +32,8 @@ _ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: x.gelu("tanh"),
     "relu": lambda x: x.relu(),
 }
+# The same activations as unary op names, for the decoder's fc1 fused with its norm.
+_ACTIVATION_OPS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
 class WhisperConfig:
@@ -117,9 +119,12 @@ class Attention(Module):
         return self.split_heads(_rows(self.k_proj, x)), self.split_heads(_rows(self.v_proj, x))
 
     def attend(self, x, k, v):
-        b, t, d = x.shape
-        q = self.split_heads(_rows(self.q_proj, x))
-        y = F.scaled_dot_product_attention(q, k, v)
+        return self.attend_q(_rows(self.q_proj, x), k, v)
+
+    def attend_q(self, q, k, v):
+        """The attention output for the q projection q (b, t, d) over keys k and values v."""
+        b, t, d = q.shape
+        y = F.scaled_dot_product_attention(self.split_heads(q), k, v)
         return _rows(self.out_proj, y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -133,8 +138,12 @@ class SelfAttention(Attention):
         self.out_proj = Linear(vb.pp("out_proj"), d, d)
 
     def forward(self, x, cache=None):
-        b, t, d = x.shape
-        q, k, v = (self.split_heads(p) for p in self.qkv_proj.parts(x))
+        return self.attend_qkv(self.qkv_proj.parts(x), cache)
+
+    def attend_qkv(self, qkv, cache=None):
+        """The attention output for the q, k and v projections qkv, each (b, t, d)."""
+        b, t, d = qkv[0].shape
+        q, k, v = (self.split_heads(p) for p in qkv)
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v)
         else:  # the new keys and values go into the cache inside the attention op
@@ -169,7 +178,7 @@ class DecoderLayer(Module):
         self.final_layer_norm = LayerNorm(vb.pp("final_layer_norm"), d)
         self.fc1 = Linear(vb.pp("fc1"), d, cfg.decoder_ffn_dim)
         self.fc2 = Linear(vb.pp("fc2"), cfg.decoder_ffn_dim, d)
-        self.act = _ACTIVATIONS[cfg.activation]
+        self.act = _ACTIVATION_OPS[cfg.activation]
 
     def forward(self, x, cache, cross_k, cross_v):
         hidden, pending = self.forward_fused(x, None, cache, cross_k, cross_v)
@@ -177,20 +186,14 @@ class DecoderLayer(Module):
 
     def forward_fused(self, x, pending, cache, cross_k, cross_v):
         """(hidden, addend) with the layer's output hidden + addend: each residual add runs fused
-        with the layer norm after it (functional.add_layer_norm), the last one in the next layer."""
-        hidden, normed = _add_norm(self.self_attn_layer_norm, x, pending)
-        attn = self.self_attn(normed, cache)
-        hidden, normed = _add_norm(self.encoder_attn_layer_norm, hidden, attn)
-        attn = self.encoder_attn.attend(normed, cross_k, cross_v)
-        hidden, normed = _add_norm(self.final_layer_norm, hidden, attn)
-        return hidden, _rows(self.fc2, self.act(_rows(self.fc1, normed)))
-
-
-def _add_norm(norm, x, pending):
-    """(x + pending, norm(x + pending)) as one op; pending None: (x, norm(x))."""
-    if pending is None:
-        return x, norm(x)
-    return F.add_layer_norm(x, pending, norm.weight, norm.bias, norm.eps)
+        with the layer norm after it and the projection that reads it (functional.add_norm_linear:
+        q/k/v, the cross-attention's q, fc1 with its activation), the last add in the next layer."""
+        hidden, qkv = self.self_attn.qkv_proj.add_norm_parts(x, pending, self.self_attn_layer_norm)
+        attn = self.self_attn.attend_qkv(qkv, cache)
+        hidden, q = self.encoder_attn.q_proj.add_norm(hidden, attn, self.encoder_attn_layer_norm)
+        attn = self.encoder_attn.attend_q(q, cross_k, cross_v)
+        hidden, h = self.fc1.add_norm(hidden, attn, self.final_layer_norm, self.act)
+        return hidden, _rows(self.fc2, h)
 
 
 class Encoder(Module):
@@ -255,7 +258,8 @@ class Decoder(Module):
         pending = None
         for layer, cache, (ck, cv) in zip(self.layers, state.caches, cross):
             x, pending = layer.forward_fused(x, pending, cache, ck, cv)
-        x = _add_norm(self.layer_norm, x, pending)[1]
+        norm = self.layer_norm  # every layer leaves an addend (pending) for this add
+        x = F.add_layer_norm(x, pending, norm.weight, norm.bias, norm.eps)[1]
         rows = None if positions is None else [p % t for p in positions]
         if rows is not None and rows != list(range(t)):
             # the vocabulary projection is the biggest matmul: skip the positions nobody reads

@@ -33,6 +33,12 @@ class Linear(Module):
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)
 
+    def add_norm(self, x, residual, norm, act=None):
+        """(hidden, self(norm(hidden))) with hidden = x + residual (x when residual is None), then
+        act (a unary op name) if given: the residual add, the norm module (LayerNorm or RMSNorm)
+        and this layer as one op (functional.add_norm_linear)."""
+        return F.add_norm_linear(x, residual, norm.weight, norm.bias, self.weight, self.bias, norm.kind, norm.eps, act)
+
 
 class FusedLinear(Module):
     """Linear layers over one input (q/k/v, gate/up) as one matmul: their weight rows and
@@ -65,12 +71,32 @@ class FusedLinear(Module):
         """Each part's output (views of one matmul's result when joined)."""
         if self.separate is not None:
             return [part(x) for part in self.separate]
-        y = F.linear(x, self.weight, self.bias)
+        return self._split(F.linear(x, self.weight, self.bias))
+
+    def _split(self, y):
         out, start = [], 0
         for n in self.sizes:
             out.append(y.narrow(-1, start, n))
             start += n
         return out
+
+    def add_norm_parts(self, x, residual, norm):
+        """(hidden, parts(norm(hidden))) with hidden = x + residual (x when residual is None): the
+        residual add, the norm module and the joined projection as one op where the rows joined."""
+        if self.separate is not None:
+            hidden, normed = _add_norm(x, residual, norm)
+            return hidden, self.parts(normed)
+        hidden, y = F.add_norm_linear(x, residual, norm.weight, norm.bias, self.weight, self.bias, norm.kind,
+                                      norm.eps)
+        return hidden, self._split(y)
+
+    def add_norm_gated(self, x, residual, norm, act):
+        """(hidden, gated(norm(hidden), act)) as one op where gated is one (rows joined, no bias)."""
+        if self.separate is None and self.bias is None:
+            return F.add_norm_linear(x, residual, norm.weight, norm.bias, self.weight, None, norm.kind, norm.eps, act,
+                                     gated=True)
+        hidden, normed = _add_norm(x, residual, norm)
+        return hidden, self.gated(normed, act)
 
     def gated(self, x, act):
         """act(gate(x)) * up(x) for two parts [gate, up]; one fused op when the rows joined
@@ -89,7 +115,18 @@ class Embedding(Module):
         return F.embedding(ids, self.weight)
 
 
+def _add_norm(x, residual, norm):
+    """(x + residual, norm(x + residual)) as one op; residual None: (x, norm(x))."""
+    if residual is None:
+        return x, norm(x)
+    if norm.kind == "layer":
+        return F.add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps)
+    return F.add_rms_norm(x, residual, norm.weight, norm.eps)
+
+
 class LayerNorm(Module):
+    kind = "layer"  # for functional.add_norm_linear
+
     def __init__(self, vb, dim, eps=1e-5, bias=True):
         self.weight = vb.get((dim,), "weight")
         self.bias = vb.get((dim,), "bias") if bias else None
@@ -100,6 +137,9 @@ class LayerNorm(Module):
 
 
 class RMSNorm(Module):
+    kind = "rms"  # for functional.add_norm_linear
+    bias = None
+
     def __init__(self, vb, dim, eps=1e-6):
         self.weight = vb.get((dim,), "weight")
         self.eps = eps

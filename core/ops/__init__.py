@@ -15,7 +15,7 @@ projection, KV-cache writes), quantized (GGUF block tensors), new (tensors on an
 input's device).
 """
 from .arguments import dim_index
-from .decode import (GATE_ACTS, add_layer_norm, add_rms_norm, cache_attention, gated_linear, kv_write,
+from .decode import (GATE_ACTS, add_layer_norm, add_norm_linear, add_rms_norm, cache_attention, gated_linear, kv_write,
                      rope_kv_write)
 from .elementwise import (COMPARISONS, UNARY, binary, cast, clone, gelu, logical, parse_target, pow, to_device, unary,
                           where)
@@ -28,8 +28,8 @@ from .shape import (cat, chunk, contiguous, expand, flatten, narrow, pad, permut
                     transpose, unsqueeze)
 
 __all__ = [
-    "dim_index", "GATE_ACTS", "add_layer_norm", "add_rms_norm", "cache_attention", "gated_linear", "kv_write",
-    "rope_kv_write",
+    "dim_index", "GATE_ACTS", "add_layer_norm", "add_norm_linear", "add_rms_norm", "cache_attention", "gated_linear",
+    "kv_write", "rope_kv_write",
     "linear",
     "COMPARISONS", "UNARY", "binary", "cast", "clone", "gelu", "logical", "parse_target", "pow",
     "to_device", "unary",

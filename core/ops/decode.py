@@ -3,6 +3,8 @@
     add_rms_norm(x, r, w)                   -> (x + r, rms_norm(x + r, w))
     add_layer_norm(x, r, w, b)              -> (x + r, layer_norm(x + r, w, b))
     gated_linear(x, w_gate_up, "silu")      -> silu(x @ gate.T) * (x @ up.T)
+    add_norm_linear(x, r, nw, nb, w, b)     -> (x + r, linear(norm(x + r), w, b)), optionally
+                                               with an activation or gated as gated_linear
     rope_kv_write(q, k, v, cos, sin, kc, vc) -> rope(q); rope(k) and v written into the cache slots
     kv_write(k, v, kc, vc)                  -> k and v written into the cache slots
     cache_attention(q, k, v, kc, vc, pos)   -> k, v (rope(k) with cos/sin) written into the cache at pos,
@@ -20,7 +22,7 @@ from ..errors import DTypeError, ShapeError, UnsupportedError
 from .arguments import check_devices, float_input, parts
 from .elementwise import binary, unary
 from .index import assign
-from .linalg import matmul
+from .linalg import linear, matmul
 from .new import new_full
 from .nn import attention, layer_norm, rms_norm, rotary_emb
 from .shape import narrow, reshape, t
@@ -218,3 +220,68 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
                                           lmask, dtype, position, key_start, scale,
                                           interleaved)
     return q._new(st, (b, h, t, dv), dtype)
+
+
+NORM_KINDS = ("rms", "layer")
+
+
+def add_norm_linear(x, residual, norm_weight, norm_bias, weight, bias=None, kind="rms", eps=1e-6, act=None,
+                    gated=False):
+    """(hidden, y): a residual add, the norm after it and the projection that reads it, as one op
+    (on wgpu one kernel when decoding one row). hidden = x + residual (x itself when residual is
+    None); normed = rms_norm(hidden, norm_weight) (kind "rms"; norm_bias must be None) or
+    layer_norm(hidden, norm_weight, norm_bias) ("layer"), either weight may be None; then
+    y = linear(normed, weight, bias), with act (a unary op name) applied to it, or with gated,
+    act(gate) * up for weight rows [gate; up] as gated_linear (no bias). weight (n, k) float or
+    GGUF blocks; x (..., k) -> y (..., n), or (..., n / 2) gated."""
+    what = "add_norm_linear"
+    if kind not in NORM_KINDS:
+        raise UnsupportedError(f"{what}: norm kind {kind!r} is not one of {', '.join(NORM_KINDS)}")
+    if kind == "rms" and norm_bias is not None:
+        raise UnsupportedError(f"{what}: an RMS norm has no bias; pass norm_bias=None or kind='layer'")
+    acts = GATE_ACTS if gated else GATE_ACTS + (None,)
+    if act not in acts:
+        raise UnsupportedError(f"{what}: activation {act!r} is not supported "
+                               f"({', '.join(GATE_ACTS)}{'' if gated else ' or None'})")
+    if gated and bias is not None:
+        raise UnsupportedError(f"{what}: a gated projection takes no bias (use linear and the gate apart)")
+    x = float_input(x, what)
+    if residual is not None:
+        residual = float_input(residual, what)
+    check_devices(what, x, residual, norm_weight, norm_bias, weight, bias)
+    if x.ndim == 0 or (residual is not None and residual.shape != x.shape):
+        raise ShapeError(f"{what}: x {x.shape} and residual {None if residual is None else residual.shape} must "
+                         "have the same shape, with at least one dim")
+    k = x.shape[-1]
+    for name, p in (("norm_weight", norm_weight), ("norm_bias", norm_bias)):
+        if p is not None and p.shape != (k,):
+            raise ShapeError(f"{what}: {name} of shape {p.shape} does not match the last dim of x {x.shape}")
+    if weight.ndim != 2 or weight.shape[1] != k or (gated and weight.shape[0] % 2):
+        raise ShapeError(f"{what}: weight {weight.shape} must be ({'2 * out' if gated else 'out'}, {k}) rows for "
+                         f"x {x.shape}" + (" ([gate; up])" if gated else ""))
+    rows = weight.shape[0]
+    if bias is not None and bias.shape != (rows,):
+        raise ShapeError(f"{what}: bias of shape {bias.shape} does not match weight {weight.shape}")
+    quantised = weight.dtype.is_quantized
+    if not quantised and not weight.dtype.is_float:
+        raise DTypeError(f"{what}: weight dtype {weight.dtype.name} is not a float or GGUF block type")
+    dtype = D.promote(x.dtype, residual.dtype) if residual is not None else x.dtype
+    if not quantised:
+        dtype = D.promote(dtype, weight.dtype)
+    elif not weight._layout.is_contiguous() or weight._layout.offset:
+        raise UnsupportedError(f"{what}: a quantised weight must be the whole stored (out, in) matrix")
+    x, r, nw, nb, b = (None if a is None else a.to(dtype) for a in (x, residual, norm_weight, norm_bias, bias))
+    w = weight if quantised else weight.to(dtype)
+    if needs_grad(x, r, nw, nb, w, b):
+        # The same maths through differentiable ops.
+        hidden = x if r is None else binary(x, r, "add")
+        normed = layer_norm(hidden, nw, nb, eps) if kind == "layer" else rms_norm(hidden, nw, eps)
+        if gated:
+            return hidden, gated_linear(normed, w, act)
+        y = linear(normed, w, b)
+        return hidden, y if act is None else unary(y, act)
+    total, y = x.device.backend.add_norm_linear(
+        x._storage, x._layout, *parts(r), *parts(nw), *parts(nb),
+        w._storage, w._layout, w.dtype, *parts(b), dtype, eps, kind == "layer", act, gated)
+    hidden = x if total is None else x._new(total, x.shape, dtype)
+    return hidden, x._new(y, x.shape[:-1] + (rows // 2 if gated else rows,), dtype)

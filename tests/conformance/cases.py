@@ -350,6 +350,61 @@ def _(np):
     }
 
 
+def _norm_linear_inputs(dev):
+    return (T(dev, 1, 64), T(dev, 1, 64, seed=1), T(dev, 64, seed=2), T(dev, 64, seed=3), T(dev, 12, 64, seed=4),
+            T(dev, 12, seed=5), T(dev, 24, 64, seed=6))
+
+
+@case("add_norm_linear", rtol=1e-4, atol=1e-4, torch=True)
+def add_norm_linear(dev):
+    """A residual add, the norm and the projection after it as one op (one row: one kernel on wgpu)."""
+    F = tallow.functional
+    x, r, nw, nb, w, b, wg = _norm_linear_inputs(dev)
+    h, qkv = F.add_norm_linear(x, r, nw, None, w, kind="rms", eps=1e-6)
+    _, fc1 = F.add_norm_linear(x, r, nw, nb, w, b, kind="layer", eps=1e-5, act="gelu")
+    _, glu = F.add_norm_linear(x, None, nw, None, wg, kind="rms", eps=1e-6, act="silu", gated=True)
+    return {"hidden": out(h), "rms": out(qkv), "layer_gelu": out(fc1), "rms_gated_silu": out(glu)}
+
+
+@add_norm_linear.reference
+def _(np):
+    import torch
+    import torch.nn.functional as F
+    x, r, nw, nb, w, b, wg = (torch.tensor(_N(np, *s, seed=i))
+                              for i, s in enumerate([(1, 64), (1, 64), (64,), (64,), (12, 64), (12,), (24, 64)]))
+    h = x + r
+    g, u = (F.rms_norm(x, (64,), nw, 1e-6) @ wg.T).split(12, -1)
+    return {"hidden": h.numpy(), "rms": (F.rms_norm(h, (64,), nw, 1e-6) @ w.T).numpy(),
+            "layer_gelu": F.gelu(F.linear(F.layer_norm(h, (64,), nw, nb, 1e-5), w, b)).numpy(),
+            "rms_gated_silu": (F.silu(g) * u).numpy()}
+
+
+def _q8_0_unit_blocks(rows):
+    """Q8_0 blocks holding the integer rows exactly: scale 1.0 (f16 0x3c00), then the 32 int8 values."""
+    import struct
+    return b"".join(b"\x00\x3c" + struct.pack("<32b", *row[i:i + 32]) for row in rows for i in range(0, len(row), 32))
+
+
+@case("add_norm_linear_q8_0", rtol=1e-3, atol=5e-2, torch=True)  # CPU kernels may round x to 16 bits per block
+def add_norm_linear_q8_0(dev):
+    """As add_norm_linear with GGUF Q8_0 weights (integers, held exactly) and a bias: Whisper's shape."""
+    F = tallow.functional
+    x, r, nw, nb, _, b, _ = _norm_linear_inputs(dev)
+    w = tallow.from_buffer(_q8_0_unit_blocks([[int(v * 8) for v in vals(64, seed=4 + i)] for i in range(12)]),
+                           "q8_0", (12, 64), device=dev)
+    return out(F.add_norm_linear(x, r, nw, nb, w, b, kind="layer", eps=1e-5)[1])
+
+
+@add_norm_linear_q8_0.reference
+def _(np):
+    import torch
+    import torch.nn.functional as F
+    x, r, nw, nb, b = (torch.tensor(_N(np, *s, seed=i)) for i, s in zip((0, 1, 2, 3, 5), [(1, 64), (1, 64), (64,),
+                                                                                          (64,), (12,)]))
+    w = torch.tensor(np.stack([np.array(vals(64, seed=4 + i), np.float32) * 8 for i in range(12)]))
+    return F.linear(F.layer_norm(x + r, (64,), nw, nb, 1e-5), w, b).numpy()
+
+
 @case("conv1d", torch=True)
 def conv1d(dev):
     F = tallow.functional

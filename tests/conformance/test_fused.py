@@ -347,7 +347,12 @@ def test_cache_attention_errors(device):
 
 # ---- joined weight rows -----------------------------------------------------------------------------------
 def _blocks(w, qtype):
-    return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype.upper()])
+    """w's GGUF blocks (uint8 rows): gguf's quantizer, or tallow's where gguf has none (K-quants)."""
+    try:
+        return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype.upper()])
+    except NotImplementedError:
+        q = tallow.from_numpy(w).to(tallow.get_dtype(qtype))
+        return np.frombuffer(q.device.backend.to_bytes(q._storage, q._layout, q.dtype), np.uint8).reshape(len(w), -1)
 
 
 @pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "q4_0", "q5_0"])  # q5_0: dequantised on upload on wgpu
@@ -394,3 +399,129 @@ def test_fused_linear_keeps_parts_of_different_block_formats_apart(device):
     for got, n in zip(layer.parts(T(x, device)), "qkv"):
         w = gguf.quants.dequantize(_blocks(ws[n], formats[n]), kinds[n])
         close_quantised(got, x @ w.T, x, w)
+
+
+# ---- add_norm_linear ----------------------------------------------------------------------------------------
+def _norm_ref(h, kind, w, b, eps=1e-5):
+    if kind == "rms":
+        return _rms_norm(h, w, eps)
+    return torch.nn.functional.layer_norm(h, (h.shape[-1],), w, b, eps)
+
+
+# (kind, residual, bias, act, gated): Llama's q/k/v and gate/up, Whisper's q/k/v-or-q and fc1 + gelu,
+# a first layer (no residual to add).
+_NORM_LINEAR_CASES = {
+    "rms-qkv": ("rms", True, False, None, False), "rms-gate-up": ("rms", True, False, "silu", True),
+    "layer-fc1-gelu": ("layer", True, True, "gelu", False), "layer-first": ("layer", False, True, None, False),
+}
+
+
+def _add_norm_linear(device, x, r, nw, nb, w, b, kind, act=None, gated=False):
+    return F.add_norm_linear(T(x, device), None if r is None else T(r, device), T(nw, device),
+                             None if nb is None else T(nb, device), w, None if b is None else T(b, device), kind,
+                             1e-5, act, gated)
+
+
+@pytest.mark.parametrize("case", list(_NORM_LINEAR_CASES))
+# One row of 72: wgpu's fused kernel; 3 rows, or rows of 70 (not whole vec4s): the composed default.
+@pytest.mark.parametrize("rows,k", [(1, 72), (3, 72), (1, 70)])
+def test_add_norm_linear_float(device, case, rows, k):
+    kind, res, bias, act, gated = _NORM_LINEAR_CASES[case]
+    n = 37  # a partial group of 4 columns on the GPU
+    x, r, nw, nb, b = rnd(1, rows, k), rnd(1, rows, k) + 2.0, rnd(k), rnd(k), rnd(n)  # offset mean: centring matters
+    w = rnd(2 * n if gated else n, k)
+    hidden, y = _add_norm_linear(device, x, r if res else None, nw, nb if kind == "layer" else None, T(w, device),
+                                 b if bias else None, kind, act, gated)
+    h = tt(x) + tt(r) if res else tt(x)
+    normed = _norm_ref(h, kind, tt(nw), tt(nb) if kind == "layer" else None)
+    if gated:
+        ref = _gated_ref(normed.numpy(), w, act)
+    else:
+        ref = torch.nn.functional.linear(normed, tt(w), tt(b) if bias else None)
+        ref = (_TORCH_ACTS[act](ref) if act else ref).numpy()
+    close(hidden, h.numpy())
+    close(y, ref, 1e-4)
+
+
+@pytest.mark.parametrize("qtype,k", [("q4_1", 64), ("q8_0", 64), ("q4_0", 96), ("q4_k", 256)])
+@pytest.mark.parametrize("rows", [1, 2])  # one row: wgpu's fused kernel; 2: the composed default
+def test_add_norm_linear_quantised(device, qtype, k, rows):
+    kind = gguf.GGMLQuantizationType[qtype.upper()]
+    n = 12
+    x, r, nw, nb, b = rnd(rows, k), rnd(rows, k), rnd(k), rnd(k), rnd(n)
+    w, wg = rnd(n, k), rnd(2 * n, k)
+    blocks, gblocks = _blocks(w, qtype), _blocks(wg, qtype)
+    wq = tallow.from_buffer(blocks.tobytes(), qtype, w.shape, device=device)
+    wgq = tallow.from_buffer(gblocks.tobytes(), qtype, wg.shape, device=device)
+    # Whisper's layer norm + projection with a bias, against PyTorch on the dequantised weights.
+    hidden, y = _add_norm_linear(device, x, r, nw, nb, wq, b, "layer")
+    normed = _norm_ref(tt(x) + tt(r), "layer", tt(nw), tt(nb))
+    ref_w = gguf.quants.dequantize(blocks, kind)
+    close(hidden, (tt(x) + tt(r)).numpy())
+    close_quantised(y, torch.nn.functional.linear(normed, tt(ref_w), tt(b)).numpy(), normed.numpy(), ref_w)
+    # With gelu, and Llama's RMS norm + gated SwiGLU: as this device's ops apart on the same blocks.
+    _, y = _add_norm_linear(device, x, r, nw, nb, wq, b, "layer", "gelu")
+    _, apart = F.add_layer_norm(T(x, device), T(r, device), T(nw, device), T(nb, device), 1e-5)
+    close(y, F.linear(apart, wq, T(b, device)).gelu().numpy(), 1e-5)
+    _, y = _add_norm_linear(device, x, r, nw, None, wgq, None, "rms", "silu", gated=True)
+    _, apart = F.add_rms_norm(T(x, device), T(r, device), T(nw, device), 1e-5)
+    close(y, F.gated_linear(apart, wgq, "silu").numpy(), 1e-5)
+
+
+@pytest.mark.parametrize("formats", [("q4_0", "q4_0", "q4_0"), ("q4_0", "q4_0", "q8_0")])  # joined, kept apart
+def test_fused_linear_add_norm_parts(device, formats):
+    """nn.FusedLinear.add_norm_parts: one op when the rows joined, the add and norm apart when not."""
+    from tallow.nn import RMSNorm, VarBuilder
+    ws = {n: rnd(r, 64) for n, r in (("q", 8), ("k", 4), ("v", 4))}
+    source = {f"{n}.weight": tallow.from_buffer(_blocks(w, f).tobytes(), f, w.shape, device=device)
+              for (n, w), f in zip(ws.items(), formats)}
+    source["norm.weight"] = T(rnd(64), device)
+    layer = _fused_linear(source, device, False)
+    norm = RMSNorm(VarBuilder(source, device).pp("norm"), 64)
+    x, r = T(rnd(1, 64), device), T(rnd(1, 64), device)
+    hidden, parts = layer.add_norm_parts(x, r, norm)
+    total, normed = F.add_rms_norm(x, r, norm.weight, norm.eps)
+    close(hidden, total.numpy(), 0)
+    for got, want in zip(parts, layer.parts(normed)):
+        close(got, want.numpy(), 1e-5)
+
+
+def test_add_norm_linear_grad(device):
+    """With a gradient to record: the same maths through differentiable ops, gradients as PyTorch's."""
+    x, r, nw, w = rnd(1, 32), rnd(1, 32), rnd(32), rnd(10, 32)
+    ours = [T(a, device).requires_grad_() for a in (x, r, nw, w)]
+    theirs = [tt(a.copy()).requires_grad_() for a in (x, r, nw, w)]
+    hidden, y = F.add_norm_linear(*ours[:3], None, ours[3], None, "rms", 1e-5, "silu", gated=True)
+    h = theirs[0] + theirs[1]
+    g, u = (_rms_norm(h, theirs[2], 1e-5) @ theirs[3].T).split(5, -1)
+    ref = torch.nn.functional.silu(g) * u
+    close(y, ref.detach().numpy(), 1e-4)
+    (y.sum() + hidden.sum()).backward()
+    (ref.sum() + h.sum()).backward()
+    for o, t in zip(ours, theirs):
+        close(o.grad, t.grad.numpy(), 1e-4)
+
+
+def test_add_norm_linear_errors(device):
+    x, w8 = tallow.ones((1, 8), device=device), tallow.ones((8,), device=device)
+    w = tallow.ones((6, 8), device=device)
+    with pytest.raises(tallow.ShapeError, match="same shape"):
+        F.add_norm_linear(x, tallow.ones((2, 8), device=device), w8, None, w)
+    with pytest.raises(tallow.ShapeError, match="norm_weight"):
+        F.add_norm_linear(x, x, tallow.ones((4,), device=device), None, w)
+    with pytest.raises(tallow.ShapeError, match="weight"):
+        F.add_norm_linear(x, x, w8, None, tallow.ones((6, 4), device=device))
+    with pytest.raises(tallow.ShapeError, match="gate; up"):
+        F.add_norm_linear(x, x, w8, None, tallow.ones((5, 8), device=device), act="silu", gated=True)
+    with pytest.raises(tallow.ShapeError, match="bias"):
+        F.add_norm_linear(x, x, w8, None, w, tallow.ones((4,), device=device))
+    with pytest.raises(tallow.UnsupportedError, match="RMS norm has no bias"):
+        F.add_norm_linear(x, x, w8, w8, w)
+    with pytest.raises(tallow.UnsupportedError, match="norm kind"):
+        F.add_norm_linear(x, x, w8, None, w, kind="batch")
+    with pytest.raises(tallow.UnsupportedError, match="activation"):
+        F.add_norm_linear(x, x, w8, None, w, act="tanh")
+    with pytest.raises(tallow.UnsupportedError, match="activation"):
+        F.add_norm_linear(x, x, w8, None, w, gated=True)  # a gated projection needs its gate's activation
+    with pytest.raises(tallow.UnsupportedError, match="no bias"):
+        F.add_norm_linear(x, x, w8, None, w, tallow.ones((6,), device=device), act="silu", gated=True)

@@ -1,10 +1,10 @@
-// A gate/up projection with its GLU, for one row of a: y (1, N) = act(a . g) * (a . u)
+// A gate/up projection with its GLU, for one row x: y (1, N) = act(x . g) * (x . u)
 // where b = [g | u] holds 2N columns, each a contiguous row of K elements (b = w^T of
 // the [gate; up] rows w (2N, K)), read as vec4s; K % 4 == 0 and b's offsets are
-// multiples of 4. One invocation per 4 output columns: 4 gate and 4 up dot products
-// share each vec4 of a. Parameters as matmul.wgsl, N being the output columns.
-@group(0) @binding(1) var<storage, read> a: array<SX>;
-@group(0) @binding(2) var<storage, read> b: array<vec4<SX>>;
+// multiples of 4. The input row comes from an include, as in matvec_rows.wgsl. One
+// invocation per 4 output columns: 4 gate and 4 up dot products share each vec4 of x.
+// Parameters as matmul.wgsl, N being the output columns.
+@group(0) @binding(1) var<storage, read> b: array<vec4<SX>>;
 @group(0) @binding(3) var<storage, read_write> y: array<SX>;
 
 fn bv(i: u32) -> vec4<f32> { return vec4<f32>(b[i]); }
@@ -14,12 +14,11 @@ fn act(v: f32) -> f32 { return {{ACT}}; }
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
         @builtin(local_invocation_index) l: u32) {
+    input_begin(w, n, l);
     let nn = P(1u);
     let k4 = P(2u) / 4u;
     let col0 = (w.x + w.y * n.x) * 256u + l * 4u;
     if (col0 >= nn) { return; }
-    let a_base = P(4u);
-    let a_cs = P(7u);
     // Columns past the end repeat the last one and are not written.
     let cols = min(vec4<u32>(col0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(nn - 1u));
     let g = (vec4<u32>(P(8u)) + cols * P(11u)) / 4u;
@@ -33,8 +32,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
     var u2 = vec4<f32>(0.0);
     var u3 = vec4<f32>(0.0);
     for (var k = 0u; k < k4; k = k + 1u) {
-        let ai = a_base + 4u * k * a_cs;
-        let av = vec4<f32>(lx(a[ai]), lx(a[ai + a_cs]), lx(a[ai + 2u * a_cs]), lx(a[ai + 3u * a_cs]));
+        let av = xin4(0u, 4u * k);
         g0 = g0 + av * bv(g.x + k);
         g1 = g1 + av * bv(g.y + k);
         g2 = g2 + av * bv(g.z + k);

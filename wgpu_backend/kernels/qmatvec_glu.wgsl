@@ -1,18 +1,15 @@
 // A gate/up projection with its GLU for a few rows of x (decoding): y (M, N) =
 // act(x . gate^T) * (x . up^T) where w = [gate; up] holds 2N rows of K in a GGUF block
-// format. As qmatvec.wgsl, one invocation per 4 output columns, now 4 gate and 4 up
-// rows sharing each block of x. P: 0 M, 1 N (output columns), 2 K, 3 bytes per row
-// of w, 4 x offset (elements).
-@group(0) @binding(2) var<storage, read> x: array<SX>;
+// format. As qmatvec.wgsl (same input includes and parameters, N the output columns), one
+// invocation per 4 output columns, now 4 gate and 4 up rows sharing each block of x.
 @group(0) @binding(3) var<storage, read_write> y: array<SX>;
-
-fn xv(i: u32) -> vec4<f32> { return vec4<f32>(lx(x[i]), lx(x[i + 1u]), lx(x[i + 2u]), lx(x[i + 3u])); }
 
 fn act(v: f32) -> f32 { return {{ACT}}; }
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
         @builtin(local_invocation_index) l: u32) {
+    input_begin(w, n, l);
     let nn = P(1u);
     let kk = P(2u);
     let col0 = flat_id(w, n, l, 64u) * 4u;
@@ -23,16 +20,10 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
     let gates = cols * rb;
     let ups = (cols + vec4<u32>(nn)) * rb;
     for (var r = 0u; r < P(0u); r = r + 1u) {
-        let x0 = P(4u) + r * kk;
         var ga = vec4<f32>(0.0);
         var ua = vec4<f32>(0.0);
         for (var s = 0u; s < kk / 32u; s = s + 1u) {
-            var t = vec4<f32>(0.0);
-            for (var j = 0u; j < 8u; j = j + 1u) {
-                xb[j] = xv(x0 + s * 32u + 4u * j);
-                t = t + xb[j];
-            }
-            xsum = t.x + t.y + t.z + t.w;
+            load_block(r, s);
             ga = ga + vec4<f32>(q_dot(gates.x, s), q_dot(gates.y, s), q_dot(gates.z, s), q_dot(gates.w, s));
             ua = ua + vec4<f32>(q_dot(ups.x, s), q_dot(ups.y, s), q_dot(ups.z, s), q_dot(ups.w, s));
         }

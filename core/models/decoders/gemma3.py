@@ -14,9 +14,9 @@ import math
 
 from ... import functional as F
 from ...creation import tensor
-from ...nn import Embedding, Linear, Module
+from ...nn import Embedding, FusedLinear, Linear, Module
 from ..architectures import Architecture, refuse, register
-from ..attention import activation, apply_rotary, merge_heads, split_heads
+from ..attention import activation_op, apply_rotary, merge_heads, split_heads
 from ..causal_lm import CausalLM
 from ..gguf_names import LLAMA_BLOCKS, QK_NORM_BLOCKS
 
@@ -24,6 +24,9 @@ from ..gguf_names import LLAMA_BLOCKS, QK_NORM_BLOCKS
 class GemmaRMSNorm(Module):
     """RMSNorm scaling by (offset + weight): HF checkpoints store weight - 1 (offset 1),
     llama.cpp's GGUF files the full scale (offset 0). The sum is taken once, at load."""
+
+    kind = "rms"  # for functional.add_norm_linear
+    bias = None
 
     def __init__(self, vb, dim, cfg):
         w = vb.get((dim,), "weight")
@@ -37,19 +40,27 @@ class GemmaRMSNorm(Module):
 class Gemma3Attention(Module):
     def __init__(self, vb, cfg):
         h, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = Linear(vb.pp("q_proj"), cfg.hidden_size, h * d, bias=cfg.attention_bias)
-        self.k_proj = Linear(vb.pp("k_proj"), cfg.hidden_size, hk * d, bias=cfg.attention_bias)
-        self.v_proj = Linear(vb.pp("v_proj"), cfg.hidden_size, hk * d, bias=cfg.attention_bias)
+        # q, k and v as one matmul over their joined rows, the input norm fused in (add_norm_forward).
+        self.qkv_proj = FusedLinear(vb, ["q_proj", "k_proj", "v_proj"], cfg.hidden_size, [h * d, hk * d, hk * d],
+                                    bias=cfg.attention_bias)
         self.o_proj = Linear(vb.pp("o_proj"), h * d, cfg.hidden_size, bias=cfg.attention_bias)
         self.q_norm = GemmaRMSNorm(vb.pp("q_norm"), d, cfg)
         self.k_norm = GemmaRMSNorm(vb.pp("k_norm"), d, cfg)
         self.cfg = cfg
 
     def forward(self, x, step, kv_cache):
+        return self.attend(*self.qkv_proj.parts(x), step, kv_cache)
+
+    def add_norm_forward(self, x, residual, norm, step, kv_cache):
+        """(hidden, self(norm(hidden))) with hidden = x + residual: the add, the norm and q/k/v as one op."""
+        hidden, (q, k, v) = self.qkv_proj.add_norm_parts(x, residual, norm)
+        return hidden, self.attend(q, k, v, step, kv_cache)
+
+    def attend(self, q, k, v, step, kv_cache):
         cfg = self.cfg
-        q = self.q_norm(split_heads(self.q_proj(x), cfg.num_heads, cfg.head_dim))
-        k = self.k_norm(split_heads(self.k_proj(x), cfg.num_kv_heads, cfg.head_dim))
-        v = split_heads(self.v_proj(x), cfg.num_kv_heads, cfg.head_dim)
+        q = self.q_norm(split_heads(q, cfg.num_heads, cfg.head_dim))
+        k = self.k_norm(split_heads(k, cfg.num_kv_heads, cfg.head_dim))
+        v = split_heads(v, cfg.num_kv_heads, cfg.head_dim)
         q = apply_rotary(q, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
         k = apply_rotary(k, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
         return self.o_proj(merge_heads(step.attend(q, k, v, kv_cache, scale=cfg.attention_scale)))
@@ -57,13 +68,19 @@ class Gemma3Attention(Module):
 
 class Gemma3MLP(Module):
     def __init__(self, vb, cfg):
-        self.gate_proj = Linear(vb.pp("gate_proj"), cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = Linear(vb.pp("up_proj"), cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = Linear(vb.pp("down_proj"), cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.act = activation(cfg.hidden_act)
+        size = cfg.intermediate_size
+        # gate and up as one matmul with the activation and product fused in (GeGLU).
+        self.gate_up_proj = FusedLinear(vb, ["gate_proj", "up_proj"], cfg.hidden_size, [size, size], bias=False)
+        self.down_proj = Linear(vb.pp("down_proj"), size, cfg.hidden_size, bias=False)
+        self.act = activation_op(cfg.hidden_act)
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.gate_up_proj.gated(x, self.act))
+
+    def add_norm_forward(self, x, residual, norm):
+        """(hidden, self(norm(hidden))) with hidden = x + residual: the add, the norm and gate/up as one op."""
+        hidden, gated = self.gate_up_proj.add_norm_gated(x, residual, norm, self.act)
+        return hidden, self.down_proj(gated)
 
 
 class Gemma3Block(Module):
@@ -77,8 +94,11 @@ class Gemma3Block(Module):
         self.post_feedforward_layernorm = norm("post_feedforward_layernorm")
 
     def forward(self, x, step, kv_cache):
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), step, kv_cache))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        # Each norm before a projection runs inside it (add_norm_linear), the residual add before
+        # the MLP's too; the norms after attention and MLP (Gemma's sandwich) stay apart.
+        _, attn = self.self_attn.add_norm_forward(x, None, self.input_layernorm, step, kv_cache)
+        x, mlp = self.mlp.add_norm_forward(x, self.post_attention_layernorm(attn), self.pre_feedforward_layernorm)
+        return x + self.post_feedforward_layernorm(mlp)
 
 
 class Gemma3ForCausalLM(CausalLM):

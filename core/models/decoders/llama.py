@@ -26,8 +26,16 @@ class LlamaAttention(Module):
         self.cfg = cfg
 
     def forward(self, x, step, kv_cache):
+        return self.attend(*self.qkv_proj.parts(x), step, kv_cache)
+
+    def add_norm_forward(self, x, residual, norm, step, kv_cache):
+        """(hidden, self(norm(hidden))) with hidden = x + residual: the add, the norm and q/k/v as one op."""
+        hidden, (q, k, v) = self.qkv_proj.add_norm_parts(x, residual, norm)
+        return hidden, self.attend(q, k, v, step, kv_cache)
+
+    def attend(self, q, k, v, step, kv_cache):
+        """o_proj(attention) from the q, k and v projections (..., features)."""
         cfg = self.cfg
-        q, k, v = self.qkv_proj.parts(x)
         q = split_heads(q, cfg.num_heads, cfg.head_dim)
         k = split_heads(k, cfg.num_kv_heads, cfg.head_dim)
         v = split_heads(v, cfg.num_kv_heads, cfg.head_dim)
@@ -54,6 +62,11 @@ class LlamaMLP(Module):
     def forward(self, x):
         return self.down_proj(self.gate_up_proj.gated(x, self.act))
 
+    def add_norm_forward(self, x, residual, norm):
+        """(hidden, self(norm(hidden))) with hidden = x + residual: the add, the norm and gate/up as one op."""
+        hidden, gated = self.gate_up_proj.add_norm_gated(x, residual, norm, self.act)
+        return hidden, self.down_proj(gated)
+
 
 class LlamaBlock(Module):
     def __init__(self, vb, cfg):
@@ -68,16 +81,10 @@ class LlamaBlock(Module):
 
     def forward_fused(self, x, pending, step, kv_cache):
         """(hidden, addend) with the block's output hidden + addend: each residual add runs
-        fused with the norm after it (functional.add_rms_norm), the last one in the next block."""
-        norm = self.input_layernorm
-        if pending is None:
-            hidden, normed = x, norm(x)
-        else:
-            hidden, normed = F.add_rms_norm(x, pending, norm.weight, norm.eps)
-        attn = self.self_attn(normed, step, kv_cache)
-        norm = self.post_attention_layernorm
-        hidden, normed = F.add_rms_norm(hidden, attn, norm.weight, norm.eps)
-        return hidden, self.mlp(normed)
+        fused with the norm after it and the projection that reads it (add_norm_forward:
+        functional.add_norm_linear), the last add in the next block."""
+        hidden, attn = self.self_attn.add_norm_forward(x, pending, self.input_layernorm, step, kv_cache)
+        return self.mlp.add_norm_forward(hidden, attn, self.post_attention_layernorm)
 
 
 class LlamaForCausalLM(CausalLM):

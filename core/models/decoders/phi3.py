@@ -21,9 +21,16 @@ class Phi3Attention(Module):
         self.cfg = cfg
 
     def forward(self, x, step, kv_cache):
+        return self.attend(self.qkv_proj(x), step, kv_cache)
+
+    def add_norm_forward(self, x, residual, norm, step, kv_cache):
+        """(hidden, self(norm(hidden))) with hidden = x + residual: the add, the norm and qkv_proj as one op."""
+        hidden, qkv = self.qkv_proj.add_norm(x, residual, norm)
+        return hidden, self.attend(qkv, step, kv_cache)
+
+    def attend(self, qkv, step, kv_cache):
         cfg = self.cfg
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        qkv = self.qkv_proj(x)
         q = split_heads(qkv.narrow(-1, 0, q_size), cfg.num_heads, cfg.head_dim)
         k = split_heads(qkv.narrow(-1, q_size, kv_size), cfg.num_kv_heads, cfg.head_dim)
         v = split_heads(qkv.narrow(-1, q_size + kv_size, kv_size), cfg.num_kv_heads, cfg.head_dim)
@@ -43,6 +50,12 @@ class Phi3MLP(Module):
     def forward(self, x):
         # The checkpoint's gate_up rows are [gate; up] already: one gated projection.
         return self.down_proj(F.gated_linear(x, self.gate_up_proj.weight, self.act))
+
+    def add_norm_forward(self, x, residual, norm):
+        """(hidden, self(norm(hidden))) with hidden = x + residual: the add, the norm and gate/up as one op."""
+        hidden, gated = F.add_norm_linear(x, residual, norm.weight, None, self.gate_up_proj.weight, None, "rms",
+                                          norm.eps, self.act, gated=True)
+        return hidden, self.down_proj(gated)
 
 
 class Phi3Block(LlamaBlock):
