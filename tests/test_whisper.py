@@ -336,3 +336,18 @@ def test_one_thread_limits_blas_and_numba_then_restores():
         assert blas_threads() and set(blas_threads()) == {1}
         assert numba.get_num_threads() == 1
     assert blas_threads() == before_blas and numba.get_num_threads() == before_numba
+
+    # a decode in another Python thread leaves BLAS alone (OpenBLAS takes a raise back only
+    # from the main thread): limits numba's threads there, BLAS keeps its count throughout
+    import threading
+    seen = []
+
+    def elsewhere():
+        with one_thread():
+            seen.append((blas_threads(), numba.get_num_threads()))
+
+    worker = threading.Thread(target=elsewhere)
+    worker.start()
+    worker.join(10)
+    assert seen == [(before_blas, 1)]
+    assert blas_threads() == before_blas

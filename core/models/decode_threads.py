@@ -11,19 +11,25 @@ one. The encoder's large products keep the threads.
 `one_thread()` limits BLAS (through threadpoolctl, when installed) and numba's
 parallel kernels (when numba is loaded) for the `with` block, and restores them.
 Without either library it does nothing: the results are the same, only the speed differs.
+BLAS's thread count is one setting for the whole process, and OpenBLAS takes a raise
+back only from the main thread (measured: OpenBLAS 0.3.31 with pthreads), so only a
+decode in the main thread limits BLAS; one in another Python thread limits numba
+alone (numba's count is per thread).
 """
 import sys
+import threading
 from contextlib import contextmanager
 
 
 @contextmanager
 def one_thread():
     limits = None
-    try:
-        from threadpoolctl import threadpool_limits
-        limits = threadpool_limits(1, user_api="blas")
-    except ImportError:
-        pass
+    if threading.current_thread() is threading.main_thread():
+        try:
+            from threadpoolctl import threadpool_limits
+            limits = threadpool_limits(1, user_api="blas")
+        except ImportError:
+            pass
     numba = sys.modules.get("numba")
     numba_threads = numba.get_num_threads() if numba is not None else None
     if numba_threads is not None:
