@@ -84,10 +84,13 @@ def faster_whisper_engine(compute_type, threads):
 def measure(threads, runs):
     """{engine: {"seconds", "text"}} plus tallow's breakdowns, in this process (threads already set)."""
     sys.path.insert(0, str(ROOT))
-    engines, report = {}, {"threads": threads, "runs": runs}
+    engines, report = {}, {"threads": threads, "runs": runs, "load": os.getloadavg()[0]}
     f32_model, engines["tallow f32"] = tallow_engine(None)
     q8_model, engines["tallow int8"] = tallow_engine("q8_0")
     try:
+        import ctranslate2
+        import faster_whisper
+        report["peer"] = f"faster-whisper {faster_whisper.__version__}, CTranslate2 {ctranslate2.__version__}"
         engines["faster-whisper f32"] = faster_whisper_engine("float32", threads)
         engines["faster-whisper int8"] = faster_whisper_engine("int8", threads)
     except ImportError:
@@ -100,6 +103,7 @@ def measure(threads, runs):
             texts[name] = run()
             best[name] = min(best[name], time.perf_counter() - t)
     report["engines"] = {name: {"seconds": best[name], "text": texts[name]} for name in engines}
+    report["load"] = f"{report['load']:.1f} -> {os.getloadavg()[0]:.1f}"  # the box's 1-minute load average
     report["tallow f32 parts"], f32_tokens = parts(f32_model)
     report["tallow int8 parts"], q8_tokens = parts(q8_model)
     same = sum(a == b for a, b in zip(f32_tokens, q8_tokens))
@@ -116,7 +120,7 @@ def ratio(report, kind):
 
 def print_report(r):
     print(f"\n{r['threads']} thread(s), best of {r['runs']} interleaved runs (a shared box: "
-          "other work adds noise)")
+          f"other work adds noise; load average {r['load']}); {r.get('peer', 'no faster-whisper')}")
     for name, e in r["engines"].items():
         print(f"  {name:20s} {e['seconds']:7.3f} s  RTF {e['seconds'] / SECONDS:.3f}   {e['text']}")
     print(f"  tallow f32  parts: {r['tallow f32 parts']}")
