@@ -9,8 +9,10 @@ loads). In it the four engines -- tallow f32, tallow int8 (`quantize="q8_0"`: q8
 weights, integer-dot kernels), faster-whisper float32 and int8 -- each warm up once,
 then take turns for --runs rounds, and each keeps its best wall time: on a box shared
 with other work, interleaving spreads a burst of load over all four instead of one.
-The last line is the first thread count's ratios (faster-whisper's time over
-tallow's, so > 1 means tallow is faster):
+Each engine also reports its best CPU time (all its threads): on a busy box the wall
+time swells with waiting for a core, the CPU time much less. The last line is the
+first thread count's wall-time ratios (faster-whisper's time over tallow's, so > 1
+means tallow is faster):
 
     whisper_vs_faster_whisper f32=X int8=Y
 
@@ -97,12 +99,14 @@ def measure(threads, runs):
         report["skipped"] = "faster-whisper is not installed (pip install faster-whisper)"
     texts = {name: run() for name, run in engines.items()}  # warm-up: caches, thread pools, JIT
     best = dict.fromkeys(engines, float("inf"))
+    cpu = dict.fromkeys(engines, float("inf"))
     for _ in range(runs):
         for name, run in engines.items():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             texts[name] = run()
             best[name] = min(best[name], time.perf_counter() - t)
-    report["engines"] = {name: {"seconds": best[name], "text": texts[name]} for name in engines}
+            cpu[name] = min(cpu[name], time.process_time() - c)
+    report["engines"] = {name: {"seconds": best[name], "cpu": cpu[name], "text": texts[name]} for name in engines}
     report["load"] = f"{report['load']:.1f} -> {os.getloadavg()[0]:.1f}"  # the box's 1-minute load average
     report["tallow f32 parts"], f32_tokens = parts(f32_model)
     report["tallow int8 parts"], q8_tokens = parts(q8_model)
@@ -122,7 +126,8 @@ def print_report(r):
     print(f"\n{r['threads']} thread(s), best of {r['runs']} interleaved runs (a shared box: "
           f"other work adds noise; load average {r['load']}); {r.get('peer', 'no faster-whisper')}")
     for name, e in r["engines"].items():
-        print(f"  {name:20s} {e['seconds']:7.3f} s  RTF {e['seconds'] / SECONDS:.3f}   {e['text']}")
+        print(f"  {name:20s} {e['seconds']:7.3f} s  RTF {e['seconds'] / SECONDS:.3f}  "
+              f"(CPU {e['cpu']:6.3f} s)  {e['text']}")
     print(f"  tallow f32  parts: {r['tallow f32 parts']}")
     print(f"  tallow int8 parts: {r['tallow int8 parts']}; tokens: {r['int8 tokens']}")
     if "skipped" in r:
@@ -131,7 +136,8 @@ def print_report(r):
     e = r["engines"]
     for kind in ("f32", "int8"):
         ours, peer = e[f"tallow {kind}"]["text"], e[f"faster-whisper {kind}"]["text"]
-        print(f"  {kind}: tallow is {ratio(r, kind):.2f}x faster-whisper's speed; "
+        cpu_ratio = e[f"faster-whisper {kind}"]["cpu"] / e[f"tallow {kind}"]["cpu"]
+        print(f"  {kind}: tallow is {ratio(r, kind):.2f}x faster-whisper's speed (CPU time: {cpu_ratio:.2f}x); "
               f"same words: {words(ours) == words(peer)}, same text: {ours == peer}")
 
 
