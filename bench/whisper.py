@@ -1,45 +1,56 @@
-"""Whisper tiny.en on jfk.wav, greedy, 2 threads: tallow (numpy backend) against
-faster-whisper (CTranslate2, float32, the same model.bin tallow's weights were
-converted from), measured in the same run.
+"""Whisper tiny.en on jfk.wav, greedy: tallow (numpy backend) against faster-whisper
+(CTranslate2, the same model.bin tallow's weights were converted from), float32 and
+int8, measured in the same run, at 2 threads and at 1.
 
-    python bench/whisper.py [--runs 3] [--threads 2] [--python-estimate]
+    python bench/whisper.py [--runs 3] [--threads 2,1] [--python-estimate]
 
-Prints each side's best wall time over --runs (after one warm-up), the texts, and
-the speed ratio. --python-estimate also times the pure-Python device on parts of
-the model (one decoder step; one encoder layer on a short input) and extrapolates
-a full 30 s window from them: a full pure-Python run takes far too long to measure.
+Each thread count runs in its own process (BLAS reads its thread count when numpy
+loads). In it the four engines -- tallow f32, tallow int8 (`quantize="q8_0"`: q8_0
+weights, integer-dot kernels), faster-whisper float32 and int8 -- each warm up once,
+then take turns for --runs rounds, and each keeps its best wall time: on a box shared
+with other work, interleaving spreads a burst of load over all four instead of one.
+Each engine also reports its best CPU time (all its threads): on a busy box the wall
+time swells with waiting for a core, the CPU time much less. The last line is the
+first thread count's wall-time ratios (faster-whisper's time over tallow's, so > 1
+means tallow is faster):
+
+    whisper_vs_faster_whisper f32=X int8=Y
+
+--python-estimate also times the pure-Python device on parts of the model (one
+decoder step; one encoder layer on a short input) and extrapolates a full 30 s
+window from them: a full pure-Python run takes far too long to measure.
 """
 import argparse
+import json
 import os
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 JFK = ROOT / "tests" / "data" / "jfk.wav"
+SECONDS = 11.0  # jfk.wav's length
 
 
-def best_of(runs, fn):
-    fn()  # warm-up: caches, thread pools, page cache
-    times, out = [], None
-    for _ in range(runs):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return min(times), out
+def words(text):
+    return re.sub(r"[^a-z ]", "", text.lower()).split()
 
 
-def bench_tallow(runs):
+def tallow_engine(quantize):
     import tallow
     from tallow.models import whisper
 
-    model = whisper.load(tallow.hub.fetch("whisper-tiny.en"), device="cpu", dtype="f32")
+    model = whisper.load(tallow.hub.fetch("whisper-tiny.en"), device="cpu", dtype="f32", quantize=quantize)
 
     def run():
-        return model.transcribe(str(JFK), temperature=0.0, beam_size=None)
+        return model.transcribe(str(JFK), temperature=0.0, beam_size=None).text.strip()
+    return model, run
 
-    seconds, result = best_of(runs, run)
-    # where the time goes, for one run
+
+def parts(model):
+    """Where one run's time goes: the first mel window, the encoder, the decoder (per token)."""
     from tallow.models.whisper_decoding import DecodingOptions, decode
     from tallow.models.whisper_transcribe import _Mel
     t0 = time.perf_counter()
@@ -50,8 +61,9 @@ def bench_tallow(runs):
     t2 = time.perf_counter()
     decoded = decode(model, features, DecodingOptions(language="en"))
     t3 = time.perf_counter()
-    parts = f"mel {t1 - t0:.3f} s, encoder {t2 - t1:.3f} s, decoder {t3 - t2:.3f} s ({len(decoded.tokens)} tokens)"
-    return seconds, result.text.strip(), parts, model
+    n = len(decoded.tokens)
+    return (f"mel {t1 - t0:.3f} s, encoder {t2 - t1:.3f} s, decoder {t3 - t2:.3f} s "
+            f"({n} tokens, {1000 * (t3 - t2) / max(n, 1):.1f} ms each)"), decoded.tokens
 
 
 def ct2_model_dir():
@@ -61,19 +73,72 @@ def ct2_model_dir():
     raise SystemExit("no CTranslate2 model: this tallow's hub has no 'whisper-tiny.en-ct2'")
 
 
-def bench_faster_whisper(runs, threads):
-    try:
-        from faster_whisper import WhisperModel
-    except ImportError:
-        return None, "faster-whisper is not installed (pip install faster-whisper)"
-    model = WhisperModel(str(ct2_model_dir()), device="cpu", compute_type="float32", cpu_threads=threads)
+def faster_whisper_engine(compute_type, threads):
+    from faster_whisper import WhisperModel
+    model = WhisperModel(str(ct2_model_dir()), device="cpu", compute_type=compute_type, cpu_threads=threads)
 
     def run():
         segments, _ = model.transcribe(str(JFK), beam_size=1, temperature=0.0, language="en")
-        return "".join(s.text for s in segments)
+        return "".join(s.text for s in segments).strip()
+    return run
 
-    seconds, text = best_of(runs, run)
-    return seconds, text.strip()
+
+def measure(threads, runs):
+    """{engine: {"seconds", "text"}} plus tallow's breakdowns, in this process (threads already set)."""
+    sys.path.insert(0, str(ROOT))
+    engines, report = {}, {"threads": threads, "runs": runs, "load": os.getloadavg()[0]}
+    f32_model, engines["tallow f32"] = tallow_engine(None)
+    q8_model, engines["tallow int8"] = tallow_engine("q8_0")
+    try:
+        import ctranslate2
+        import faster_whisper
+        report["peer"] = f"faster-whisper {faster_whisper.__version__}, CTranslate2 {ctranslate2.__version__}"
+        engines["faster-whisper f32"] = faster_whisper_engine("float32", threads)
+        engines["faster-whisper int8"] = faster_whisper_engine("int8", threads)
+    except ImportError:
+        report["skipped"] = "faster-whisper is not installed (pip install faster-whisper)"
+    texts = {name: run() for name, run in engines.items()}  # warm-up: caches, thread pools, JIT
+    best = dict.fromkeys(engines, float("inf"))
+    cpu = dict.fromkeys(engines, float("inf"))
+    for _ in range(runs):
+        for name, run in engines.items():
+            t, c = time.perf_counter(), time.process_time()
+            texts[name] = run()
+            best[name] = min(best[name], time.perf_counter() - t)
+            cpu[name] = min(cpu[name], time.process_time() - c)
+    report["engines"] = {name: {"seconds": best[name], "cpu": cpu[name], "text": texts[name]} for name in engines}
+    report["load"] = f"{report['load']:.1f} -> {os.getloadavg()[0]:.1f}"  # the box's 1-minute load average
+    report["tallow f32 parts"], f32_tokens = parts(f32_model)
+    report["tallow int8 parts"], q8_tokens = parts(q8_model)
+    same = sum(a == b for a, b in zip(f32_tokens, q8_tokens))
+    report["int8 tokens"] = f"{same} of {len(f32_tokens)} equal to float's (int8 has {len(q8_tokens)})"
+    report["f32 model"] = f32_model
+    return report
+
+
+def ratio(report, kind):
+    e = report["engines"]
+    peer = e.get(f"faster-whisper {kind}")
+    return None if peer is None else peer["seconds"] / e[f"tallow {kind}"]["seconds"]
+
+
+def print_report(r):
+    print(f"\n{r['threads']} thread(s), best of {r['runs']} interleaved runs (a shared box: "
+          f"other work adds noise; load average {r['load']}); {r.get('peer', 'no faster-whisper')}")
+    for name, e in r["engines"].items():
+        print(f"  {name:20s} {e['seconds']:7.3f} s  RTF {e['seconds'] / SECONDS:.3f}  "
+              f"(CPU {e['cpu']:6.3f} s)  {e['text']}")
+    print(f"  tallow f32  parts: {r['tallow f32 parts']}")
+    print(f"  tallow int8 parts: {r['tallow int8 parts']}; tokens: {r['int8 tokens']}")
+    if "skipped" in r:
+        print(f"  faster-whisper: skipped: {r['skipped']}")
+        return
+    e = r["engines"]
+    for kind in ("f32", "int8"):
+        ours, peer = e[f"tallow {kind}"]["text"], e[f"faster-whisper {kind}"]["text"]
+        cpu_ratio = e[f"faster-whisper {kind}"]["cpu"] / e[f"tallow {kind}"]["cpu"]
+        print(f"  {kind}: tallow is {ratio(r, kind):.2f}x faster-whisper's speed (CPU time: {cpu_ratio:.2f}x); "
+              f"same words: {words(ours) == words(peer)}, same text: {ours == peer}")
 
 
 def python_estimate(cpu_model):
@@ -102,36 +167,49 @@ def python_estimate(cpu_model):
     t = time.perf_counter()
     model.decode_step([[220]], state)
     step_s = time.perf_counter() - t
-    return layer_s, frames, encoder_s, step_s
+    print(f"pure-Python device: one encoder layer on {frames} frames {layer_s:.2f} s, "
+          f"one decoder step {step_s:.2f} s; estimated 30 s window encoder {encoder_s / 60:.0f} min "
+          f"+ {step_s:.1f} s per token")
+
+
+def child(threads, runs, estimate):
+    """One thread count, in this process: prints the JSON report as its last line."""
+    report = measure(threads, runs)
+    model = report.pop("f32 model")
+    if estimate:
+        python_estimate(model)
+    print(json.dumps(report))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", default="2,1", help="thread counts, comma-separated (default 2,1)")
     ap.add_argument("--python-estimate", action="store_true")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(args.threads)  # before numpy loads its BLAS
-    sys.path.insert(0, str(ROOT))
+    counts = [int(t) for t in args.threads.split(",")]
+    if args.child:
+        return child(counts[0], args.runs, args.python_estimate)
 
-    print(f"Whisper tiny.en, {JFK.name} (11 s), greedy, float32, {args.threads} threads, best of {args.runs}")
-    t_s, t_text, parts, model = bench_tallow(args.runs)
-    print(f"tallow (numpy)         {t_s:7.3f} s  RTF {t_s / 11.0:.3f}   [{parts}]")
-    print(f"   text: {t_text}")
-    f_s, f_text = bench_faster_whisper(args.runs, args.threads)
-    if f_s is None:
-        print(f"faster-whisper: skipped: {f_text}")
-    else:
-        print(f"faster-whisper (ct2)   {f_s:7.3f} s  RTF {f_s / 11.0:.3f}")
-        print(f"   text: {f_text}")
-        print(f"tallow speed relative to faster-whisper: {f_s / t_s:.2f}x (target >= 0.5x); "
-              f"same text: {t_text == f_text}")
-    if args.python_estimate:
-        layer_s, frames, encoder_s, step_s = python_estimate(model)
-        print(f"pure-Python device: one encoder layer on {frames} frames {layer_s:.2f} s, "
-              f"one decoder step {step_s:.2f} s; estimated 30 s window encoder {encoder_s / 60:.0f} min "
-              f"+ {step_s:.1f} s per token")
+    print(f"Whisper tiny.en, {JFK.name} (11 s), greedy, tallow (numpy) vs faster-whisper (CTranslate2); "
+          f"threads {args.threads}, best of {args.runs}")
+    reports = []
+    for i, threads in enumerate(counts):
+        env = dict(os.environ)
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+            env[var] = str(threads)  # before numpy (and numba) load
+        cmd = [sys.executable, __file__, "--child", "--threads", str(threads), "--runs", str(args.runs)]
+        if args.python_estimate and i == 0:
+            cmd.append("--python-estimate")
+        out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True).stdout.splitlines()
+        for line in out[:-1]:
+            print(line)
+        reports.append(json.loads(out[-1]))
+        print_report(reports[-1])
+    first = reports[0]
+    if "skipped" not in first:
+        print(f"whisper_vs_faster_whisper f32={ratio(first, 'f32'):.2f} int8={ratio(first, 'int8'):.2f}")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,8 @@ CASES = [
     (["transcribe", str(JFK), "-d", "{d}/out", "-o", "{d}/a.txt"], "home", "for many inputs give --output-dir"),
     (["transcribe", str(JFK), "-d", "{d}/not-a-folder"], "home", "is a file, not a folder"),
     (["transcribe", "{d}/folder", "-d", "{d}/out"], "home", "the folder holds no audio file"),
+    (["transcribe", str(JFK), "--quantize", "q4"], "home", "cannot quantise the weights to 'q4'; choices: q8_0"),
+    (["transcribe", "{d}/folder", "-d", "{d}/out", "--quantize", "int8"], "home", "choices: q8_0"),
     (["transcribe", "{d}/nothing-*.wav", "-d", "{d}/out"], "home", "the pattern matches no file"),
     (["transcribe", "--manifest", "{d}/missing.list", "-d", "{d}/out"], "home", "cannot read the manifest"),
     (["transcribe", "--manifest", "{d}/not-a-folder", "-d", "{d}/out"], "home", "line 1: x: no such audio file"),

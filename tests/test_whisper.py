@@ -291,3 +291,63 @@ def test_cli_live_output_is_the_finished_transcript(fmt):
                 live.add(seg)
         live.close()
         assert out.getvalue() == TranscriptionResult("", segments, "en", 3700.0).format(fmt)
+
+
+# ---- int8 weights (quantize="q8_0") and the decoder's one thread --------------------------------------
+def test_q8_0_weights_decode_jfk_like_float(tiny, jfk_features, whisper_tiny_dir):
+    """Linear weights and the token embedding as q8_0 blocks (convs, positions and norms float): every
+    token of jfk.wav's first window equals the float model's, and the sentence is exact."""
+    q8 = whisper.load(whisper_tiny_dir, device="cpu", quantize="q8_0")
+    dec, enc = q8.decoder.layers[0], q8.encoder.layers[0]
+    for w in (dec.self_attn.qkv_proj.weight, dec.encoder_attn.k_proj.weight, dec.fc2.weight, enc.fc1.weight,
+              enc.self_attn.out_proj.weight, q8.decoder.embed_tokens.weight):
+        assert w.dtype.name == "q8_0"
+    for w in (q8.encoder.conv1.weight, q8.decoder.embed_positions.weight, dec.fc1.bias, dec.final_layer_norm.weight):
+        assert w.dtype.name == "f32"
+    mel, features = jfk_features
+    want = decode(tiny, features, DecodingOptions(language="en"))
+    got = decode(q8, q8.encode(mel.window(0)), DecodingOptions(language="en"))
+    assert got.tokens == want.tokens
+    assert abs(got.avg_logprob - want.avg_logprob) < 0.02
+    assert q8.transcribe(str(JFK), timestamps=False).text.strip() == SENTENCE
+
+
+def test_bad_quantize_choice_is_a_clear_error(tiny, capsys):
+    from tallow.cli import main
+    with pytest.raises(tallow.Error, match=r"cannot quantise the weights to 'int8'; choices: q8_0"):
+        whisper.load(tiny.name, quantize="int8")
+    code = main(["transcribe", str(JFK), "--model", "/no/such/model", "--quantize", "q4"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "choices: q8_0" in err and "no such model" not in err  # checked before the load
+
+
+def test_one_thread_limits_blas_and_numba_then_restores():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    numba = pytest.importorskip("numba")
+    np = pytest.importorskip("numpy")
+    from tallow.models.decode_threads import one_thread
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+
+    np.ones((2, 2)) @ np.ones((2, 2))  # BLAS loaded
+    before_blas, before_numba = blas_threads(), numba.get_num_threads()
+    with one_thread():
+        assert blas_threads() and set(blas_threads()) == {1}
+        assert numba.get_num_threads() == 1
+    assert blas_threads() == before_blas and numba.get_num_threads() == before_numba
+
+    # a decode in another Python thread leaves BLAS alone (OpenBLAS takes a raise back only
+    # from the main thread): limits numba's threads there, BLAS keeps its count throughout
+    import threading
+    seen = []
+
+    def elsewhere():
+        with one_thread():
+            seen.append((blas_threads(), numba.get_num_threads()))
+
+    worker = threading.Thread(target=elsewhere)
+    worker.start()
+    worker.join(10)
+    assert seen == [(before_blas, 1)]
+    assert blas_threads() == before_blas

@@ -14,10 +14,10 @@ from ..io.atomic_output import atomic_output
 class Settings:
     """What every worker needs to build its model and format its outputs (picklable).
     options: model.transcribe's keywords; timestamps default as on the command line
-    (on for srt/vtt, which need them; off otherwise)."""
+    (on for srt/vtt, which need them; off otherwise). quantize: whisper.load's (None: float weights)."""
 
-    def __init__(self, model="whisper-tiny.en", device=None, fmt="txt", options=None):
-        self.model, self.device, self.fmt = model, device, fmt
+    def __init__(self, model="whisper-tiny.en", device=None, fmt="txt", options=None, quantize=None):
+        self.model, self.device, self.fmt, self.quantize = model, device, fmt, quantize
         self.options = {"timestamps": fmt in ("srt", "vtt"), **(options or {})}
 
 
@@ -37,7 +37,8 @@ class Transcriber:
     def __init__(self, settings):
         from ..models import whisper
         self.settings = settings
-        self.model = whisper.load(settings.model, device=settings.device, progress=False)
+        self.model = whisper.load(settings.model, device=settings.device, progress=False,
+                                  quantize=getattr(settings, "quantize", None))
 
     def run(self, source, output):
         """Transcribe `source` into `output` unless that exists; a bad input is a "failed"

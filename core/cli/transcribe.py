@@ -20,6 +20,9 @@ def add_arguments(parser):
     parser.add_argument("--model", default="whisper-tiny.en",
                         help="a known model name (fetched on first use) or a Hugging Face-layout directory")
     parser.add_argument("--device", default=None, help="cpu, python, wgpu, ... (default: the best available)")
+    parser.add_argument("--quantize", default=None, metavar="TYPE",
+                        help="quantise the linear weights at load: q8_0 (int8 blocks, like faster-whisper's "
+                             "int8; default: float weights)")
     parser.add_argument("--language", default=None, help="language code, e.g. en, de (default: detect)")
     parser.add_argument("--task", default="transcribe", choices=("transcribe", "translate"))
     parser.add_argument("--timestamps", action="store_true",
@@ -42,7 +45,9 @@ def decoding_options(args):
 
 
 def run(args):
+    from ..models.whisper_quantize import check_choice
     from .transcribe_batch import is_batch, run_batch
+    check_choice(args.quantize)  # before any model load: a typo should not cost one
     if is_batch(args):
         return run_batch(args, decoding_options(args))
     if not args.audio:
@@ -58,7 +63,7 @@ def run(args):
     if args.output:
         check_output_path(args.output, sources=[args.audio])
     start = time.perf_counter()
-    model = whisper.load(args.model, device=args.device)
+    model = whisper.load(args.model, device=args.device, quantize=args.quantize)
     loaded = time.perf_counter()
     options = decoding_options(args)
     live = None if args.output or args.format == "json" else LiveTranscript(args.format, sys.stdout)

@@ -50,7 +50,7 @@ def run_batch(args, options):
         raise Error("no input: give audio files, globs, folders or --manifest FILE")
     jobs = plan_jobs(inputs, args.output_dir, args.format)
     os.makedirs(args.output_dir, exist_ok=True)
-    settings = Settings(args.model, args.device, args.format, options)
+    settings = Settings(args.model, args.device, args.format, options, quantize=args.quantize)
     # Resume: a complete output exists (outputs are written atomically), so the job is done.
     todo = [job for job in jobs if not os.path.exists(job.output)]
     seconds = [wav_seconds(job.source) for job in todo]

@@ -455,15 +455,21 @@ def resolve(path_or_name, progress=True):
                 "`tallow fetch whisper-tiny.en` downloads one")
 
 
-def load(path_or_dir, device=None, dtype=None, weights=None, progress=True):
+def load(path_or_dir, device=None, dtype=None, weights=None, progress=True, quantize=None):
     """A Whisper model from a Hugging Face-layout directory (config.json,
     model.safetensors, tokenizer.json, optional mel_filters.npz) or a known name
     such as "whisper-tiny.en" (fetched on first use). `weights`: an optional
-    {name: Tensor} dict used instead of the directory's safetensors."""
+    {name: Tensor} dict used instead of the directory's safetensors. quantize="q8_0":
+    the linear weights quantised at load (whisper_quantize.py), None keeps them float."""
+    from .whisper_quantize import QuantizedWeights, check_choice
+    check_choice(quantize)  # before the model is fetched or read
     folder = resolve(path_or_dir, progress)
     cfg = WhisperConfig.from_file(folder / "config.json")
     device = default_device() if device is None else Device(device)
-    vb = VarBuilder(weights if weights is not None else _weights_source(folder), device, dtype)
+    source = weights if weights is not None else _weights_source(folder)
+    if quantize is not None:
+        source = QuantizedWeights(source, quantize)
+    vb = VarBuilder(source, device, dtype)
     tokenizer = None
     if (folder / "tokenizer.json").is_file():
         from ..tokenizer import Tokenizer

@@ -8,6 +8,7 @@ import random
 import zlib
 
 from ..errors import Error
+from .decode_threads import one_thread
 from .whisper_logits import logit_rows
 
 CHUNK_LENGTH = 30  # seconds a window covers
@@ -222,6 +223,33 @@ def detect_language_from_features(model, features):
     return max(probs, key=probs.get), probs
 
 
+def _run_steps(model, state, decoder, filters, initial, sot_index, n_group, sample_len):
+    """Prefill `initial` once (batch 1), copy its cache rows for the group, then decode token
+    by token -> (sequences, their sum log-probabilities, the no-speech probability)."""
+    tok, n_ctx = model.tokens, model.config.max_target_positions
+    sample_begin = len(initial)
+    logits = model.decode_step([initial], state, positions=[sot_index, sample_begin - 1])
+    first = logit_rows(logits.narrow(1, 0, 1).reshape(1, -1))
+    no_speech_prob = (math.exp(first.value(0, tok.no_speech) - first.logsumexp(0)) if tok.no_speech is not None
+                      else math.nan)
+    last = logits.narrow(1, 1, 1).reshape(1, -1)
+    if n_group > 1:
+        state.reorder([0] * n_group)
+        last = last.expand(n_group, last.shape[1])
+    seqs = [list(initial) for _ in range(n_group)]
+    sum_logprobs = [0.0] * n_group
+    for step in range(sample_len):
+        if step:
+            last = model.decode_step([[s[-1]] for s in seqs], state).reshape(len(seqs), -1)
+        rows = logit_rows(last)
+        for f in filters:
+            f.apply(rows, seqs)
+        seqs, completed = decoder.update(seqs, rows, sum_logprobs, state)
+        if completed or len(seqs[0]) > n_ctx:
+            break
+    return seqs, sum_logprobs, no_speech_prob
+
+
 def decode(model, features, options):
     """Decode one window's audio features (1, frames, d) -> DecodingResult."""
     tok, cfg = model.tokens, model.config
@@ -268,27 +296,10 @@ def decode(model, features, options):
         n_group = options.best_of or 1
 
     state = model.start(features)
-    # prefill once (batch 1), then copy the cache rows for the group
-    logits = model.decode_step([initial], state, positions=[sot_index, sample_begin - 1])
-    first = logit_rows(logits.narrow(1, 0, 1).reshape(1, -1))
-    no_speech_prob = (math.exp(first.value(0, tok.no_speech) - first.logsumexp(0)) if tok.no_speech is not None
-                      else math.nan)
-    last = logits.narrow(1, 1, 1).reshape(1, -1)
-    if n_group > 1:
-        state.reorder([0] * n_group)
-        last = last.expand(n_group, last.shape[1])
-    seqs = [list(initial) for _ in range(n_group)]
-    sum_logprobs = [0.0] * n_group
-    for step in range(sample_len):
-        if step:
-            last = model.decode_step([[s[-1]] for s in seqs], state).reshape(len(seqs), -1)
-        rows = logit_rows(last)
-        for f in filters:
-            f.apply(rows, seqs)
-        seqs, completed = decoder.update(seqs, rows, sum_logprobs, state)
-        if completed or len(seqs[0]) > n_ctx:
-            break
-
+    # the steps multiply one row (a few per beam) at a time: one thread (decode_threads.py)
+    with one_thread():
+        seqs, sum_logprobs, no_speech_prob = _run_steps(model, state, decoder, filters, initial, sot_index,
+                                                         n_group, sample_len)
     candidates, logprobs = decoder.finalize(seqs, sum_logprobs[:len(seqs)])
     candidates = [c[sample_begin:c.index(tok.eot, sample_begin)] for c in candidates]
     best = rank(candidates, logprobs, options.length_penalty)
