@@ -439,10 +439,13 @@ class NumpyBackend(Backend):
         return self.store(out, dtype)
 
     def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
-        dec = _decode_kernels(dtype) if mask is None and lq.shape[2] <= DECODE_ATTENTION_MAX_ROWS else None
+        few = mask is None and lq.shape[2] <= DECODE_ATTENTION_MAX_ROWS and lk.strides[3] == lv.strides[3] == 1
+        dec = _decode_kernels(dtype) if few else None
         if dec is not None:  # a decoding step: one pass over the cache per query row
             out = np.empty(lq.shape[:3] + lv.shape[3:], np.float32)
-            dec.attention(self.view(q, lq), self.view(k, lk), self.view(v, lv), float(scale), bool(causal), out)
+            dec.attention(np.ascontiguousarray(self.view(q, lq)), k, lk.offset, np.array(lk.strides[:3]), v,
+                          lv.offset, np.array(lv.strides[:3]), np.array((lk.shape[1], lk.shape[2], lv.shape[3])),
+                          np.float32(scale), bool(causal), out)
             return out.reshape(-1)
         qv, kv, vv = self.load(q, lq, dtype), self.load(k, lk, dtype), self.load(v, lv, dtype)
         # Scale q (tq*d values) rather than the scores (tq*tk), and work in place on the

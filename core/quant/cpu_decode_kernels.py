@@ -90,34 +90,39 @@ def kv_write(k, v, k_slot, v_slot):
 
 
 @njit(cache=True)
-def attention(q, k, v, scale, causal, out):
-    """out (b, h, tq, dv) = softmax(q k^T * scale) v with q (b, h, tq, d) and k, v (b, hk, tk, d/dv),
-    h a multiple of hk (query head i reads KV head i // (h / hk)); causal bans key j > i + tk - tq.
-    For a few query rows (decoding): one pass over the cache per row, no (tq, tk) temporary."""
+def attention(q, k, ko, ks, v, vo, vs, shape, scale, causal, out):
+    """out (b, h, tq, dv) = softmax(q k^T * scale) v, q (b, h, tq, d) contiguous. k and v are
+    (b, hk, tk, d/dv) views given as their flat storage, offset and (b, h, t) strides, rows
+    contiguous (so the dot loops vectorise); shape = (hk, tk, dv). h is a multiple of hk
+    (query head i reads KV head i // (h / hk)); causal bans key j > i + tk - tq. For a few
+    query rows (decoding): one pass over the cache per row, no (tq, tk) temporary."""
     bs, h, tq, d = q.shape
-    hk, tk, dv = k.shape[1], k.shape[2], v.shape[3]
+    hk, tk, dv = shape[0], shape[1], shape[2]
     rep = h // hk
-    scores = np.empty(tk, dtype=np.float64)
-    acc = np.empty(dv, dtype=np.float64)
+    scores = np.empty(tk, dtype=np.float32)
+    acc = np.empty(dv, dtype=np.float32)
     for bi in range(bs):
         for hi in range(h):
             kh = hi // rep
             for i in range(tq):
                 last = min(tk, i + tk - tq + 1) if causal else tk
-                top = -np.inf
+                qi = q[bi, hi, i]
+                top = np.float32(-np.inf)
                 for j in range(last):
-                    s = 0.0
+                    row = k[ko + bi * ks[0] + kh * ks[1] + j * ks[2]:]
+                    s = np.float32(0.0)
                     for c in range(d):
-                        s += np.float64(q[bi, hi, i, c]) * k[bi, kh, j, c]
+                        s += qi[c] * row[c]
                     s *= scale
                     scores[j] = s
                     top = max(top, s)
                 acc[:] = 0.0
-                total = 0.0
+                total = np.float32(0.0)
                 for j in range(last):
-                    e = math.exp(scores[j] - top)
+                    e = np.float32(math.exp(scores[j] - top))
                     total += e
+                    row = v[vo + bi * vs[0] + kh * vs[1] + j * vs[2]:]
                     for c in range(dv):
-                        acc[c] += e * v[bi, kh, j, c]
+                        acc[c] += e * row[c]
                 for c in range(dv):
                     out[bi, hi, i, c] = acc[c] / total if last else np.nan

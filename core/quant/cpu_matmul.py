@@ -16,6 +16,7 @@ OpenMP threads spin after each call, and alternating them with BLAS's threads
 on the same cores starved both (measured: first token 5.0 s instead of 1.3 s).
 """
 import os
+import sys
 
 from ..errors import Error, FormatError, ShapeError
 from .formats import quant_dtype
@@ -47,8 +48,10 @@ def kernels():
         return None
     if "module" not in _state:
         threads = thread_count()
-        # numba sizes its thread pool when it is first imported.
-        os.environ.setdefault("NUMBA_NUM_THREADS", str(threads))
+        # numba sizes its thread pool from this when it is first imported; once imported (by the
+        # user), changing it would make numba refuse to compile, so set_threads lowers it instead.
+        if "numba" not in sys.modules:
+            os.environ.setdefault("NUMBA_NUM_THREADS", str(threads))
         try:
             import numpy as np
 
