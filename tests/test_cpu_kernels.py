@@ -13,7 +13,6 @@ from tallow.errors import FormatError, ShapeError
 from tallow.quant import dequantize_numpy
 
 pytest.importorskip("numba")
-import numba
 from tallow.quant import cpu_matmul
 
 FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
@@ -33,6 +32,15 @@ def _blocks(q, n_blocks, rng):
 @pytest.fixture(autouse=True)
 def _kernels_on(monkeypatch):
     monkeypatch.delenv("TALLOW_CPU_KERNELS", raising=False)
+    yield
+    monkeypatch.undo()
+    cpu_matmul.set_threads(cpu_matmul.thread_count())
+
+
+def _use_threads(n, monkeypatch):
+    """n threads, every decoding-step product shared among them (PARALLEL_MIN_BYTES 0) when n > 1."""
+    cpu_matmul.set_threads(n)
+    monkeypatch.setattr(cpu_matmul, "PARALLEL_MIN_BYTES", 0 if n > 1 else 1 << 40)
 
 
 def _q8_reference(x):
@@ -105,18 +113,15 @@ def test_activation_quantisation_matches_gguf(bits):
 
 
 @pytest.mark.parametrize("q", FORMATS)
-def test_kernels_match_dequantised_numpy(q):
+def test_kernels_match_dequantised_numpy(q, monkeypatch):
     """Odd row counts, rows of several blocks (k a multiple of the block, not of 64 or 512),
     one row (decode), a few rows (fused kernel) and many (tiled BLAS path), on 1 and 2 threads."""
     rng = np.random.default_rng(FORMATS.index(q))
     bs = get_dtype(q).block_size
     for threads in (1, 2):
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-        try:
-            for n, k, m in ((1, bs, 1), (37, 3 * bs, 1), (21, 5 * bs, 3), (19, 3 * bs, cpu_matmul.FUSED_MAX_ROWS + 5)):
-                _check(q, n, k, m, rng)
-        finally:
-            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        _use_threads(threads, monkeypatch)
+        for n, k, m in ((1, bs, 1), (37, 3 * bs, 1), (21, 5 * bs, 3), (19, 3 * bs, cpu_matmul.FUSED_MAX_ROWS + 5)):
+            _check(q, n, k, m, rng)
 
 
 def test_tiled_path_covers_ragged_last_tile(monkeypatch):
@@ -226,30 +231,26 @@ def _dequantised_product_bound(x, w):
 def test_gated_and_biased_products_match_dequantised_numpy(q, parallel, monkeypatch):
     """The decoding-step kernel with SwiGLU inside (gate and up rows in one pass) and with a bias,
     on one thread and (PARALLEL_MIN_BYTES 0: every product shared out) on 2 threads."""
-    monkeypatch.setattr(cpu_matmul, "PARALLEL_MIN_BYTES", 0 if parallel else 1 << 40)
-    cpu_matmul.set_threads(2 if parallel else 1)
-    try:
-        rng = np.random.default_rng(21)
-        bs = get_dtype(q).block_size
-        n, k, m = 37, 2 * bs, 2  # 37 rows: a partial task of 16 rows
-        raw = _blocks(q, 2 * n * k // bs, rng)
-        w = dequantize_numpy(raw, q, 2 * n * k).reshape(2 * n, k).astype(np.float64)
-        x = rng.standard_normal((m, k)).astype(np.float32)
-        y, err = _dequantised_product_bound(x, w)
-        g, u, eg, eu = y[:, :n], y[:, n:], err[:, :n], err[:, n:]
-        silu = 0.5 * g * (1 + np.tanh(g / 2))  # g * sigmoid(g), without overflow
-        got = cpu_matmul.gated_qmatmul(x, raw, q, n, k, "silu")
-        assert got.shape == (m, n) and got.dtype == np.float32
-        assert np.all(np.abs(got - silu * u) <= 1.1 * eg * (np.abs(u) + eu) + np.abs(silu) * eu + 1e-4), q
-        for act, fn in (("relu", lambda v: np.maximum(v, 0)), ("gelu_tanh", None)):
-            got = cpu_matmul.gated_qmatmul(x, raw, q, n, k, act)
-            if fn is not None:
-                assert np.all(np.abs(got - fn(g) * u) <= eg * (np.abs(u) + eu) + np.abs(g) * eu + 1e-4)
-        bias = rng.standard_normal(2 * n).astype(np.float32)
-        got = cpu_matmul.qmatmul_bias(x, raw, q, 2 * n, k, bias)
-        assert np.all(np.abs(got - (y + bias)) <= err + 1e-5 * np.abs(bias)), q
-    finally:
-        cpu_matmul.set_threads(cpu_matmul.thread_count())
+    _use_threads(2 if parallel else 1, monkeypatch)
+    rng = np.random.default_rng(21)
+    bs = get_dtype(q).block_size
+    n, k, m = 37, 2 * bs, 2  # 37 rows: 4 chunks of unequal size on 2 threads
+    raw = _blocks(q, 2 * n * k // bs, rng)
+    w = dequantize_numpy(raw, q, 2 * n * k).reshape(2 * n, k).astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y, err = _dequantised_product_bound(x, w)
+    g, u, eg, eu = y[:, :n], y[:, n:], err[:, :n], err[:, n:]
+    silu = 0.5 * g * (1 + np.tanh(g / 2))  # g * sigmoid(g), without overflow
+    got = cpu_matmul.gated_qmatmul(x, raw, q, n, k, "silu")
+    assert got.shape == (m, n) and got.dtype == np.float32
+    assert np.all(np.abs(got - silu * u) <= 1.1 * eg * (np.abs(u) + eu) + np.abs(silu) * eu + 1e-4), q
+    gelu_tanh = lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))  # noqa: E731
+    for act, fn, slope in (("relu", lambda v: np.maximum(v, 0), 1.0), ("gelu_tanh", gelu_tanh, 1.13)):
+        got, a = cpu_matmul.gated_qmatmul(x, raw, q, n, k, act), fn(g)
+        assert np.all(np.abs(got - a * u) <= slope * eg * (np.abs(u) + eu) + np.abs(a) * eu + 1e-4 * (1 + np.abs(a * u)))
+    bias = rng.standard_normal(2 * n).astype(np.float32)
+    got = cpu_matmul.qmatmul_bias(x, raw, q, 2 * n, k, bias)
+    assert np.all(np.abs(got - (y + bias)) <= err + 1e-5 * np.abs(bias)), q
 
 
 def test_thread_count_comes_from_tallow_threads(monkeypatch):
@@ -278,7 +279,7 @@ def test_decode_kernels_are_what_the_numpy_backend_runs(monkeypatch):
     from tallow.quant import cpu_decode_kernels, cpu_int_kernels
     calls = []
     for mod, names in ((cpu_decode_kernels, ("add_rms_norm", "add_layer_norm", "rope_kv_write", "kv_write",
-                                             "attention")), (cpu_int_kernels, ("qmatmul_q_serial",))):
+                                             "attention")), (cpu_int_kernels, ("qmatmul_q",))):
         for name in names:
             real = getattr(mod, name)
             monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
@@ -308,7 +309,7 @@ def test_decode_kernels_are_what_the_numpy_backend_runs(monkeypatch):
     F.kv_write(k, v, kc.narrow(2, 0, 1), vc.narrow(2, 0, 1))
     out = F.scaled_dot_product_attention(q_rot, kc.narrow(2, 0, 4), vc.narrow(2, 0, 4), is_causal=True)
     assert out.shape == (1, 4, 1, 8)
-    assert calls == ["add_rms_norm", "add_layer_norm", "qmatmul_q_serial", "rope_kv_write", "kv_write", "attention"]
+    assert calls == ["add_rms_norm", "add_layer_norm", "qmatmul_q", "rope_kv_write", "kv_write", "attention"]
 
 
 def test_decode_kernels_run_as_plain_python():

@@ -30,12 +30,11 @@ are multiplied by the K-quants' integer scales (which could overflow int32).
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .cpu_kernels import _f16, _scale_min_k4, _u32
 
 QK = 32  # activation values per block (one scale each)
-ROWS_PER_TASK = 16  # output rows one thread takes at a time (few, large tasks for the scheduler)
 
 
 @njit(cache=True, inline="always")
@@ -190,27 +189,6 @@ def _row_dot(fmt, w, w8, blocks, block_bytes, xi, dxi, sxi, table, half):
     return acc
 
 
-@njit(cache=True, inline="always")
-def _task_rows(task, fmt, block_bytes, raw, raw8, blocks, qx, dx, sx, n, table, out, half, bias, gated, act):
-    """Output rows task*ROWS_PER_TASK... of out (m, n). Plain: out[i, r] = row r . x_i (+ bias[r]
-    when bias is not empty). Gated ([gate; up] weight of 2n rows): out[i, r] = act(gate_r . x_i) *
-    (up_r . x_i), both rows read in the same pass (act: ACT_CODES)."""
-    row_bytes = blocks * block_bytes
-    for r in range(task * ROWS_PER_TASK, min(n, (task + 1) * ROWS_PER_TASK)):
-        o = r * row_bytes
-        for i in range(qx.shape[0]):
-            y = _row_dot(fmt, raw[o:o + row_bytes], raw8[o:o + row_bytes], blocks, block_bytes,
-                         qx[i], dx[i], sx[i], table, half)
-            if gated:
-                u = n * row_bytes + o
-                up = _row_dot(fmt, raw[u:u + row_bytes], raw8[u:u + row_bytes], blocks, block_bytes,
-                              qx[i], dx[i], sx[i], table, half)
-                y = _act(y, act) * up
-            elif bias.shape[0]:
-                y += bias[r]
-            out[i, r] = y
-
-
 # The gate activations of gated kernels (ops/decode.py's GATE_ACTS), by code.
 ACT_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
 
@@ -228,24 +206,28 @@ def _act(v, act):
     return max(v, np.float32(0.0))
 
 
-@njit(cache=True, parallel=True)
-def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, n, table, out, half, bias, gated, act):
-    """out (m, n) = the quantised activations (qx, dx, sx from quantize_rows) times the
-    transpose of the (n, k) block matrix in raw (uint8), plus bias (n,) unless it is empty;
-    gated: raw holds 2n rows [gate; up] and out is act(gate) * up (see _task_rows).
-    Tasks of ROWS_PER_TASK rows are shared among numba's threads. `half` is 16, passed at run
-    time: a constant trip count made LLVM unroll the block loops and leave them scalar."""
+@njit(cache=True, nogil=True)
+def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop):
+    """Columns start...stop-1 of out (m, n) = the quantised activations (qx, dx, sx from
+    quantize_rows) times the transpose of the (n, k) block matrix in raw (uint8), plus bias (n,)
+    unless it is empty. gated: raw holds 2n rows [gate; up] and out[i, r] = act(gate_r . x_i) *
+    (up_r . x_i), both rows read in the same pass (act: ACT_CODES). Without the GIL, so
+    cpu_threads.RowPool's threads share a product's rows. `half` is 16, passed at run time:
+    a constant trip count made LLVM unroll the block loops and leave them scalar."""
+    n = out.shape[1]
     blocks = qx.shape[1] // block_size
+    row_bytes = blocks * block_bytes
     raw8 = raw.view(np.int8)
-    for task in prange((n + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        _task_rows(task, fmt, block_bytes, raw, raw8, blocks, qx, dx, sx, n, table, out, half, bias, gated, act)
-
-
-@njit(cache=True)
-def qmatmul_q_serial(fmt, block_size, block_bytes, raw, qx, dx, sx, n, table, out, half, bias, gated, act):
-    """qmatmul_q on the calling thread alone: small products, where waking the other threads
-    costs more than they save (cpu_matmul.PARALLEL_MIN_BYTES)."""
-    blocks = qx.shape[1] // block_size
-    raw8 = raw.view(np.int8)
-    for task in range((n + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        _task_rows(task, fmt, block_bytes, raw, raw8, blocks, qx, dx, sx, n, table, out, half, bias, gated, act)
+    for r in range(start, stop):
+        o = r * row_bytes
+        for i in range(qx.shape[0]):
+            y = _row_dot(fmt, raw[o:o + row_bytes], raw8[o:o + row_bytes], blocks, block_bytes,
+                         qx[i], dx[i], sx[i], table, half)
+            if gated:
+                u = n * row_bytes + o
+                up = _row_dot(fmt, raw[u:u + row_bytes], raw8[u:u + row_bytes], blocks, block_bytes,
+                              qx[i], dx[i], sx[i], table, half)
+                y = _act(y, act) * up
+            elif bias.shape[0]:
+                y += bias[r]
+            out[i, r] = y

@@ -11,20 +11,21 @@ does with 8 bits; why 16 is explained there), which read each weight byte once.
 Many rows (a prompt) are multiplied by BLAS a tile of weight rows at a time,
 each tile dequantised by a kernel into one reused f32 buffer: BLAS's
 matrix-matrix product is far faster than any loop here, and the tile
-keeps memory bounded. That dequantisation runs on one thread: the kernels'
-OpenMP threads spin after each call, and alternating them with BLAS's threads
-on the same cores starved both (measured: first token 5.0 s instead of 1.3 s).
+keeps memory bounded. That dequantisation runs on one thread: BLAS's own
+threads share the cores (measured with OpenMP kernel threads beside them: first
+token 5.0 s instead of 1.3 s). Decoding-step products of at least
+PARALLEL_MIN_BYTES of weights are shared among $TALLOW_THREADS threads (else
+$OMP_NUM_THREADS, else one per core) by cpu_threads.RowPool.
 """
 import os
-import sys
 
 from ..errors import Error, FormatError, ShapeError
 from .formats import quant_dtype
 
 FUSED_MAX_ROWS = 8  # rows of x up to which the fused kernel beats dequantise-then-BLAS (measured)
 ACTIVATION_MAX = 32767  # decoding steps quantise x to int16 (see cpu_int_kernels.py)
-# Weight bytes below which a decoding-step product runs on one thread: waking numba's other
-# threads costs about as much as they save on smaller products (measured, see PARALLEL_MIN_BYTES note below).
+# Weight bytes from which a decoding-step product is shared among the threads (cpu_threads.py);
+# smaller ones run on the calling thread, where handing out chunks costs about what it saves.
 PARALLEL_MIN_BYTES = 1 << 18
 TILE_ELEMENTS = 1 << 18  # f32 elements of a dequantised tile (1 MB: stays in L2)
 
@@ -47,11 +48,6 @@ def kernels():
     if os.environ.get("TALLOW_CPU_KERNELS", "1") == "0":
         return None
     if "module" not in _state:
-        threads = thread_count()
-        # numba sizes its thread pool from this when it is first imported; once imported (by the
-        # user), changing it would make numba refuse to compile, so set_threads lowers it instead.
-        if "numba" not in sys.modules:
-            os.environ.setdefault("NUMBA_NUM_THREADS", str(threads))
         try:
             import numpy as np
 
@@ -62,17 +58,19 @@ def kernels():
         _state["int"] = cpu_int_kernels
         _state["decode"] = cpu_decode_kernels
         _state["no_bias"] = np.empty(0, dtype=np.float32)
-        if cpu_kernels is not None:
-            set_threads(threads)
+        set_threads(thread_count())
     return _state["module"]
 
 
 def set_threads(n):
-    """Use n threads for the kernels' larger products (at most numba's pool, NUMBA_NUM_THREADS)."""
-    import numba
-    n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
-    numba.set_num_threads(n)
-    _state["threads"] = n
+    """Share the decoding-step products of at least PARALLEL_MIN_BYTES among n threads (1: the
+    calling thread alone)."""
+    from .cpu_threads import RowPool
+    n = max(1, int(n))
+    if n != _state.get("threads"):
+        if _state.get("pool") is not None:
+            _state["pool"].close()
+        _state["threads"], _state["pool"] = n, RowPool(n) if n > 1 else None
 
 
 def decode_kernels():
@@ -99,14 +97,15 @@ def _blocks(raw, d, n, k):
 
 
 def _operands(x, raw, qtype, n, k):
-    """(format, its kernel code, x as contiguous (m, k) float32, the blocks as uint8), checked."""
+    """(format, its kernel code, x as contiguous (m, k) float32, the blocks as uint8), checked.
+    Callers have checked supports() (so the kernels are loaded: no second look at the environment)."""
     import numpy as np
     d = quant_dtype(qtype)
     x = np.asarray(x, dtype=np.float32)
     if x.shape[-1:] != (k,):
         raise ShapeError(f"{d.name} matmul: x has shape {x.shape}, expected last dim {k}")
     arr = _blocks(raw, d, n, k)
-    return d, kernels().FORMATS[d.name], np.ascontiguousarray(x.reshape(-1, k)), arr
+    return d, (_state.get("module") or kernels()).FORMATS[d.name], np.ascontiguousarray(x.reshape(-1, k)), arr
 
 
 def qmatmul(x, raw, qtype, n, k):
@@ -117,7 +116,7 @@ def qmatmul(x, raw, qtype, n, k):
     m = x2.shape[0]
     if m <= FUSED_MAX_ROWS:
         return _int_product(x2, arr, d, fmt, n, k).reshape(lead + (n,))
-    mod = kernels()
+    mod = _state["module"]
     # out is filled transposed, so each tile writes whole contiguous rows (BLAS's fast path)
     out_t = np.empty((n, m), dtype=np.float32)
     step = max(1, min(n, TILE_ELEMENTS // k))
@@ -143,10 +142,13 @@ def _int_product(x2, arr, d, fmt, n, k, bias=None, act=None):
     ints.quantize_rows(x2, ACTIVATION_MAX, qx, dx, sx)
     out = np.empty((m, n), dtype=np.float32)
     bias = _state["no_bias"] if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(n)
-    parallel = arr.size >= PARALLEL_MIN_BYTES and _state["threads"] > 1
-    run = ints.qmatmul_q if parallel else ints.qmatmul_q_serial
-    run(fmt, d.block_size, d.block_bytes, arr, qx, dx, sx, n, kernels().F16_TABLE, out, ints.QK // 2, bias,
-        act is not None, ints.ACT_CODES[act] if act is not None else 0)
+    args = (fmt, d.block_size, d.block_bytes, arr, qx, dx, sx, _state["module"].F16_TABLE, out, ints.QK // 2, bias,
+            act is not None, ints.ACT_CODES[act] if act is not None else 0)
+    pool = _state["pool"]
+    if pool is not None and arr.size >= PARALLEL_MIN_BYTES:
+        pool.run(lambda start, stop: ints.qmatmul_q(*args, start, stop), n)
+    else:
+        ints.qmatmul_q(*args, 0, n)
     return out
 
 
