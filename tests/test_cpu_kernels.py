@@ -195,7 +195,11 @@ def test_backend_keeps_weights_quantised_with_kernels_and_copies_only_when_asked
 
 
 def test_import_tallow_does_not_import_numba():
-    code = "import sys, tallow; tallow.zeros(2); print('numba' in sys.modules)"
+    """Nor do float ops, the fused decode ops included (a float model does not load numba)."""
+    code = ("import sys, tallow; from tallow import functional as F; x = tallow.ones(1, 8)\n"
+            "F.add_rms_norm(x, x, tallow.ones(8)); F.add_layer_norm(x, x)\n"
+            "q = tallow.ones(1, 2, 1, 4); F.scaled_dot_product_attention(q, q, q, is_causal=True)\n"
+            "print('numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), check=True)
     assert out.stdout.strip() == "False"
 
@@ -273,9 +277,10 @@ def _composed(method, *args):
 
 
 def test_decode_kernels_are_what_the_numpy_backend_runs(monkeypatch):
-    """With numba, the numpy backend's fused decode ops are the cpu_decode_kernels / integer-dot
-    calls (counted), and they agree with base.py's compositions of the numpy primitives."""
+    """With numba's kernels in use, the numpy backend's fused decode ops are the cpu_decode_kernels /
+    integer-dot calls (counted), and they agree with base.py's compositions of the numpy primitives."""
     from tallow import functional as F
+    assert cpu_matmul.kernels() is not None  # in use (a quantised model's first product loads them)
     from tallow.quant import cpu_decode_kernels, cpu_int_kernels
     calls = []
     for mod, names in ((cpu_decode_kernels, ("add_rms_norm", "add_layer_norm", "rope_kv_write", "kv_write",

@@ -123,7 +123,8 @@ DECODE_ATTENTION_MAX_ROWS = 8
 
 
 def _decode_kernels(dtype):
-    """quant/cpu_decode_kernels.py for float32 operands when numba's CPU kernels are in use, else None."""
+    """quant/cpu_decode_kernels.py for float32 operands once numba's CPU kernels are in use (a
+    quantised model loaded them), else None."""
     if dtype is not f32:
         return None
     from ..quant import cpu_matmul

@@ -74,7 +74,12 @@ def set_threads(n):
 
 
 def decode_kernels():
-    """The fused decode kernels (cpu_decode_kernels), or None where kernels() is None."""
+    """The fused decode kernels (cpu_decode_kernels) once the kernels are in use, else None.
+    They never load numba themselves: a float model (Whisper tiny.en on jfk.wav) gained
+    nothing from them and would pay numba's import (+0.5 s, +60 MB peak RSS, measured);
+    a quantised model has loaded the kernels by its first product or embedding lookup."""
+    if "module" not in _state:
+        return None
     return _state["decode"] if kernels() is not None else None
 
 
