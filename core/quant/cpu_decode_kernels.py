@@ -89,7 +89,7 @@ def kv_write(k, v, k_slot, v_slot):
     v_slot[...] = v
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath={"reassoc", "contract"})  # reassociation lets LLVM vectorise the dot sums
 def attention(q, k, ko, ks, v, vo, vs, shape, scale, causal, out):
     """out (b, h, tq, dv) = softmax(q k^T * scale) v, q (b, h, tq, d) contiguous. k and v are
     (b, hk, tk, d/dv) views given as their flat storage, offset and (b, h, t) strides, rows
