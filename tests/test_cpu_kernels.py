@@ -3,6 +3,7 @@ whose dequantisation is bit-exact with the `gguf` package (tests/test_quant.py).
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -339,3 +340,37 @@ def test_decode_kernels_run_as_plain_python():
     out = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_row_pool_covers_every_row_once_and_never_waits_for_an_idle_helper():
+    """cpu_threads.RowPool: the chunks cover range(n) exactly once; an error in a chunk reaches the
+    caller; and while the only helper is held elsewhere (as a descheduled thread would be), the
+    caller runs every chunk itself instead of waiting."""
+    import threading
+
+    from tallow.quant.cpu_threads import RowPool
+    pool = RowPool(2)
+    try:
+        for n in (1, 3, 37):
+            seen = []
+            pool.run(lambda a, b, seen=seen: seen.extend(range(a, b)), n)
+            assert sorted(seen) == list(range(n))
+
+        def fail(a, b):
+            raise ShapeError("chunk failed")
+        with pytest.raises(ShapeError, match="chunk failed"):
+            pool.run(fail, 8)
+        release, held = threading.Event(), threading.Event()
+
+        class Stuck:  # occupies the helper thread, as a descheduled thread would be
+            def work(self):
+                held.set()
+                release.wait(30)
+        pool.jobs.put(Stuck())
+        assert held.wait(10)
+        callers, start = set(), time.perf_counter()
+        pool.run(lambda a, b: callers.add(threading.get_ident()), 8)
+        assert time.perf_counter() - start < 5 and callers == {threading.get_ident()}
+        release.set()
+    finally:
+        pool.close()
