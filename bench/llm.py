@@ -5,9 +5,10 @@ transformers + PyTorch (same GGUF, dequantised to f32) vs llama.cpp
 (llama-cpp-python, when installed), plus the memory-bandwidth floor. The last line
 is `decode_vs_llamacpp=X prefill_vs_llamacpp=Y rss_vs_llamacpp=Z` (n/a without llama.cpp).
 
-    python bench/llm.py [--gguf PATH] [--prompt-tokens 64] [--decode-tokens 32]
+    python bench/llm.py [--gguf PATH] [--prompt-tokens 64] [--decode-tokens 32] [--threads 2] [--repeat 3]
 
-Each engine runs in its own process (so peak RSS is its own) with 2 threads.
+Each engine runs in its own process (so peak RSS is its own) with 2 threads (--threads),
+--repeat times in rounds; each figure is its best. tallow's peak RSS is also split by stage.
 Decoding is memory-bound: the floor per token is the weight bytes read per
 token divided by the measured bandwidth of a large numpy copy.
 """
@@ -47,11 +48,17 @@ def prompt_ids(gguf, n):
 
 def run_tallow(gguf, ids, decode):
     import tallow
+    from tallow.quant import cpu_matmul
+    RSS_STAGES.append(("python+numpy+tallow", peak_rss_mb()))
+    if cpu_matmul.kernels() is not None:  # numba and the (cached) kernel modules
+        RSS_STAGES.append(("numba", peak_rss_mb()))
     t0 = time.perf_counter()
     model = tallow.load_model(gguf, device="cpu")
     load = time.perf_counter() - t0
+    RSS_STAGES.append(("load_model", peak_rss_mb()))
     int(model(ids, last_only=True).reshape(-1).argmax().item())  # cold: the first token of a fresh process
     FIRST_TOKEN.append(time.time() - STARTED)
+    RSS_STAGES.append(("first prompt (mapped weights read, KV cache, kernels loaded)", peak_rss_mb()))
     model.reset()
     model(ids[:8])  # warm-up: first use fills per-weight caches (numpy backend's f32 copies)
     model.reset()
@@ -114,6 +121,7 @@ def run_llama_cpp(gguf, ids, decode):
 
 
 FIRST_TOKEN = []
+RSS_STAGES = []  # (stage, peak RSS MB so far): where tallow's memory goes
 
 
 def child(engine, gguf, n_prompt, n_decode):
@@ -133,7 +141,7 @@ def child(engine, gguf, n_prompt, n_decode):
         load, prefill, dec = run_llama_cpp(gguf, ids, n_decode)
     print(json.dumps({"engine": engine, "load_s": load, "prefill_tok_s": len(ids) / prefill,
                       "decode_tok_s": n_decode / dec, "peak_rss_mb": peak_rss_mb(), "prompt_tokens": len(ids),
-                      "first_token_s": FIRST_TOKEN[0] if FIRST_TOKEN else None}))
+                      "first_token_s": FIRST_TOKEN[0] if FIRST_TOKEN else None, "rss_stages": RSS_STAGES}))
 
 
 def bandwidth_gb_s():
@@ -165,6 +173,18 @@ def weight_bytes(gguf):
     return quant, f32
 
 
+def _best(runs):
+    """One engine's best figures over repeated runs (each figure's own best: fastest, smallest)."""
+    best = dict(runs[0])
+    for key in ("prefill_tok_s", "decode_tok_s"):
+        best[key] = max(r[key] for r in runs)
+    for key in ("load_s", "peak_rss_mb", "first_token_s"):
+        if best.get(key) is not None:
+            best[key] = min(r[key] for r in runs)
+    best["runs"] = len(runs)
+    return best
+
+
 def main(argv=None):
     global THREADS
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -172,41 +192,54 @@ def main(argv=None):
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--decode-tokens", type=int, default=32)
     p.add_argument("--engines", default=",".join(ENGINES))
-    p.add_argument("--threads", default=THREADS, help="BLAS/torch/llama.cpp threads (default 2)")
+    p.add_argument("--threads", default=THREADS, help="tallow/BLAS/torch/llama.cpp threads (default 2)")
+    p.add_argument("--repeat", type=int, default=1, help="runs per engine; each figure is the best of them")
     p.add_argument("--no-build", action="store_true", help="do not build llama-cpp-python when it is missing")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat must be at least 1, got {args.repeat}")
     THREADS = os.environ["TALLOW_BENCH_THREADS"] = str(args.threads)
     gguf = args.gguf or find_gguf()
     if args.child:
         return child(args.child, gguf, args.prompt_tokens, args.decode_tokens)
-    env = dict(os.environ, OMP_NUM_THREADS=THREADS, OPENBLAS_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS)
-    results = []
+    env = dict(os.environ, OMP_NUM_THREADS=THREADS, OPENBLAS_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS,
+               TALLOW_THREADS=THREADS)
     no_llama = None
     if "llama.cpp" in args.engines.split(","):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from llama_cpp_setup import ensure_llama_cpp
         no_llama = ensure_llama_cpp(build=not args.no_build)
-    for engine in args.engines.split(","):
-        cmd = [sys.executable, __file__, "--child", engine, "--gguf", gguf, "--prompt-tokens", str(args.prompt_tokens),
-               "--decode-tokens", str(args.decode_tokens)]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        if done.returncode or not lines:
-            why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            print(f"{engine:<22} skipped: {why}")
-            continue
-        results.append(json.loads(lines[-1]))
+    runs = {}
+    for _ in range(args.repeat):  # rounds over all engines, so a busy spell hits them alike
+        for engine in args.engines.split(","):
+            cmd = [sys.executable, __file__, "--child", engine, "--gguf", gguf, "--prompt-tokens",
+                   str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            if done.returncode or not lines:
+                why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                print(f"{engine:<22} skipped: {why}")
+                continue
+            runs.setdefault(engine, []).append(json.loads(lines[-1]))
+    results = [_best(rs) for rs in runs.values()]
     bw = bandwidth_gb_s()
     quant, f32 = weight_bytes(gguf)
     print(f"\nSmolLM2-135M-Instruct Q4_1, {args.prompt_tokens}-token prompt, {args.decode_tokens} greedy decode steps, "
-          f"{THREADS} threads")
+          f"{THREADS} threads, best of {args.repeat}")
     print(f"{'engine':<22} {'load s':>7} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MB':>12} "
           f"{'1st token s':>12}")
     for r in results:
         first = f"{r['first_token_s']:>12.2f}" if r.get("first_token_s") else f"{'':>12}"
         print(f"{r['engine']:<22} {r['load_s']:>7.2f} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f} "
               f"{r['peak_rss_mb']:>12.0f} {first}")
+    for r in results:
+        if r.get("rss_stages"):
+            steps, before = [], 0.0
+            for stage, mb in r["rss_stages"] + [["decoding", r["peak_rss_mb"]]]:
+                steps.append(f"{stage} +{mb - before:.0f}")
+                before = mb
+            print(f"{r['engine']} peak RSS by stage (MB): " + ", ".join(steps))
     print(f"\nmemory bandwidth (numpy copy, read+write): {bw:.1f} GB/s")
     print(f"weights read per token: {quant / 1e6:.0f} MB as stored (Q4_1/Q8_0) -> floor {bw * 1e9 / quant:.0f} tok/s; "
           f"{f32 / 1e6:.0f} MB as f32 -> floor {bw * 1e9 / f32:.0f} tok/s")

@@ -3,6 +3,7 @@ whose dequantisation is bit-exact with the `gguf` package (tests/test_quant.py).
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +14,6 @@ from tallow.errors import FormatError, ShapeError
 from tallow.quant import dequantize_numpy
 
 pytest.importorskip("numba")
-import numba
 from tallow.quant import cpu_matmul
 
 FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
@@ -33,6 +33,15 @@ def _blocks(q, n_blocks, rng):
 @pytest.fixture(autouse=True)
 def _kernels_on(monkeypatch):
     monkeypatch.delenv("TALLOW_CPU_KERNELS", raising=False)
+    yield
+    monkeypatch.undo()
+    cpu_matmul.set_threads(cpu_matmul.thread_count())
+
+
+def _use_threads(n, monkeypatch):
+    """n threads, every decoding-step product shared among them (PARALLEL_MIN_BYTES 0) when n > 1."""
+    cpu_matmul.set_threads(n)
+    monkeypatch.setattr(cpu_matmul, "PARALLEL_MIN_BYTES", 0 if n > 1 else 1 << 40)
 
 
 def _q8_reference(x):
@@ -105,18 +114,15 @@ def test_activation_quantisation_matches_gguf(bits):
 
 
 @pytest.mark.parametrize("q", FORMATS)
-def test_kernels_match_dequantised_numpy(q):
+def test_kernels_match_dequantised_numpy(q, monkeypatch):
     """Odd row counts, rows of several blocks (k a multiple of the block, not of 64 or 512),
     one row (decode), a few rows (fused kernel) and many (tiled BLAS path), on 1 and 2 threads."""
     rng = np.random.default_rng(FORMATS.index(q))
     bs = get_dtype(q).block_size
     for threads in (1, 2):
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-        try:
-            for n, k, m in ((1, bs, 1), (37, 3 * bs, 1), (21, 5 * bs, 3), (19, 3 * bs, cpu_matmul.FUSED_MAX_ROWS + 5)):
-                _check(q, n, k, m, rng)
-        finally:
-            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        _use_threads(threads, monkeypatch)
+        for n, k, m in ((1, bs, 1), (37, 3 * bs, 1), (21, 5 * bs, 3), (19, 3 * bs, cpu_matmul.FUSED_MAX_ROWS + 5)):
+            _check(q, n, k, m, rng)
 
 
 def test_tiled_path_covers_ragged_last_tile(monkeypatch):
@@ -190,7 +196,11 @@ def test_backend_keeps_weights_quantised_with_kernels_and_copies_only_when_asked
 
 
 def test_import_tallow_does_not_import_numba():
-    code = "import sys, tallow; tallow.zeros(2); print('numba' in sys.modules)"
+    """Nor do float ops, the fused decode ops included (a float model does not load numba)."""
+    code = ("import sys, tallow; from tallow import functional as F; x = tallow.ones(1, 8)\n"
+            "F.add_rms_norm(x, x, tallow.ones(8)); F.add_layer_norm(x, x)\n"
+            "q = tallow.ones(1, 2, 1, 4); F.scaled_dot_product_attention(q, q, q, is_causal=True)\n"
+            "print('numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), check=True)
     assert out.stdout.strip() == "False"
 
@@ -210,3 +220,157 @@ def test_kernels_run_as_plain_python():
     out = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def _dequantised_product_bound(x, w):
+    """(x . w.T in float64, its allowed error): the 16-bit activation quantisation bound plus rounding."""
+    m, k = x.shape
+    _, d = _activation_reference(x)
+    ref = x.astype(np.float64) @ w.T
+    bound = (np.abs(w).reshape(w.shape[0], k // 32, 32).sum(axis=2) @ (d.astype(np.float64) / 2).T).T
+    return ref, bound + 2e-5 * (np.abs(x).astype(np.float64) @ np.abs(w).T) + 1e-6
+
+
+@pytest.mark.parametrize("q", ["q4_1", "q8_0", "q6_k"])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_gated_and_biased_products_match_dequantised_numpy(q, parallel, monkeypatch):
+    """The decoding-step kernel with SwiGLU inside (gate and up rows in one pass) and with a bias,
+    on one thread and (PARALLEL_MIN_BYTES 0: every product shared out) on 2 threads."""
+    _use_threads(2 if parallel else 1, monkeypatch)
+    rng = np.random.default_rng(21)
+    bs = get_dtype(q).block_size
+    n, k, m = 37, 2 * bs, 2  # 37 rows: 4 chunks of unequal size on 2 threads
+    raw = _blocks(q, 2 * n * k // bs, rng)
+    w = dequantize_numpy(raw, q, 2 * n * k).reshape(2 * n, k).astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y, err = _dequantised_product_bound(x, w)
+    g, u, eg, eu = y[:, :n], y[:, n:], err[:, :n], err[:, n:]
+    silu = 0.5 * g * (1 + np.tanh(g / 2))  # g * sigmoid(g), without overflow
+    got = cpu_matmul.gated_qmatmul(x, raw, q, n, k, "silu")
+    assert got.shape == (m, n) and got.dtype == np.float32
+    assert np.all(np.abs(got - silu * u) <= 1.1 * eg * (np.abs(u) + eu) + np.abs(silu) * eu + 1e-4), q
+    gelu_tanh = lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))  # noqa: E731
+    for act, fn, slope in (("relu", lambda v: np.maximum(v, 0), 1.0), ("gelu_tanh", gelu_tanh, 1.13)):
+        got, a = cpu_matmul.gated_qmatmul(x, raw, q, n, k, act), fn(g)
+        assert np.all(np.abs(got - a * u) <= slope * eg * (np.abs(u) + eu) + np.abs(a) * eu + 1e-4 * (1 + np.abs(a * u)))
+    bias = rng.standard_normal(2 * n).astype(np.float32)
+    got = cpu_matmul.qmatmul_bias(x, raw, q, 2 * n, k, bias)
+    assert np.all(np.abs(got - (y + bias)) <= err + 1e-5 * np.abs(bias)), q
+
+
+def test_thread_count_comes_from_tallow_threads(monkeypatch):
+    monkeypatch.setenv("TALLOW_THREADS", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert cpu_matmul.thread_count() == 1
+    monkeypatch.delenv("TALLOW_THREADS")
+    assert cpu_matmul.thread_count() == 2
+    monkeypatch.setenv("TALLOW_THREADS", "two")
+    with pytest.raises(tallow.Error, match="TALLOW_THREADS='two'"):
+        cpu_matmul.thread_count()
+
+
+def _composed(method, *args):
+    """What base.py's composition of the primitives returns for a fused op (the numpy backend's
+    own override skipped)."""
+    from tallow.backends.base import Backend
+    from tallow.backends.numpy_backend import NumpyBackend
+    return getattr(Backend, method)(NumpyBackend(), *args)
+
+
+def test_decode_kernels_are_what_the_numpy_backend_runs(monkeypatch):
+    """With numba's kernels in use, the numpy backend's fused decode ops are the cpu_decode_kernels /
+    integer-dot calls (counted), and they agree with base.py's compositions of the numpy primitives."""
+    from tallow import functional as F
+    assert cpu_matmul.kernels() is not None  # in use (a quantised model's first product loads them)
+    from tallow.quant import cpu_decode_kernels, cpu_int_kernels
+    calls = []
+    for mod, names in ((cpu_decode_kernels, ("add_rms_norm", "add_layer_norm", "rope_kv_write", "kv_write",
+                                             "attention")), (cpu_int_kernels, ("qmatmul_q",))):
+        for name in names:
+            real = getattr(mod, name)
+            monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
+    monkeypatch.setattr(cpu_matmul, "PARALLEL_MIN_BYTES", 1 << 40)
+    rng = np.random.default_rng(2)
+    x, r, w, b = (tallow.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in ((2, 48), (2, 48), (48,), (48,)))
+    total, normed = F.add_rms_norm(x, r, w, 1e-6)
+    want = _composed("add_rms_norm", x._storage, x._layout, r._storage, r._layout, w._storage, w._layout, tallow.f32,
+                     1e-6)
+    np.testing.assert_array_equal(total.numpy().reshape(-1), want[0])
+    np.testing.assert_allclose(normed.numpy().reshape(-1), want[1], rtol=1e-6, atol=1e-6)
+    total, normed = F.add_layer_norm(x, r, w, b, 1e-5)
+    want = _composed("add_layer_norm", x._storage, x._layout, r._storage, r._layout, w._storage, w._layout,
+                     b._storage, b._layout, tallow.f32, 1e-5)
+    np.testing.assert_allclose(normed.numpy().reshape(-1), want[1], rtol=1e-5, atol=1e-5)
+    wq = tallow.from_numpy(rng.standard_normal((2 * 10, 64)).astype(np.float32)).to(get_dtype("q4_0"))
+    xg = tallow.from_numpy(rng.standard_normal((1, 64)).astype(np.float32))
+    got = F.gated_linear(xg, wq, "silu")
+    seen = len(calls)
+    want = _composed("gated_qmatmul", xg._storage, xg._layout, tallow.f32, wq._storage, wq.dtype, 10, 64, "silu")
+    del calls[seen:]  # the composition's own plain product
+    np.testing.assert_allclose(got.numpy().reshape(-1), want, rtol=1e-5, atol=1e-5)  # same 16-bit activations
+    q, k, v = (tallow.from_numpy(rng.standard_normal((1, h, 1, 8)).astype(np.float32)) for h in (4, 2, 2))
+    cs = tallow.from_numpy(rng.standard_normal((1, 4)).astype(np.float32))
+    kc, vc = tallow.zeros(1, 2, 5, 8), tallow.zeros(1, 2, 5, 8)
+    q_rot = F.rope_kv_write(q, k, v, cs, cs, kc.narrow(2, 3, 1), vc.narrow(2, 3, 1), True)
+    F.kv_write(k, v, kc.narrow(2, 0, 1), vc.narrow(2, 0, 1))
+    out = F.scaled_dot_product_attention(q_rot, kc.narrow(2, 0, 4), vc.narrow(2, 0, 4), is_causal=True)
+    assert out.shape == (1, 4, 1, 8)
+    assert calls == ["add_rms_norm", "add_layer_norm", "qmatmul_q", "rope_kv_write", "kv_write", "attention"]
+
+
+def test_decode_kernels_run_as_plain_python():
+    """NUMBA_DISABLE_JIT=1: the fused decode kernels' source runs as Python and agrees with numpy."""
+    code = (
+        "import numpy as np, sys; sys.path[:0] = [sys.argv[1]]\n"
+        "from tallow.quant import cpu_decode_kernels as K\n"
+        "rng = np.random.default_rng(0)\n"
+        "x, r, w = rng.standard_normal((2, 8)), rng.standard_normal((2, 8)), rng.standard_normal(8)\n"
+        "t, n = np.empty((2, 8)), np.empty((2, 8))\n"
+        "K.add_rms_norm(x, r, w, 1e-6, t, n)\n"
+        "s = x + r\n"
+        "assert np.allclose(n, s / np.sqrt((s * s).mean(-1, keepdims=True) + 1e-6) * w)\n"
+        "q, k, v = rng.standard_normal((1, 2, 1, 4)), rng.standard_normal((1, 1, 3, 4)), rng.standard_normal((1, 1, 3, 4))\n"
+        "out = np.empty((1, 2, 1, 4), np.float32)\n"
+        "K.attention(q, k.reshape(-1), 0, np.array([12, 12, 4]), v.reshape(-1), 0, np.array([12, 12, 4]),\n"
+        "            np.array([1, 3, 4]), 0.5, True, out)\n"
+        "p = np.exp(q[0, :, 0] @ k[0, 0].T * 0.5); p /= p.sum(-1, keepdims=True)\n"
+        "assert np.allclose(out[0, :, 0], p @ v[0, 0], atol=1e-5)\n"
+        "print('ok')\n")
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
+    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_row_pool_covers_every_row_once_and_never_waits_for_an_idle_helper():
+    """cpu_threads.RowPool: the chunks cover range(n) exactly once; an error in a chunk reaches the
+    caller; and while the only helper is held elsewhere (as a descheduled thread would be), the
+    caller runs every chunk itself instead of waiting."""
+    import threading
+
+    from tallow.quant.cpu_threads import RowPool
+    pool = RowPool(2)
+    try:
+        for n in (1, 3, 37):
+            seen = []
+            pool.run(lambda a, b, seen=seen: seen.extend(range(a, b)), n)
+            assert sorted(seen) == list(range(n))
+
+        def fail(a, b):
+            raise ShapeError("chunk failed")
+        with pytest.raises(ShapeError, match="chunk failed"):
+            pool.run(fail, 8)
+        release, held = threading.Event(), threading.Event()
+
+        class Stuck:  # occupies the helper thread, as a descheduled thread would be
+            def work(self):
+                held.set()
+                release.wait(30)
+        pool.jobs.put(Stuck())
+        assert held.wait(10)
+        callers, start = set(), time.perf_counter()
+        pool.run(lambda a, b: callers.add(threading.get_ident()), 8)
+        assert time.perf_counter() - start < 5 and callers == {threading.get_ident()}
+        release.set()
+    finally:
+        pool.close()

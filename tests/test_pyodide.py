@@ -77,7 +77,7 @@ def test_every_packaged_module_is_in_the_wheel(pyodide_run, pyodide_runner):
 OPTIONAL_IMPORTS = {"numpy", "wgpu", "cupy", "Metal", "objc", "Foundation", "jinja2", "torch", "transformers",
                     "safetensors", "gguf", "tokenizers", "scipy", "numba"}
 # Native-only modules that need numpy at import time although not named for it.
-NEEDS_NUMPY = {"tallow.quant.cpu_kernels", "tallow.quant.cpu_int_kernels"}  # numba kernels: Pyodide has no numba
+NEEDS_NUMPY = {"tallow.quant.cpu_kernels", "tallow.quant.cpu_int_kernels", "tallow.quant.cpu_decode_kernels"}  # numba kernels: Pyodide has no numba
 
 
 def test_every_module_imports_inside_pyodide(pyodide_run, pyodide_runner):

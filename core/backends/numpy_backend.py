@@ -77,7 +77,7 @@ class _DequantCache:
         self.used = 0
         self.budget = None
 
-    def _budget(self, kernels):
+    def budget_bytes(self, kernels):
         env = os.environ.get("TALLOW_QUANT_CACHE_MB")  # read each time: a setting may change at run time
         if env is not None:
             try:
@@ -102,7 +102,7 @@ class _DequantCache:
         if hit is not None and hit[0]() is w:
             return hit[1]
         size = n * k * 4
-        if self.used + size > self._budget(kernels):
+        if self.used + size > self.budget_bytes(kernels):
             return None
         from ..quant import dequantize_numpy
         wf = dequantize_numpy(w, wdtype, n * k).reshape(n, k)
@@ -116,6 +116,22 @@ class _DequantCache:
 
 
 _DEQUANT_CACHE = _DequantCache()
+_NO_VECTOR = np.empty(0, np.float32)  # "no weight/bias" for the decode kernels
+# Query rows per head up to which attention runs as the decode kernel (a decoding step, or GQA's
+# query heads sharing a KV head); longer prompts take BLAS's matrix products.
+DECODE_ATTENTION_MAX_ROWS = 8
+# Keys up to which it beats numpy's BLAS path (measured per call, 64-wide heads: 3x3 query rows over
+# 100 keys 20 vs 29 us, over 1000 keys 111 vs 132 us; Whisper's 6 heads over 1500 encoder keys 101 vs 79 us).
+DECODE_ATTENTION_MAX_KEYS = 1024
+
+
+def _decode_kernels(dtype):
+    """quant/cpu_decode_kernels.py for float32 operands once numba's CPU kernels are in use (a
+    quantised model loaded them), else None."""
+    if dtype is not f32:
+        return None
+    from ..quant import cpu_matmul
+    return cpu_matmul.decode_kernels()
 
 
 def _whole(st, layout):
@@ -427,6 +443,15 @@ class NumpyBackend(Backend):
         return self.store(out, dtype)
 
     def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        few = (mask is None and lq.shape[2] <= DECODE_ATTENTION_MAX_ROWS and lk.shape[2] <= DECODE_ATTENTION_MAX_KEYS
+               and lk.strides[3] == lv.strides[3] == 1)
+        dec = _decode_kernels(dtype) if few else None
+        if dec is not None:  # a decoding step: one pass over the cache per query row
+            out = np.empty(lq.shape[:3] + lv.shape[3:], np.float32)
+            dec.attention(np.ascontiguousarray(self.view(q, lq)), k, lk.offset, np.array(lk.strides[:3]), v,
+                          lv.offset, np.array(lv.strides[:3]), np.array((lk.shape[1], lk.shape[2], lv.shape[3])),
+                          np.float32(scale), bool(causal), out)
+            return out.reshape(-1)
         qv, kv, vv = self.load(q, lq, dtype), self.load(k, lk, dtype), self.load(v, lv, dtype)
         # Scale q (tq*d values) rather than the scores (tq*tk), and work in place on the
         # one (b, h, tq, tk) temporary: the encoder's 1500x1500 scores dominate its time.
@@ -442,6 +467,77 @@ class NumpyBackend(Backend):
         np.exp(scores, out=scores)
         scores /= np.sum(scores, axis=-1, keepdims=True)
         return self.store(np.matmul(scores, vv), dtype)
+
+    # ---- fused decode ops: one numba call each when the CPU kernels are installed -----------
+    # (quant/cpu_decode_kernels.py); otherwise, and for other dtypes, base.py's compositions.
+    def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
+        dec = _decode_kernels(dtype)
+        if dec is None:
+            return super().add_rms_norm(x, lx, r, lr, w, lw, dtype, eps)
+        xv, rv, total, normed = self._norm_operands(x, lx, r, lr)
+        dec.add_rms_norm(xv, rv, self._vector(w, lw), float(eps), total, normed)
+        return total.reshape(-1), normed.reshape(-1)
+
+    def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
+        dec = _decode_kernels(dtype)
+        if dec is None:
+            return super().add_layer_norm(x, lx, r, lr, w, lw, b, lb, dtype, eps)
+        xv, rv, total, normed = self._norm_operands(x, lx, r, lr)
+        dec.add_layer_norm(xv, rv, self._vector(w, lw), self._vector(b, lb), float(eps), total, normed)
+        return total.reshape(-1), normed.reshape(-1)
+
+    def _norm_operands(self, x, lx, r, lr):
+        d = lx.shape[-1] if lx.shape else 1
+        xv, rv = self.view(x, lx).reshape(-1, d), self.view(r, lr).reshape(-1, d)
+        return xv, rv, np.empty(xv.shape, np.float32), np.empty(xv.shape, np.float32)
+
+    def _vector(self, st, layout):
+        return _NO_VECTOR if st is None else self.view(st, layout)
+
+    def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
+        if not self._decode_product(lx, dtype, w, wdtype, k):
+            return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
+        from ..quant import cpu_matmul
+        return self.store(cpu_matmul.qmatmul_bias(self.view(x, lx), w, wdtype, n, k, self.view(bias, lbias)), dtype)
+
+    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
+        if not self._decode_product(lx, dtype, w, wdtype, k):
+            return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
+        from ..quant import cpu_matmul
+        return self.store(cpu_matmul.gated_qmatmul(self.view(x, lx), w, wdtype, n, k, act), dtype)
+
+    @staticmethod
+    def _decode_product(lx, dtype, w, wdtype, k):
+        """True when a quantised product is a decoding step for the integer-dot kernels: f32 x
+        of few rows, a format they handle, and no f32 copy of w asked for ($TALLOW_QUANT_CACHE_MB)."""
+        from ..quant import cpu_matmul
+        if dtype is not f32 or not k or lx.numel() // k > cpu_matmul.FUSED_MAX_ROWS:
+            return False
+        return cpu_matmul.supports(wdtype) and _DEQUANT_CACHE.budget_bytes(True) == 0
+
+    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
+        dec = _decode_kernels(dtype)
+        if dec is None:
+            return super().kv_write(k, lk, v, lv, kc, lkc, vc, lvc, dtype)
+        dec.kv_write(self.view(k, lk), self.view(v, lv), self._target(kc, lkc), self._target(vc, lvc))
+
+    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
+        dec = _decode_kernels(dtype)
+        if dec is None:
+            return super().rope_kv_write(q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype,
+                                         interleaved)
+        q_out = np.empty(lq.shape, np.float32)
+        dec.rope_kv_write(self.view(q, lq), self.view(k, lk), self.view(v, lv), self.view(cos, lcos),
+                          self.view(sin, lsin), self._target(kc, lkc), self._target(vc, lvc), q_out,
+                          bool(interleaved))
+        return q_out.reshape(-1)
+
+    def _target(self, st, layout):
+        """A writable numpy view of the layout (a KV cache's slots), as assign writes through."""
+        if not st.flags.writeable:
+            raise UnsupportedError("this tensor's memory is read-only (memory-mapped from a file); "
+                                   "clone() it before writing")
+        return as_strided(st[layout.offset:], layout.shape, [s * st.itemsize for s in layout.strides])
 
     def custom(self, op, inputs, out_shape, out_dtype):
         y = np.asarray(op.cpu(*[self.load(st, lay, dt) for st, lay, dt in inputs]))

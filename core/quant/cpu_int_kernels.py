@@ -27,13 +27,14 @@ code (slowly). Integers are widened to int32 before arithmetic (uint8 arithmetic
 would wrap in plain numpy), and int32 sums are converted to float32 before they
 are multiplied by the K-quants' integer scales (which could overflow int32).
 """
+import math
+
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .cpu_kernels import _f16, _scale_min_k4, _u32
 
 QK = 32  # activation values per block (one scale each)
-ROWS_PER_TASK = 16  # output rows one thread takes at a time (few, large tasks for the scheduler)
 
 
 @njit(cache=True, inline="always")
@@ -188,18 +189,45 @@ def _row_dot(fmt, w, w8, blocks, block_bytes, xi, dxi, sxi, table, half):
     return acc
 
 
-@njit(cache=True, parallel=True)
-def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, n, table, out, half):
-    """out (m, n) = the quantised activations (qx, dx, sx from quantize_rows) times the
-    transpose of the (n, k) block matrix in raw (uint8). `half` is 16, passed at run time:
+# The gate activations of gated kernels (ops/decode.py's GATE_ACTS), by code.
+ACT_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
+
+
+@njit(cache=True, inline="always")
+def _act(v, act):
+    """As the numpy backend's unary ops, in float32 (gelu: erf form; gelu_tanh: the tanh approximation)."""
+    if act == 0:
+        return v / (np.float32(1.0) + np.exp(-v))
+    if act == 1:
+        return np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.erf(v * np.float32(0.7071067811865476))))
+    if act == 2:
+        return np.float32(0.5) * v * (np.float32(1.0) + np.tanh(np.float32(0.7978845608028654)
+                                                                * (v + np.float32(0.044715) * v * v * v)))
+    return max(v, np.float32(0.0))
+
+
+@njit(cache=True, nogil=True)
+def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop):
+    """Columns start...stop-1 of out (m, n) = the quantised activations (qx, dx, sx from
+    quantize_rows) times the transpose of the (n, k) block matrix in raw (uint8), plus bias (n,)
+    unless it is empty. gated: raw holds 2n rows [gate; up] and out[i, r] = act(gate_r . x_i) *
+    (up_r . x_i), both rows read in the same pass (act: ACT_CODES). Without the GIL, so
+    cpu_threads.RowPool's threads share a product's rows. `half` is 16, passed at run time:
     a constant trip count made LLVM unroll the block loops and leave them scalar."""
-    m, k = qx.shape
-    blocks = k // block_size
+    n = out.shape[1]
+    blocks = qx.shape[1] // block_size
     row_bytes = blocks * block_bytes
     raw8 = raw.view(np.int8)
-    for task in prange((n + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        for r in range(task * ROWS_PER_TASK, min(n, (task + 1) * ROWS_PER_TASK)):
-            o = r * row_bytes
-            for i in range(m):
-                out[i, r] = _row_dot(fmt, raw[o:o + row_bytes], raw8[o:o + row_bytes], blocks, block_bytes,
-                                     qx[i], dx[i], sx[i], table, half)
+    for r in range(start, stop):
+        o = r * row_bytes
+        for i in range(qx.shape[0]):
+            y = _row_dot(fmt, raw[o:o + row_bytes], raw8[o:o + row_bytes], blocks, block_bytes,
+                         qx[i], dx[i], sx[i], table, half)
+            if gated:
+                u = n * row_bytes + o
+                up = _row_dot(fmt, raw[u:u + row_bytes], raw8[u:u + row_bytes], blocks, block_bytes,
+                              qx[i], dx[i], sx[i], table, half)
+                y = _act(y, act) * up
+            elif bias.shape[0]:
+                y += bias[r]
+            out[i, r] = y

@@ -11,20 +11,36 @@ does with 8 bits; why 16 is explained there), which read each weight byte once.
 Many rows (a prompt) are multiplied by BLAS a tile of weight rows at a time,
 each tile dequantised by a kernel into one reused f32 buffer: BLAS's
 matrix-matrix product is far faster than any loop here, and the tile
-keeps memory bounded. That dequantisation runs on one thread: the kernels'
-OpenMP threads spin after each call, and alternating them with BLAS's threads
-on the same cores starved both (measured: first token 5.0 s instead of 1.3 s).
+keeps memory bounded. That dequantisation runs on one thread: BLAS's own
+threads share the cores (measured with OpenMP kernel threads beside them: first
+token 5.0 s instead of 1.3 s). Decoding-step products of at least
+PARALLEL_MIN_BYTES of weights are shared among $TALLOW_THREADS threads (else
+$OMP_NUM_THREADS, else one per core) by cpu_threads.RowPool.
 """
 import os
 
-from ..errors import FormatError, ShapeError
+from ..errors import Error, FormatError, ShapeError
 from .formats import quant_dtype
 
 FUSED_MAX_ROWS = 8  # rows of x up to which the fused kernel beats dequantise-then-BLAS (measured)
 ACTIVATION_MAX = 32767  # decoding steps quantise x to int16 (see cpu_int_kernels.py)
+# Weight bytes from which a decoding-step product is shared among the threads (cpu_threads.py);
+# smaller ones run on the calling thread, where handing out chunks costs about what it saves.
+PARALLEL_MIN_BYTES = 1 << 18
 TILE_ELEMENTS = 1 << 18  # f32 elements of a dequantised tile (1 MB: stays in L2)
 
 _state: dict[str, object] = {}
+
+
+def thread_count():
+    """Threads for the kernels: $TALLOW_THREADS, else $OMP_NUM_THREADS, else one per core."""
+    for name in ("TALLOW_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "")
+        if value:
+            if not value.isdigit() or int(value) < 1:
+                raise Error(f"{name}={value!r} is not a positive whole number of threads")
+            return int(value)
+    return os.cpu_count() or 1
 
 
 def kernels():
@@ -32,16 +48,39 @@ def kernels():
     if os.environ.get("TALLOW_CPU_KERNELS", "1") == "0":
         return None
     if "module" not in _state:
-        # One thread count for BLAS and the kernels: numba reads this when it is first imported.
-        if os.environ.get("OMP_NUM_THREADS", "").isdigit() and "NUMBA_NUM_THREADS" not in os.environ:
-            os.environ["NUMBA_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
         try:
-            from . import cpu_int_kernels, cpu_kernels
+            import numpy as np
+
+            from . import cpu_decode_kernels, cpu_int_kernels, cpu_kernels
         except ImportError:
-            cpu_kernels = cpu_int_kernels = None
+            cpu_kernels = cpu_int_kernels = cpu_decode_kernels = None
         _state["module"] = cpu_kernels
         _state["int"] = cpu_int_kernels
+        _state["decode"] = cpu_decode_kernels
+        _state["no_bias"] = np.empty(0, dtype=np.float32)
+        set_threads(thread_count())
     return _state["module"]
+
+
+def set_threads(n):
+    """Share the decoding-step products of at least PARALLEL_MIN_BYTES among n threads (1: the
+    calling thread alone)."""
+    from .cpu_threads import RowPool
+    n = max(1, int(n))
+    if n != _state.get("threads"):
+        if _state.get("pool") is not None:
+            _state["pool"].close()
+        _state["threads"], _state["pool"] = n, RowPool(n) if n > 1 else None
+
+
+def decode_kernels():
+    """The fused decode kernels (cpu_decode_kernels) once the kernels are in use, else None.
+    They never load numba themselves: a float model (Whisper tiny.en on jfk.wav) gained
+    nothing from them and would pay numba's import (+0.5 s, +60 MB peak RSS, measured);
+    a quantised model has loaded the kernels by its first product or embedding lookup."""
+    if "module" not in _state:
+        return None
+    return _state["decode"] if kernels() is not None else None
 
 
 def supports(qtype):
@@ -62,27 +101,27 @@ def _blocks(raw, d, n, k):
     return arr
 
 
-def qmatmul(x, raw, qtype, n, k):
-    """x (..., k) float32 times the transpose of the quantised (n, k) matrix in raw -> (..., n) float32."""
+def _operands(x, raw, qtype, n, k):
+    """(format, its kernel code, x as contiguous (m, k) float32, the blocks as uint8), checked.
+    Callers have checked supports() (so the kernels are loaded: no second look at the environment)."""
     import numpy as np
-    mod = kernels()
     d = quant_dtype(qtype)
     x = np.asarray(x, dtype=np.float32)
     if x.shape[-1:] != (k,):
         raise ShapeError(f"{d.name} matmul: x has shape {x.shape}, expected last dim {k}")
     arr = _blocks(raw, d, n, k)
-    fmt = mod.FORMATS[d.name]
-    x2 = np.ascontiguousarray(x.reshape(-1, k))
+    return d, (_state.get("module") or kernels()).FORMATS[d.name], np.ascontiguousarray(x.reshape(-1, k)), arr
+
+
+def qmatmul(x, raw, qtype, n, k):
+    """x (..., k) float32 times the transpose of the quantised (n, k) matrix in raw -> (..., n) float32."""
+    import numpy as np
+    d, fmt, x2, arr = _operands(x, raw, qtype, n, k)
+    lead = np.shape(x)[:-1]
     m = x2.shape[0]
     if m <= FUSED_MAX_ROWS:
-        ints = _state["int"]
-        qx = np.empty((m, k), dtype=np.int16)
-        dx = np.empty((m, k // ints.QK), dtype=np.float32)
-        sx = np.empty((m, k // ints.QK), dtype=np.int32)
-        ints.quantize_rows(x2, ACTIVATION_MAX, qx, dx, sx)
-        out = np.empty((m, n), dtype=np.float32)
-        ints.qmatmul_q(fmt, d.block_size, d.block_bytes, arr, qx, dx, sx, n, mod.F16_TABLE, out, ints.QK // 2)
-        return out.reshape(x.shape[:-1] + (n,))
+        return _int_product(x2, arr, d, fmt, n, k).reshape(lead + (n,))
+    mod = _state["module"]
     # out is filled transposed, so each tile writes whole contiguous rows (BLAS's fast path)
     out_t = np.empty((n, m), dtype=np.float32)
     step = max(1, min(n, TILE_ELEMENTS // k))
@@ -92,7 +131,43 @@ def qmatmul(x, raw, qtype, n, k):
         w = tile[:rows.size]
         mod.dequant_rows_blocks(fmt, d.block_size, d.block_bytes, arr, rows, k, mod.F16_TABLE, w)
         np.matmul(w, x2.T, out=out_t[start:start + rows.size])
-    return np.ascontiguousarray(out_t.T).reshape(x.shape[:-1] + (n,))
+    return np.ascontiguousarray(out_t.T).reshape(lead + (n,))
+
+
+def _int_product(x2, arr, d, fmt, n, k, bias=None, act=None):
+    """The decoding-step product on the blocks: x2 (m, k) quantised to 16 bits, then integer dots
+    (cpu_int_kernels.qmatmul_q) -> (m, n); plus bias (n,), or with act the gated product of
+    arr's 2n rows [gate; up]. One thread below PARALLEL_MIN_BYTES of weights."""
+    import numpy as np
+    ints = _state["int"]
+    m = x2.shape[0]
+    qx = np.empty((m, k), dtype=np.int16)
+    dx = np.empty((m, k // ints.QK), dtype=np.float32)
+    sx = np.empty((m, k // ints.QK), dtype=np.int32)
+    ints.quantize_rows(x2, ACTIVATION_MAX, qx, dx, sx)
+    out = np.empty((m, n), dtype=np.float32)
+    bias = _state["no_bias"] if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(n)
+    args = (fmt, d.block_size, d.block_bytes, arr, qx, dx, sx, _state["module"].F16_TABLE, out, ints.QK // 2, bias,
+            act is not None, ints.ACT_CODES[act] if act is not None else 0)
+    pool = _state["pool"]
+    if pool is not None and arr.size >= PARALLEL_MIN_BYTES:
+        pool.run(lambda start, stop: ints.qmatmul_q(*args, start, stop), n)
+    else:
+        ints.qmatmul_q(*args, 0, n)
+    return out
+
+
+def qmatmul_bias(x, raw, qtype, n, k, bias):
+    """A decoding step's (few rows, <= FUSED_MAX_ROWS) x . w.T + bias, the bias added in the kernel."""
+    d, fmt, x2, arr = _operands(x, raw, qtype, n, k)
+    return _int_product(x2, arr, d, fmt, n, k, bias=bias).reshape(x.shape[:-1] + (n,))
+
+
+def gated_qmatmul(x, raw, qtype, n, k, act):
+    """A decoding step's act(x . gate.T) * (x . up.T) for the [gate; up] block matrix of 2n rows
+    of k in raw, gate and up rows read in one pass. x (few rows, ..., k) -> (..., n) float32."""
+    d, fmt, x2, arr = _operands(x, raw, qtype, 2 * n, k)
+    return _int_product(x2, arr, d, fmt, n, k, act=act).reshape(x.shape[:-1] + (n,))
 
 
 def dequant_rows(raw, qtype, k, row_ids):

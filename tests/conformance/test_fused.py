@@ -18,6 +18,16 @@ gguf = pytest.importorskip("gguf")
 RNG = np.random.default_rng(13)
 
 
+@pytest.fixture(autouse=True)
+def _cpu_kernels_in_use(device):
+    """On the cpu device with numba installed, the numpy backend's fused ops are numba kernels once
+    the CPU kernels are in use (as after a quantised model's first product): load them, so these
+    cases check those kernels (tests/test_cpu_kernels.py checks that they are what runs)."""
+    if device.type == "cpu":
+        from tallow.quant import cpu_matmul
+        cpu_matmul.kernels()
+
+
 def rnd(*shape):
     return RNG.standard_normal(shape).astype(np.float32)
 

@@ -1,0 +1,128 @@
+"""numba kernels for the fused decode ops of the CPU device (core/backends/base.py's add_rms_norm,
+add_layer_norm, rope_kv_write, kv_write, and attention of a few query rows over a KV cache):
+one compiled call each where the composed defaults make several numpy calls and temporaries.
+
+Imported only with numba installed, through quant/cpu_matmul.py's kernels(); the numpy
+backend uses them for float32 operands and keeps its numpy path for everything else.
+Plain Python over numpy arrays, so NUMBA_DISABLE_JIT=1 runs the same code. Sums run in
+float64 and results are rounded to float32 once (the composed path rounds each step).
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def add_rms_norm(x, r, w, eps, total, normed):
+    """total = x + r; normed = total / sqrt(mean(total^2) + eps) * w (w empty: no weight). All (m, d)
+    except w (d,) or (0,)."""
+    m, d = x.shape
+    for i in range(m):
+        ss = 0.0
+        for j in range(d):
+            v = x[i, j] + r[i, j]
+            total[i, j] = v
+            ss += np.float64(v) * v
+        inv = 1.0 / math.sqrt(ss / d + eps)
+        for j in range(d):
+            y = total[i, j] * inv
+            normed[i, j] = y * w[j] if w.shape[0] else y
+
+
+@njit(cache=True)
+def add_layer_norm(x, r, w, b, eps, total, normed):
+    """total = x + r; normed = (total - mean) / sqrt(var + eps) * w + b (w, b empty: none)."""
+    m, d = x.shape
+    for i in range(m):
+        s = 0.0
+        for j in range(d):
+            v = x[i, j] + r[i, j]
+            total[i, j] = v
+            s += v
+        mean = s / d
+        ss = 0.0
+        for j in range(d):
+            c = total[i, j] - mean
+            ss += c * c
+        inv = 1.0 / math.sqrt(ss / d + eps)
+        for j in range(d):
+            y = (total[i, j] - mean) * inv
+            if w.shape[0]:
+                y *= w[j]
+            if b.shape[0]:
+                y += b[j]
+            normed[i, j] = y
+
+
+@njit(cache=True, inline="always")
+def _rotate(src, cos, sin, dst, interleaved):
+    """dst (b, h, t, d) = src rotated by the rotary tables cos/sin (t, d/2): pairs (x[j], x[j + d/2]),
+    or (x[2j], x[2j + 1]) when interleaved."""
+    bs, h, t, d = src.shape
+    half = d // 2
+    for bi in range(bs):
+        for hi in range(h):
+            for ti in range(t):
+                for j in range(half):
+                    a = 2 * j if interleaved else j
+                    z = a + 1 if interleaved else j + half
+                    x1 = src[bi, hi, ti, a]
+                    x2 = src[bi, hi, ti, z]
+                    c = cos[ti, j]
+                    s = sin[ti, j]
+                    dst[bi, hi, ti, a] = x1 * c - x2 * s
+                    dst[bi, hi, ti, z] = x1 * s + x2 * c
+
+
+@njit(cache=True)
+def rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, q_out, interleaved):
+    """q_out = rope(q); k_slot = rope(k) and v_slot = v, in place (views of the KV cache)."""
+    _rotate(q, cos, sin, q_out, interleaved)
+    _rotate(k, cos, sin, k_slot, interleaved)
+    v_slot[...] = v
+
+
+@njit(cache=True)
+def kv_write(k, v, k_slot, v_slot):
+    k_slot[...] = k
+    v_slot[...] = v
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})  # reassociation lets LLVM vectorise the dot sums
+def attention(q, k, ko, ks, v, vo, vs, shape, scale, causal, out):
+    """out (b, h, tq, dv) = softmax(q k^T * scale) v, q (b, h, tq, d) contiguous. k and v are
+    (b, hk, tk, d/dv) views given as their flat storage, offset and (b, h, t) strides, rows
+    contiguous (so the dot loops vectorise); shape = (hk, tk, dv). h is a multiple of hk
+    (query head i reads KV head i // (h / hk)); causal bans key j > i + tk - tq. For a few
+    query rows (decoding): one pass over the cache per row, no (tq, tk) temporary."""
+    bs, h, tq, d = q.shape
+    hk, tk, dv = shape[0], shape[1], shape[2]
+    rep = h // hk
+    scores = np.empty(tk, dtype=np.float32)
+    acc = np.empty(dv, dtype=np.float32)
+    for bi in range(bs):
+        for hi in range(h):
+            kh = hi // rep
+            for i in range(tq):
+                last = min(tk, i + tk - tq + 1) if causal else tk
+                qi = q[bi, hi, i]
+                top = np.float32(-np.inf)
+                for j in range(last):
+                    row = k[ko + bi * ks[0] + kh * ks[1] + j * ks[2]:]
+                    s = np.float32(0.0)
+                    for c in range(d):
+                        s += qi[c] * row[c]
+                    s *= scale
+                    scores[j] = s
+                    top = max(top, s)
+                acc[:] = 0.0
+                total = np.float32(0.0)
+                for j in range(last):
+                    e = np.float32(math.exp(scores[j] - top))
+                    total += e
+                    row = v[vo + bi * vs[0] + kh * vs[1] + j * vs[2]:]
+                    for c in range(dv):
+                        acc[c] += e * row[c]
+                for c in range(dv):
+                    out[bi, hi, i, c] = acc[c] / total if last else np.nan
