@@ -51,7 +51,9 @@ class CudaBackend(KernelBackend):
         if out.numel == 0:
             return out
         if la.shape[-1] == 0:
-            out.buf.fill(0)
-            return out
-        cp.matmul(self._cupy_view(a, la), self._cupy_view(b, lb), out=out.buf.reshape(shape))
+            return self.full(out.numel, 0, dtype)
+
+        def run():  # cuBLAS into `out`: a captured step's CUDA graph records it (tallow.capture)
+            cp.matmul(self._cupy_view(a, la), self._cupy_view(b, lb), out=out.buf.reshape(shape))
+        self._host_call(run, ("matmul", la.shape, la.strides, la.offset, lb.shape, lb.strides, lb.offset, dtype.name))
         return out
