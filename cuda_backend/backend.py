@@ -41,6 +41,9 @@ class CudaBackend(KernelBackend):
 
     def matmul(self, a, la, b, lb, dtype):
         self._check(dtype, "matmul")
+        few_rows = self._rows_matvec(a, la, b, lb, dtype)  # a decode step's projection: one kernel, graph-capturable
+        if few_rows is not None:
+            return few_rows
         if dtype is bf16:  # no bf16 in cupy: multiply in f32, round once at the end
             af, bf = self.cast(a, la, bf16, f32), self.cast(b, lb, bf16, f32)
             out = self.matmul(af, Layout(la.shape), bf, Layout(lb.shape), f32)

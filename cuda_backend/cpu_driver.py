@@ -150,6 +150,9 @@ class CudaCpuEmulatorBackend(CudaBackend):
         return {"backend": "cuda kernels on the CPU emulator (test-only)", "f16": True, "bf16": True}
 
     def matmul(self, a, la, b, lb, dtype):
+        few_rows = self._rows_matvec(a, la, b, lb, dtype)  # as CudaBackend.matmul: a few rows take the kernel
+        if few_rows is not None:
+            return few_rows
         if dtype is bf16:
             return super().matmul(a, la, b, lb, dtype)  # f32 through the cast kernels, then back here
         np = self.driver.np

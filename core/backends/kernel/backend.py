@@ -547,6 +547,27 @@ class KernelBackend(Backend):
         self._run("index", kernel_name("kv_write", dtype), nk + nv,
                   [k, v, kc, vc, Meta(words), self._step_buffer(), I64(nk), I64(nv)])
 
+    def _rows_matvec(self, a, la, b, lb, dtype, bias=None, lbias=None):
+        """a (m, k) . b (k, n) (+ bias (n,)) for a few rows m (a decode step's projections) in one
+        launch of the float matvec kernel; None where it does not apply (batched, many rows, other
+        dtypes): the caller multiplies with its dense matmul."""
+        if len(la.shape) != 2 or len(lb.shape) != 2 or dtype not in GATED_MATVEC_DTYPES:
+            return None
+        (m, k), n = la.shape, lb.shape[1]
+        if m > QMATVEC_MAX_ROWS or m * n * k == 0:
+            return None
+        out = self._alloc(dtype, m * n)
+        grid, block = grid_qmatvec(n, m)
+        self._launch("quant", kernel_name("matvec", dtype), grid, block,
+                     [self._contiguous(a, la, dtype), b, b if bias is None else bias, out, I64(lb.offset),
+                      I64(lb.strides[0]), I64(lb.strides[1]), I64(0 if bias is None else lbias.offset),
+                      I64(0 if bias is None else lbias.strides[0]), I32(n), I32(k), I32(m), I32(bias is not None)])
+        return out
+
+    def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
+        out = self._rows_matvec(a, la, b, lb, dtype, bias, lbias)
+        return super().matmul_bias(a, la, b, lb, bias, lbias, dtype) if out is None else out
+
     def gated_matmul(self, a, la, b, lb, dtype, act):
         m, k = la.shape
         n = lb.shape[1] // 2

@@ -30,7 +30,7 @@ REDUCE_CODES = {"sum": 0, "prod": 1, "max": 2, "min": 3}
 IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 
 ALL_DTYPES = (f32, f16, bf16, f64, i64, i32, i8, u32, u8, bool_)
-GATED_MATVEC_DTYPES = (f32, f16, bf16)  # the float gated matvec accumulates in f32 (warp sums are f32)
+GATED_MATVEC_DTYPES = (f32, f16, bf16)  # the float (gated) matvecs accumulate in f32 (warp sums are f32)
 FLOAT_DTYPES = (f32, f16, bf16, f64)
 
 # Storage C type per dtype: what a kernel's pointer points to (f16/bf16 hold the 16-bit pattern).
@@ -242,7 +242,7 @@ def kernel_inventory(has_f64=True, atomic64=True, matmul_dtypes=()):
         "elementwise": ew, "reduce": red, "index": idx,
         "attention": [f"{fam}_{d.name}" for fam in ("attention", "attention_step") for d in floats],
         "quant": [f"{fam}_{q}" for fam in ("qmatvec", "dequant", "gated_qmatvec") for q in IN_KERNEL_QUANTS]
-        + [f"gated_matvec_{d.name}" for d in GATED_MATVEC_DTYPES],
+        + [f"{fam}_{d.name}" for fam in ("gated_matvec", "matvec") for d in GATED_MATVEC_DTYPES],
     }
     if matmul_dtypes:
         inv["matmul"] = [f"matmul_{d.name}" for d in matmul_dtypes]
