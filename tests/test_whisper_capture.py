@@ -192,3 +192,40 @@ def test_beam_search_decode_replays_with_reordered_beams(null_wgpu, whisper_tiny
     feats = model.encode(tallow.zeros(1, model.config.num_mel_bins, 3000, device=dev))
     decode(model, feats, DecodingOptions(beam_size=3, sample_len=12, without_timestamps=True, suppress_blank=False))
     assert driver.replays >= 8
+
+
+@pytest.mark.parametrize("emulator", ["cuda-emulator", "metal-emulator"])
+def test_kernel_backend_decoder_step_launches_per_layer(tmp_path, emulator):
+    """One captured Whisper decoder step's launches per layer on the kernel backend: residual
+    add + layer norm (3 times), q/k/v as one matvec with its biases, the KV-cache write, 2
+    attentions, the cross-attention's q, 2 output projections, fc1, gelu, fc2 (every bias
+    inside its matvec): 13, as on wgpu (tests/test_dispatch_counts.py)."""
+    from conftest import DEVICES, emulated
+    from tallow.device import restore_backend, use_backend
+    name = DEVICES[emulator][0]
+    dev = use_backend(name, emulated(emulator))
+    try:
+        entries = {}
+        for layers in (2, 4):
+            folder = tmp_path / f"whisper{layers}"
+            cfg = transformers.WhisperConfig(
+                vocab_size=VOCAB, num_mel_bins=MELS, d_model=32, encoder_layers=1, decoder_layers=layers,
+                encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                max_source_positions=FRAMES // 2, max_target_positions=16, decoder_start_token_id=1, pad_token_id=0,
+                eos_token_id=2, bos_token_id=1)
+            transformers.WhisperForConditionalGeneration(cfg).save_pretrained(folder, safe_serialization=True)
+            model = whisper.load(folder, device=dev)
+            state = model.start(model.encode(tallow.zeros(1, MELS, FRAMES, device=dev)))
+            model.decode_step([PROMPT], state)
+            for _ in range(2):  # the second step is captured and confirmed: later ones replay it
+                model.decode_step([[4]], state)
+            graph = state.replays.graph[0]
+            entries[layers] = [e[2] if e[0] == "launch" else "host call" for e in graph.recording.entries]
+    finally:
+        restore_backend(name)
+    per_layer = (len(entries[4]) - len(entries[2])) / 2
+    assert per_layer == 13, entries[2]
+    assert len(entries[2]) - 2 * per_layer <= 6, "outside the layers: token and position embeddings, norm, logits"
+    assert "host call" not in entries[2]  # all kernels: a CUDA graph on a GPU
+    fused = {"add_norm_f32": 6, "kv_write_f32": 2, "attention_step_f32": 2}
+    assert {k: entries[2].count(k) for k in fused} == fused, entries[2]
