@@ -23,10 +23,9 @@ def step_words(position, tokens):
 
 
 def _arg_signature(a):
-    from .backend import DeviceStorage
-    if isinstance(a, DeviceStorage):  # buffers made in the step differ between captures: their size matters
-        return ("buffer", a.dtype.name, a.numel)
-    return (type(a).__name__, tuple(a) if isinstance(a, tuple) else a)
+    if isinstance(a, (int, float, tuple)):  # host.I32 ... F64 scalars and Meta arrays: their values
+        return (type(a).__name__, a)
+    return ("buffer", a.dtype.name, a.numel)  # a DeviceStorage: buffers made in the step differ, sizes must not
 
 
 class KernelRecording:
