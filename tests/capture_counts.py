@@ -1,32 +1,6 @@
-"""Counting a backend's captures and replays, and the devices that capture
-(tests/test_capture.py, test_whisper_capture.py)."""
-import pytest
+"""Counting a backend's captures and replays (tests/test_capture.py, test_whisper_capture.py)."""
 
-import tallow
-from tallow import device as device_module
-
-# wgpu (lavapipe here), and the CUDA and Metal kernels on their CPU emulators (conftest.DEVICES).
-CAPTURING_DEVICES = ("wgpu", "cuda-emulator", "metal-emulator")
-EMULATED = ("cuda-emulator", "metal-emulator")
-
-
-@pytest.fixture(params=CAPTURING_DEVICES)
-def capture_device(request):
-    """A device that captures and replays decode steps; a skip saying why where it is absent."""
-    from conftest import DEVICES, emulated
-    if request.param == "wgpu":
-        try:
-            dev = tallow.Device("wgpu")
-        except tallow.errors.DeviceError as e:
-            pytest.skip(str(e))
-        yield dev
-        return
-    name = DEVICES[request.param][0]
-    dev = device_module.use_backend(name, emulated(request.param))
-    try:
-        yield dev
-    finally:
-        device_module.restore_backend(name)
+EMULATED = ("cuda-emulator", "metal-emulator")  # conftest.CAPTURING_DEVICES on the CPU emulators
 
 
 def is_emulated(request):

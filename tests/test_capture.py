@@ -12,7 +12,7 @@ from tallow.errors import IndexRangeError, ShapeError, UnsupportedError
 
 pytest.importorskip("transformers")
 from tiny_llama import save_tiny_llama  # noqa: E402
-from capture_counts import capture_device, count_captures, is_emulated  # noqa: E402,F401 (a fixture)
+from capture_counts import count_captures, is_emulated  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, IN_KERNEL_
                    SCATTER_WORK_DTYPES, U32, U64, UNARY_CODES, Meta, conv_output_size, f16_bits, grid_1d, grid_qmatvec,
                    kernel_name, pack_meta, pack_values, rows_of, scalar_bits, staging_dtype, unpack_values,
                    width_kernel, GATED_MATVEC_DTYPES)
-from .recording import STEP_BYTES, KernelRecording
+from .recording import STEP_BYTES, KernelRecording, step_words
 
 QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul
 ATTENTION_MAX_HEAD_DIM = 256  # kernels keep q and the output row in shared memory
@@ -84,10 +84,10 @@ class KernelBackend(Backend):
             return super().begin_capture(position, tokens)
         me = threading.get_ident()
         if me in self._captures:
-            raise UnsupportedError(f"{self.name}: a capture is already in progress in this thread (captures do not nest)")
-        step = self.driver.upload(bytes(STEP_BYTES), i32)
+            raise UnsupportedError(f"{self.name}: a capture is already in progress in this thread "
+                                   "(captures do not nest)")
+        step = self.driver.upload(step_words(position, tokens), i32)
         self._captures[me] = KernelRecording(step, position, tokens)
-        self.driver.write(step, 0, struct.pack("<4i", position, position + tokens, 0, 0))
 
     def end_capture(self):
         rec = self._captures.pop(threading.get_ident(), None)
