@@ -228,3 +228,36 @@ def test_a_step_that_reads_the_position_elsewhere_decodes_eagerly(wgpu, tmp_path
     assert cache.capture_refused and cache.graph is None
     model.capture_decode = False
     assert captured == _greedy_logits(model, [1, 5, 9], 6, model.new_cache())
+
+
+@pytest.mark.parametrize("emulator", ["cuda-emulator", "metal-emulator"])
+def test_rows_looked_up_on_the_host_are_never_replayed(emulator):
+    # Q5_0 rows are dequantised on the host by the kernel backend (no kernel reads Q5_0): looked up by
+    # the step's own ids, a replay would repeat the first step's rows. Q8_0 rows come from a kernel.
+    import numpy as np
+    from conftest import DEVICES, emulated
+    from tallow.device import restore_backend, use_backend
+    gguf = pytest.importorskip("gguf")
+    name = DEVICES[emulator][0]
+    dev = use_backend(name, emulated(emulator))
+    try:
+        w = np.random.default_rng(5).standard_normal((6, 32)).astype(np.float32)
+        graphs = {}
+        for qtype in ("q5_0", "q8_0"):
+            kind = gguf.GGMLQuantizationType[qtype.upper()]
+            table = tallow.from_buffer(gguf.quants.quantize(w, kind).tobytes(), qtype, w.shape, device=dev)
+            for position in (1, 2):
+                with tallow.capture(dev, position=position) as graph:
+                    ids = graph.input([[position]], tallow.i64)
+                    graph.output(tallow.functional.embedding(ids, table) * 1.0)
+                graphs[qtype, position] = graph
+        assert not graphs["q5_0", 1].same_launches(graphs["q5_0", 2])
+        with pytest.raises(UnsupportedError, match="q5_0 rows looked up on the host"):
+            graphs["q5_0", 2].replay([[4]], position=3)
+        assert graphs["q8_0", 1].same_launches(graphs["q8_0", 2])
+        row, = graphs["q8_0", 2].replay([[4]], position=3)
+        want = gguf.quants.dequantize(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
+                                      gguf.GGMLQuantizationType.Q8_0)[4]
+        np.testing.assert_allclose(row.numpy().reshape(-1), want, rtol=1e-6)
+    finally:
+        restore_backend(name)

@@ -265,16 +265,16 @@ class KernelBackend(Backend):
         if op in ("argmax", "argmin"):
             out = self._alloc(i64, rows)
             self._launch("reduce", kernel_name("argreduce", dtype), grid, block,
-                               [x, out, I64(length), I32(op == "argmax")])
+                         [x, out, I64(length), I32(op == "argmax")])
             return out
         if dtype.is_float:
             out = self._alloc(dtype, rows)
             self._launch("reduce", kernel_name("reduce", dtype), grid, block,
-                               [x, out, I64(length), I32(REDUCE_CODES[op])])
+                         [x, out, I64(length), I32(REDUCE_CODES[op])])
             return out
         wide = self._alloc(i64, rows)  # integer reductions accumulate in i64
         self._launch("reduce", kernel_name("reduce", dtype), grid, block,
-                           [x, wide, I64(length), I32(REDUCE_CODES[op])])
+                     [x, wide, I64(length), I32(REDUCE_CODES[op])])
         return wide if out_dtype is i64 else self.cast(wide, Layout((rows,)), i64, out_dtype)
 
     def cumsum(self, st, layout, dtype, dim):
@@ -326,6 +326,9 @@ class KernelBackend(Backend):
         if ids is None:
             return self.driver.upload(dequantize_on_host(raw, wdtype, numel), f32)
         picked = self.driver.download(ids, 0, numel // k * 8)  # the numel // k row ids (i64)
+        cap = self._capture()
+        if cap is not None:  # rows picked on the host by ids the step computed: a replay would repeat them
+            cap.computed_on_host(f"{wdtype.name} rows looked up on the host")
         return self.driver.upload(dequantize_rows_on_host(raw, wdtype, k, picked), f32)
 
     def index_select(self, st, layout, dtype, ids, lids, dim):
@@ -420,7 +423,7 @@ class KernelBackend(Backend):
         x = self._contiguous(st, layout, dtype)
         inputs = [x] + [x if s is None else self._contiguous(s, ls, dtype) for s, ls in extra_inputs]
         self._launch("reduce", kernel_name(family, dtype), (rows, 1, 1), (BLOCK, 1, 1),
-                           inputs + [out, I64(length)] + scalars)
+                     inputs + [out, I64(length)] + scalars)
         return out
 
     def softmax(self, st, layout, dtype, log=False):

@@ -15,6 +15,8 @@ encodes it into one command buffer.
 """
 import struct
 
+from tallow.errors import UnsupportedError
+
 STEP_BYTES = 16  # int32 x 4: position, keys, 0, 0
 
 
@@ -33,6 +35,7 @@ class KernelRecording:
         self.step, self.position, self.tokens = step, position, tokens
         self.entries = []
         self.cache_bufs = set()  # ids of the KV-cache storages this step wrote (rope_kv_write, kv_write)
+        self.host_computed = []  # what the step computed on the host from its own data (see computed_on_host)
         self.handle = None       # the driver's prepared form, after finish()
 
     def launch(self, module, kernel, grid, block, args):
@@ -40,6 +43,12 @@ class KernelRecording:
 
     def call(self, fn, signature):
         self.entries.append(("call", fn, signature))
+
+    def computed_on_host(self, what):
+        """The step computed `what` on the host from data it made (a host dequantisation of rows
+        looked up by ids): a replay would repeat stale bytes, so this recording matches no other
+        (StepReplays then decodes eagerly) and refuses a replay."""
+        self.host_computed.append(what)
 
     def finish(self, driver):
         self.handle = driver.record(self.entries)
@@ -55,9 +64,12 @@ class KernelRecording:
                 out.append((module, kernel, grid, block, tuple(_arg_signature(a) for a in args)))
             else:
                 out.append(("call", e[2]))
-        return out
+        return out + [("computed on the host", what, id(self)) for what in self.host_computed]
 
     def replay(self, driver, position, tokens):
+        if self.host_computed:
+            raise UnsupportedError(f"capture: the step computed {self.host_computed[0]} from its own data, which "
+                                   f"a replay cannot redo; run it eagerly")
         driver.write(self.step, 0, step_words(position, tokens))
         driver.replay(self.handle)
 
