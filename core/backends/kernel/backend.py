@@ -553,8 +553,9 @@ class KernelBackend(Backend):
     def _rows_matvec(self, a, la, b, lb, dtype, bias=None, lbias=None):
         """a (m, k) . b (k, n) (+ bias (n,)) for a few rows m (a decode step's projections) in one
         launch of the float matvec kernel; None where it does not apply (batched, many rows, other
-        dtypes): the caller multiplies with its dense matmul."""
-        if len(la.shape) != 2 or len(lb.shape) != 2 or dtype not in GATED_MATVEC_DTYPES:
+        dtypes, b without k contiguous): the caller multiplies with its dense matmul. b must be k
+        contiguous (a Linear's transposed weight), which a warp's lanes read together."""
+        if len(la.shape) != 2 or len(lb.shape) != 2 or dtype not in GATED_MATVEC_DTYPES or lb.strides[0] != 1:
             return None
         (m, k), n = la.shape, lb.shape[1]
         if m > QMATVEC_MAX_ROWS or m * n * k == 0:
@@ -574,7 +575,8 @@ class KernelBackend(Backend):
     def gated_matmul(self, a, la, b, lb, dtype, act):
         m, k = la.shape
         n = lb.shape[1] // 2
-        if dtype not in GATED_MATVEC_DTYPES or act not in UNARY_CODES or m > QMATVEC_MAX_ROWS or m * n * k == 0:
+        if (dtype not in GATED_MATVEC_DTYPES or act not in UNARY_CODES or m > QMATVEC_MAX_ROWS or m * n * k == 0
+                or lb.strides[0] != 1):  # as _rows_matvec: k contiguous
             return super().gated_matmul(a, la, b, lb, dtype, act)
         out = self._alloc(dtype, m * n)
         grid, block = grid_qmatvec(n, m)
