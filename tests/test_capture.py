@@ -97,7 +97,7 @@ def test_kernel_backend_step_launches_per_layer(tmp_path, emulator):
     per_layer = (len(entries[4]) - len(entries[2])) / 2
     assert per_layer == 8, entries[2]
     assert len(entries[2]) - 2 * per_layer <= 4, "outside the layers: embedding, final norm, head"
-    fused = {"add_norm_f32": 4, "rope_kv_write_f32": 2, "attention_step_f32": 2, "gated_matvec_f32": 2}
+    fused = {"add_norm_f32": 4, "rope_kv_write_f32": 2, "attention_rows_step_f32": 2, "gated_matvec_f32": 2}
     assert {k: entries[2].count(k) for k in fused} == fused, entries[2]
 
 

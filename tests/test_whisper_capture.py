@@ -227,5 +227,5 @@ def test_kernel_backend_decoder_step_launches_per_layer(tmp_path, emulator):
     assert per_layer == 13, entries[2]
     assert len(entries[2]) - 2 * per_layer <= 6, "outside the layers: token and position embeddings, norm, logits"
     assert "host call" not in entries[2]  # all kernels: a CUDA graph on a GPU
-    fused = {"add_norm_f32": 6, "kv_write_f32": 2, "attention_step_f32": 2}
+    fused = {"add_norm_f32": 6, "kv_write_f32": 2, "attention_rows_step_f32": 2}
     assert {k: entries[2].count(k) for k in fused} == fused, entries[2]

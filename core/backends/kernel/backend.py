@@ -19,6 +19,7 @@ from .recording import STEP_BYTES, KernelRecording, step_words
 
 QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul
 ATTENTION_MAX_HEAD_DIM = 256  # kernels keep q and the output row in shared memory
+ATTENTION_ROWS, ATTENTION_ROWS_HEAD_DIM = 8, 128  # the decode kernel's query rows and head dims (attention.kernels)
 
 
 class DeviceStorage:
@@ -465,7 +466,16 @@ class KernelBackend(Backend):
         # count comes from the step buffer, so the recorded launch serves every position.
         over_cache = (cap is not None and mask is None and id(k) in cap.cache_bufs and id(v) in cap.cache_bufs
                       and lk.offset == lv.offset == 0 and tk == cap.position + cap.tokens)
-        args = [q, k, v, mask if mask is not None else q, out, ameta, I32(h), I32(tq), I32(0 if over_cache else tk),
+        keys = I32(0 if over_cache else tk)
+        if mask is None and tq <= ATTENTION_ROWS and max(d, dv) <= ATTENTION_ROWS_HEAD_DIM:
+            # A decode step: one block per (batch, KV head) reads each key and value row once for
+            # all its query rows (the grouped query heads the front end made rows).
+            family = "attention_rows_step" if over_cache else "attention_rows"
+            self._launch("attention", kernel_name(family, dtype), (b * h, 1, 1), (BLOCK, 1, 1),
+                         [q, k, v, out, ameta, I32(h), I32(tq), keys, I32(d), I32(dv), F64(scale), I32(bool(causal)),
+                          self._step_buffer()])
+            return out
+        args = [q, k, v, mask if mask is not None else q, out, ameta, I32(h), I32(tq), keys,
                 I32(d), I32(dv), F64(scale), I32(mask is not None), I32(bool(causal))]
         if over_cache:
             self._launch("attention", kernel_name("attention_step", dtype), (b * h * tq, 1, 1), (BLOCK, 1, 1),

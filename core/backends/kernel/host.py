@@ -240,7 +240,8 @@ def kernel_inventory(has_f64=True, atomic64=True, matmul_dtypes=()):
     idx += [f"{fam}_{d.name}" for fam in ("rope", "im2col", "rope_kv_write", "kv_write") for d in floats]
     inv = {
         "elementwise": ew, "reduce": red, "index": idx,
-        "attention": [f"{fam}_{d.name}" for fam in ("attention", "attention_step") for d in floats],
+        "attention": [f"{fam}_{d.name}" for fam in ("attention", "attention_step", "attention_rows",
+                                                    "attention_rows_step") for d in floats],
         "quant": [f"{fam}_{q}" for fam in ("qmatvec", "dequant", "gated_qmatvec") for q in IN_KERNEL_QUANTS]
         + [f"{fam}_{d.name}" for fam in ("gated_matvec", "matvec") for d in GATED_MATVEC_DTYPES],
     }
