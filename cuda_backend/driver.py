@@ -62,6 +62,7 @@ class CupyDriver:
         # default stream (capture is refused there); blocking, so that the default stream's eager
         # launches and copies stay ordered with the graphs' work.
         self.replays = hasattr(cupy.cuda.Stream, "begin_capture")  # CuPy >= 10
+        self.graph_error = None  # why a CUDA graph capture failed, once one has (replays then relaunch)
         self._graph_stream = cupy.cuda.Stream(non_blocking=False)
 
     # ---- memory -----------------------------------------------------------------
@@ -144,16 +145,20 @@ class CupyDriver:
                 prepared.append((self.function(module, kernel), grid, block, tuple(self.convert_arg(a) for a in args)))
             else:
                 prepared.append((None, e[1]))
-        if any(p[0] is None for p in prepared):
+        if any(p[0] is None for p in prepared) or self.graph_error:
             return None, prepared
         stream = self._graph_stream
-        with stream:  # kernels launch on the current stream
-            stream.begin_capture()
-            try:
-                for fn, grid, block, args in prepared:
-                    fn(grid, block, args)
-            finally:
-                graph = stream.end_capture()
+        try:
+            with stream:  # kernels launch on the current stream
+                stream.begin_capture()
+                try:
+                    for fn, grid, block, args in prepared:
+                        fn(grid, block, args)
+                finally:
+                    graph = stream.end_capture()
+        except Exception as e:  # CUDA refused the capture: replay launch by launch (features() says why)
+            self.graph_error = f"{type(e).__name__}: {e}"
+            return None, prepared
         return graph, prepared
 
     def replay(self, handle):

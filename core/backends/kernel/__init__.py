@@ -8,6 +8,7 @@ source. Neither tallow_cuda nor tallow_metal imports the other; both import this
   host.py      op codes, dtype names, argument kinds (I32, I64, U32, U64, F64, Meta), the strided
                `meta` array, launch grids, value packing; pure Python, testable without a GPU
   recording.py one captured step (tallow.capture): its launches, the step buffer, replay
+  null_driver.py a driver that does nothing and counts launches (bench/kernel_host.py)
   emulator.py  test-only: build a kernel source with g++ and launch it on the CPU (cpu_fibers.h)
 
 The driver protocol (what KernelBackend calls; CuPy, PyObjC Metal and the two CPU emulators
