@@ -28,9 +28,11 @@ StepReplays (below) checks a step before it replays it, for CausalLM's one-token
 Whisper's decoder steps (models/causal_lm.py, models/whisper.py).
 (The module is tallow.step_capture; `tallow.capture` is the function.)
 
-Backends: wgpu with the native or do-nothing driver (wgpu_backend/recording.py). Elsewhere
-can_capture(device) is False and tallow.capture raises UnsupportedError; callers fall back
-to eager.
+Backends: wgpu with the native or do-nothing driver (wgpu_backend/recording.py), and CUDA and
+Metal through the kernel backend they share (tallow/backends/kernel/recording.py: CuPy replays a
+CUDA graph, Metal encodes the recorded list into one command buffer, their CPU emulators launch
+it again). Elsewhere can_capture(device) is False and tallow.capture raises UnsupportedError;
+callers fall back to eager.
 """
 import struct
 from typing import Any
@@ -180,5 +182,5 @@ def capture(device=None, position: int = 0, tokens: int = 1) -> Graph:
     dev = _device(device)
     if not dev.backend.can_capture():
         raise UnsupportedError(f"capture: the {dev} device cannot capture and replay launches "
-                               "(wgpu with the native or null driver can); run the step eagerly")
+                               "(wgpu, cuda and metal can); run the step eagerly")
     return Graph(dev, position, tokens)

@@ -23,8 +23,12 @@ class CudaBackend(KernelBackend):
     def features(self):
         d = self.driver
         major, minor = d.compute_capability
-        return {"backend": "cuda", "adapter": d.device_name, "compute_capability": f"{major}.{minor}",
-                "cupy": d.cp.__version__, "f16": True, "bf16": True, "native_bf16": major >= 8}
+        feats = {"backend": "cuda", "adapter": d.device_name, "compute_capability": f"{major}.{minor}",
+                 "cupy": d.cp.__version__, "f16": True, "bf16": True, "native_bf16": major >= 8,
+                 "cuda_graphs": d.replays and d.graph_error is None}  # captured decode steps replay as graphs
+        if d.graph_error:
+            feats["cuda_graph_error"] = d.graph_error
+        return feats
 
     source_language = "cuda"
 
@@ -41,6 +45,9 @@ class CudaBackend(KernelBackend):
 
     def matmul(self, a, la, b, lb, dtype):
         self._check(dtype, "matmul")
+        few_rows = self._rows_matvec(a, la, b, lb, dtype)  # a decode step's projection: one kernel, graph-capturable
+        if few_rows is not None:
+            return few_rows
         if dtype is bf16:  # no bf16 in cupy: multiply in f32, round once at the end
             af, bf = self.cast(a, la, bf16, f32), self.cast(b, lb, bf16, f32)
             out = self.matmul(af, Layout(la.shape), bf, Layout(lb.shape), f32)
@@ -51,7 +58,9 @@ class CudaBackend(KernelBackend):
         if out.numel == 0:
             return out
         if la.shape[-1] == 0:
-            out.buf.fill(0)
-            return out
-        cp.matmul(self._cupy_view(a, la), self._cupy_view(b, lb), out=out.buf.reshape(shape))
+            return self.full(out.numel, 0, dtype)
+
+        def run():  # cuBLAS into `out`: a captured step's CUDA graph records it (tallow.capture)
+            cp.matmul(self._cupy_view(a, la), self._cupy_view(b, lb), out=out.buf.reshape(shape))
+        self._host_call(run, ("matmul", la.shape, la.strides, la.offset, lb.shape, lb.strides, lb.offset, dtype.name))
         return out

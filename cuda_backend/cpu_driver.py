@@ -23,7 +23,9 @@ import struct
 from tallow.backends.kernel.backend import DeviceStorage, KernelBackend
 from tallow.backends.kernel.emulator import FIBERS, compile_emulated, launch_emulated, source_file
 from tallow.backends.kernel.host import Meta
+from tallow.backends.kernel.recording import relaunch
 from tallow.dtypes import bf16, f16
+from tallow.layout import numel_of
 from tallow.errors import DeviceError
 
 from .backend import CudaBackend
@@ -118,6 +120,19 @@ class CpuCudaDriver:
     def download(self, st, byte_offset, nbytes):
         return st.buf[byte_offset:byte_offset + nbytes].tobytes()
 
+    def write(self, st, byte_offset, data):
+        raw = self.np.frombuffer(bytes(data), self.np.uint8)
+        st.buf[byte_offset:byte_offset + raw.size] = raw
+
+    # ---- capture and replay: a replay launches the recorded list again (recording.relaunch) ----
+    replays = True
+
+    def record(self, entries):
+        return entries
+
+    def replay(self, entries):
+        relaunch(self, entries)
+
     def launch(self, module, kernel, grid, block, args):
         launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_cuda_arg,
                         module in self._fiber_modules)
@@ -135,15 +150,25 @@ class CudaCpuEmulatorBackend(CudaBackend):
         return {"backend": "cuda kernels on the CPU emulator (test-only)", "f16": True, "bf16": True}
 
     def matmul(self, a, la, b, lb, dtype):
+        few_rows = self._rows_matvec(a, la, b, lb, dtype)  # as CudaBackend.matmul: a few rows take the kernel
+        if few_rows is not None:
+            return few_rows
         if dtype is bf16:
             return super().matmul(a, la, b, lb, dtype)  # f32 through the cast kernels, then back here
-        np = self.np = self.driver.np
-        x, y = self._view(a, la, dtype), self._view(b, lb, dtype)
-        if dtype is f16:  # cuBLAS accumulates f16 products in f32
-            out = np.matmul(x.astype(np.float32), y.astype(np.float32)).astype(np.float16)
-        else:
-            out = np.matmul(x, y)
-        return self.driver.upload(np.ascontiguousarray(out, dtype=dtype.np_name).tobytes(), dtype)
+        np = self.driver.np
+        shape = la.shape[:-1] + lb.shape[-1:]
+        out = self.driver.alloc(dtype, numel_of(shape))
+
+        def run():  # into `out`, so that a captured step's replay runs it again (tallow.capture)
+            x, y = self._view(a, la, dtype), self._view(b, lb, dtype)
+            if dtype is f16:  # cuBLAS accumulates f16 products in f32
+                r = np.matmul(x.astype(np.float32), y.astype(np.float32)).astype(np.float16)
+            else:
+                r = np.matmul(x, y)
+            raw = np.ascontiguousarray(r, dtype=dtype.np_name).view(np.uint8).reshape(-1)
+            out.buf[:raw.size] = raw
+        self._host_call(run, ("matmul", la.shape, la.strides, la.offset, lb.shape, lb.strides, lb.offset, dtype.name))
+        return out
 
     def _view(self, st, layout, dtype):
         from numpy.lib.stride_tricks import as_strided

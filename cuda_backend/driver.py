@@ -58,6 +58,12 @@ class CupyDriver:
         self._modules = {}
         self._functions = {}
         self._metas = collections.OrderedDict()
+        # CUDA graphs (tallow.capture) are captured on and launched on this stream. Not the legacy
+        # default stream (capture is refused there); blocking, so that the default stream's eager
+        # launches and copies stay ordered with the graphs' work.
+        self.replays = hasattr(cupy.cuda.Stream, "begin_capture")  # CuPy >= 10
+        self.graph_error = None  # why a CUDA graph capture failed, once one has (replays then relaunch)
+        self._graph_stream = cupy.cuda.Stream(non_blocking=False)
 
     # ---- memory -----------------------------------------------------------------
     def alloc(self, dtype, numel):
@@ -70,6 +76,12 @@ class CupyDriver:
     def download(self, st, byte_offset, nbytes):
         flat = st.buf.view(self.cp.uint8)
         return flat[byte_offset:byte_offset + nbytes].get().tobytes()
+
+    def write(self, st, byte_offset, data):
+        """Bytes over part of a buffer in place (a captured step's step buffer and inputs), on the
+        stream the graphs run on: a blocking stream, so ordered with the default stream's work."""
+        host = self.np.frombuffer(bytes(data), self.np.uint8)
+        st.buf.view(self.cp.uint8)[byte_offset:byte_offset + host.size].set(host, stream=self._graph_stream)
 
     # ---- kernels ----------------------------------------------------------------
     def load_source(self, name, source):
@@ -116,3 +128,47 @@ class CupyDriver:
 
     def launch(self, module, kernel, grid, block, args):
         self.function(module, kernel)(tuple(grid), tuple(block), tuple(self.convert_arg(a) for a in args))
+
+    # ---- capture and replay (tallow.capture; tallow.backends.kernel.recording) ------------------
+    # UNTESTED ON HARDWARE: written against CuPy's documented Stream.begin_capture / end_capture
+    # (-> cupy.cuda.Graph) and Graph.launch(stream); the CPU emulator covers the recording itself.
+    def record(self, entries):
+        """A recorded step's replay handle: the launches with their arguments converted once (the
+        meta arrays stay referenced, so the meta cache never frees one the graph reads) and, when
+        every entry is a kernel launch, the CUDA graph captured from them. A step with host calls
+        (cuBLAS matmuls of float weights) is replayed launch by launch instead: cuBLAS may allocate
+        its workspace during capture, which the graph would then read after it is freed."""
+        prepared = []
+        for e in entries:
+            if e[0] == "launch":
+                _, module, kernel, grid, block, args = e
+                prepared.append((self.function(module, kernel), grid, block, tuple(self.convert_arg(a) for a in args)))
+            else:
+                prepared.append((None, e[1]))
+        if any(p[0] is None for p in prepared) or self.graph_error:
+            return None, prepared
+        stream = self._graph_stream
+        try:
+            with stream:  # kernels launch on the current stream
+                stream.begin_capture()
+                try:
+                    for fn, grid, block, args in prepared:
+                        fn(grid, block, args)
+                finally:
+                    graph = stream.end_capture()
+        except Exception as e:  # CUDA refused the capture: replay launch by launch (features() says why)
+            self.graph_error = f"{type(e).__name__}: {e}"
+            return None, prepared
+        return graph, prepared
+
+    def replay(self, handle):
+        graph, prepared = handle
+        if graph is not None:
+            graph.launch(stream=self._graph_stream)
+            return
+        for p in prepared:
+            if p[0] is None:
+                p[1]()
+            else:
+                fn, grid, block, args = p
+                fn(grid, block, args)

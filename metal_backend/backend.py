@@ -46,6 +46,6 @@ class MetalBackend(KernelBackend):
         meta = pack_meta(batch, [(la.offset, la.strides[:-2]), (lb.offset, lb.strides[:-2])], "matmul")
         mk = Meta([la.strides[-2], la.strides[-1], lb.strides[-2], lb.strides[-1]])
         grid = ((n + TILE - 1) // TILE, (m + TILE - 1) // TILE, count)
-        self.driver.launch("matmul", f"matmul_{dtype.name}", grid, (TILE, TILE, 1),
+        self._launch("matmul", f"matmul_{dtype.name}", grid, (TILE, TILE, 1),
                            [a, b, out, meta, mk, I32(m), I32(n), I32(k)])
         return out

@@ -22,6 +22,7 @@ import shutil
 from tallow.errors import DeviceError, UnsupportedError
 from tallow.backends.kernel.backend import DeviceStorage, KernelBackend
 from tallow.backends.kernel.emulator import FIBERS, cache_dir, compile_emulated, launch_emulated, source_file
+from tallow.backends.kernel.recording import relaunch
 
 from .backend import MetalBackend
 from .driver import kernel_source, pack_arg
@@ -156,6 +157,19 @@ class CpuMetalDriver:
 
     def download(self, st, byte_offset, nbytes):
         return st.buf[byte_offset:byte_offset + nbytes].tobytes()
+
+    def write(self, st, byte_offset, data):
+        raw = self.np.frombuffer(bytes(data), self.np.uint8)
+        st.buf[byte_offset:byte_offset + raw.size] = raw
+
+    # ---- capture and replay: a replay launches the recorded list again (recording.relaunch) ----
+    replays = True
+
+    def record(self, entries):
+        return entries
+
+    def replay(self, entries):
+        relaunch(self, entries)
 
     def launch(self, module, kernel, grid, block, args):
         launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_arg, module in self._fiber_modules)

@@ -88,6 +88,14 @@ class MetalDriver:
         view = st.buf.contents().as_buffer(st.buf.length())
         return bytes(view[byte_offset:byte_offset + nbytes])
 
+    def write(self, st, byte_offset, data):
+        """Bytes over part of a shared buffer in place (a captured step's step buffer and inputs),
+        after the recorded work that may still read it has finished."""
+        data = bytes(data)
+        self.sync()
+        view = st.buf.contents().as_buffer(st.buf.length())
+        view[byte_offset:byte_offset + len(data)] = data
+
     # ---- kernels ----------------------------------------------------------------
     def _compile(self, source, what):
         opts = self.mtl.MTLCompileOptions.new()
@@ -120,23 +128,52 @@ class MetalDriver:
             self._pipelines[key] = pso
         return pso
 
-    def launch(self, module, kernel, grid, block, args):
+    def _prepare(self, module, kernel, grid, block, args):
+        """(pipeline, [(index, buffer)], [(index, bytes)], grid, block): one dispatch, ready to encode."""
         pso = self.pipeline(module, kernel)
         if block[0] * block[1] * block[2] > pso.maxTotalThreadsPerThreadgroup():
             raise UnsupportedError(f"{kernel}: {block} threads per threadgroup exceed this GPU's "
                                    f"{pso.maxTotalThreadsPerThreadgroup()}")
+        bufs = [(i, a.buf) for i, a in enumerate(args) if isinstance(a, DeviceStorage)]
+        consts = [(i, pack_arg(a)) for i, a in enumerate(args) if not isinstance(a, DeviceStorage)]
+        return pso, bufs, consts, self.mtl.MTLSizeMake(*grid), self.mtl.MTLSizeMake(*block)
+
+    def _encoder(self):
         if self._enc is None:
             self._cmd = self.queue.commandBuffer()
             self._enc = self._cmd.computeCommandEncoder()  # serial dispatch: each sees the previous one's writes
-        enc = self._enc
+        return self._enc
+
+    def _encode(self, enc, pso, bufs, consts, grid, block):
         enc.setComputePipelineState_(pso)
-        for i, a in enumerate(args):
-            if isinstance(a, DeviceStorage):
-                enc.setBuffer_offset_atIndex_(a.buf, 0, i)
-            else:
-                data = pack_arg(a)
-                enc.setBytes_length_atIndex_(data, len(data), i)
-        enc.dispatchThreadgroups_threadsPerThreadgroup_(self.mtl.MTLSizeMake(*grid), self.mtl.MTLSizeMake(*block))
+        for i, buf in bufs:
+            enc.setBuffer_offset_atIndex_(buf, 0, i)
+        for i, data in consts:
+            enc.setBytes_length_atIndex_(data, len(data), i)
+        enc.dispatchThreadgroups_threadsPerThreadgroup_(grid, block)
+
+    def launch(self, module, kernel, grid, block, args):
+        self._encode(self._encoder(), *self._prepare(module, kernel, grid, block, args))
+
+    # ---- capture and replay (tallow.capture; tallow.backends.kernel.recording) ------------------
+    # UNTESTED ON HARDWARE: the same PyObjC calls as launch(), prepared once per recording.
+    replays = True
+
+    def record(self, entries):
+        """The recorded launches with their pipelines and argument bytes prepared, so a replay only
+        encodes them (the Metal backend's matmul is a kernel: a step has no host calls)."""
+        prepared = []
+        for e in entries:
+            if e[0] != "launch":
+                raise UnsupportedError("metal: a captured step may hold only kernel launches")
+            prepared.append(self._prepare(*e[1:]))
+        return prepared
+
+    def replay(self, prepared):
+        """Encode the recorded dispatches into the pending command buffer (committed at the next sync)."""
+        enc = self._encoder()
+        for p in prepared:
+            self._encode(enc, *p)
 
     def sync(self):
         """Commit what was recorded and wait for it."""

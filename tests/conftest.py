@@ -133,6 +133,29 @@ def wgpu():
         pytest.skip(str(e))
 
 
+# The devices that capture and replay decode steps (tallow.capture): wgpu (lavapipe here), and
+# the CUDA and Metal kernels on their CPU emulators.
+CAPTURING_DEVICES = ("wgpu", "cuda-emulator", "metal-emulator")
+
+
+@pytest.fixture(params=CAPTURING_DEVICES)
+def capture_device(request):
+    """A device that captures and replays decode steps; a skip saying why where it is absent."""
+    if request.param == "wgpu":
+        try:
+            dev = tallow.Device("wgpu")
+        except tallow.errors.DeviceError as e:
+            pytest.skip(str(e))
+        yield dev
+        return
+    name = DEVICES[request.param][0]
+    dev = device_module.use_backend(name, emulated(request.param))
+    try:
+        yield dev
+    finally:
+        device_module.restore_backend(name)
+
+
 @pytest.fixture
 def null_wgpu():
     """(device, driver): the wgpu backend over the do-nothing driver, which counts dispatches."""

@@ -1,8 +1,10 @@
-"""Capture and replay (tallow.capture, wgpu_backend/recording.py): a captured one-token decode
-step replayed at later positions gives the logits eager decoding gives, bit for bit, on
-wgpu (lavapipe), across KV-cache growth and rotary-table growth; with the do-nothing driver
-the replays issue the eager step's dispatches with no front end; shape changes fall back to
-eager; a step that depends on the position outside the step buffer is refused."""
+"""Capture and replay (tallow.capture; wgpu_backend/recording.py, tallow/backends/kernel/recording.py):
+a captured one-token decode step replayed at later positions gives the logits eager decoding
+gives, bit for bit, on wgpu (lavapipe) and on the CUDA and Metal kernels' CPU emulators, across
+KV-cache growth and rotary-table growth; a captured step on the kernel backend holds at most 8
+launches per layer, with the fused decode kernels; with the do-nothing driver the replays issue
+the eager step's dispatches with no front end; shape changes fall back to eager; a step that
+depends on the position outside the step buffer is refused."""
 import pytest
 
 import tallow
@@ -10,7 +12,7 @@ from tallow.errors import IndexRangeError, ShapeError, UnsupportedError
 
 pytest.importorskip("transformers")
 from tiny_llama import save_tiny_llama  # noqa: E402
-from capture_counts import count_captures  # noqa: E402
+from capture_counts import count_captures, is_emulated  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +42,20 @@ def _greedy_logits(model, prompt, steps, cache):
 
 
 
-def test_replayed_decode_gives_eager_logits_across_cache_growth(wgpu, tiny_llama_dir, monkeypatch):
-    model = tallow.load_model(tiny_llama_dir, device=wgpu)
-    calls = count_captures(monkeypatch, wgpu.backend)
-    # 70 steps: the KV cache grows at 8, 16, 32 and 64 positions and the rotary table at 64.
-    captured = _greedy_logits(model, [1, 5, 9], 70, _small_cache(model, 8))
+def test_replayed_decode_gives_eager_logits_across_cache_growth(capture_device, tiny_llama_dir, monkeypatch,
+                                                                request):
+    model = tallow.load_model(tiny_llama_dir, device=capture_device)
+    calls = count_captures(monkeypatch, capture_device.backend)
+    # 70 steps: the KV cache grows at 8, 16, 32 and 64 positions and the rotary table at 64;
+    # on an emulator (slow) 12 steps from a cache of 4: growth at 4, 8 and 16.
+    emulator = is_emulated(request)
+    steps, capacity = (12, 4) if emulator else (70, 8)
+    captured = _greedy_logits(model, [1, 5, 9], steps, _small_cache(model, capacity))
     model.capture_decode = False
-    eager = _greedy_logits(model, [1, 5, 9], 70, _small_cache(model, 8))
+    eager = _greedy_logits(model, [1, 5, 9], steps, _small_cache(model, capacity))
     assert captured == eager
-    assert calls["replay"] >= 50, calls  # most steps were replays ...
-    assert calls["capture"] <= 12, calls  # ... after two captures per cache or table growth
+    assert calls["replay"] >= (5 if emulator else 50), calls  # most steps were replays ...
+    assert calls["capture"] <= (6 if emulator else 12), calls  # ... after two captures per growth
 
 
 def test_split_k_attention_replays_give_eager_logits_and_numpy_tokens(wgpu, tiny_llama_dir, monkeypatch):
@@ -71,15 +77,47 @@ def test_split_k_attention_replays_give_eager_logits_and_numpy_tokens(wgpu, tiny
     assert list(generate_ids(model, [7, 3, 3, 2, 11], max_tokens=24, stop_tokens=[])) == want
 
 
-def test_generate_on_wgpu_replays_and_matches_numpy(wgpu, tiny_llama_dir, monkeypatch):
+def test_generate_replays_and_matches_numpy(capture_device, tiny_llama_dir, monkeypatch, request):
     from tallow.generation import generate_ids
-    gpu = tallow.load_model(tiny_llama_dir, device=wgpu)
+    gpu = tallow.load_model(tiny_llama_dir, device=capture_device)
     cpu = tallow.load_model(tiny_llama_dir, device="cpu")
-    calls = count_captures(monkeypatch, wgpu.backend)
+    calls = count_captures(monkeypatch, capture_device.backend)
+    tokens = 8 if is_emulated(request) else 12
     for prompt in ([1, 5, 9], [7, 3, 3, 2, 11]):
-        want = list(generate_ids(cpu, prompt, max_tokens=12, stop_tokens=[]))
-        assert list(generate_ids(gpu, prompt, max_tokens=12, stop_tokens=[])) == want
+        want = list(generate_ids(cpu, prompt, max_tokens=tokens, stop_tokens=[]))
+        assert list(generate_ids(gpu, prompt, max_tokens=tokens, stop_tokens=[])) == want
     assert calls["replay"] > 0
+
+
+@pytest.mark.parametrize("emulator", ["cuda-emulator", "metal-emulator"])
+def test_kernel_backend_step_launches_per_layer(tmp_path, emulator):
+    """One captured decode step's launches (kernels, and the emulated CUDA's numpy matmuls that
+    stand in for cuBLAS) per Llama layer: residual add + norm, q/k/v, rope + KV write,
+    attention, o_proj, residual add + norm, gate/up + SwiGLU, down. Without the fused kernels
+    (base.py's compositions) a layer takes 15."""
+    from conftest import DEVICES, emulated
+    from tallow.device import restore_backend, use_backend
+    name = DEVICES[emulator][0]
+    dev = use_backend(name, emulated(emulator))
+    try:
+        entries = {}
+        for layers in (2, 4):
+            folder = tmp_path / f"llama{layers}"
+            folder.mkdir()
+            save_tiny_llama(folder, ["hello world, the quick brown fox"] * 8, num_hidden_layers=layers)
+            model = tallow.load_model(str(folder), device=dev)
+            cache = model.new_cache()
+            model([1, 2, 3], cache=cache, last_only=True)
+            with tallow.capture(dev, position=cache.length) as graph:
+                graph.output(model(graph.input([[4]], tallow.i64), cache=cache, last_only=True))
+            entries[layers] = [e[2] if e[0] == "launch" else "host matmul" for e in graph.recording.entries]
+    finally:
+        restore_backend(name)
+    per_layer = (len(entries[4]) - len(entries[2])) / 2
+    assert per_layer == 8, entries[2]
+    assert len(entries[2]) - 2 * per_layer <= 4, "outside the layers: embedding, final norm, head"
+    fused = {"add_norm_f32": 4, "rope_kv_write_f32": 2, "attention_rows_step_f32": 2, "gated_matvec_f32": 2}
+    assert {k: entries[2].count(k) for k in fused} == fused, entries[2]
 
 
 def test_null_driver_replays_the_eager_dispatches(null_wgpu, tiny_llama_dir):
@@ -209,3 +247,36 @@ def test_a_step_that_reads_the_position_elsewhere_decodes_eagerly(wgpu, tmp_path
     assert cache.capture_refused and cache.graph is None
     model.capture_decode = False
     assert captured == _greedy_logits(model, [1, 5, 9], 6, model.new_cache())
+
+
+@pytest.mark.parametrize("emulator", ["cuda-emulator", "metal-emulator"])
+def test_rows_looked_up_on_the_host_are_never_replayed(emulator):
+    # Q5_0 rows are dequantised on the host by the kernel backend (no kernel reads Q5_0): looked up by
+    # the step's own ids, a replay would repeat the first step's rows. Q8_0 rows come from a kernel.
+    import numpy as np
+    from conftest import DEVICES, emulated
+    from tallow.device import restore_backend, use_backend
+    gguf = pytest.importorskip("gguf")
+    name = DEVICES[emulator][0]
+    dev = use_backend(name, emulated(emulator))
+    try:
+        w = np.random.default_rng(5).standard_normal((6, 32)).astype(np.float32)
+        graphs = {}
+        for qtype in ("q5_0", "q8_0"):
+            kind = gguf.GGMLQuantizationType[qtype.upper()]
+            table = tallow.from_buffer(gguf.quants.quantize(w, kind).tobytes(), qtype, w.shape, device=dev)
+            for position in (1, 2):
+                with tallow.capture(dev, position=position) as graph:
+                    ids = graph.input([[position]], tallow.i64)
+                    graph.output(tallow.functional.embedding(ids, table) * 1.0)
+                graphs[qtype, position] = graph
+        assert not graphs["q5_0", 1].same_launches(graphs["q5_0", 2])
+        with pytest.raises(UnsupportedError, match="q5_0 rows looked up on the host"):
+            graphs["q5_0", 2].replay([[4]], position=3)
+        assert graphs["q8_0", 1].same_launches(graphs["q8_0", 2])
+        row, = graphs["q8_0", 2].replay([[4]], position=3)
+        want = gguf.quants.dequantize(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
+                                      gguf.GGMLQuantizationType.Q8_0)[4]
+        np.testing.assert_allclose(row.numpy().reshape(-1), want, rtol=1e-6)
+    finally:
+        restore_backend(name)

@@ -229,3 +229,82 @@ def test_the_emulated_device_launches_the_cuda_kernels():
         assert tallow.Device("cuda").backend is not backend
     except tallow.DeviceError:  # no real CUDA here: the name means that again
         pass
+
+
+# ---- capture and replay on CuPy (no GPU here: CuPy's stream capture faked, the driver's own logic run) --------
+class _FakeStream:
+    """cupy.cuda.Stream's capture calls: launches while capturing are recorded, not run."""
+
+    def __init__(self, refuse=False):
+        self.refuse, self.capturing, self.captured = refuse, False, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def begin_capture(self):
+        if self.refuse:
+            raise RuntimeError("cudaErrorStreamCaptureUnsupported")
+        self.capturing, self.captured = True, []
+
+    def end_capture(self):
+        self.capturing = False
+        return _FakeGraph(self.captured)
+
+
+class _FakeGraph:
+    def __init__(self, launches):
+        self.launches, self.launched = launches, 0
+
+    def launch(self, stream=None):
+        self.launched += 1
+        for kernel, args in self.launches:
+            kernel.run(args)
+
+
+class _FakeKernel:
+    def __init__(self, stream, log):
+        self.stream, self.log = stream, log
+
+    def __call__(self, grid, block, args):
+        if self.stream.capturing:
+            self.stream.captured.append((self, args))
+        else:
+            self.run(args)
+
+    def run(self, args):
+        self.log.append(args)
+
+
+def _fake_cupy_driver(refuse=False):
+    from tallow_cuda.driver import CupyDriver
+    driver = CupyDriver.__new__(CupyDriver)  # no cupy, no GPU: only record/replay are exercised
+    driver._graph_stream, driver.graph_error, log = _FakeStream(refuse), None, []
+    kernel = _FakeKernel(driver._graph_stream, log)
+    driver.function = lambda module, name: kernel
+    driver.convert_arg = lambda a: ("converted", a)
+    return driver, log
+
+
+def test_cupy_replays_a_captured_cuda_graph():
+    driver, log = _fake_cupy_driver()
+    graph, _ = driver.record([("launch", "m", "k", (1, 1, 1), (32, 1, 1), [1, 2])])
+    assert log == [] and graph is not None  # captured, not run
+    driver.replay((graph, _))
+    driver.replay((graph, _))
+    assert graph.launched == 2 and log == [(("converted", 1), ("converted", 2))] * 2
+
+
+def test_cupy_replays_host_calls_and_refused_captures_launch_by_launch():
+    driver, log = _fake_cupy_driver()
+    handle = driver.record([("launch", "m", "k", (1, 1, 1), (32, 1, 1), [1]), ("call", lambda: log.append("matmul"), ())])
+    assert handle[0] is None  # a cuBLAS call in the step: no graph
+    driver.replay(handle)
+    assert log == [(("converted", 1),), "matmul"]
+    refusing, log = _fake_cupy_driver(refuse=True)
+    handle = refusing.record([("launch", "m", "k", (1, 1, 1), (32, 1, 1), [3])])
+    assert handle[0] is None and "cudaErrorStreamCaptureUnsupported" in refusing.graph_error
+    refusing.replay(handle)
+    assert log == [(("converted", 3),)]

@@ -4,19 +4,22 @@ CUDA (CuPy) and Metal (PyObjC) drivers and their CPU emulators only move bytes a
 The backend subclass provides matmul and custom_source(op). Storage is a DeviceStorage.
 """
 import struct
+import threading
 
 from tallow.backends.base import Backend
-from tallow.dtypes import bool_, f16, f32, f64, i64
+from tallow.dtypes import bool_, f16, f32, f64, i32, i64
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, contiguous_strides, inverse_permutation, numel_of
 
 from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, IN_KERNEL_QUANTS, REDUCE_CODES,
                    SCATTER_WORK_DTYPES, U32, U64, UNARY_CODES, Meta, conv_output_size, f16_bits, grid_1d, grid_qmatvec,
                    kernel_name, pack_meta, pack_values, rows_of, scalar_bits, staging_dtype, unpack_values,
-                   width_kernel)
+                   width_kernel, GATED_MATVEC_DTYPES)
+from .recording import STEP_BYTES, KernelRecording, step_words
 
 QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul
 ATTENTION_MAX_HEAD_DIM = 256  # kernels keep q and the output row in shared memory
+ATTENTION_ROWS, ATTENTION_ROWS_HEAD_DIM = 8, 128  # the decode kernel's query rows and head dims (attention.kernels)
 
 
 class DeviceStorage:
@@ -40,6 +43,67 @@ class KernelBackend(Backend):
 
     def __init__(self, driver):
         self.driver = driver
+        # The KernelRecording each thread is capturing (tallow.capture): another thread's ops on
+        # this backend meanwhile are not part of the step.
+        self._captures = {}
+        self._zero_step = None  # the step buffer eager launches of step kernels read: all zeros
+
+    # ---- launching, and recording while a step is captured ---------------------------
+    def _capture(self):
+        return self._captures.get(threading.get_ident()) if self._captures else None
+
+    def _launch(self, module, kernel, grid, block, args):
+        cap = self._capture()
+        if cap is not None:
+            cap.launch(module, kernel, grid, block, args)
+        self.driver.launch(module, kernel, grid, block, args)
+
+    def _host_call(self, fn, signature):
+        """Run a host-side op that writes into storages it was given (cuBLAS, numpy on the
+        emulators); recorded while capturing, so a replay runs it again. signature: what a
+        recording compares it by (shapes, strides, dtype)."""
+        cap = self._capture()
+        if cap is not None:
+            cap.call(fn, signature)
+        fn()
+
+    def _step_buffer(self):
+        """The step buffer the position-dependent kernels read: the capture's, else zeros."""
+        cap = self._capture()
+        if cap is not None:
+            return cap.step
+        if self._zero_step is None:
+            self._zero_step = self.driver.upload(bytes(STEP_BYTES), i32)
+        return self._zero_step
+
+    # ---- capture and replay (tallow.capture; recording.py) ---------------------------
+    def can_capture(self):
+        return bool(getattr(self.driver, "replays", False))
+
+    def begin_capture(self, position, tokens):
+        if not self.can_capture():
+            return super().begin_capture(position, tokens)
+        me = threading.get_ident()
+        if me in self._captures:
+            raise UnsupportedError(f"{self.name}: a capture is already in progress in this thread "
+                                   "(captures do not nest)")
+        step = self.driver.upload(step_words(position, tokens), i32)
+        self._captures[me] = KernelRecording(step, position, tokens)
+
+    def end_capture(self):
+        rec = self._captures.pop(threading.get_ident(), None)
+        if rec is None:
+            raise UnsupportedError(f"{self.name}: end_capture without begin_capture")
+        return rec.finish(self.driver)
+
+    def replay(self, recording, position, tokens):
+        recording.replay(self.driver, position, tokens)
+
+    def overwrite(self, storage, data, dtype):
+        data = bytes(data)
+        if len(data) > storage.nbytes:
+            raise ShapeError(f"{self.name} overwrite: {len(data)} bytes do not fit a {storage.nbytes}-byte storage")
+        self.driver.write(storage, 0, data)
 
     # ---- helpers ------------------------------------------------------------------
     def _check(self, dtype, op):
@@ -53,7 +117,7 @@ class KernelBackend(Backend):
         """A 1-D launch over n elements (the kernels loop over a capped grid)."""
         blocks = grid_1d(n)
         if blocks:
-            self.driver.launch(module, kernel, (blocks, 1, 1), (BLOCK, 1, 1), args)
+            self._launch(module, kernel, (blocks, 1, 1), (BLOCK, 1, 1), args)
 
     def _contiguous(self, st, layout, dtype):
         """Storage holding the layout's elements contiguously from offset 0 (no copy when it already does)."""
@@ -201,17 +265,17 @@ class KernelBackend(Backend):
         grid, block = (rows, 1, 1), (BLOCK, 1, 1)
         if op in ("argmax", "argmin"):
             out = self._alloc(i64, rows)
-            self.driver.launch("reduce", kernel_name("argreduce", dtype), grid, block,
-                               [x, out, I64(length), I32(op == "argmax")])
+            self._launch("reduce", kernel_name("argreduce", dtype), grid, block,
+                         [x, out, I64(length), I32(op == "argmax")])
             return out
         if dtype.is_float:
             out = self._alloc(dtype, rows)
-            self.driver.launch("reduce", kernel_name("reduce", dtype), grid, block,
-                               [x, out, I64(length), I32(REDUCE_CODES[op])])
+            self._launch("reduce", kernel_name("reduce", dtype), grid, block,
+                         [x, out, I64(length), I32(REDUCE_CODES[op])])
             return out
         wide = self._alloc(i64, rows)  # integer reductions accumulate in i64
-        self.driver.launch("reduce", kernel_name("reduce", dtype), grid, block,
-                           [x, wide, I64(length), I32(REDUCE_CODES[op])])
+        self._launch("reduce", kernel_name("reduce", dtype), grid, block,
+                     [x, wide, I64(length), I32(REDUCE_CODES[op])])
         return wide if out_dtype is i64 else self.cast(wide, Layout((rows,)), i64, out_dtype)
 
     def cumsum(self, st, layout, dtype, dim):
@@ -240,7 +304,7 @@ class KernelBackend(Backend):
         if wdtype.name in IN_KERNEL_QUANTS and m <= QMATVEC_MAX_ROWS:
             out = self._alloc(f32, m * n)
             grid, block = grid_qmatvec(n, m)
-            self.driver.launch("quant", f"qmatvec_{wdtype.name}", grid, block, [w, xf, out, I32(n), I32(k), I32(m)])
+            self._launch("quant", f"qmatvec_{wdtype.name}", grid, block, [w, xf, out, I32(n), I32(k), I32(m)])
         else:  # a prompt (many rows): dequantise once, then the dense matmul
             wf = self.dequantize(w, wdtype, n * k, f32)
             out = self.matmul(xf, Layout((m, k)), wf, Layout((k, n), (1, k)), f32)
@@ -263,6 +327,9 @@ class KernelBackend(Backend):
         if ids is None:
             return self.driver.upload(dequantize_on_host(raw, wdtype, numel), f32)
         picked = self.driver.download(ids, 0, numel // k * 8)  # the numel // k row ids (i64)
+        cap = self._capture()
+        if cap is not None:  # rows picked on the host by ids the step computed: a replay would repeat them
+            cap.computed_on_host(f"{wdtype.name} rows looked up on the host")
         return self.driver.upload(dequantize_rows_on_host(raw, wdtype, k, picked), f32)
 
     def index_select(self, st, layout, dtype, ids, lids, dim):
@@ -356,8 +423,8 @@ class KernelBackend(Backend):
             return out
         x = self._contiguous(st, layout, dtype)
         inputs = [x] + [x if s is None else self._contiguous(s, ls, dtype) for s, ls in extra_inputs]
-        self.driver.launch("reduce", kernel_name(family, dtype), (rows, 1, 1), (BLOCK, 1, 1),
-                           inputs + [out, I64(length)] + scalars)
+        self._launch("reduce", kernel_name(family, dtype), (rows, 1, 1), (BLOCK, 1, 1),
+                     inputs + [out, I64(length)] + scalars)
         return out
 
     def softmax(self, st, layout, dtype, log=False):
@@ -394,10 +461,152 @@ class KernelBackend(Backend):
             return out
         lm = lmask if mask is not None else Layout((b, h, tq, tk), (0, 0, 0, 0))
         ameta = Meta([lq.offset, lk.offset, lv.offset, lm.offset, *lq.strides, *lk.strides, *lv.strides, *lm.strides])
-        self.driver.launch("attention", kernel_name("attention", dtype), (b * h * tq, 1, 1), (BLOCK, 1, 1),
-                           [q, k, v, mask if mask is not None else q, out, ameta, I32(h), I32(tq), I32(tk), I32(d),
-                            I32(dv), F64(scale), I32(mask is not None), I32(bool(causal))])
+        cap = self._capture()
+        # Over the whole KV cache this captured step wrote (keys 0 .. position + tokens): the key
+        # count comes from the step buffer, so the recorded launch serves every position.
+        over_cache = (cap is not None and mask is None and id(k) in cap.cache_bufs and id(v) in cap.cache_bufs
+                      and lk.offset == lv.offset == 0 and tk == cap.position + cap.tokens)
+        keys = I32(0 if over_cache else tk)
+        if mask is None and tq <= ATTENTION_ROWS and max(d, dv) <= ATTENTION_ROWS_HEAD_DIM:
+            # A decode step: one block per (batch, KV head) reads each key and value row once for
+            # all its query rows (the grouped query heads the front end made rows).
+            family = "attention_rows_step" if over_cache else "attention_rows"
+            self._launch("attention", kernel_name(family, dtype), (b * h, 1, 1), (BLOCK, 1, 1),
+                         [q, k, v, out, ameta, I32(h), I32(tq), keys, I32(d), I32(dv), F64(scale), I32(bool(causal)),
+                          self._step_buffer()])
+            return out
+        args = [q, k, v, mask if mask is not None else q, out, ameta, I32(h), I32(tq), keys,
+                I32(d), I32(dv), F64(scale), I32(mask is not None), I32(bool(causal))]
+        if over_cache:
+            self._launch("attention", kernel_name("attention_step", dtype), (b * h * tq, 1, 1), (BLOCK, 1, 1),
+                         args + [cap.step])
+        else:
+            self._launch("attention", kernel_name("attention", dtype), (b * h * tq, 1, 1), (BLOCK, 1, 1), args)
         return out
+
+    # ---- fused decode ops: one launch each (base.py composes them from the primitives) ----
+    def _add_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps, center):
+        """(x + r, norm(x + r) * w + b) in one launch of reduce's add_norm kernel."""
+        self._check(dtype, "add_norm")
+        rows, length = rows_of(lx.shape, 1)
+        total, out = self._alloc(dtype, rows * length), self._alloc(dtype, rows * length)
+        if rows * length == 0:
+            return total, out
+        xs, rs = self._contiguous(x, lx, dtype), self._contiguous(r, lr, dtype)
+        ws = xs if w is None else self._contiguous(w, lw, dtype)
+        bs = xs if b is None else self._contiguous(b, lb, dtype)
+        self._launch("reduce", kernel_name("add_norm", dtype), (rows, 1, 1), (BLOCK, 1, 1),
+                     [xs, rs, ws, bs, total, out, I64(length), F64(eps), I32(w is not None), I32(b is not None),
+                      I32(center)])
+        return total, out
+
+    def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
+        return self._add_norm(x, lx, r, lr, w, lw, None, None, dtype, eps, False)
+
+    def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
+        return self._add_norm(x, lx, r, lr, w, lw, b, lb, dtype, eps, True)
+
+    @staticmethod
+    def _slot_words(layout, position, dim):
+        """(offset, strides) of a cache slot or rotary rows, the offset relative to the step's position
+        along dim (the kernels add step[0] rows back); int32, as the kernels read them."""
+        words = [layout.offset - position * layout.strides[dim], *layout.strides]
+        if any(not -2 ** 31 <= w < 2 ** 31 for w in words):
+            raise UnsupportedError(f"a KV cache or rotary table beyond int32 element offsets ({words})")
+        return words
+
+    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
+        self._check(dtype, "rope_kv_write")
+        b, hq, t, d = lq.shape
+        hk = lk.shape[1]
+        out = self._alloc(dtype, lq.numel())
+        if lq.numel() + lk.numel() == 0:
+            return out
+        if lv.shape != lk.shape:  # the kernel pairs v's elements with k's
+            return super().rope_kv_write(q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype,
+                                         interleaved)
+        cap = self._capture()
+        # While capturing, the cache slots and rotary rows are those of the step's position:
+        # packed relative to it, found again through the step buffer.
+        pos = 0 if cap is None else cap.position
+        if cap is not None:
+            cap.cache_bufs.update((id(kc), id(vc)))
+        words = []
+        for lay in (lq, lk, lv):
+            words += self._slot_words(lay, 0, 2)
+        for lay in (lkc, lvc):
+            words += self._slot_words(lay, pos, 2)
+        for lay in (lcos, lsin):
+            words += self._slot_words(lay, pos, 0)
+        self._run("index", kernel_name("rope_kv_write", dtype), b * (hq + 2 * hk) * t * (d // 2),
+                  [q, k, v, cos, sin, kc, vc, out, Meta(words), self._step_buffer(), I64(b), I64(hq), I64(hk), I64(t),
+                   I64(d // 2), I32(bool(interleaved))])
+        return out
+
+    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
+        self._check(dtype, "kv_write")
+        nk, nv = lk.numel(), lv.numel()
+        if nk + nv == 0:
+            return
+        cap = self._capture()
+        pos = 0 if cap is None else cap.position  # as in rope_kv_write
+        if cap is not None:
+            cap.cache_bufs.update((id(kc), id(vc)))
+        words = [*lk.shape, *lv.shape]
+        for lay in (lk, lv):
+            words += self._slot_words(lay, 0, 2)
+        for lay in (lkc, lvc):
+            words += self._slot_words(lay, pos, 2)
+        self._run("index", kernel_name("kv_write", dtype), nk + nv,
+                  [k, v, kc, vc, Meta(words), self._step_buffer(), I64(nk), I64(nv)])
+
+    def _rows_matvec(self, a, la, b, lb, dtype, bias=None, lbias=None):
+        """a (m, k) . b (k, n) (+ bias (n,)) for a few rows m (a decode step's projections) in one
+        launch of the float matvec kernel; None where it does not apply (batched, many rows, other
+        dtypes, b without k contiguous): the caller multiplies with its dense matmul. b must be k
+        contiguous (a Linear's transposed weight), which a warp's lanes read together."""
+        if len(la.shape) != 2 or len(lb.shape) != 2 or dtype not in GATED_MATVEC_DTYPES or lb.strides[0] != 1:
+            return None
+        (m, k), n = la.shape, lb.shape[1]
+        if m > QMATVEC_MAX_ROWS or m * n * k == 0:
+            return None
+        out = self._alloc(dtype, m * n)
+        grid, block = grid_qmatvec(n, m)
+        self._launch("quant", kernel_name("matvec", dtype), grid, block,
+                     [self._contiguous(a, la, dtype), b, b if bias is None else bias, out, I64(lb.offset),
+                      I64(lb.strides[0]), I64(lb.strides[1]), I64(0 if bias is None else lbias.offset),
+                      I64(0 if bias is None else lbias.strides[0]), I32(n), I32(k), I32(m), I32(bias is not None)])
+        return out
+
+    def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
+        out = self._rows_matvec(a, la, b, lb, dtype, bias, lbias)
+        return super().matmul_bias(a, la, b, lb, bias, lbias, dtype) if out is None else out
+
+    def gated_matmul(self, a, la, b, lb, dtype, act):
+        m, k = la.shape
+        n = lb.shape[1] // 2
+        if (dtype not in GATED_MATVEC_DTYPES or act not in UNARY_CODES or m > QMATVEC_MAX_ROWS or m * n * k == 0
+                or lb.strides[0] != 1):  # as _rows_matvec: k contiguous
+            return super().gated_matmul(a, la, b, lb, dtype, act)
+        out = self._alloc(dtype, m * n)
+        grid, block = grid_qmatvec(n, m)
+        self._launch("quant", kernel_name("gated_matvec", dtype), grid, block,
+                     [self._contiguous(a, la, dtype), b, out, I64(lb.offset), I64(lb.strides[0]), I64(lb.strides[1]),
+                      I32(n), I32(k), I32(m), I32(UNARY_CODES[act])])
+        return out
+
+    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
+        m = lx.numel() // k if k else 0
+        if (wdtype.name not in IN_KERNEL_QUANTS or act not in UNARY_CODES or m > QMATVEC_MAX_ROWS
+                or m * n == 0 or not dtype.is_float):
+            return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
+        self._check(dtype, "gated_qmatmul")
+        xf = self._as(x, lx, dtype, f32)
+        out = self._alloc(f32, m * n)
+        grid, block = grid_qmatvec(n, m)
+        self._launch("quant", f"gated_qmatvec_{wdtype.name}", grid, block,
+                     [w, xf, out, I32(n), I32(k), I32(m), I32(UNARY_CODES[act])])
+        return out if dtype is f32 else self.cast(out, Layout((m * n,)), f32, dtype)
 
     # ---- user-defined ops (tallow.custom_op) --------------------------------------------
     source_language = "kernel"  # the CustomOp attribute custom_source reads, for messages
@@ -424,6 +633,6 @@ class KernelBackend(Backend):
         out = self._alloc(f32, numel)
         if numel:
             module = self.driver.load_source(op.name, source)
-            self.driver.launch(module, "main_kernel", ((numel + BLOCK - 1) // BLOCK, 1, 1), (BLOCK, 1, 1),
+            self._launch(module, "main_kernel", ((numel + BLOCK - 1) // BLOCK, 1, 1), (BLOCK, 1, 1),
                                args + [out, U32(numel)])
         return out

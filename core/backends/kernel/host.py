@@ -30,6 +30,7 @@ REDUCE_CODES = {"sum": 0, "prod": 1, "max": 2, "min": 3}
 IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 
 ALL_DTYPES = (f32, f16, bf16, f64, i64, i32, i8, u32, u8, bool_)
+GATED_MATVEC_DTYPES = (f32, f16, bf16)  # the float (gated) matvecs accumulate in f32 (warp sums are f32)
 FLOAT_DTYPES = (f32, f16, bf16, f64)
 
 # Storage C type per dtype: what a kernel's pointer points to (f16/bf16 hold the 16-bit pattern).
@@ -232,15 +233,17 @@ def kernel_inventory(has_f64=True, atomic64=True, matmul_dtypes=()):
     ew += [f"cast_{s.name}_{d.name}" for s in dts for d in dts if s is not d]
     ew += [f"{fam}_{WIDTH_KERNEL_SUFFIX[w]}" for fam in ("copy", "assign", "fill") for w in widths]
     red = [f"{fam}_{d.name}" for fam in ("reduce", "cumsum", "argreduce") for d in dts]
-    red += [f"{fam}_{d.name}" for fam in ("softmax", "layer_norm", "rms_norm") for d in floats]
+    red += [f"{fam}_{d.name}" for fam in ("softmax", "layer_norm", "rms_norm", "add_norm") for d in floats]
     work = {d for d in SCATTER_WORK_DTYPES.values() if (has_f64 or d is not f64) and (atomic64 or d.itemsize < 8)}
     idx = [f"{fam}_{WIDTH_KERNEL_SUFFIX[w]}" for fam in ("index_select", "gather") for w in widths]
     idx += [f"scatter_add_{d.name}" for d in work]
-    idx += [f"{fam}_{d.name}" for fam in ("rope", "im2col") for d in floats]
+    idx += [f"{fam}_{d.name}" for fam in ("rope", "im2col", "rope_kv_write", "kv_write") for d in floats]
     inv = {
         "elementwise": ew, "reduce": red, "index": idx,
-        "attention": [f"attention_{d.name}" for d in floats],
-        "quant": [f"{fam}_{q}" for fam in ("qmatvec", "dequant") for q in IN_KERNEL_QUANTS],
+        "attention": [f"{fam}_{d.name}" for fam in ("attention", "attention_step", "attention_rows",
+                                                    "attention_rows_step") for d in floats],
+        "quant": [f"{fam}_{q}" for fam in ("qmatvec", "dequant", "gated_qmatvec") for q in IN_KERNEL_QUANTS]
+        + [f"{fam}_{d.name}" for fam in ("gated_matvec", "matvec") for d in GATED_MATVEC_DTYPES],
     }
     if matmul_dtypes:
         inv["matmul"] = [f"matmul_{d.name}" for d in matmul_dtypes]
