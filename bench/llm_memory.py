@@ -13,6 +13,7 @@ says where memory goes. The KV cache is the f32 keys and values of every layer f
 the whole context (tallow's; llama.cpp keeps f16, half of it).
 
     python bench/llm_memory.py [--prompt-tokens 128] [--decode-tokens 32] [--threads 2]
+    python bench/llm_memory.py --engines tallow,tallow-numpy,llama.cpp   # + the numpy path (no numba)
 
 The last line is `qwen_rss_vs_file_plus_kv=X llamacpp=Y` (llama.cpp's ratio on the
 same file; n/a when llama-cpp-python is missing or cannot load it).
@@ -117,8 +118,16 @@ def run_llama_cpp(path, ids, decode, threads):
 
 
 def child(engine, path, ids, n_decode, threads):
+    if engine == "tallow-numpy":  # no numba kernels, no f32 cache: numpy dequantises per call (slow)
+        os.environ["TALLOW_CPU_KERNELS"] = "0"
+        os.environ["TALLOW_QUANT_CACHE_MB"] = "0"
     started = time.perf_counter()
-    phases = run_tallow(path, ids, n_decode) if engine == "tallow" else run_llama_cpp(path, ids, n_decode, threads)
+    if engine in ("tallow", "tallow-numpy"):
+        phases = run_tallow(path, ids, n_decode)
+    elif engine == "llama.cpp":
+        phases = run_llama_cpp(path, ids, n_decode, threads)
+    else:
+        raise SystemExit(f"unknown engine {engine!r}: expected tallow, tallow-numpy or llama.cpp")
     print(json.dumps({"engine": engine, "peak_rss_mb": peak_rss_bytes() / 1e6, "phases": phases,
                       "seconds": time.perf_counter() - started}))
 
@@ -128,7 +137,8 @@ def main(argv=None):
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--engines", default="tallow,llama.cpp")
+    p.add_argument("--engines", default="tallow,llama.cpp",
+                   help="comma-separated: tallow, llama.cpp, tallow-numpy (numpy path without numba: slow)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--gguf", default=None, help=argparse.SUPPRESS)
     p.add_argument("--ids", default=None, help=argparse.SUPPRESS)
@@ -155,11 +165,11 @@ def main(argv=None):
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode or not lines:
             why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            print(f"{engine:<10} skipped: {why}")
+            print(f"{engine:<12} skipped: {why}")
             continue
         r = json.loads(lines[-1])
         ratios[engine] = r["peak_rss_mb"] * 1e6 / (file_bytes + kv)
-        print(f"{engine:<10} peak RSS {r['peak_rss_mb']:.0f} MB = {ratios[engine]:.2f} x (file + KV), "
+        print(f"{engine:<12} peak RSS {r['peak_rss_mb']:.0f} MB = {ratios[engine]:.2f} x (file + KV), "
               f"{r['seconds']:.1f} s")
         for ph in r["phases"]:
             print(f"  after {ph['phase']:<9} RSS {ph['rss_mb']:6.0f} MB   peak so far {ph['peak_mb']:6.0f} MB")
