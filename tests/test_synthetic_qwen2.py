@@ -84,10 +84,17 @@ def test_random_blocks_have_the_asked_spread(kind):
     assert abs(values.mean()) < 0.5 * std
 
 
-def test_tiny_qwen2_q4_k_m_loads_and_runs(tmp_path):
-    tallow = pytest.importorskip("tallow")
-    path = tmp_path / "qwen2-tiny.gguf"
+@pytest.fixture(scope="module")
+def tiny_qwen2(tmp_path_factory):
+    """A 2-layer, 448-wide, 4748-token qwen2 file with the Q4_K_M mix (3.5 MB)."""
+    path = tmp_path_factory.mktemp("qwen2") / "qwen2-tiny.gguf"
     maker.write(path, "qwen2", "q4_k_m", scale=1 / 32, layers=2, seed=5)
+    return path
+
+
+def test_tiny_qwen2_q4_k_m_loads_and_runs(tiny_qwen2):
+    tallow = pytest.importorskip("tallow")
+    path = tiny_qwen2
     kinds = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
     assert kinds == {"F32", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}  # ff = 256: ffn_down keeps K-quants
     model = tallow.load_model(path, device="cpu")
@@ -101,3 +108,20 @@ def test_tiny_qwen2_q4_k_m_loads_and_runs(tmp_path):
     assert ids[0] == im_start and ids.count(im_start) == 3  # system, user, assistant
     logits = model(ids, last_only=True).numpy().reshape(-1)
     assert logits.shape == (cfg.vocab_size,) and np.isfinite(logits).all() and logits.std() > 0.1
+
+
+def test_tiny_qwen2_q4_k_m_logits_equal_transformers(tiny_qwen2):
+    """transformers' own GGUF loader (the gguf package's dequantisers, its Qwen2 model) reads the
+    writer's file, and tallow's logits on the quantised blocks match its f32 ones."""
+    tallow = pytest.importorskip("tallow")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(tiny_qwen2), gguf_file=os.path.basename(tiny_qwen2), dtype=torch.float32).eval()
+    ids = list(range(300, 340))
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0].numpy()
+    out = tallow.load_model(tiny_qwen2, device="cpu")(ids).numpy().reshape(len(ids), -1)
+    assert ref.std() > 1.0
+    np.testing.assert_allclose(out, ref, atol=2e-3 * ref.std(), rtol=0)
+    assert (out.argmax(-1) == ref.argmax(-1)).all()
