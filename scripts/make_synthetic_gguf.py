@@ -1,4 +1,4 @@
-"""Random-weight GGUFs with the real shapes and metadata of Phi-2 and Phi-3-mini.
+"""Random-weight GGUFs with the real shapes and metadata of Phi-2, Phi-3-mini and Qwen2.5-0.5B.
 
 No Phi weights can be downloaded here, so the big-model path (files over the
 browser's 2 GB ArrayBuffer limit, tensors over one GPU binding) is proved on
@@ -10,8 +10,16 @@ real size and Phi-3's chat template. The vocabularies' merges / pieces are
 random (the real ones cannot be downloaded either), so the text is nonsense,
 but the tokenizers load and run exactly as real ones do.
 
+Qwen2.5-0.5B-Instruct (`qwen2`: grouped-query attention with q/k/v biases,
+tied embeddings, rope theta 1e6, a byte-level BPE of 151936 entries with the
+ChatML tokens) is written with llama.cpp's Q4_K_M type mix (`q4_k_m`, see
+q4_k_m_type): peak memory depends on shapes, block types and what a runtime
+copies, not on the weight values, so this file measures it as the real one
+would (bench/llm_memory.py).
+
     python scripts/make_synthetic_gguf.py phi3 q4_0 phi3-mini-synthetic-q4_0.gguf     # 2.2 GB
     python scripts/make_synthetic_gguf.py phi2 q8_0 tiny.gguf --scale 0.0625 --layers 2
+    python scripts/make_synthetic_gguf.py qwen2 q4_k_m qwen2.5-0.5b-synthetic-q4_k_m.gguf  # 0.39 GB
 
 --scale shrinks the width, feed-forward size and vocabulary (heads keep their
 real head size); --layers sets the block count. Quantised blocks are drawn
@@ -25,14 +33,39 @@ import time
 
 import numpy as np
 
-# The real models' shapes (llama.cpp's conversions of microsoft/phi-2 and Phi-3-mini-4k-instruct).
+# The real models' shapes (llama.cpp's conversions of microsoft/phi-2, Phi-3-mini-4k-instruct and
+# Qwen/Qwen2.5-0.5B-Instruct).
 ARCHS = {
-    "phi2": dict(hidden=2560, heads=32, head_dim=80, ff=10240, layers=32, vocab=51200, context=2048,
-                 rope_dims=32, name="Phi-2 (synthetic)"),
-    "phi3": dict(hidden=3072, heads=32, head_dim=96, ff=8192, layers=32, vocab=32064, context=4096,
-                 rope_dims=96, name="Phi-3-mini-4k-instruct (synthetic)"),
+    "phi2": dict(hidden=2560, heads=32, kv_heads=32, head_dim=80, ff=10240, layers=32, vocab=51200, context=2048,
+                 rope_dims=32, rope_theta=10000.0, name="Phi-2 (synthetic)"),
+    "phi3": dict(hidden=3072, heads=32, kv_heads=32, head_dim=96, ff=8192, layers=32, vocab=32064, context=4096,
+                 rope_dims=96, rope_theta=10000.0, name="Phi-3-mini-4k-instruct (synthetic)"),
+    "qwen2": dict(hidden=896, heads=14, kv_heads=2, head_dim=64, ff=4864, layers=24, vocab=151936, context=32768,
+                  rope_dims=64, rope_theta=1000000.0, name="Qwen2.5-0.5B-Instruct (synthetic)"),
 }
-QUANTS = {"q4_0": (18, 2, "Q4_0"), "q8_0": (34, 2, "Q8_0")}  # block bytes, scale bytes, GGML name
+QUANTS = ("q4_0", "q8_0", "q4_k_m")  # q4_0 / q8_0: every matrix; q4_k_m: llama.cpp's mix (q4_k_m_type)
+# GGML block type -> (values per block, bytes per block, [(byte offset of an f16 scale, role)], spread):
+# a block's values have std ~= spread * d, so d = std / spread gives the wanted std. The K-quants'
+# 6-bit sub-block scales and mins stay random; dmin = `zero` * d centres them (mean code * mean scale).
+BLOCKS = {
+    "Q4_0": (32, 18, [(0, "d")], 4.6, 0.0),    # d * (q - 8), q in 0..15
+    "Q5_0": (32, 22, [(0, "d")], 9.2, 0.0),    # d * (q - 16), q in 0..31
+    "Q8_0": (32, 34, [(0, "d")], 74.0, 0.0),   # d * q, q int8
+    "Q4_K": (256, 144, [(0, "d"), (2, "dmin")], 290.0, 7.5),    # d * sc * q - dmin * m, q 0..15, sc/m 0..63
+    "Q5_K": (256, 176, [(0, "d"), (2, "dmin")], 590.0, 15.5),   # the same with q 0..31
+    "Q6_K": (256, 210, [(208, "d")], 1370.0, 0.0),  # d * scale * (q - 32), scale int8, q 0..63
+}
+QWEN2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                  "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>",
+                  "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+                  "<|file_sep|>"]  # ids 151643-151664 in the real vocabulary
+QWEN2_PADS = 271  # [PAD151665] ... [PAD151935]: the embedding's unused rows
+CHATML_TEMPLATE = (  # the ChatML core of Qwen2.5's template (without its tool-calling branches)
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n' }}{% endif %}{{ '<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}")
 PHI3_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
     "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
@@ -50,9 +83,13 @@ def shapes(arch, scale=1.0, layers=None):
     if not 0 < scale <= 1:
         raise SystemExit(f"--scale {scale}: expected a number in (0, 1]")
     real = ARCHS[arch]
-    heads = max(2, int(round(real["heads"] * scale / 2)) * 2)
-    d = dict(real, heads=heads, hidden=heads * real["head_dim"],
-             ff=max(64, int(real["ff"] * scale) // 32 * 32),
+    group = real["heads"] // real["kv_heads"]  # query heads per key/value head, kept when scaling
+    step = max(2, group)
+    heads = max(step, int(round(real["heads"] * scale / step)) * step)
+    # Qwen2's feed-forward size stays whole 256-blocks, so a scaled file still has K-quant ffn_down.
+    ff_step, ff_min = (256, 256) if arch == "qwen2" else (32, 64)
+    d = dict(real, heads=heads, kv_heads=heads // group, hidden=heads * real["head_dim"],
+             ff=max(ff_min, int(real["ff"] * scale) // ff_step * ff_step),
              vocab=max(600, int(real["vocab"] * scale)), layers=layers or real["layers"])
     if d["layers"] < 1:
         raise SystemExit(f"--layers {layers}: expected at least 1")
@@ -65,7 +102,16 @@ def tensor_plan(arch, d):
     plan = [("token_embd.weight", (v, n), True)]
     for i in range(d["layers"]):
         b = f"blk.{i}."
-        if arch == "phi2":  # parallel attention + MLP under one LayerNorm; everything has a bias
+        if arch == "qwen2":  # grouped-query attention with q/k/v biases, SwiGLU; no output.weight (tied)
+            kv = d["kv_heads"] * d["head_dim"]
+            plan += [(b + "attn_norm.weight", (n,), False),
+                     (b + "attn_q.weight", (n, n), True), (b + "attn_q.bias", (n,), False),
+                     (b + "attn_k.weight", (kv, n), True), (b + "attn_k.bias", (kv,), False),
+                     (b + "attn_v.weight", (kv, n), True), (b + "attn_v.bias", (kv,), False),
+                     (b + "attn_output.weight", (n, n), True), (b + "ffn_norm.weight", (n,), False),
+                     (b + "ffn_gate.weight", (ff, n), True), (b + "ffn_up.weight", (ff, n), True),
+                     (b + "ffn_down.weight", (n, ff), True)]
+        elif arch == "phi2":  # parallel attention + MLP under one LayerNorm; everything has a bias
             plan += [(b + "attn_norm.weight", (n,), False), (b + "attn_norm.bias", (n,), False),
                      (b + "attn_qkv.weight", (3 * n, n), True), (b + "attn_qkv.bias", (3 * n,), False),
                      (b + "attn_output.weight", (n, n), True), (b + "attn_output.bias", (n,), False),
@@ -78,21 +124,61 @@ def tensor_plan(arch, d):
     plan += [("output_norm.weight", (n,), False)]
     if arch == "phi2":
         plan += [("output_norm.bias", (n,), False)]
-    plan += [("output.weight", (v, n), True)]
+    if arch != "qwen2":
+        plan += [("output.weight", (v, n), True)]
     if arch == "phi2":
         plan += [("output.bias", (v,), False)]
     return plan
 
 
-def random_blocks(rng, rows, cols, quant, std):
-    """(rows, row_bytes) uint8 of random `quant` blocks whose values have about this std."""
-    block_bytes, scale_bytes, _ = QUANTS[quant]
-    nblocks = rows * cols // 32
+def _use_more_bits(layer, layers):
+    """llama.cpp's choice of the layers whose attn_v / ffn_down get more bits: the first and last
+    eighth, and every third layer between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def q4_k_m_type(name, cols, layers, tied):
+    """The GGML type llama.cpp's llama-quantize gives a matrix in a Q4_K_M file
+    (llama_tensor_get_type in src/llama-quant.cpp, for a non-Falcon, non-MoE model):
+    - output.weight, or token_embd.weight when it is also the output (tied): Q6_K, or Q8_0
+      when its rows are not whole 256-blocks;
+    - attn_v and ffn_down: Q6_K in the layers _use_more_bits picks, else Q4_K;
+    - a fused attn_qkv: Q5_K; everything else (token_embd untied, attn_q/k/output, ffn_gate/up): Q4_K;
+    - then a K-quant whose rows (cols) are not whole 256-blocks falls back: Q4_K -> Q5_0,
+      Q5_K -> Q5_1, Q6_K -> Q8_0 (Qwen2.5-0.5B's 896-wide rows do: most of its matrices are Q5_0).
+    Norms and biases stay f32 (not asked here)."""
+    layer = int(name.split(".")[1]) if name.startswith("blk.") else None
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return "Q8_0" if cols % 256 else "Q6_K"
+    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+        chosen = "Q6_K" if _use_more_bits(layer, layers) else "Q4_K"
+    elif name.endswith("attn_qkv.weight"):
+        chosen = "Q5_K"
+    else:
+        chosen = "Q4_K"
+    if cols % 256:
+        chosen = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}[chosen]
+    return chosen
+
+
+def tensor_type(quant, name, cols, d, tied):
+    """The GGML type of a quantised matrix of the plan."""
+    if quant == "q4_k_m":
+        return q4_k_m_type(name, cols, d["layers"], tied)
+    return quant.upper()
+
+
+def random_blocks(rng, rows, cols, ggml_type, std):
+    """(rows, row_bytes) uint8 of random `ggml_type` blocks whose values have about this std."""
+    if ggml_type not in BLOCKS:
+        raise SystemExit(f"no random block writer for {ggml_type}: expected one of {', '.join(BLOCKS)}")
+    per_block, block_bytes, scales, spread, zero = BLOCKS[ggml_type]
+    nblocks = rows * cols // per_block
     data = np.frombuffer(rng.bytes(nblocks * block_bytes), np.uint8).reshape(nblocks, block_bytes).copy()
-    # Q4_0 codes are nibbles (value d * (q - 8), std 4.6 d); Q8_0 codes are int8 (std 74 d).
-    spread = 4.6 if quant == "q4_0" else 74.0
-    scales = (rng.uniform(0.5, 1.5, nblocks) * (std / spread)).astype(np.float16)
-    data[:, :scale_bytes] = scales.view(np.uint8).reshape(nblocks, 2)
+    d = rng.uniform(0.5, 1.5, nblocks) * (std / spread)
+    for at, role in scales:
+        value = (d if role == "d" else d * zero).astype(np.float16)
+        data[:, at:at + 2] = value.view(np.uint8).reshape(nblocks, 2)
     return data.reshape(rows, -1)
 
 
@@ -113,6 +199,29 @@ def _random_merges(rng, base, count, sep):
 
 
 def add_tokenizer(w, arch, vocab, rng):
+    if arch == "qwen2":  # byte-level BPE (Qwen's pre-tokenizer), then the ChatML / tool / FIM tokens, then padding
+        from tallow.tokenizer.byte_level import byte_to_char
+        byte_chars = byte_to_char()
+        first_special = vocab - len(QWEN2_SPECIALS) - QWEN2_PADS
+        if first_special < 300:
+            raise SystemExit(f"a qwen2 vocabulary of {vocab} entries is too small: it needs at least "
+                             f"{300 + len(QWEN2_SPECIALS) + QWEN2_PADS}")
+        new, merges = _random_merges(rng, byte_chars, first_special - 256, " ")
+        tokens = byte_chars + new + QWEN2_SPECIALS + [f"[PAD{i}]" for i in range(first_special + len(QWEN2_SPECIALS),
+                                                                                 vocab)]
+        types = [1] * first_special + [3] * len(QWEN2_SPECIALS) + [5] * QWEN2_PADS  # 5: unused
+        endoftext, im_end = first_special, first_special + 2
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_eos_token_id(im_end)
+        w.add_pad_token_id(endoftext)
+        w.add_bos_token_id(endoftext)
+        w.add_add_bos_token(False)
+        w.add_chat_template(CHATML_TEMPLATE)
+        return
     if arch == "phi2":  # GPT-2's byte-level BPE; 50256 <|endoftext|> is bos, eos and unk
         from tallow.tokenizer.byte_level import byte_to_char  # GPT-2's byte -> character table
         byte_chars = byte_to_char()
@@ -167,29 +276,36 @@ def write(path, arch, quant, scale=1.0, layers=None, seed=0, log=None):
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(os.fspath(path), arch)
     w.add_name(d["name"] if scale == 1 and layers in (None, d["layers"]) else f"{d['name']}, scaled")
-    w.add_file_type({"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[quant])
+    w.add_file_type({"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                     "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M}[quant])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_context_length(d["context"])
     w.add_embedding_length(d["hidden"])
     w.add_feed_forward_length(d["ff"])
     w.add_block_count(d["layers"])
     w.add_head_count(d["heads"])
-    w.add_head_count_kv(d["heads"])
-    w.add_rope_dimension_count(d["rope_dims"])
-    w.add_rope_freq_base(10000.0)
+    w.add_head_count_kv(d["kv_heads"])
+    if arch != "qwen2":  # llama.cpp writes no rope dimension count for Qwen2 (the whole head rotates)
+        w.add_rope_dimension_count(d["rope_dims"])
+    w.add_rope_freq_base(d["rope_theta"])
     if arch == "phi2":
         w.add_layer_norm_eps(1e-5)
+    elif arch == "qwen2":
+        w.add_layer_norm_rms_eps(1e-6)
     else:
         w.add_layer_norm_rms_eps(1e-5)
         w.add_sliding_window(2047)
     add_tokenizer(w, arch, d["vocab"], rng)
     plan = tensor_plan(arch, d)
-    qtype = getattr(gguf.GGMLQuantizationType, QUANTS[quant][2])
-    block_bytes = QUANTS[quant][0]
+    tied = not any(name == "output.weight" for name, _, _ in plan)
+    types = {name: tensor_type(quant, name, shape[1], d, tied) for name, shape, quantised in plan if quantised}
     for name, shape, quantised in plan:
         if quantised:
             rows, cols = shape
-            w.add_tensor_info(name, (rows, cols // 32 * block_bytes), np.dtype(np.uint8),
-                              rows * cols // 32 * block_bytes, raw_dtype=qtype)
+            per_block, block_bytes = BLOCKS[types[name]][:2]
+            w.add_tensor_info(name, (rows, cols // per_block * block_bytes), np.dtype(np.uint8),
+                              rows * cols // per_block * block_bytes,
+                              raw_dtype=getattr(gguf.GGMLQuantizationType, types[name]))
         else:
             w.add_tensor_info(name, shape, np.dtype(np.float32), shape[0] * 4)
     w.write_header_to_file()
@@ -200,7 +316,7 @@ def write(path, arch, quant, scale=1.0, layers=None, seed=0, log=None):
         if quantised:
             # Embedding rows are small (std 0.5); a matrix's outputs keep about the input's scale.
             std = 0.5 if name == "token_embd.weight" else 1.0 / np.sqrt(shape[1])
-            data = random_blocks(rng, shape[0], shape[1], quant, std)
+            data = random_blocks(rng, shape[0], shape[1], types[name], std)
         elif name.endswith("norm.weight"):
             data = rng.uniform(0.8, 1.2, shape).astype(np.float32)
         else:  # biases
@@ -215,7 +331,7 @@ def write(path, arch, quant, scale=1.0, layers=None, seed=0, log=None):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("arch", choices=sorted(ARCHS))
-    p.add_argument("quant", choices=sorted(QUANTS))
+    p.add_argument("quant", choices=QUANTS)
     p.add_argument("out")
     p.add_argument("--scale", type=float, default=1.0, help="shrink width, feed-forward and vocabulary (0, 1]")
     p.add_argument("--layers", type=int, default=None, help="number of blocks (default: the real model's)")
