@@ -12,9 +12,8 @@ which re-encodes it (native: one command encoder; browser: one JS call that enco
 submits the list it keeps; null: counts) with no tallow op front
 end, layout work or kernel choice.
 """
-import struct
+from tallow.backends.step_buffer import STEP_BYTES, step_words  # vec4<u32>: position, keys, 0, 0
 
-STEP_BYTES = 16  # vec4<u32>: position, keys, 0, 0
 # The WGSL that declares the step buffer at a kernel's next free binding, and the two
 # accessors the position-dependent kernels call. The eager variant returns the neutral
 # values (position 0, keys as the parameters say).
@@ -27,10 +26,6 @@ STEP_EAGER = """
 fn step_position() -> u32 { return 0u; }
 fn step_keys(eager: u32) -> u32 { return eager; }
 """
-
-
-def step_words(position, tokens):
-    return struct.pack("<4I", position, position + tokens, 0, 0)
 
 
 class Recording:

@@ -15,7 +15,8 @@ from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, IN_KERNEL_
                    SCATTER_WORK_DTYPES, U32, U64, UNARY_CODES, Meta, conv_output_size, f16_bits, grid_1d, grid_qmatvec,
                    kernel_name, pack_meta, pack_values, rows_of, scalar_bits, staging_dtype, unpack_values,
                    width_kernel, GATED_MATVEC_DTYPES)
-from .recording import STEP_BYTES, KernelRecording, step_words
+from ..step_buffer import STEP_BYTES, step_words
+from .recording import KernelRecording
 
 QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul
 ATTENTION_MAX_HEAD_DIM = 256  # kernels keep q and the output row in shared memory

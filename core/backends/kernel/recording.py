@@ -13,15 +13,9 @@ replay() writes the step buffer and hands the prepared list to the driver: the e
 launch it again (relaunch below), CuPy launches the CUDA graph it built from it, Metal
 encodes it into one command buffer.
 """
-import struct
-
 from tallow.errors import UnsupportedError
 
-STEP_BYTES = 16  # int32 x 4: position, keys, 0, 0
-
-
-def step_words(position, tokens):
-    return struct.pack("<4i", position, position + tokens, 0, 0)
+from ..step_buffer import step_words  # the kernels read it as int32 x 4
 
 
 def _arg_signature(a):
