@@ -12,21 +12,15 @@ Libraries are cached by source hash in $TALLOW_CPU_EMULATOR_CACHE (default: the 
 What this does not show: that nvcc/NVRTC accept the sources (test_kernel_sources.py
 does), warp-level behaviour beyond the shuffles used, races between blocks, speed.
 """
-import concurrent.futures
-import ctypes
-import hashlib
 import os
 import re
-import shutil
 import struct
 
-from tallow.backends.kernel.backend import DeviceStorage, KernelBackend
-from tallow.backends.kernel.emulator import FIBERS, compile_emulated, launch_emulated, source_file
+from tallow.backends.kernel.backend import KernelBackend
+from tallow.backends.kernel.emulator import FIBERS, EmulatedDriver, compile_emulated, source_file
 from tallow.backends.kernel.host import Meta
-from tallow.backends.kernel.recording import relaunch
 from tallow.dtypes import bf16, f16
 from tallow.layout import numel_of
-from tallow.errors import DeviceError
 
 from .backend import CudaBackend
 from .driver import SCALAR_TYPES, kernel_source
@@ -82,61 +76,19 @@ def pack_cuda_arg(a):
 
 
 # ---- the driver and backend ----------------------------------------------------------------------
-class CpuCudaDriver:
-    name = "cuda"
-    has_f64 = True
-    atomic64 = True
+class CpuCudaDriver(EmulatedDriver):
+    name, language = "cuda", "CUDA"
+    has_f64 = atomic64 = True
+    modules, fiber_modules = MODULES, FIBER_MODULES
 
-    def __init__(self):
-        gxx = shutil.which("g++")
-        if gxx is None:
-            raise DeviceError("the CUDA CPU emulator needs g++")
-        import numpy
-        self.np = numpy
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            paths = dict(zip(MODULES, pool.map(lambda m: build_module(m, gxx), MODULES)))
-        self._libs = {m: ctypes.CDLL(p) for m, p in paths.items()}
-        self._fiber_modules = set(FIBER_MODULES)
-        self._gxx = gxx
-        self.launches = 0
+    def build_module(self, module, gxx):
+        return build_module(module, gxx)
 
-    def load_source(self, name, source):
-        key = f"custom op {name} #{hashlib.sha256(source.encode()).hexdigest()[:12]}"
-        if key not in self._libs:
-            self._libs[key] = ctypes.CDLL(build_custom(source, self._gxx))
-            self._fiber_modules.add(key)
-        return key
+    def build_custom(self, source, gxx):
+        return build_custom(source, gxx)
 
-    def alloc(self, dtype, numel):
-        nbytes = numel if dtype.is_quantized else numel * dtype.itemsize
-        return DeviceStorage(self.np.zeros(max(nbytes, 8), self.np.uint8), dtype, numel)
-
-    def upload(self, data, dtype):
-        raw = bytes(data)
-        buf = self.np.zeros(max(len(raw), 8), self.np.uint8)
-        buf[:len(raw)] = self.np.frombuffer(raw, self.np.uint8)
-        return DeviceStorage(buf, dtype, len(raw) if dtype.is_quantized else len(raw) // dtype.itemsize)
-
-    def download(self, st, byte_offset, nbytes):
-        return st.buf[byte_offset:byte_offset + nbytes].tobytes()
-
-    def write(self, st, byte_offset, data):
-        raw = self.np.frombuffer(bytes(data), self.np.uint8)
-        st.buf[byte_offset:byte_offset + raw.size] = raw
-
-    # ---- capture and replay: a replay launches the recorded list again (recording.relaunch) ----
-    replays = True
-
-    def record(self, entries):
-        return entries
-
-    def replay(self, entries):
-        relaunch(self, entries)
-
-    def launch(self, module, kernel, grid, block, args):
-        launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_cuda_arg,
-                        module in self._fiber_modules)
-        self.launches += 1
+    def pack(self, arg):
+        return pack_cuda_arg(arg)
 
 
 class CudaCpuEmulatorBackend(CudaBackend):

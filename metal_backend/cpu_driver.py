@@ -12,17 +12,12 @@ the real driver's packer). Libraries are cached by source hash.
 What this does not show: Metal compiler acceptance, GPU memory-model races across
 threadgroups, float rounding differences of Apple GPUs, and speed.
 """
-import concurrent.futures
-import ctypes
-import hashlib
 import os
 import re
-import shutil
 
-from tallow.errors import DeviceError, UnsupportedError
-from tallow.backends.kernel.backend import DeviceStorage, KernelBackend
-from tallow.backends.kernel.emulator import FIBERS, cache_dir, compile_emulated, launch_emulated, source_file
-from tallow.backends.kernel.recording import relaunch
+from tallow.errors import UnsupportedError
+from tallow.backends.kernel.backend import KernelBackend
+from tallow.backends.kernel.emulator import FIBERS, EmulatedDriver, cache_dir, compile_emulated, source_file
 
 from .backend import MetalBackend
 from .driver import kernel_source, pack_arg
@@ -117,63 +112,25 @@ def build_custom(source, gxx="g++"):
                             wrappers=lambda pre: wrapper_source(kernel_signatures(pre)), includes=[stdlib_dir])
 
 
-class CpuMetalDriver:
+class CpuMetalDriver(EmulatedDriver):
     """The MetalDriver interface over numpy byte buffers and g++-compiled kernels."""
-    name = "metal"
-    has_f64 = False
-    atomic64 = False
+    name, language = "metal", "MSL"
+    has_f64 = atomic64 = False
+    modules, fiber_modules = MODULES, FIBER_MODULES
 
-    def __init__(self):
-        gxx = shutil.which("g++")
-        if gxx is None:
-            raise DeviceError("the MSL CPU emulator needs g++")
-        import numpy
-        self.np = numpy
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            paths = dict(zip(MODULES, pool.map(lambda m: build_module(m, gxx), MODULES)))
-        self._libs = {m: ctypes.CDLL(p) for m, p in paths.items()}
-        self._fiber_modules = set(FIBER_MODULES)
-        self._gxx = gxx
-        self.launches = 0
+    def build_module(self, module, gxx):
+        return build_module(module, gxx)
 
-    def load_source(self, name, source):
-        key = f"custom op {name} #{hashlib.sha256(source.encode()).hexdigest()[:12]}"
-        if key not in self._libs:
-            self._libs[key] = ctypes.CDLL(build_custom(source, self._gxx))
-            self._fiber_modules.add(key)  # a user's kernel may use barriers
-        return key
+    def build_custom(self, source, gxx):
+        return build_custom(source, gxx)
 
-    def alloc(self, dtype, numel):
-        nbytes = numel if dtype.is_quantized else numel * dtype.itemsize
-        return DeviceStorage(self.np.zeros(max(nbytes, 8), self.np.uint8), dtype, numel)
+    def pack(self, arg):
+        return pack_arg(arg)
 
     def upload(self, data, dtype):
-        raw = bytes(data)
         if dtype.is_float and dtype.itemsize == 8:
             raise UnsupportedError("the metal backend has no f64; convert to f32 first")
-        buf = self.np.zeros(max(len(raw), 8), self.np.uint8)
-        buf[:len(raw)] = self.np.frombuffer(raw, self.np.uint8)
-        return DeviceStorage(buf, dtype, len(raw) if dtype.is_quantized else len(raw) // dtype.itemsize)
-
-    def download(self, st, byte_offset, nbytes):
-        return st.buf[byte_offset:byte_offset + nbytes].tobytes()
-
-    def write(self, st, byte_offset, data):
-        raw = self.np.frombuffer(bytes(data), self.np.uint8)
-        st.buf[byte_offset:byte_offset + raw.size] = raw
-
-    # ---- capture and replay: a replay launches the recorded list again (recording.relaunch) ----
-    replays = True
-
-    def record(self, entries):
-        return entries
-
-    def replay(self, entries):
-        relaunch(self, entries)
-
-    def launch(self, module, kernel, grid, block, args):
-        launch_emulated(self._libs[module], module, kernel, grid, block, args, pack_arg, module in self._fiber_modules)
-        self.launches += 1
+        return super().upload(data, dtype)
 
 
 class MetalCpuEmulatorBackend(MetalBackend):

@@ -80,3 +80,75 @@ def source_file(tag, source, suffix):
             f.write(source)
         os.replace(tmp, path)
     return path
+
+
+class EmulatedDriver:
+    """The driver protocol over numpy byte buffers and g++-compiled kernels: what the CUDA and
+    Metal emulators share. A subclass names its language and kernel modules and supplies
+    build_module(module, gxx), build_custom(source, gxx) (paths of shared libraries) and
+    pack(arg) (an argument's bytes as its real driver passes it)."""
+    name = language = ""
+    has_f64 = atomic64 = False
+    modules: tuple = ()
+    fiber_modules: tuple = ()  # kernels with barriers or shuffles run as fibers
+    replays = True             # a replay launches the recorded list again (recording.relaunch)
+
+    def __init__(self):
+        import concurrent.futures
+        import shutil
+        gxx = shutil.which("g++")
+        if gxx is None:
+            raise DeviceError(f"the {self.language} CPU emulator needs g++")
+        import numpy
+        self.np = numpy
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            paths = dict(zip(self.modules, pool.map(lambda m: self.build_module(m, gxx), self.modules)))
+        self._libs = {m: ctypes.CDLL(p) for m, p in paths.items()}
+        self._fiber_modules = set(self.fiber_modules)
+        self._gxx = gxx
+        self.launches = 0
+
+    def build_module(self, module, gxx):
+        raise NotImplementedError
+
+    def build_custom(self, source, gxx):
+        raise NotImplementedError
+
+    def pack(self, arg):
+        raise NotImplementedError
+
+    def load_source(self, name, source):
+        key = f"custom op {name} #{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+        if key not in self._libs:
+            self._libs[key] = ctypes.CDLL(self.build_custom(source, self._gxx))
+            self._fiber_modules.add(key)  # a user's kernel may use barriers
+        return key
+
+    def alloc(self, dtype, numel):
+        nbytes = numel if dtype.is_quantized else numel * dtype.itemsize
+        return DeviceStorage(self.np.zeros(max(nbytes, 8), self.np.uint8), dtype, numel)
+
+    def upload(self, data, dtype):
+        raw = bytes(data)
+        buf = self.np.zeros(max(len(raw), 8), self.np.uint8)
+        buf[:len(raw)] = self.np.frombuffer(raw, self.np.uint8)
+        return DeviceStorage(buf, dtype, len(raw) if dtype.is_quantized else len(raw) // dtype.itemsize)
+
+    def download(self, st, byte_offset, nbytes):
+        return st.buf[byte_offset:byte_offset + nbytes].tobytes()
+
+    def write(self, st, byte_offset, data):
+        raw = self.np.frombuffer(bytes(data), self.np.uint8)
+        st.buf[byte_offset:byte_offset + raw.size] = raw
+
+    def record(self, entries):
+        return entries
+
+    def replay(self, entries):
+        from .recording import relaunch
+        relaunch(self, entries)
+
+    def launch(self, module, kernel, grid, block, args):
+        launch_emulated(self._libs[module], module, kernel, grid, block, args, self.pack,
+                        module in self._fiber_modules)
+        self.launches += 1
