@@ -81,14 +81,8 @@ class CpuCudaDriver(EmulatedDriver):
     has_f64 = atomic64 = True
     modules, fiber_modules = MODULES, FIBER_MODULES
 
-    def build_module(self, module, gxx):
-        return build_module(module, gxx)
-
-    def build_custom(self, source, gxx):
-        return build_custom(source, gxx)
-
-    def pack(self, arg):
-        return pack_cuda_arg(arg)
+    build_module, build_custom = staticmethod(build_module), staticmethod(build_custom)
+    pack = staticmethod(pack_cuda_arg)
 
 
 class CudaCpuEmulatorBackend(CudaBackend):

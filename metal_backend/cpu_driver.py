@@ -118,14 +118,8 @@ class CpuMetalDriver(EmulatedDriver):
     has_f64 = atomic64 = False
     modules, fiber_modules = MODULES, FIBER_MODULES
 
-    def build_module(self, module, gxx):
-        return build_module(module, gxx)
-
-    def build_custom(self, source, gxx):
-        return build_custom(source, gxx)
-
-    def pack(self, arg):
-        return pack_arg(arg)
+    build_module, build_custom = staticmethod(build_module), staticmethod(build_custom)
+    pack = staticmethod(pack_arg)
 
     def upload(self, data, dtype):
         if dtype.is_float and dtype.itemsize == 8:
