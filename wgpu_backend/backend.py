@@ -1155,7 +1155,7 @@ class WgpuBackend(Backend):
             words += [lay.offset, *lay.strides]
         prelude, binds = self._step_variant([q, k, v, mask if mask is not None else q, out], over_cache)
         self._run("attend", {"X": dtype}, binds, words, self._grid(rows, "attention"), label="attention",
-                  prelude=prelude)
+                  prelude=prelude, extra=("workgroup_max_sum",))
         return out
 
     def cache_attention(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask, dtype,
@@ -1196,7 +1196,8 @@ class WgpuBackend(Backend):
         tables = [cos, sin] if cos is not None else [q, q]
         prelude, binds = self._step_variant([q, k, v, *tables, kc, vc, dest], from_step)
         self._run("cache_attend", {"X": dtype, "Y": dtype if splits == 1 else f32}, binds, words,
-                  self._grid(rows * splits, "cache_attention"), label="cache_attention", prelude=prelude)
+                  self._grid(rows * splits, "cache_attention"), label="cache_attention", prelude=prelude,
+                  extra=("workgroup_max_sum",))
         if splits > 1:
             self._run("attend_combine", {"X": dtype}, [dest, out], [rows, splits, dv], self._grid(rows, "attention"),
                       label="attention_combine")

@@ -21,32 +21,11 @@
 const CHUNK: u32 = 1024u;
 var<workgroup> qs: array<vec4<f32>, 64>;
 var<workgroup> ps: array<f32, 1024>;
-var<workgroup> red: array<f32, 64>;
 var<workgroup> parts: array<vec4<f32>, 64>;
 
 // Element offset of (bb, hh, r, 0) in the operand whose offset and strides start at word w.
 fn row_at(w: u32, bb: u32, hh: u32, r: u32) -> u32 {
     return P(w) + bb * P(w + 1u) + hh * P(w + 2u) + r * P(w + 3u);
-}
-
-// Reductions over the workgroup with two barriers each: every invocation reads all 64
-// partial values (CPU-emulated adapters pay dearly per barrier; 64 reads are cheap).
-fn reduce_max(l: u32, x: f32) -> f32 {
-    red[l] = x;
-    workgroupBarrier();
-    var m = red[0];
-    for (var s = 1u; s < 64u; s = s + 1u) { m = max(m, red[s]); }
-    workgroupBarrier();
-    return m;
-}
-
-fn reduce_sum(l: u32, x: f32) -> f32 {
-    red[l] = x;
-    workgroupBarrier();
-    var m = 0.0;
-    for (var s = 0u; s < 64u; s = s + 1u) { m = m + red[s]; }
-    workgroupBarrier();
-    return m;
 }
 
 @compute @workgroup_size(64)

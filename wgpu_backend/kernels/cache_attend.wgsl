@@ -29,30 +29,11 @@ var<workgroup> qs: array<vec4<f32>, 64>;
 var<workgroup> k_new: array<vec4<f32>, 64>;
 var<workgroup> v_new: array<vec4<f32>, 64>;
 var<workgroup> ps: array<f32, 1024>;
-var<workgroup> red: array<f32, 64>;
 var<workgroup> parts: array<vec4<f32>, 64>;
 
 // Element (bb, hh, tt, e) of the operand whose offset and strides start at word w.
 fn el(w: u32, bb: u32, hh: u32, tt: u32, e: u32) -> u32 {
     return u32(PI(w) + i32(bb) * PI(w + 1u) + i32(hh) * PI(w + 2u) + i32(tt) * PI(w + 3u) + i32(e) * PI(w + 4u));
-}
-
-fn reduce_max(l: u32, x: f32) -> f32 {
-    red[l] = x;
-    workgroupBarrier();
-    var m = red[0];
-    for (var s = 1u; s < 64u; s = s + 1u) { m = max(m, red[s]); }
-    workgroupBarrier();
-    return m;
-}
-
-fn reduce_sum(l: u32, x: f32) -> f32 {
-    red[l] = x;
-    workgroupBarrier();
-    var m = 0.0;
-    for (var s = 0u; s < 64u; s = s + 1u) { m = m + red[s]; }
-    workgroupBarrier();
-    return m;
 }
 
 // Feature e of x (the new q or k row at word w), rotated when rotary: (x1, x2) -> (x1 c - x2 s,
