@@ -54,3 +54,59 @@ def test_gelu_through_the_tensor_api():
     x = np.random.default_rng(1).standard_normal((3, 50)).astype(np.float32) * 6
     y = tallow.tensor(x, device="cpu").gelu().numpy()
     np.testing.assert_allclose(y, torch.nn.functional.gelu(torch.from_numpy(x)).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def _sdpa(q, k, v, mask=None, causal=False):
+    t = [torch.from_numpy(a).double() for a in (q, k, v)]
+    if k.shape[1] != q.shape[1]:  # one key/value head for all query heads
+        t[1], t[2] = (a.expand(-1, q.shape[1], -1, -1) for a in t[1:])
+    m = None if mask is None else torch.from_numpy(mask).double()
+    if causal:  # torch's is_causal aligns the top left; tallow's the bottom right (a cache before the queries)
+        tq, tk = q.shape[-2], k.shape[-2]
+        m = torch.full((tq, tk), float("-inf")).triu(tk - tq + 1).double()
+    return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=m).numpy()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", ["plain", "mask", "causal", "one_kv_head", "short_last_block"])
+def test_blocked_attention_matches_torch(case, threads):
+    from tallow.backends import cpu_attention
+    rng = np.random.default_rng(2)
+    b, h, hk, tq, tk, d = 2, 3, 3, 300, 300, 16
+    if case == "one_kv_head":
+        hk = 1
+    if case == "short_last_block":
+        tq, tk = cpu_attention.BLOCK + 5, 400
+    if case == "causal":
+        tq, tk = 260, 290
+    q = rng.standard_normal((b, h, tq, d)).astype(np.float32)
+    k = rng.standard_normal((b, hk, tk, d)).astype(np.float32)
+    v = rng.standard_normal((b, hk, tk, 24)).astype(np.float32)
+    mask = rng.standard_normal((1, h, tq, tk)).astype(np.float32) * 3 if case == "mask" else None
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(threads, user_api="blas"):
+        got = cpu_attention.attention(q, k, v, mask, 0.25, case == "causal")
+    assert got.dtype == np.float32 and got.shape == (b, h, tq, 24)
+    want = _sdpa(q * np.float32(0.25 / d ** -0.5), k, v, mask, case == "causal")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_backend_attention_takes_the_blocked_path_for_many_queries():
+    import tallow
+    from tallow.backends import cpu_attention
+    rng = np.random.default_rng(3)
+    tq = cpu_attention.MIN_QUERIES
+    q, k, v = (rng.standard_normal((1, 2, tq, 8)).astype(np.float32) for _ in range(3))
+    calls = []
+    real = cpu_attention.attention
+
+    def spy(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+    cpu_attention.attention = spy
+    try:
+        y = tallow.functional.scaled_dot_product_attention(*(tallow.tensor(a) for a in (q, k, v))).numpy()
+    finally:
+        cpu_attention.attention = real
+    assert calls == [(1, 2, tq, 8)]
+    np.testing.assert_allclose(y, _sdpa(q, k, v), rtol=1e-5, atol=2e-6)

@@ -13,6 +13,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..dtypes import bf16, bool_, f16, f32, i64
 from ..errors import Error, ShapeError, UnsupportedError
 from ..layout import numel_of
+from . import cpu_attention
 from .base import Backend
 
 
@@ -435,6 +436,10 @@ class NumpyBackend(Backend):
 
     def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
         qv, kv, vv = self.load(q, lq, dtype), self.load(k, lk, dtype), self.load(v, lv, dtype)
+        if qv.shape[-2] >= cpu_attention.MIN_QUERIES and kv.shape[-2]:
+            # many queries (an encoder, a prompt): blocked so the scores stay in cache
+            m = None if mask is None else self.load(mask, lmask, dtype)
+            return self.store(cpu_attention.attention(qv, kv, vv, m, scale, causal), dtype)
         # Scale q (tq*d values) rather than the scores (tq*tk), and work in place on the
         # one (b, h, tq, tk) temporary: the encoder's 1500x1500 scores dominate its time.
         scores = np.matmul(qv * np.asarray(scale, qv.dtype), np.swapaxes(kv, -1, -2))
