@@ -7,6 +7,8 @@ import math
 import os
 import weakref
 
+from . import blas_env  # noqa: F401  (first: its import sets OpenBLAS's settings before numpy loads OpenBLAS)
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
