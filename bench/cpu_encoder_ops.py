@@ -45,6 +45,10 @@ def main():
     print(f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')} "
           f"OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT')} load average {os.getloadavg()[0]:.1f}")
     x = rng.standard_normal((1500, 1536)).astype(np.float32)
+    try:
+        import numba  # noqa: F401  (cpu_gelu runs its kernel only once numba is loaded)
+    except ImportError:
+        pass
     ways = {"gelu numpy polynomial": lambda: cpu_gelu._gelu_numpy(x)}
     if cpu_gelu._kernel() is not None:
         ways["gelu numba kernel"] = lambda: cpu_gelu.gelu(x)

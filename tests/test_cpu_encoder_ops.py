@@ -19,8 +19,11 @@ def _wide_inputs():
 
 def _kernels():
     out = [("numpy", cpu_gelu._gelu_numpy)]
-    if cpu_gelu._kernel() is not None:
-        out.append(("numba", cpu_gelu.gelu))
+    try:
+        import numba  # noqa: F401  (cpu_gelu uses its kernel only once numba is loaded)
+    except ImportError:
+        return out
+    out.append(("numba", cpu_gelu.gelu))
     return out
 
 
@@ -40,6 +43,19 @@ def test_gelu_nan_and_inf_follow_the_float64_formula(name, fn):
     y = fn(x)
     # 0.5 x (1 + erf(x / sqrt 2)) in float64: inf -> inf, -inf -> inf * 0 = NaN
     assert np.isnan(y[0]) and y[1] == np.inf and np.isnan(y[2]) and y[3] == 0.0
+
+
+def test_gelu_uses_the_numba_kernel_once_numba_is_loaded():
+    pytest.importorskip("numba")
+    assert cpu_gelu._kernel() is not None
+
+
+def test_gelu_alone_does_not_load_numba():
+    import subprocess
+    import sys
+    probe = "import sys, tallow; tallow.tensor([0.5, -1.0], device='cpu').gelu().numpy(); print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_gelu_keeps_shape_of_strided_input_and_leaves_other_dtypes():

@@ -6,6 +6,9 @@ core) before they sleep. On a box that also runs other work (an edge box, a
 shared server) the spinning threads take cores the next op needs: measured on a
 busy 2-core box, a 2-thread Whisper tiny.en transcription of jfk.wav used
 1.56-1.68 s of CPU with OpenBLAS's default and 1.17-1.18 s with 4.
+With the encoder's attention off BLAS's threads (cpu_attention.py), bench/whisper.py
+at 2 threads, best of 3: tallow f32 0.70 s of CPU with 4, 0.95 s with 28 (the
+default); at 1 thread OpenBLAS starts no helper threads and the setting changes nothing.
 
 Importing this module applies them (tallow's numpy backend and CLI import it
 before numpy). Set only with setdefault (a value the user exported wins), and only when numpy

@@ -10,7 +10,7 @@ trip through a 54 MB array for Whisper tiny.
 
 Threads: the heads are shared out between Python threads (numpy releases the GIL
 in BLAS and its ufuncs), as many as BLAS has, with BLAS held at one thread for
-the call. Each product here is small (64 x 64 x 1500), and OpenBLAS's own threads
+the call. Each product here is small (128 x 64 x 1500), and OpenBLAS's own threads
 cost a hand-off per product: on a 2-core box with other work on it, 2 BLAS threads
 made one layer's attention slower than 1 thread; whole heads per thread need no
 hand-off. This needs threadpoolctl (the `cpu` extra) and the main thread
