@@ -8,6 +8,7 @@ import importlib
 import sys
 
 from ..version import __version__
+from ..backends import blas_env  # noqa: F401  (its import sets OpenBLAS's settings before numpy loads)
 
 # name -> (module, help). A module has `add_arguments(parser)` and `run(args)`.
 SUBCOMMANDS = {

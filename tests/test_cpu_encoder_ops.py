@@ -1,0 +1,151 @@
+"""The CPU device's encoder ops: cpu_gelu (exact GELU without scipy) and
+cpu_attention (many-query attention blocked over queries), against torch."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tallow.backends import cpu_gelu
+
+
+
+def _wide_inputs():
+    rng = np.random.default_rng(0)
+    grid = np.linspace(-40, 40, 400_001)
+    tiny = np.array([1e-30, -1e-30, 1e-7, -1e-7, 0.0, -0.0, 3e38, -3e38])
+    return np.concatenate([grid, rng.standard_normal(100_000) * 4, tiny]).astype(np.float32)
+
+
+def _kernels():
+    out = [("numpy", cpu_gelu._gelu_numpy)]
+    try:
+        import numba  # noqa: F401  (cpu_gelu uses its kernel only once numba is loaded)
+    except ImportError:
+        return out
+    out.append(("numba", cpu_gelu.gelu))
+    return out
+
+
+@pytest.mark.parametrize("name,fn", _kernels(), ids=lambda v: v if isinstance(v, str) else "")
+def test_gelu_matches_torch_within_1e6_of_scale(name, fn):
+    x = _wide_inputs()
+    y = fn(x)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    ref = torch.nn.functional.gelu(torch.from_numpy(x).double()).numpy()
+    err = np.abs(y.astype(np.float64) - ref) / np.maximum(1.0, np.abs(x.astype(np.float64)))
+    assert err.max() <= 1e-6, (name, float(x[err.argmax()]), float(err.max()))
+
+
+@pytest.mark.parametrize("name,fn", _kernels(), ids=lambda v: v if isinstance(v, str) else "")
+def test_gelu_nan_and_inf_follow_the_float64_formula(name, fn):
+    x = np.array([np.nan, np.inf, -np.inf, -0.0], np.float32)
+    y = fn(x)
+    # 0.5 x (1 + erf(x / sqrt 2)) in float64: inf -> inf, -inf -> inf * 0 = NaN
+    assert np.isnan(y[0]) and y[1] == np.inf and np.isnan(y[2]) and y[3] == 0.0
+
+
+def test_gelu_uses_the_numba_kernel_once_numba_is_loaded():
+    pytest.importorskip("numba")
+    assert cpu_gelu._kernel() is not None
+
+
+def test_gelu_alone_does_not_load_numba():
+    import subprocess
+    import sys
+    probe = "import sys, tallow; tallow.tensor([0.5, -1.0], device='cpu').gelu().numpy(); print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_gelu_keeps_shape_of_strided_input_and_leaves_other_dtypes():
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2] - 5
+    expected = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.ravel().tolist()]).reshape(x.shape)
+    np.testing.assert_allclose(cpu_gelu.gelu(x), expected, rtol=1e-6, atol=1e-6)
+    assert cpu_gelu.gelu(x.astype(np.float64)) is None
+
+
+def test_gelu_through_the_tensor_api():
+    import tallow
+    x = np.random.default_rng(1).standard_normal((3, 50)).astype(np.float32) * 6
+    y = tallow.tensor(x, device="cpu").gelu().numpy()
+    np.testing.assert_allclose(y, torch.nn.functional.gelu(torch.from_numpy(x)).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def _sdpa(q, k, v, mask=None, causal=False):
+    t = [torch.from_numpy(a).double() for a in (q, k, v)]
+    if k.shape[1] != q.shape[1]:  # one key/value head for all query heads
+        t[1], t[2] = (a.expand(-1, q.shape[1], -1, -1) for a in t[1:])
+    m = None if mask is None else torch.from_numpy(mask).double()
+    if causal:  # torch's is_causal aligns the top left; tallow's the bottom right (a cache before the queries)
+        tq, tk = q.shape[-2], k.shape[-2]
+        m = torch.full((tq, tk), float("-inf")).triu(tk - tq + 1).double()
+    return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=m).numpy()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", ["plain", "mask", "causal", "one_kv_head", "short_last_block"])
+def test_blocked_attention_matches_torch(case, threads):
+    from tallow.backends import cpu_attention
+    rng = np.random.default_rng(2)
+    b, h, hk, tq, tk, d = 2, 3, 3, 300, 300, 16
+    if case == "one_kv_head":
+        hk = 1
+    if case == "short_last_block":
+        tq, tk = cpu_attention.BLOCK + 5, 400
+    if case == "causal":
+        tq, tk = 260, 290
+    q = rng.standard_normal((b, h, tq, d)).astype(np.float32)
+    k = rng.standard_normal((b, hk, tk, d)).astype(np.float32)
+    v = rng.standard_normal((b, hk, tk, 24)).astype(np.float32)
+    mask = rng.standard_normal((1, h, tq, tk)).astype(np.float32) * 3 if case == "mask" else None
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(threads, user_api="blas"):
+        got = cpu_attention.attention(q, k, v, mask, 0.25, case == "causal")
+    assert got.dtype == np.float32 and got.shape == (b, h, tq, 24)
+    want = _sdpa(q * np.float32(0.25 / d ** -0.5), k, v, mask, case == "causal")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_backend_attention_takes_the_blocked_path_for_many_queries():
+    import tallow
+    from tallow.backends import cpu_attention
+    rng = np.random.default_rng(3)
+    tq = cpu_attention.MIN_QUERIES
+    q, k, v = (rng.standard_normal((1, 2, tq, 8)).astype(np.float32) for _ in range(3))
+    calls = []
+    real = cpu_attention.attention
+
+    def spy(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+    cpu_attention.attention = spy
+    try:
+        y = tallow.functional.scaled_dot_product_attention(*(tallow.tensor(a) for a in (q, k, v))).numpy()
+    finally:
+        cpu_attention.attention = real
+    assert calls == [(1, 2, tq, 8)]
+    np.testing.assert_allclose(y, _sdpa(q, k, v), rtol=1e-5, atol=2e-6)
+
+
+def test_openblas_thread_timeout_is_a_default_set_before_numpy_loads():
+    import os
+    import subprocess
+    import sys
+    probe = ("import os, sys\n"
+             "first = sys.argv[1]\n"
+             "if first == 'numpy': import numpy\n"
+             "import tallow\n"
+             "if first == 'cli': import tallow.cli  # before any tensor: the CLI sets it itself\n"
+             "else: tallow.tensor([1.0], device='cpu').numpy()\n"
+             "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+
+    def run(first, **extra):
+        out = subprocess.run([sys.executable, "-c", probe, first], env={**env, **extra},
+                             capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    assert run("tallow") == "4"
+    assert run("cli") == "4"
+    assert run("tallow", OPENBLAS_THREAD_TIMEOUT="9") == "9"  # the user's value wins
+    assert run("numpy") == "None"  # too late to matter: left alone
