@@ -77,7 +77,9 @@ def test_every_packaged_module_is_in_the_wheel(pyodide_run, pyodide_runner):
 OPTIONAL_IMPORTS = {"numpy", "wgpu", "cupy", "Metal", "objc", "Foundation", "jinja2", "torch", "transformers",
                     "safetensors", "gguf", "tokenizers", "scipy", "numba"}
 # Native-only modules that need numpy at import time although not named for it.
-NEEDS_NUMPY = {"tallow.quant.cpu_kernels", "tallow.quant.cpu_int_kernels", "tallow.quant.cpu_decode_kernels"}  # numba kernels: Pyodide has no numba
+# The numba kernels (Pyodide has no numba) and the numpy backend's encoder ops.
+NEEDS_NUMPY = {"tallow.quant.cpu_kernels", "tallow.quant.cpu_int_kernels", "tallow.quant.cpu_decode_kernels",
+               "tallow.backends.cpu_gelu", "tallow.backends.cpu_attention"}
 
 
 def test_every_module_imports_inside_pyodide(pyodide_run, pyodide_runner):
