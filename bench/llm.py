@@ -15,10 +15,10 @@ token divided by the measured bandwidth of a large numpy copy.
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import time
+
+from children import peak_rss_bytes, run_child
 
 THREADS = os.environ.get("TALLOW_BENCH_THREADS", "2")  # --threads sets it for the child processes
 ENGINES = ("tallow", "tallow-no-kernels", "transformers", "llama.cpp")
@@ -34,7 +34,7 @@ def find_gguf():
 
 
 def peak_rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_bytes() / 2**20
 
 
 def prompt_ids(gguf, n):
@@ -215,13 +215,11 @@ def main(argv=None):
         for engine in args.engines.split(","):
             cmd = [sys.executable, __file__, "--child", engine, "--gguf", gguf, "--prompt-tokens",
                    str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-            if done.returncode or not lines:
-                why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            result, why = run_child(cmd, env)
+            if result is None:
                 print(f"{engine:<22} skipped: {why}")
                 continue
-            runs.setdefault(engine, []).append(json.loads(lines[-1]))
+            runs.setdefault(engine, []).append(result)
     results = [_best(rs) for rs in runs.values()]
     bw = bandwidth_gb_s()
     quant, f32 = weight_bytes(gguf)

@@ -21,9 +21,10 @@ same file; n/a when llama-cpp-python is missing or cannot load it).
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
+
+from children import current_rss_bytes, peak_rss_bytes, run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FILE_NAME = "qwen2.5-0.5b-instruct-synthetic-q4_k_m.gguf"
@@ -60,23 +61,6 @@ def kv_cache_bytes(path, context, bytes_per_value=4):
     hidden, heads = field("embedding_length"), field("attention.head_count")
     return field("block_count") * 2 * field("attention.head_count_kv") * (hidden // heads) * context * bytes_per_value
 
-
-def _status_bytes(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {key}")
-
-
-def peak_rss_bytes():
-    # VmHWM, not ru_maxrss: Linux carries the parent's high-water mark into ru_maxrss across
-    # fork + exec, so a child of a big parent would report the parent's peak.
-    return _status_bytes("VmHWM")
-
-
-def current_rss_bytes():
-    return _status_bytes("VmRSS")
 
 
 def prompt_ids(path, n):
@@ -161,13 +145,10 @@ def main(argv=None):
     for engine in args.engines.split(","):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", engine, "--gguf", path, "--threads", threads,
                "--ids", json.dumps(ids), "--decode-tokens", str(args.decode_tokens)]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        if done.returncode or not lines:
-            why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        r, why = run_child(cmd, env)
+        if r is None:
             print(f"{engine:<12} skipped: {why}")
             continue
-        r = json.loads(lines[-1])
         ratios[engine] = r["peak_rss_mb"] * 1e6 / (file_bytes + kv)
         print(f"{engine:<12} peak RSS {r['peak_rss_mb']:.0f} MB = {ratios[engine]:.2f} x (file + KV), "
               f"{r['seconds']:.1f} s")
