@@ -7,7 +7,7 @@ import pytest
 
 import tallow.io as tio
 from tallow.errors import Error
-from tallow.io.atomic_output import atomic_output, check_output_path
+from tallow.io.atomic_output import atomic_output, check_output_path, remove_abandoned
 from tallow.io.quantize import quantize_file
 
 
@@ -23,6 +23,23 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
     with atomic_output(out) as f:
         f.write(b"new")
     assert out.read_bytes() == b"new" and os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_temporaries_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(dead.stdout)  # exited and reaped: no process has this pid now (barring reuse)
+    names = [f".out.txt.{dead_pid}.ab12cd34.tmp",  # a writer killed mid-write
+             f".out.txt.{os.getpid()}.ab12cd34.tmp",  # a writer still running: keep
+             f".other.txt.{dead_pid}.ab12cd34.tmp",  # another output's: not ours to touch
+             "out.txt.notes"]
+    for name in names:
+        (tmp_path / name).write_text("x")
+    remove_abandoned(tmp_path / "out.txt")
+    assert sorted(os.listdir(tmp_path)) == sorted(names[1:])
+    remove_abandoned(tmp_path / "missing-folder" / "out.txt")  # nothing to clean: no error
 
 
 def test_new_file_gets_the_mode_open_would_give(tmp_path):

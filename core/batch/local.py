@@ -11,6 +11,7 @@ import contextlib
 import multiprocessing
 import os
 
+from ..io.atomic_output import remove_abandoned
 from .worker import Outcome, Transcriber
 
 MAX_CRASHES = 2
@@ -71,6 +72,15 @@ def _threads_per_worker(threads):
 
 def _run_pool(jobs, settings, workers, finish, crashes):
     """Run jobs on one pool; the jobs still to run if the pool broke, else []."""
+    interrupted = []  # jobs in flight when the pool broke: their dead writers may have left temporaries
+    try:
+        return _run_pool_until_broken(jobs, settings, workers, finish, crashes, interrupted)
+    finally:
+        for job in interrupted:  # the pool is shut down here, so every writer of these jobs is gone
+            remove_abandoned(job.output)
+
+
+def _run_pool_until_broken(jobs, settings, workers, finish, crashes, interrupted):
     queue = list(reversed(jobs))  # pop() takes the next job
     running = {}  # future -> job
     suspect = lambda job: crashes.get(job.source, 0) > 0  # in flight when a worker died: runs alone
@@ -95,6 +105,7 @@ def _run_pool(jobs, settings, workers, finish, crashes):
                 if future.done() and not future.cancelled() and future.exception() is None:
                     finish(future.result())  # finished before the pool broke
                     continue
+                interrupted.append(job)
                 crashes[job.source] = crashes.get(job.source, 0) + 1
                 if crashes[job.source] >= MAX_CRASHES:
                     finish(Outcome(job.source, job.output, "failed",

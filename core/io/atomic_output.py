@@ -64,6 +64,29 @@ def atomic_output(path, mode="wb", encoding=None):
         raise
 
 
+def remove_abandoned(path):
+    """Delete the temporary files that writers of `path` left when their process died
+    (killed mid-write, so the rename never came). A file whose writer still runs is kept."""
+    folder, name = os.path.split(os.path.abspath(os.fspath(path)))
+    prefix = f".{name}."
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(folder):
+            pid = entry[len(prefix):].split(".", 1)[0]
+            if entry.startswith(prefix) and entry.endswith(".tmp") and pid.isdigit() and not _running(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, entry))
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, AttributeError):
+        return True  # someone else's process, or no way to ask: keep its file
+    return True
+
+
 def _fsync(f):
     try:
         os.fsync(f.fileno())
