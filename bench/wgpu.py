@@ -66,7 +66,7 @@ def prefill(be, quick):
     for _, _, w in weights:  # sane f16 scales: random bytes make NaNs and infinities
         blocks = np.frombuffer(be.to_bytes(w, Layout((w.nbytes,)), D.u8), np.uint8).reshape(-1, 20).copy()
         blocks[:, 0:4] = np.full((len(blocks), 2), 0.01, np.float16).view(np.uint8)
-        be.driver.write_buffer(w.buf, 0, blocks.tobytes())
+        be.driver.write(w.buf, 0, blocks.tobytes())
     from tallow_wgpu.backend import QMATVEC_MAX_ROWS
     for m in ((128,) if quick else (QMATVEC_MAX_ROWS, QMATVEC_MAX_ROWS + 1, 128, 256, 512)):
         x = be.from_bytes(rng.standard_normal((m, 1536), dtype=np.float32).tobytes(), D.f32)

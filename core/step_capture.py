@@ -28,11 +28,11 @@ StepReplays (below) checks a step before it replays it, for CausalLM's one-token
 Whisper's decoder steps (models/causal_lm.py, models/whisper.py).
 (The module is tallow.step_capture; `tallow.capture` is the function.)
 
-Backends: wgpu with the native or do-nothing driver (wgpu_backend/recording.py), and CUDA and
-Metal through the kernel backend they share (tallow/backends/kernel/recording.py: CuPy replays a
-CUDA graph, Metal encodes the recorded list into one command buffer, their CPU emulators launch
-it again). Elsewhere can_capture(device) is False and tallow.capture raises UnsupportedError;
-callers fall back to eager.
+Backends: wgpu with its native, browser or do-nothing driver, and CUDA and Metal through the
+kernel backend they share; all of them record into one class, tallow/backends/step_recording.py
+(native wgpu re-encodes the list, the browser replays it in one JS call, CuPy replays a CUDA
+graph, Metal encodes the list into one command buffer, the CPU emulators launch it again). Elsewhere can_capture(device) is False and tallow.capture raises
+UnsupportedError; callers fall back to eager.
 """
 import struct
 from typing import Any

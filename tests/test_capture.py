@@ -280,3 +280,18 @@ def test_rows_looked_up_on_the_host_are_never_replayed(emulator):
         np.testing.assert_allclose(row.numpy().reshape(-1), want, rtol=1e-6)
     finally:
         restore_backend(name)
+
+
+def test_i64_arithmetic_on_the_host_is_never_replayed_on_wgpu(wgpu):
+    # wgpu keeps i64 as i32, so an i64 add runs exactly on the host from the step's own ids: a replay
+    # would upload the first step's sum again. Both backends share the recording that refuses it.
+    graphs = []
+    for position in (1, 2):
+        with tallow.capture(wgpu, position=position) as graph:
+            ids = graph.input([[position]], tallow.i64)
+            graph.output(ids + ids)
+        graphs.append(graph)
+    assert graphs[1].results()[0].tolist() == [[4]]
+    assert not graphs[0].same_launches(graphs[1])
+    with pytest.raises(UnsupportedError, match="binary add .*exactly on the host"):
+        graphs[1].replay([[7]], position=3)

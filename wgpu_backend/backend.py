@@ -20,13 +20,15 @@ import weakref
 from array import array
 
 from tallow.backends.base import Backend
+from tallow.backends.step_buffer import STEP_BYTES, step_words
+from tallow.backends.step_recording import StepRecording
 from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u32
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, coalesce_dims, contiguous_strides, kernel_meta, numel_of
 
 from . import split, tuning, wgsl
 from .pool import BufferPool
-from .recording import STEP_CAPTURED, STEP_EAGER, Recording
+from .recording import STEP_CAPTURED, STEP_EAGER, entry_signature
 
 MAX_DIMS = 8
 IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
@@ -250,7 +252,7 @@ class WgpuBackend(Backend):
         self.pool = BufferPool(driver)
         self._pipelines = {}
         self.tuning = tuning.Tuner(self)  # which matmul kernels serve more than one row here
-        # The Recording each thread is capturing (tallow.capture): another thread's ops on this
+        # The StepRecording each thread is capturing (tallow.capture): another thread's ops on this
         # device run eagerly and stay out of it.
         self._captures = {}
 
@@ -324,7 +326,7 @@ class WgpuBackend(Backend):
         """One dispatch, also recorded while a step is being captured."""
         cap = self._captures.get(threading.get_ident()) if self._captures else None
         if cap is not None:
-            cap.add(pipe, binds, params, grid, [s for s in storages if isinstance(s, WgpuStorage)])
+            cap.add((pipe, binds, params, grid), [s for s in storages if isinstance(s, WgpuStorage)])
         self.driver.dispatch(pipe, binds, params, grid)
 
     # ---- capture and replay (tallow.capture; recording.py) --------------------------
@@ -337,7 +339,9 @@ class WgpuBackend(Backend):
         me = threading.get_ident()
         if me in self._captures:
             raise UnsupportedError("wgpu: a capture is already in progress in this thread (captures do not nest)")
-        self._captures[me] = Recording(self.driver, position, tokens)
+        step = self.driver.create_uniform(STEP_BYTES)
+        self.driver.write(step, 0, step_words(position, tokens))
+        self._captures[me] = StepRecording(step, position, tokens, entry_signature)
 
     def end_capture(self):
         rec = self._captures.pop(threading.get_ident(), None)
@@ -358,7 +362,7 @@ class WgpuBackend(Backend):
             data = array("i", vals).tobytes()
         if len(data) > storage.nbytes:
             raise ShapeError(f"wgpu overwrite: {len(data)} bytes do not fit a {storage.nbytes}-byte storage")
-        self.driver.write_buffer(storage.buf, 0, data)
+        self.driver.write(storage.buf, 0, data)
 
     def _step_variant(self, storages, from_step):
         """(prelude, bindings) of a position-dependent kernel: from_step (only while capturing) reads
@@ -366,7 +370,7 @@ class WgpuBackend(Backend):
         if not from_step:
             return STEP_EAGER, storages
         cap = self._captures[threading.get_ident()]
-        return STEP_CAPTURED.format(binding=len(storages) + 1), storages + [cap.step_binding]
+        return STEP_CAPTURED.format(binding=len(storages) + 1), storages + [(cap.step, 0, STEP_BYTES)]
 
     def _params(self, words, extras):
         """Element-wise layout words padded to 37, then kernel scalars from word 37."""
@@ -398,7 +402,7 @@ class WgpuBackend(Backend):
         st = self._alloc(n)
         if n:
             payload = mv if n % 4 == 0 else bytes(mv) + bytes(-n % 4)
-            self.driver.write_buffer(st.buf, 0, payload)
+            self.driver.write(st.buf, 0, payload)
         return st
 
     def _widen(self, raw, numel, dtype, expr):
@@ -474,6 +478,9 @@ class WgpuBackend(Backend):
         moving an operand there."""
         from tallow.backends.host import host_device
         host = host_device().backend
+        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        if cap is not None:  # computed from the step's own data: a replay would upload stale values
+            cap.computed_on_host(f"wgpu {what} (i64, exactly on the host)")
 
         def up(st, layout, dtype):
             return host.from_bytes(self.to_bytes(st, layout, dtype), dtype), Layout(layout.shape)

@@ -174,7 +174,7 @@ class BrowserDriver:
     def create_buffer(self, nbytes):
         return _Buffer(self, nbytes)
 
-    def write_buffer(self, buf, offset, data):
+    def write(self, buf, offset, data):
         if self._ops:
             self.flush()  # recorded work may still read this (pooled) buffer: queue writes run first
         mv = memoryview(data).cast("B")

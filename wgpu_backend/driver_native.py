@@ -96,7 +96,7 @@ class NativeDriver:
     def create_buffer(self, nbytes):
         return self.device.create_buffer(size=max(4, nbytes), usage=self._storage_usage)
 
-    def write_buffer(self, buf, offset, data):
+    def write(self, buf, offset, data):
         # A pooled buffer may still be read by recorded work: submit that first,
         # because queue writes run before any later submit.
         if self._encoder is not None:

@@ -32,7 +32,7 @@ class NullDriver:
     def create_buffer(self, nbytes):
         return object()
 
-    def write_buffer(self, buf, offset, data):
+    def write(self, buf, offset, data):
         pass
 
     def read_buffer(self, buf, offset, nbytes):

@@ -16,7 +16,8 @@ from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, IN_KERNEL_
                    kernel_name, pack_meta, pack_values, rows_of, scalar_bits, staging_dtype, unpack_values,
                    width_kernel, GATED_MATVEC_DTYPES)
 from ..step_buffer import STEP_BYTES, step_words
-from .recording import KernelRecording
+from ..step_recording import StepRecording
+from .recording import entry_signature
 
 QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul
 ATTENTION_MAX_HEAD_DIM = 256  # kernels keep q and the output row in shared memory
@@ -44,7 +45,7 @@ class KernelBackend(Backend):
 
     def __init__(self, driver):
         self.driver = driver
-        # The KernelRecording each thread is capturing (tallow.capture): another thread's ops on
+        # The StepRecording each thread is capturing (tallow.capture): another thread's ops on
         # this backend meanwhile are not part of the step.
         self._captures = {}
         self._zero_step = None  # the step buffer eager launches of step kernels read: all zeros
@@ -56,7 +57,7 @@ class KernelBackend(Backend):
     def _launch(self, module, kernel, grid, block, args):
         cap = self._capture()
         if cap is not None:
-            cap.launch(module, kernel, grid, block, args)
+            cap.add(("launch", module, kernel, tuple(grid), tuple(block), list(args)))
         self.driver.launch(module, kernel, grid, block, args)
 
     def _host_call(self, fn, signature):
@@ -65,7 +66,7 @@ class KernelBackend(Backend):
         recording compares it by (shapes, strides, dtype)."""
         cap = self._capture()
         if cap is not None:
-            cap.call(fn, signature)
+            cap.add(("call", fn, signature))
         fn()
 
     def _step_buffer(self):
@@ -89,7 +90,7 @@ class KernelBackend(Backend):
             raise UnsupportedError(f"{self.name}: a capture is already in progress in this thread "
                                    "(captures do not nest)")
         step = self.driver.upload(step_words(position, tokens), i32)
-        self._captures[me] = KernelRecording(step, position, tokens)
+        self._captures[me] = StepRecording(step, position, tokens, entry_signature)
 
     def end_capture(self):
         rec = self._captures.pop(threading.get_ident(), None)
