@@ -31,8 +31,9 @@ Whisper's decoder steps (models/causal_lm.py, models/whisper.py).
 Backends: wgpu with its native, browser or do-nothing driver, and CUDA and Metal through the
 kernel backend they share; all of them record into one class, tallow/backends/step_recording.py
 (native wgpu re-encodes the list, the browser replays it in one JS call, CuPy replays a CUDA
-graph, Metal encodes the list into one command buffer, the CPU emulators launch it again). Elsewhere can_capture(device) is False and tallow.capture raises
-UnsupportedError; callers fall back to eager.
+graph, Metal encodes the list into one command buffer, the CPU emulators launch it again).
+Elsewhere can_capture(device) is False and tallow.capture raises UnsupportedError; callers fall
+back to eager.
 """
 import struct
 from typing import Any
