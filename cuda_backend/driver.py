@@ -61,7 +61,7 @@ class CupyDriver:
         # CUDA graphs (tallow.capture) are captured on and launched on this stream. Not the legacy
         # default stream (capture is refused there); blocking, so that the default stream's eager
         # launches and copies stay ordered with the graphs' work.
-        self.replays = hasattr(cupy.cuda.Stream, "begin_capture")  # CuPy >= 10
+        self.can_replay = hasattr(cupy.cuda.Stream, "begin_capture")  # CuPy >= 10
         self.graph_error = None  # why a CUDA graph capture failed, once one has (replays then relaunch)
         self._graph_stream = cupy.cuda.Stream(non_blocking=False)
 
@@ -129,7 +129,7 @@ class CupyDriver:
     def launch(self, module, kernel, grid, block, args):
         self.function(module, kernel)(tuple(grid), tuple(block), tuple(self.convert_arg(a) for a in args))
 
-    # ---- capture and replay (tallow.capture; tallow.backends.kernel.recording) ------------------
+    # ---- capture and replay (tallow.capture; tallow.backends.step_recording) ------------------
     # UNTESTED ON HARDWARE: written against CuPy's documented Stream.begin_capture / end_capture
     # (-> cupy.cuda.Graph) and Graph.launch(stream); the CPU emulator covers the recording itself.
     def record(self, entries):

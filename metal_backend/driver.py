@@ -155,9 +155,9 @@ class MetalDriver:
     def launch(self, module, kernel, grid, block, args):
         self._encode(self._encoder(), *self._prepare(module, kernel, grid, block, args))
 
-    # ---- capture and replay (tallow.capture; tallow.backends.kernel.recording) ------------------
+    # ---- capture and replay (tallow.capture; tallow.backends.step_recording) ------------------
     # UNTESTED ON HARDWARE: the same PyObjC calls as launch(), prepared once per recording.
-    replays = True
+    can_replay = True
 
     def record(self, entries):
         """The recorded launches with their pipelines and argument bytes prepared, so a replay only

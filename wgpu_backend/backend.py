@@ -11,7 +11,8 @@ Q6_K are dequantised inside the matmul kernels; other block formats are
 dequantised once on upload.
 
 This module never imports `wgpu`: it talks to a driver (driver_native.py
-natively; a navigator.gpu driver in the browser) through a small interface.
+natively; a navigator.gpu driver in the browser) through the driver protocol's
+WGSL launch form (tallow/backends/driver_protocol.py).
 """
 import struct
 import sys
@@ -56,8 +57,6 @@ SPLIT_K_MIN_KEYS = 1024
 KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
-# Drivers whose record/replay re-encode a captured step (all three: native, browser, null).
-REPLAYING_DRIVERS = ("native", "browser", "null")
 
 
 def probe():
@@ -331,7 +330,7 @@ class WgpuBackend(Backend):
 
     # ---- capture and replay (tallow.capture; recording.py) --------------------------
     def can_capture(self):
-        return self.driver.name in REPLAYING_DRIVERS
+        return self.driver.can_replay
 
     def begin_capture(self, position, tokens):
         if not self.can_capture():
@@ -339,7 +338,7 @@ class WgpuBackend(Backend):
         me = threading.get_ident()
         if me in self._captures:
             raise UnsupportedError("wgpu: a capture is already in progress in this thread (captures do not nest)")
-        step = self.driver.create_uniform(STEP_BYTES)
+        step = self.driver.alloc_uniform(STEP_BYTES)
         self.driver.write(step, 0, step_words(position, tokens))
         self._captures[me] = StepRecording(step, position, tokens, entry_signature)
 
@@ -444,7 +443,7 @@ class WgpuBackend(Backend):
             raise ShapeError(f"wgpu from_js_buffer: {nbytes} bytes is not a whole number of {dtype.name} elements")
         raw = self._alloc(nbytes)
         if nbytes:
-            self.driver.write_buffer_from_js(raw.buf, 0, array_buffer, offset, nbytes)
+            self.driver.write_from_js(raw.buf, 0, array_buffer, offset, nbytes)
         if (dtype.is_quantized or dtype.itemsize == 4
                 or (dtype is f16 and wgsl.storage_type(dtype, self.has_f16) == "f16")):
             return raw
@@ -502,7 +501,7 @@ class WgpuBackend(Backend):
     def _read(self, st, offset_bytes, nbytes):
         if nbytes == 0:
             return b""
-        return self.driver.read_buffer(st.buf, offset_bytes, nbytes)
+        return self.driver.download(st.buf, offset_bytes, nbytes)
 
     def concat_rows(self, parts, dtype):
         """Buffer-to-buffer copies on the GPU: joined weights never pass through Python memory."""
@@ -521,7 +520,7 @@ class WgpuBackend(Backend):
         pos = 0
         for st, start, nbytes in spans:
             if nbytes:
-                self.driver.copy_buffer(st.buf, start, out.buf, pos, nbytes)
+                self.driver.copy(st.buf, start, out.buf, pos, nbytes)
             pos += nbytes
         return out
 

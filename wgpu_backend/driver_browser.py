@@ -1,5 +1,5 @@
-"""The browser driver: the driver seam of driver_native.py over `navigator.gpu`,
-for tallow running in Pyodide (a Web Worker or a page).
+"""The browser driver: the driver protocol's WGSL launch form (tallow/backends/driver_protocol.py)
+over `navigator.gpu`, for tallow running in Pyodide (a Web Worker or a page).
 
     driver = await create_browser_driver()     # or BrowserDriver.open() with run_sync available
     dev = register_device(driver)              # tallow.Device("wgpu") now runs on the browser's GPU
@@ -13,13 +13,14 @@ encodes and submits in one call.
 Readback: WebGPU can only read a buffer through a Promise (mapAsync). With
 JSPI (on by default in Chromium), `pyodide.ffi.run_sync` waits for it, but only
 when Python was entered through runPythonAsync, PyProxy.callPromising or an
-asyncio task; otherwise read_buffer raises a DeviceError saying so. A sync
+asyncio task; otherwise download raises a DeviceError saying so. A sync
 readback costs about 1-2 ms in headless Chromium.
 """
 import sys
 from array import array
 from importlib import resources
 
+from tallow.backends.driver_protocol import nbytes_of
 from tallow.errors import DeviceError
 
 from .driver_native import ARENA_SLOTS, PARAMS_BYTES
@@ -117,7 +118,8 @@ class _Graph:
 
 class BrowserDriver:
     name = "browser"
-    reads_js_buffers = True  # write_buffer_from_js: fetched weights go JS -> GPU, skipping the wasm heap
+    can_replay = True
+    reads_js_buffers = True  # write_from_js: fetched weights go JS -> GPU, skipping the wasm heap
 
     @classmethod
     def open(cls):
@@ -171,10 +173,10 @@ class BrowserDriver:
         self.bytes_from_js = 0
 
     # ---- buffers ------------------------------------------------------------
-    def create_buffer(self, nbytes):
-        return _Buffer(self, nbytes)
+    def alloc(self, dtype, numel):
+        return _Buffer(self, nbytes_of(dtype, numel))
 
-    def write(self, buf, offset, data):
+    def write(self, buf, byte_offset, data):
         if self._ops:
             self.flush()  # recorded work may still read this (pooled) buffer: queue writes run first
         mv = memoryview(data).cast("B")
@@ -185,21 +187,21 @@ class BrowserDriver:
             mv = memoryview(bytes(mv) + bytes(-n % 4))
         proxy = self._ffi.create_proxy(mv)
         try:
-            self._js_driver.writeFromPython(buf.id, offset, proxy, len(mv))
+            self._js_driver.writeFromPython(buf.id, byte_offset, proxy, len(mv))
         finally:
             proxy.destroy()
         self.bytes_from_python += n
 
-    def write_buffer_from_js(self, buf, offset, array_buffer, src_offset, nbytes):
+    def write_from_js(self, buf, offset, array_buffer, src_offset, nbytes):
         """Copy nbytes of a JS ArrayBuffer (e.g. a fetched weights file) into buf, bypassing the wasm heap.
         offset must be a multiple of 4; nbytes and src_offset need not be. array_buffer may also be a
         sliced file (tallow.io.JsSlicedSource's object: a Blob over 2 GB, read slice by slice): then
         JS writes it into the GPU buffer one slice at a time (queue.writeBuffer at offsets), and
         Python waits for that through run_sync."""
         if offset % 4:
-            raise DeviceError(f"write_buffer_from_js: GPU buffer offset {offset} is not a multiple of 4")
+            raise DeviceError(f"write_from_js: GPU buffer offset {offset} is not a multiple of 4")
         if nbytes > buf.nbytes - offset:
-            raise DeviceError(f"write_buffer_from_js: {nbytes} bytes at offset {offset} "
+            raise DeviceError(f"write_from_js: {nbytes} bytes at offset {offset} "
                               f"overrun a {buf.nbytes}-byte buffer")
         if self._ops:
             self.flush()
@@ -211,22 +213,22 @@ class BrowserDriver:
             self._ffi.run_sync(self._js_driver.writeFromSlices(buf.id, offset, array_buffer, src_offset, nbytes))
         self.bytes_from_js += nbytes
 
-    def read_buffer(self, buf, offset, nbytes):
+    def download(self, buf, byte_offset, nbytes):
         self.flush()
         if not self._ffi.can_run_sync():
             raise DeviceError("reading a WebGPU buffer from Python needs JSPI stack switching: enter Python through "
                               "pyodide.runPythonAsync or PyProxy.callPromising (not runPython / a plain callback)")
-        start = offset - offset % 4
-        end = offset + nbytes
+        start = byte_offset - byte_offset % 4
+        end = byte_offset + nbytes
         end += -end % 4
         data = self._ffi.run_sync(self._js_driver.read(buf.id, start, end - start)).to_bytes()
         self.readbacks += 1
-        return data[offset - start:offset - start + nbytes]
+        return data[byte_offset - start:byte_offset - start + nbytes]
 
-    def copy_buffer(self, src, src_offset, dst, dst_offset, nbytes):
+    def copy(self, src, src_offset, dst, dst_offset, nbytes):
         self._ops.extend((1, src.id, src_offset, dst.id, dst_offset, nbytes))
 
-    def create_uniform(self, nbytes):
+    def alloc_uniform(self, nbytes):
         return _UniformBuffer(self, nbytes)
 
     # ---- capture and replay (tallow.capture) -------------------------------------------
@@ -270,8 +272,8 @@ class BrowserDriver:
             self._pipelines[wgsl] = p
         return p
 
-    def dispatch(self, pipeline, buffers, params, workgroups):
-        """buffers: (buf, offset, nbytes) for bindings 1.. in order; params: bytes for binding 0."""
+    def dispatch(self, pipeline, bindings, params, workgroups):
+        """bindings: (buf, offset, nbytes) for bindings 1.. in order; params: bytes for binding 0."""
         if len(params) > PARAMS_BYTES:
             raise DeviceError(f"kernel '{pipeline[1]}': {len(params)} bytes of parameters (max {PARAMS_BYTES})")
         if len(self._params) >= PARAMS_BYTES * ARENA_SLOTS:
@@ -280,8 +282,8 @@ class BrowserDriver:
         self._params += params
         self._params += bytes(PARAMS_BYTES - len(params))
         ops = self._ops
-        ops.extend((0, pipeline[0], slot, len(buffers)))
-        for buf, off, size in buffers:
+        ops.extend((0, pipeline[0], slot, len(bindings)))
+        for buf, off, size in bindings:
             ops.extend((buf.id, off, max(4, size)))
         ops.extend(workgroups)
 

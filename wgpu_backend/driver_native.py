@@ -1,20 +1,6 @@
-"""The native driver: the only module that touches the `wgpu` package.
-
-The backend talks to a driver through this small interface, which the browser
-driver (navigator.gpu through Pyodide's `js` module) implements too:
-
-    info, limits (dict), has_f16
-    create_buffer(nbytes)
-    write_buffer(buf, offset, data) / read_buffer(buf, offset, nbytes) -> bytes
-    copy_buffer(src, src_offset, dst, dst_offset, nbytes)
-    pipeline(wgsl, label) -> compiled once per source text
-    dispatch(pipeline, buffers, params, workgroups)
-    flush()
-    create_uniform(nbytes): a small uniform buffer (a captured step's position and length)
-    record(launches) -> handle: a captured step's dispatches, prepared once; replay(handle)
-        encodes them again (tallow.capture; the native and null drivers only)
-    reads_js_buffers: whether write_buffer_from_js(buf, offset, array_buffer, src_offset, nbytes)
-        copies from a JS ArrayBuffer (the browser driver only)
+"""The native driver: the only module that touches the `wgpu` package. It implements the
+driver protocol's WGSL launch form (tallow/backends/driver_protocol.py), as the browser driver
+(navigator.gpu through Pyodide's `js` module) and the null driver do.
 
 Dispatches are recorded into one command encoder (one compute pass) and
 submitted only at sync points: a readback, an upload into a buffer while work
@@ -25,6 +11,7 @@ PARAMS_BYTES) go into a slice of one uniform "arena" buffer. The slices are
 collected in Python and the arena is written once, just before the submit that
 uses it; queue writes are ordered before that submit, so this is safe.
 """
+from tallow.backends.driver_protocol import nbytes_of
 from tallow.errors import DeviceError
 
 PARAMS_BYTES = 256  # one dispatch's uniform slice; also WebGPU's max offset alignment
@@ -41,7 +28,8 @@ def _load_wgpu():
 
 class NativeDriver:
     name = "native"
-    reads_js_buffers = False  # no JS here: weights arrive as bytes through write_buffer
+    can_replay = True
+    reads_js_buffers = False  # no JS here: weights arrive as bytes through write
 
     def __init__(self):
         wgpu = _load_wgpu()
@@ -93,37 +81,37 @@ class NativeDriver:
         self.submits = 0  # counted so tests can check that ops are batched
 
     # ---- buffers ------------------------------------------------------------
-    def create_buffer(self, nbytes):
-        return self.device.create_buffer(size=max(4, nbytes), usage=self._storage_usage)
+    def alloc(self, dtype, numel):
+        return self.device.create_buffer(size=max(4, nbytes_of(dtype, numel)), usage=self._storage_usage)
 
-    def write(self, buf, offset, data):
+    def write(self, buf, byte_offset, data):
         # A pooled buffer may still be read by recorded work: submit that first,
         # because queue writes run before any later submit.
         if self._encoder is not None:
             self.flush()
-        self.device.queue.write_buffer(buf, offset, data)
+        self.device.queue.write_buffer(buf, byte_offset, data)
 
-    def read_buffer(self, buf, offset, nbytes):
+    def download(self, buf, byte_offset, nbytes):
         self.flush()
-        start = offset - offset % 4
-        end = offset + nbytes
+        start = byte_offset - byte_offset % 4
+        end = byte_offset + nbytes
         end += -end % 4
         data = self.device.queue.read_buffer(buf, start, end - start)
-        return bytes(data)[offset - start:offset - start + nbytes]
+        return bytes(data)[byte_offset - start:byte_offset - start + nbytes]
 
-    def copy_buffer(self, src, src_offset, dst, dst_offset, nbytes):
+    def copy(self, src, src_offset, dst, dst_offset, nbytes):
         self._begin()
         self._pass.end()
         self._encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
         self._pass = self._encoder.begin_compute_pass()
 
-    def create_uniform(self, nbytes):
+    def alloc_uniform(self, nbytes):
         u = self._wgpu.BufferUsage
         return self.device.create_buffer(size=max(16, nbytes), usage=u.UNIFORM | u.COPY_DST)
 
     # ---- capture and replay ---------------------------------------------------------
     def record(self, launches):
-        """A captured step's launches [(pipeline, buffers, params, workgroups)] prepared for replay:
+        """A captured step's launches [(pipeline, bindings, params, workgroups)] prepared for replay:
         their parameters in one uniform buffer of their own, written once, and one bind group each."""
         params = bytearray()
         for _, _, p, _ in launches:
@@ -135,9 +123,9 @@ class NativeDriver:
         if params:
             self.device.queue.write_buffer(arena, 0, bytes(params))
         steps = []
-        for i, (pipeline, buffers, _, workgroups) in enumerate(launches):
+        for i, (pipeline, bindings, _, workgroups) in enumerate(launches):
             entries = [{"binding": 0, "resource": {"buffer": arena, "offset": i * PARAMS_BYTES, "size": PARAMS_BYTES}}]
-            for j, (buf, off, size) in enumerate(buffers):
+            for j, (buf, off, size) in enumerate(bindings):
                 entries.append({"binding": j + 1, "resource": {"buffer": buf, "offset": off, "size": max(4, size)}})
             group = self.device.create_bind_group(layout=pipeline[1], entries=entries)
             steps.append((pipeline[0], group, tuple(workgroups)))
@@ -166,8 +154,8 @@ class NativeDriver:
             self._pipelines[wgsl] = p
         return p
 
-    def dispatch(self, pipeline, buffers, params, workgroups):
-        """buffers: (buf, offset, nbytes) for bindings 1.. in order; params: bytes for binding 0."""
+    def dispatch(self, pipeline, bindings, params, workgroups):
+        """bindings: (buf, offset, nbytes) for bindings 1.. in order; params: bytes for binding 0."""
         if len(params) > PARAMS_BYTES:
             raise DeviceError(f"kernel '{pipeline[2]}': {len(params)} bytes of parameters (max {PARAMS_BYTES})")
         if len(self._params) >= PARAMS_BYTES * ARENA_SLOTS:
@@ -177,7 +165,7 @@ class NativeDriver:
         self._params += params
         self._params += bytes(PARAMS_BYTES - len(params))
         entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": slot, "size": PARAMS_BYTES}}]
-        for i, (buf, off, size) in enumerate(buffers):
+        for i, (buf, off, size) in enumerate(bindings):
             entries.append({"binding": i + 1, "resource": {"buffer": buf, "offset": off, "size": max(4, size)}})
         group = self.device.create_bind_group(layout=pipeline[1], entries=entries)
         self._pass.set_pipeline(pipeline[0])

@@ -4,7 +4,7 @@ Run a model on WgpuBackend(NullDriver()) and what is left is tallow's host
 work: shape checks, kernel choice, parameter packing, bind-group lists. That
 is the ceiling no GPU can lift, so bench/gpu_host.py measures host time per
 token with it, and tests count the dispatches one decoding step issues.
-Results are zeros (read_buffer returns zero bytes), so logits are meaningless.
+Results are zeros (download returns zero bytes), so logits are meaningless.
 """
 
 
@@ -18,6 +18,9 @@ class NullDriver:
         "max_invocations": 256, "max_workgroup_storage": 16384, "uniform_align": 256,
     }
 
+    can_replay = True  # record/replay count the dispatches a captured step holds
+    reads_js_buffers = False
+
     def __init__(self):
         self.dispatches = 0
         self.by_kernel = {}  # kernel label -> dispatches, for "where do they go" questions
@@ -29,27 +32,27 @@ class NullDriver:
         self.by_kernel = {}
         self.replays = 0
 
-    def create_buffer(self, nbytes):
+    def alloc(self, dtype, numel):
         return object()
 
-    def write(self, buf, offset, data):
+    def write(self, buf, byte_offset, data):
         pass
 
-    def read_buffer(self, buf, offset, nbytes):
+    def download(self, buf, byte_offset, nbytes):
         return bytes(nbytes)
 
-    def copy_buffer(self, src, src_offset, dst, dst_offset, nbytes):
+    def copy(self, src, src_offset, dst, dst_offset, nbytes):
         pass
 
     def pipeline(self, wgsl, label):
         return (None, None, label)
 
-    def dispatch(self, pipeline, buffers, params, workgroups):
+    def dispatch(self, pipeline, bindings, params, workgroups):
         self.dispatches += 1
         label = pipeline[2]
         self.by_kernel[label] = self.by_kernel.get(label, 0) + 1
 
-    def create_uniform(self, nbytes):
+    def alloc_uniform(self, nbytes):
         return object()
 
     def record(self, launches):

@@ -13,6 +13,8 @@ uploads into a reused buffer are ordered by the driver, which submits pending
 work before any queue write.
 """
 
+from tallow.dtypes import u8
+
 MIB = 1 << 20
 
 
@@ -41,7 +43,7 @@ class BufferPool:
             self.cached -= cap
             return free.pop(), cap
         self.misses += 1
-        return self.driver.create_buffer(cap), cap
+        return self.driver.alloc(u8, cap), cap  # buffers hold bytes: the backend keeps dtypes
 
     def release(self, buf, cap):
         if self.cached + cap > self.max_cached:

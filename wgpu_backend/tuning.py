@@ -291,6 +291,6 @@ def runner(backend, family, shape):
     def run(name, reps):
         for _ in range(reps):
             launch(name)
-        backend.driver.read_buffer(y.buf, 0, 4)
+        backend.driver.download(y.buf, 0, 4)
 
     return run

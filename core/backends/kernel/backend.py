@@ -1,5 +1,5 @@
-"""KernelBackend: tallow's backend contract on top of a kernel *driver* (the protocol is in
-this package's docstring, tallow/backends/kernel/__init__.py). It decides what to launch; the
+"""KernelBackend: tallow's backend contract on top of a kernel *driver* (the protocol's kernel
+form, tallow/backends/driver_protocol.py). It decides what to launch; the
 CUDA (CuPy) and Metal (PyObjC) drivers and their CPU emulators only move bytes and launch.
 The backend subclass provides matmul and custom_source(op). Storage is a DeviceStorage.
 """
@@ -80,7 +80,7 @@ class KernelBackend(Backend):
 
     # ---- capture and replay (tallow.capture; recording.py) ---------------------------
     def can_capture(self):
-        return bool(getattr(self.driver, "replays", False))
+        return self.driver.can_replay
 
     def begin_capture(self, position, tokens):
         if not self.can_capture():

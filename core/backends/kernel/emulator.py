@@ -13,6 +13,7 @@ import tempfile
 
 from tallow.errors import DeviceError, UnsupportedError
 
+from ..driver_protocol import nbytes_of
 from .backend import DeviceStorage
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -91,7 +92,7 @@ class EmulatedDriver:
     has_f64 = atomic64 = False
     modules: tuple = ()
     fiber_modules: tuple = ()  # kernels with barriers or shuffles run as fibers
-    replays = True             # a replay launches the recorded list again (recording.relaunch)
+    can_replay = True          # a replay launches the recorded list again (recording.relaunch)
 
     def __init__(self):
         import concurrent.futures
@@ -125,8 +126,7 @@ class EmulatedDriver:
         return key
 
     def alloc(self, dtype, numel):
-        nbytes = numel if dtype.is_quantized else numel * dtype.itemsize
-        return DeviceStorage(self.np.zeros(max(nbytes, 8), self.np.uint8), dtype, numel)
+        return DeviceStorage(self.np.zeros(max(nbytes_of(dtype, numel), 8), self.np.uint8), dtype, numel)
 
     def upload(self, data, dtype):
         raw = bytes(data)

@@ -10,7 +10,7 @@ from .backend import DeviceStorage
 
 
 class NullKernelDriver:
-    replays = True
+    can_replay = True
 
     def __init__(self, name="metal", has_f64=False, atomic64=False):
         self.name, self.has_f64, self.atomic64 = name, has_f64, atomic64
