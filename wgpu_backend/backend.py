@@ -21,6 +21,7 @@ import weakref
 from array import array
 
 from tallow.backends.base import Backend
+from tallow.backends.gpu_plan import IN_KERNEL_QUANTS, MAX_DIMS, f32_bits, in_kernel_quant, runs_matvec
 from tallow.backends.step_buffer import STEP_BYTES, step_words
 from tallow.backends.step_recording import StepRecording
 from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u32
@@ -31,12 +32,10 @@ from . import split, tuning, wgsl
 from .pool import BufferPool
 from .recording import STEP_CAPTURED, STEP_EAGER, entry_signature
 
-MAX_DIMS = 8
-IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 # Up to this many rows of x (decoding, short prefills) quantised matmuls run
 # qmatvec: 4 columns per invocation share each load of x, and the weight rows
 # are re-read per row of x. Measured on lavapipe it beats qmatmul (4 rows
-# share each dequantised block) 4-20x from m = 1 to m = 32; qmatmul serves
+# share each dequantised block) 4-20x from m = 1 to m = 32 (gpu_plan.runs_matvec); qmatmul serves
 # long prompts, where one qmatvec dispatch would run for very long (qmatmul.wgsl
 # or the workgroup-tiled qmatmul_tiled.wgsl: tuning.py measures which per adapter).
 QMATVEC_MAX_ROWS = 64
@@ -78,10 +77,6 @@ class WgpuStorage:
 
 def _u32(v):
     return v & 0xFFFFFFFF
-
-
-def _f32_bits(v):
-    return struct.unpack("<I", struct.pack("<f", float(v)))[0]
 
 
 def _pack(words):
@@ -413,7 +408,7 @@ class WgpuBackend(Backend):
 
     def from_bytes(self, data, dtype):
         if dtype.is_quantized:
-            if dtype.name in IN_KERNEL_QUANTS:
+            if in_kernel_quant(dtype):
                 return self._upload(data)
             return self._dequantize_on_upload(data, dtype)
         mv = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else memoryview(data)
@@ -437,7 +432,7 @@ class WgpuBackend(Backend):
         from_bytes. None when that cannot be done (not the browser driver, or a dtype that needs the
         CPU: i64's range check, quantisations the kernels do not read): read the bytes and use from_bytes."""
         if (not self.driver.reads_js_buffers or dtype is i64
-                or (dtype.is_quantized and dtype.name not in IN_KERNEL_QUANTS)):
+                or (dtype.is_quantized and not in_kernel_quant(dtype))):
             return None
         if not dtype.is_quantized and nbytes % dtype.itemsize:
             raise ShapeError(f"wgpu from_js_buffer: {nbytes} bytes is not a whole number of {dtype.name} elements")
@@ -603,7 +598,7 @@ class WgpuBackend(Backend):
         if numel == 0:
             return out
         if dtype.is_float:
-            words, value = [_f32_bits(start), _f32_bits(step)], "PF(37u) + PF(38u) * f32(i)"
+            words, value = [f32_bits(start), f32_bits(step)], "PF(37u) + PF(38u) * f32(i)"
         else:
             start, step = int(start), int(step)
             last = start + step * (numel - 1)
@@ -650,7 +645,7 @@ class WgpuBackend(Backend):
                 if hi is not None else "identity"
             arg = (lo if lo is not None else 0, hi if hi is not None else 0)
         if dtype.is_float:
-            table, conv, prelude = _FLOAT_UNARY, _f32_bits, _MATH
+            table, conv, prelude = _FLOAT_UNARY, f32_bits, _MATH
         else:
             table, conv, prelude = _INT_UNARY, int, _IPOW
         expr = table.get(op)
@@ -871,7 +866,7 @@ class WgpuBackend(Backend):
         return out
 
     def _quant_kernel(self, wdtype, what):
-        if wdtype.name not in IN_KERNEL_QUANTS:
+        if not in_kernel_quant(wdtype):
             raise UnsupportedError(f"wgpu {what}: no in-kernel decoder for {wdtype.name}")
         return ("quant_common", wdtype.name)
 
@@ -903,7 +898,7 @@ class WgpuBackend(Backend):
 
     def _qmatmul_piece(self, wb, xs, y, m, n, k, row_bytes, xoff, dtype, wdtype, extra, bias=None):
         """bias: (storage, offset, stride) added to each column, only where m <= QMATVEC_MAX_ROWS."""
-        if m <= QMATVEC_MAX_ROWS:
+        if runs_matvec(m, QMATVEC_MAX_ROWS):
             bias_st, bias_words = (xs, [0, 0, 0]) if bias is None else (bias[0], [1, bias[1], bias[2]])
             words = _qmatvec_words(m, n, k, row_bytes, xoff) + bias_words
             self._run("qmatvec", {"X": dtype}, [wb, xs, y, bias_st], words, self._grid((n + 255) // 256, "qmatvec"),
@@ -1070,7 +1065,7 @@ class WgpuBackend(Backend):
         ops = [(storage, layout.offset, layout.strides)]
         ops.append((mask, lmask.offset, lmask.strides) if mask is not None else (storage, 0, [0] * len(layout.shape)))
         words = _layout_words(layout.shape or (1,), [(o, s or [0]) for _, o, s in ops], True, "softmax")
-        extras = [d, _f32_bits(scale), int(mask is not None), int(causal), d - tq, int(log), tq, rows]
+        extras = [d, f32_bits(scale), int(mask is not None), int(causal), d - tq, int(log), tq, rows]
         self._run("softmax", {"X": dtype}, [s for s, _, _ in ops] + [out], self._params(words, extras), rows,
                   label="softmax")
         return out
@@ -1096,7 +1091,7 @@ class WgpuBackend(Backend):
                 bl = lay.broadcast_to(lx.shape, "norm weight")
                 ops.append((st, bl.offset, bl.strides))
         words = _layout_words(lx.shape, [(o, s) for _, o, s in ops], True, "norm")
-        extras = [d, int(center), _f32_bits(eps), int(w is not None), int(b is not None), rows]
+        extras = [d, int(center), f32_bits(eps), int(w is not None), int(b is not None), rows]
         self._run("norm", {"X": dtype}, [s for s, _, _ in ops] + [out], self._params(words, extras), rows,
                   extra=("row_sum",), label="layer_norm" if center else "rms_norm")
         return out
@@ -1156,7 +1151,7 @@ class WgpuBackend(Backend):
         over_cache = (cap is not None and mask is None and id(k.buf) in cap.cache_bufs
                       and id(v.buf) in cap.cache_bufs and lk.offset == lv.offset == 0
                       and tk == cap.position + cap.tokens)
-        words = [rows, h, tq, 0 if over_cache else tk, d, dv, _f32_bits(scale), int(causal), int(mask is not None)]
+        words = [rows, h, tq, 0 if over_cache else tk, d, dv, f32_bits(scale), int(causal), int(mask is not None)]
         for lay in (lq, lk, lv, lmask if mask is not None else lq):
             words += [lay.offset, *lay.strides]
         prelude, binds = self._step_variant([q, k, v, mask if mask is not None else q, out], over_cache)
@@ -1192,7 +1187,7 @@ class WgpuBackend(Backend):
         avail = capacity - key_start
         splits = 1 if avail < SPLIT_K_MIN_KEYS else min(MAX_SPLITS, -(-avail // KEYS_PER_SPLIT))
         per_split = -(-avail // splits)
-        words = [rows, h, h // hk, d, dv, _f32_bits(scale), position - pos, key_start, int(cos is not None),
+        words = [rows, h, h // hk, d, dv, f32_bits(scale), position - pos, key_start, int(cos is not None),
                  int(interleaved), splits, per_split]
         for lay in (lq, lk, lv, lkc, lvc):
             words += [lay.offset, *lay.strides]
@@ -1224,7 +1219,7 @@ class WgpuBackend(Backend):
         d = lx.shape[-1]
         rows = numel // d
         words = _layout_words(lx.shape, [(lx.offset, lx.strides), (lr.offset, lr.strides)], True, "add_norm")
-        extras = [d, int(w is not None), _f32_bits(eps), rows, int(center), int(b is not None)]
+        extras = [d, int(w is not None), f32_bits(eps), rows, int(center), int(b is not None)]
         for lay in (lw, lb):
             extras += [0, 0] if lay is None else [lay.offset, lay.strides[0]]
         label = "add_layer_norm" if center else "add_rms_norm"
@@ -1245,7 +1240,7 @@ class WgpuBackend(Backend):
 
     def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
         m = lx.numel() // k if k else 0
-        if (w.dequantized or wdtype.name not in IN_KERNEL_QUANTS or m > QMATVEC_MAX_ROWS or k % 32
+        if (w.dequantized or not runs_matvec(m, QMATVEC_MAX_ROWS, wdtype) or k % 32
                 or wdtype.nbytes(n * k) > self.limits["max_storage_binding"]):
             return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
         out = self._out(m * n, dtype)
@@ -1272,7 +1267,7 @@ class WgpuBackend(Backend):
 
     def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
         m = lx.numel() // k if k else 0
-        if (w.dequantized or wdtype.name not in IN_KERNEL_QUANTS or m > QMATVEC_MAX_ROWS or k % 32
+        if (w.dequantized or not runs_matvec(m, QMATVEC_MAX_ROWS, wdtype) or k % 32
                 or act not in _FLOAT_UNARY or wdtype.nbytes(2 * n * k) > self.limits["max_storage_binding"]):
             return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
         out = self._out(m * n, dtype)
@@ -1293,7 +1288,7 @@ class WgpuBackend(Backend):
         rows = lw.shape[0]
         n = rows // 2 if gated else rows
         if wdtype.is_quantized:
-            fits = (not w.dequantized and wdtype.name in IN_KERNEL_QUANTS and k % 32 == 0
+            fits = (not w.dequantized and in_kernel_quant(wdtype) and k % 32 == 0
                     and wdtype.nbytes(rows * k) <= self.limits["max_storage_binding"])
         else:
             fits = (lw.strides[1] == 1 and k % 4 == 0 and lw.offset % 4 == 0 and lw.strides[0] % 4 == 0
@@ -1306,7 +1301,7 @@ class WgpuBackend(Backend):
         # hidden is always bound (written only with a residual): a fresh buffer, as a writable
         # binding may not alias the read-only ones.
         total, out = self._out(k, dtype), self._out(n, dtype)
-        norm_words = [int(r is not None), int(center), _f32_bits(eps), int(nw is not None), int(nb is not None),
+        norm_words = [int(r is not None), int(center), f32_bits(eps), int(nw is not None), int(nb is not None),
                       xoff, roff]
         for lay in (lnw, lnb):
             norm_words += [0, 0] if lay is None else [lay.offset, lay.strides[0]]

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 
+from tallow.backends.gpu_plan import IN_KERNEL_QUANTS
 from tallow.errors import Error
 
 ENV = "TALLOW_WGPU_MATMUL"
@@ -156,7 +157,6 @@ class Tuner:
     def families(self):
         """Every family this adapter can run: float f32 (and f16 with shader-f16), quantised prefill
         per in-kernel block format."""
-        from .backend import IN_KERNEL_QUANTS
         return ["matmul f32"] + (["matmul f16"] if self.backend.has_f16 else []) + \
             [f"qmatmul {q}" for q in IN_KERNEL_QUANTS]
 

@@ -11,15 +11,16 @@ from tallow.dtypes import bool_, f16, f32, f64, i32, i64
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, contiguous_strides, inverse_permutation, numel_of
 
-from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, IN_KERNEL_QUANTS, REDUCE_CODES,
+from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, REDUCE_CODES,
                    SCATTER_WORK_DTYPES, U32, U64, UNARY_CODES, Meta, conv_output_size, f16_bits, grid_1d, grid_qmatvec,
                    kernel_name, pack_meta, pack_values, rows_of, scalar_bits, staging_dtype, unpack_values,
                    width_kernel, GATED_MATVEC_DTYPES)
+from ..gpu_plan import in_kernel_quant, runs_matvec
 from ..step_buffer import STEP_BYTES, step_words
 from ..step_recording import StepRecording
 from .recording import entry_signature
 
-QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul
+QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul (gpu_plan.runs_matvec)
 ATTENTION_MAX_HEAD_DIM = 256  # kernels keep q and the output row in shared memory
 ATTENTION_ROWS, ATTENTION_ROWS_HEAD_DIM = 8, 128  # the decode kernel's query rows and head dims (attention.kernels)
 
@@ -303,7 +304,7 @@ class KernelBackend(Backend):
         xf = self._as(x, lx, dtype, f32)
         if m == 0 or n == 0:
             return self._alloc(dtype, m * n)
-        if wdtype.name in IN_KERNEL_QUANTS and m <= QMATVEC_MAX_ROWS:
+        if runs_matvec(m, QMATVEC_MAX_ROWS, wdtype):
             out = self._alloc(f32, m * n)
             grid, block = grid_qmatvec(n, m)
             self._launch("quant", f"qmatvec_{wdtype.name}", grid, block, [w, xf, out, I32(n), I32(k), I32(m)])
@@ -314,7 +315,7 @@ class KernelBackend(Backend):
 
     def dequantize(self, w, wdtype, numel, dtype):
         self._check(dtype, "dequantize")
-        if wdtype.name in IN_KERNEL_QUANTS:
+        if in_kernel_quant(wdtype):
             out = self._alloc(f32, numel)
             # Rows of one block each: no row length beyond int32.
             self._run("quant", f"dequant_{wdtype.name}", numel, [w, w, out, I64(numel), I32(wdtype.block_size), I32(0)])
@@ -339,7 +340,7 @@ class KernelBackend(Backend):
         count = lids.numel()
         if dtype.is_quantized:
             k = layout.shape[1]
-            if dtype.name not in IN_KERNEL_QUANTS:
+            if not in_kernel_quant(dtype):
                 return self._host_dequantize(st, dtype, count * k, k, ids64)
             out = self._alloc(f32, count * k)
             self._run("quant", f"dequant_{dtype.name}", count * k, [st, ids64, out, I64(count * k), I32(k), I32(1)])
@@ -570,7 +571,7 @@ class KernelBackend(Backend):
         if len(la.shape) != 2 or len(lb.shape) != 2 or dtype not in GATED_MATVEC_DTYPES or lb.strides[0] != 1:
             return None
         (m, k), n = la.shape, lb.shape[1]
-        if m > QMATVEC_MAX_ROWS or m * n * k == 0:
+        if not runs_matvec(m, QMATVEC_MAX_ROWS) or m * n * k == 0:
             return None
         out = self._alloc(dtype, m * n)
         grid, block = grid_qmatvec(n, m)
@@ -587,8 +588,8 @@ class KernelBackend(Backend):
     def gated_matmul(self, a, la, b, lb, dtype, act):
         m, k = la.shape
         n = lb.shape[1] // 2
-        if (dtype not in GATED_MATVEC_DTYPES or act not in UNARY_CODES or m > QMATVEC_MAX_ROWS or m * n * k == 0
-                or lb.strides[0] != 1):  # as _rows_matvec: k contiguous
+        if (dtype not in GATED_MATVEC_DTYPES or act not in UNARY_CODES or not runs_matvec(m, QMATVEC_MAX_ROWS)
+                or m * n * k == 0 or lb.strides[0] != 1):  # as _rows_matvec: k contiguous
             return super().gated_matmul(a, la, b, lb, dtype, act)
         out = self._alloc(dtype, m * n)
         grid, block = grid_qmatvec(n, m)
@@ -599,7 +600,7 @@ class KernelBackend(Backend):
 
     def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
         m = lx.numel() // k if k else 0
-        if (wdtype.name not in IN_KERNEL_QUANTS or act not in UNARY_CODES or m > QMATVEC_MAX_ROWS
+        if (not runs_matvec(m, QMATVEC_MAX_ROWS, wdtype) or act not in UNARY_CODES
                 or m * n == 0 or not dtype.is_float):
             return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
         self._check(dtype, "gated_qmatmul")

@@ -13,7 +13,8 @@ from tallow.dtypes import bf16, bool_, f16, f32, f64, i8, i32, i64, u8, u32
 from tallow.errors import UnsupportedError
 from tallow.layout import kernel_meta, numel_of
 
-MAX_DIMS = 8
+from ..gpu_plan import IN_KERNEL_QUANTS, MAX_DIMS, f32_bits
+
 BLOCK = 256  # threads per block for 1-D and row kernels (kernels assume it for row kernels)
 MAX_BLOCKS = 1 << 20  # 1-D kernels loop over the grid, so a capped grid covers any size
 
@@ -25,9 +26,6 @@ UNARY_CODES = {name: i for i, name in enumerate((
 BINARY_CODES = {name: i for i, name in enumerate(("add", "sub", "mul", "div", "pow", "maximum", "minimum"))}
 COMPARE_CODES = {name: i for i, name in enumerate(("eq", "ne", "lt", "le", "gt", "ge"))}
 REDUCE_CODES = {"sum": 0, "prod": 1, "max": 2, "min": 3}
-
-# Block formats dequantised inside the kernels; others are dequantised on the host.
-IN_KERNEL_QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 
 ALL_DTYPES = (f32, f16, bf16, f64, i64, i32, i8, u32, u8, bool_)
 GATED_MATVEC_DTYPES = (f32, f16, bf16)  # the float (gated) matvecs accumulate in f32 (warp sums are f32)
@@ -130,10 +128,6 @@ def conv_output_size(size, kernel, stride, padding, dilation):
 
 
 # ---- values ---------------------------------------------------------------------------
-def f32_bits(value):
-    return struct.unpack("<I", struct.pack("<f", value))[0]
-
-
 def bf16_bits(value):
     """Round-to-nearest-even bf16 bits of a Python float (as the kernels and the numpy backend)."""
     value = float(value)
