@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tallow import dtypes
+from tallow import errors as tallow_errors
 from tallow.backends import gpu_plan
 
 
@@ -42,3 +43,61 @@ def test_f32_bits_match_numpy():
     with pytest.raises(OverflowError):
         gpu_plan.f32_bits(1e39)
     assert struct.pack("<I", gpu_plan.f32_bits(0.1)) == struct.pack("<f", 0.1)
+
+
+def test_both_planners_plan_reductions_the_one_way():
+    from tallow.backends import reduce_plan
+    from tallow.backends.kernel import backend as kernel_backend
+    from tallow_wgpu import backend as wgpu_backend
+    assert kernel_backend.plan_reduce is wgpu_backend.plan_reduce is reduce_plan.plan_reduce
+
+
+@pytest.mark.parametrize("shape, dims", [((3, 4), (1,)), ((2, 3, 4), (0, 2)), ((2, 3, 4), (2, 0)), ((5,), ()),
+                                         ((3, 0), (1,)), ((0, 3), (1,)), ((2, 3), (0, 1))])
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
+def test_reduce_plans_agree_with_numpy(op, shape, dims):
+    from tallow.backends.reduce_plan import plan_reduce
+    from tallow.layout import Layout
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    try:
+        expected = getattr(np, {"max": "amax", "min": "amin"}.get(op, op))(x, axis=dims)
+    except ValueError:  # numpy: "zero-size array to reduction operation ... which has no identity"
+        with pytest.raises(tallow_errors.ShapeError, match="empty dim"):
+            plan_reduce("wgpu", op, Layout(shape), dtypes.f32, dims)
+        return
+    plan = plan_reduce("wgpu", op, Layout(shape), dtypes.f32, dims)
+    assert plan.rows == expected.size and plan.length == int(np.prod([shape[d] for d in dims]))
+    assert plan.out_dtype is dtypes.f32
+    assert plan.layout.shape == tuple(s for d, s in enumerate(shape) if d not in dims) + tuple(
+        shape[d] for d in sorted(dims))
+
+
+def test_reduce_plans_refuse_what_no_gpu_kernel_does():
+    from tallow.backends.reduce_plan import plan_reduce
+    from tallow.layout import Layout
+    assert plan_reduce("cuda", "sum", Layout((2, 3)), dtypes.i32, (1,)).out_dtype is dtypes.i64
+    assert plan_reduce("cuda", "argmax", Layout((2, 3)), dtypes.f16, (1,)).out_dtype is dtypes.i64
+    with pytest.raises(tallow_errors.ShapeError, match="exactly one dim"):
+        plan_reduce("metal", "argmin", Layout((2, 3)), dtypes.f32, (0, 1))
+    with pytest.raises(tallow_errors.UnsupportedError, match="the metal backend has no reduce mean"):
+        plan_reduce("metal", "mean", Layout((2, 3)), dtypes.f32, (1,))
+
+
+@pytest.mark.parametrize("device", ["cpu", "wgpu", "cuda-emulator", "metal-emulator"])
+def test_max_over_an_empty_dim_is_refused_even_into_an_empty_result(device, request):
+    # numpy and torch refuse it; wgpu used to return an empty tensor here.
+    import tallow
+    dev = request.getfixturevalue("wgpu") if device == "wgpu" else _bound(device, request)
+    with pytest.raises(tallow_errors.ShapeError, match="empty dim"):
+        tallow.zeros(0, 0, device=dev).max(dim=1)
+    assert tallow.zeros(0, 0, device=dev).sum(dim=1).shape == (0,)
+
+
+def _bound(device, request):
+    if device == "cpu":
+        return "cpu"
+    from conftest import DEVICES, emulated
+    from tallow.device import restore_backend, use_backend
+    name = DEVICES[device][0]
+    request.addfinalizer(lambda: restore_backend(name))
+    return use_backend(name, emulated(device))

@@ -22,6 +22,7 @@ from array import array
 
 from tallow.backends.base import Backend
 from tallow.backends.gpu_plan import IN_KERNEL_QUANTS, MAX_DIMS, f32_bits, in_kernel_quant, runs_matvec
+from tallow.backends.reduce_plan import plan_reduce
 from tallow.backends.step_buffer import STEP_BYTES, step_words
 from tallow.backends.step_recording import StepRecording
 from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u32
@@ -697,21 +698,10 @@ class WgpuBackend(Backend):
 
     # ---- reductions -----------------------------------------------------------------
     def reduce(self, op, storage, layout, dtype, dims):
-        dims = tuple(sorted(dims))
-        shape = layout.shape
-        kept = [d for d in range(len(shape)) if d not in dims]
-        r_count = numel_of([shape[d] for d in dims])
-        outputs = numel_of([shape[d] for d in kept])
+        out_dtype, outputs, r_count, perm = plan_reduce("wgpu", op, layout, dtype, dims)
         arg = op in ("argmax", "argmin")
-        if op in ("argmax", "argmin", "max", "min") and r_count == 0 and outputs:
-            raise ShapeError(f"{op} over an empty dim of shape {shape}")
-        if arg and len(dims) != 1:
-            raise ShapeError(f"{op} takes exactly one dim, got {dims}")
-        if op not in ("sum", "prod", "max", "min", "argmax", "argmin"):
-            raise UnsupportedError(f"the wgpu backend has no reduce {op}")
-        out_dtype = i64 if arg or (op in ("sum", "prod") and not dtype.is_float) else dtype
         if out_dtype is i64 and not arg and (dtype.itemsize >= 4 or op == "prod" or r_count >= _SMALL_INT_SUMS):
-            return self._exact_i64(f"reduce {op}", [shape[d] for d in kept],
+            return self._exact_i64(f"reduce {op}", perm.shape[:len(perm.shape) - len(dims)],
                                    lambda host, up: host.reduce(op, *up(storage, layout, dtype), dtype, dims))
         out = self._out(outputs, out_dtype)
         if outputs == 0:
@@ -731,7 +721,6 @@ class WgpuBackend(Backend):
         subs = {"CA": ca, "INIT": init, "COMBINE": combine, "ARG": "true" if arg else "false",
                 "BETTER": better,
                 "WRITE": "y[o] = sy(i32(si[0]));" if arg else "y[o] = sy(CY(sv[0]));"}
-        _, perm = layout.moved_last(dims)
         words = _layout_words(perm.shape, [perm], True, op)
         self._run("reduce", {"X": dtype, "Y": out_dtype}, [storage, out], self._params(words, [r_count, outputs]),
                   outputs, subs, label=f"reduce {op}")

@@ -16,6 +16,7 @@ from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, REDUCE_COD
                    kernel_name, pack_meta, pack_values, rows_of, scalar_bits, staging_dtype, unpack_values,
                    width_kernel, GATED_MATVEC_DTYPES)
 from ..gpu_plan import in_kernel_quant, runs_matvec
+from ..reduce_plan import plan_reduce
 from ..step_buffer import STEP_BYTES, step_words
 from ..step_recording import StepRecording
 from .recording import entry_signature
@@ -255,16 +256,12 @@ class KernelBackend(Backend):
     # ---- reductions and scans ---------------------------------------------------------
     def reduce(self, op, st, layout, dtype, dims):
         self._check(dtype, op)
-        out_dtype = i64 if op in ("argmax", "argmin") or (op in ("sum", "prod") and not dtype.is_float) else dtype
-        _, pl = layout.moved_last(dims)
-        rows, length = rows_of(pl.shape, len(dims))
-        if length == 0:
-            if op in ("sum", "prod"):
-                return self.full(rows, 0 if op == "sum" else 1, out_dtype)
-            raise ShapeError(f"{op} over an empty dim of shape {layout.shape}")
-        x = self._contiguous(st, pl, dtype)
+        out_dtype, rows, length, pl = plan_reduce(self.name, op, layout, dtype, dims)
         if rows == 0:
             return self._alloc(out_dtype, 0)
+        if length == 0:  # a sum or product of nothing (plan_reduce refused the others)
+            return self.full(rows, 0 if op == "sum" else 1, out_dtype)
+        x = self._contiguous(st, pl, dtype)
         grid, block = (rows, 1, 1), (BLOCK, 1, 1)
         if op in ("argmax", "argmin"):
             out = self._alloc(i64, rows)
