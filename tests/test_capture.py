@@ -1,4 +1,4 @@
-"""Capture and replay (tallow.capture; wgpu_backend/recording.py, tallow/backends/kernel/recording.py):
+"""Capture and replay (tallow.capture; the one recording: tallow/backends/step_recording.py):
 a captured one-token decode step replayed at later positions gives the logits eager decoding
 gives, bit for bit, on wgpu (lavapipe) and on the CUDA and Metal kernels' CPU emulators, across
 KV-cache growth and rotary-table growth; a captured step on the kernel backend holds at most 8
