@@ -23,8 +23,10 @@ from ..creation import tensor
 from ..device import Device, default_device
 from ..errors import Error, FormatError, IndexRangeError, ShapeError
 from ..json_file import read_json
+from ..layout import Layout
 from ..nn import Conv1d, Embedding, FusedLinear, KVCache, LayerNorm, Linear, Module, VarBuilder
 from ..step_capture import StepReplays
+from ..tensor import Tensor
 
 _ACTIVATIONS = {
     "gelu": lambda x: x.gelu(),
@@ -335,12 +337,32 @@ def _one_token_rows(ids):
     return tokens
 
 
+def _id_array(ids):
+    """ids (a list of equal-length lists of ints, or a (b, t) tensor) as an int64 numpy array."""
+    import numpy as np
+    if hasattr(ids, "shape"):
+        if ids.ndim != 2 or ids.dtype.is_float:
+            raise ShapeError(f"whisper decoder: expected token ids of shape (batch, tokens), got {ids.dtype} "
+                             f"{ids.shape}")
+        return ids.numpy().astype(np.int64)
+    try:
+        arr = np.array(ids, dtype=np.int64)
+    except (ValueError, TypeError, OverflowError):
+        raise ShapeError("whisper decoder: token ids must be rows of equal length of integers") from None
+    if arr.ndim != 2:
+        raise ShapeError(f"whisper decoder: expected token ids of shape (batch, tokens), got shape {arr.shape}")
+    return arr
+
+
 class Whisper(Module):
     """The model, its tokenizer and its mel filters. Call `transcribe` (whisper_transcribe.py).
     One-token decoder steps on a device that captures (wgpu) replay a captured step;
-    `model.capture_decode = False` decodes eagerly."""
+    `model.capture_decode = False` decodes eagerly. On the numpy CPU backend the decoder
+    runs as direct numpy calls (whisper_cpu_decoder.py); `model.cpu_decode = False`
+    runs the generic decoder there instead."""
     kind = "whisper"  # what the model does (see CausalLM.kind)
     capture_decode = True
+    cpu_decode = True
 
     def __init__(self, vb, cfg, tokenizer=None, mel_filters=None, name="whisper"):
         self.config = cfg
@@ -352,6 +374,7 @@ class Whisper(Module):
         self.mel_filters = mel_filters
         self.name = name
         self._tokens = None
+        self._cpu_decoder = None
 
     @property
     def tokens(self):
@@ -373,7 +396,12 @@ class Whisper(Module):
         return self.encoder(mel)
 
     def start(self, audio_features):
-        """A fresh DecoderState for these audio features."""
+        """A fresh DecoderState for these audio features (a CpuDecoderState on the numpy backend)."""
+        from .whisper_cpu_decoder import CpuDecoder
+        if self.cpu_decode and CpuDecoder.supports(self):
+            if self._cpu_decoder is None:
+                self._cpu_decoder = CpuDecoder(self)
+            return self._cpu_decoder.start(audio_features)
         return DecoderState(self.decoder, audio_features)
 
     def decode_step(self, ids, state, positions=(-1,)):
@@ -381,6 +409,9 @@ class Whisper(Module):
         caches; the logits (b, len(positions), vocab) at those positions (None: all).
         One Python token id per row on a device that captures: a replay of the state's
         captured step where it fits (see _decode_one)."""
+        if hasattr(state, "step"):  # a CpuDecoderState: numpy in, numpy out
+            logits = state.step(_id_array(ids), positions)  # a new float32 array: wrapped, not copied
+            return Tensor(self.device.backend.store(logits, D.f32), Layout(logits.shape), D.f32, self.device)
         tokens = _one_token_rows(ids)
         if (tokens is not None and (positions is None or len(positions) == 1) and self.capture_decode
                 and self.device.backend.can_capture()):
