@@ -34,31 +34,49 @@ _CLAMP = 4.0
 _state: dict[str, object] = {}
 
 
-def _erf_numpy(x):
-    """The approximation as float32 numpy operations (x: float32 array, not modified)."""
+CHUNK = 16384  # elements per numpy pass (64 KB each temporary: they stay in L2 between passes)
+
+
+def _erf_numpy(z, t):
+    """erf of the float32 chunk z (clamped here, in place) into t; uses z as scratch."""
     f = np.float32
-    z = np.clip(x, f(-_CLAMP), f(_CLAMP))  # np.clip keeps NaN
-    z2 = z * z
-    p = np.full_like(z2, f(_P[0]))
+    np.clip(z, f(-_CLAMP), f(_CLAMP), out=z)  # np.clip keeps NaN
+    z2 = np.multiply(z, z)
+    t.fill(f(_P[0]))
     for c in _P[1:]:
-        p *= z2
-        p += f(c)
-    q = np.full_like(z2, f(_Q[0]))
-    for c in _Q[1:]:
-        q *= z2
-        q += f(c)
-    p *= z
-    p /= q
-    return p
+        t *= z2
+        t += f(c)
+    t *= z
+    np.multiply(z2, f(_Q[0]), out=z)
+    for c in _Q[1:-1]:
+        z += f(c)
+        z *= z2
+    z += f(_Q[-1])
+    t /= z
+    return t
 
 
-def _gelu_numpy(x):
-    y = _erf_numpy(x * np.float32(_INV_SQRT2))
-    y += np.float32(1.0)
-    y *= np.float32(0.5)  # halve before multiplying by x: x * 2 overflows near float32's max
+def _gelu_numpy(x, out=None):
+    """The approximation as float32 numpy operations, CHUNK elements at a time (out may be x).
+    Measured on Whisper tiny's (1500, 1536) fc1 output, one thread, busy box, best of 10:
+    18 ms as whole-array passes, 10 ms in chunks (the same values bit for bit)."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    res = np.empty_like(flat) if out is None else out.reshape(-1)
+    f = np.float32
+    z = np.empty(min(CHUNK, flat.size), np.float32)
+    t = np.empty_like(z)
     with np.errstate(invalid="ignore"):  # -inf * 0 is NaN, as in the float64 formula
-        y *= x
-    return y
+        for i in range(0, flat.size, CHUNK):
+            part = flat[i:i + CHUNK]
+            n = part.size
+            zc, tc = z[:n], t[:n]
+            np.multiply(part, f(_INV_SQRT2), out=zc)
+            _erf_numpy(zc, tc)
+            tc += f(1.0)
+            tc *= f(0.5)  # halve before multiplying by x: x * 2 overflows near float32's max
+            tc *= part
+            res[i:i + n] = tc
+    return res.reshape(x.shape)
 
 
 def _build_numba():
@@ -101,14 +119,15 @@ def _kernel():
     return _state["kernel"]
 
 
-def gelu(x):
-    """Exact GELU of a float32 array (a new array, same shape), or None for other dtypes."""
+def gelu(x, out=None):
+    """Exact GELU of a float32 array, or None for other dtypes. out: a contiguous float32 array
+    of x's size to write into (x itself for in place); default a new array of x's shape."""
     if x.dtype != np.float32:
         return None
     kernel = _kernel()
     if kernel is None:
-        return _gelu_numpy(x)
+        return _gelu_numpy(x, out)
     flat = np.ascontiguousarray(x).reshape(-1)
-    out = np.empty_like(flat)
-    kernel(flat, out)
-    return out.reshape(x.shape)
+    res = np.empty_like(flat) if out is None else out.reshape(-1)
+    kernel(flat, res)
+    return res.reshape(x.shape)
