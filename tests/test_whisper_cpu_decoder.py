@@ -59,7 +59,7 @@ def test_generic_decoder_when_turned_off(checkpoint):
     model = whisper.load(path, device="cpu")
     features = model.encode(tallow.tensor(feats.tolist()))
     fast = model.decode_step([[1, 5, 7]], model.start(features)).numpy()
-    model.cpu_decode = False
+    model.cpu_direct = False
     state = model.start(features)
     assert isinstance(state, DecoderState)
     assert abs(model.decode_step([[1, 5, 7]], state).numpy() - fast).max() <= 1e-5
@@ -72,13 +72,13 @@ def test_q8_0_weights_match_the_generic_decoder(checkpoint):
     features = model.encode(tallow.tensor(feats.tolist()))
     fast_state = model.start(features)
     assert isinstance(fast_state, CpuDecoderState)
-    model.cpu_decode = False
+    model.cpu_direct = False
     slow_state = model.start(features)
     for ids in ([[1, 5, 7]], [[9]], [[11]]):
         slow = model.decode_step(ids, slow_state).numpy()
-        model.cpu_decode = True  # the switch is read at start(): the states keep their paths
+        model.cpu_direct = True  # the switch is read at start(): the states keep their paths
         fast = model.decode_step(ids, fast_state).numpy()
-        model.cpu_decode = False
+        model.cpu_direct = False
         assert abs(fast - slow).max() <= 1e-4
 
 

@@ -213,8 +213,7 @@ class Encoder(Module):
         self.layer_norm = LayerNorm(vb.pp("layer_norm"), d)
         self.act = _ACTIVATIONS[cfg.activation]
 
-    def forward(self, mel):
-        """mel (b, n_mels, frames) -> audio features (b, frames / 2, d_model)."""
+    def check_input(self, mel):
         cfg = self.cfg
         if mel.ndim != 3 or mel.shape[1] != cfg.num_mel_bins:
             raise ShapeError(f"whisper encoder: expected mel of shape (batch, {cfg.num_mel_bins}, frames), "
@@ -222,6 +221,10 @@ class Encoder(Module):
         if mel.shape[2] > 2 * cfg.max_source_positions:
             raise ShapeError(f"whisper encoder: {mel.shape[2]} mel frames is more than the model's "
                              f"{2 * cfg.max_source_positions} (30 s); split long audio into windows")
+
+    def forward(self, mel):
+        """mel (b, n_mels, frames) -> audio features (b, frames / 2, d_model)."""
+        self.check_input(mel)
         x = self.act(self.conv1(mel))
         x = self.act(self.conv2(x)).transpose(1, 2)
         x = x + self.embed_positions.weight.narrow(0, 0, x.shape[1])
@@ -337,6 +340,11 @@ def _one_token_rows(ids):
     return tokens
 
 
+def _wrap(array, device):
+    """A new float32 numpy array as a tensor on the numpy device (wrapped, not copied)."""
+    return Tensor(device.backend.store(array, D.f32), Layout(array.shape), D.f32, device)
+
+
 def _id_array(ids):
     """ids (a list of equal-length lists of ints, or a (b, t) tensor) as an int64 numpy array."""
     import numpy as np
@@ -357,12 +365,12 @@ def _id_array(ids):
 class Whisper(Module):
     """The model, its tokenizer and its mel filters. Call `transcribe` (whisper_transcribe.py).
     One-token decoder steps on a device that captures (wgpu) replay a captured step;
-    `model.capture_decode = False` decodes eagerly. On the numpy CPU backend the decoder
-    runs as direct numpy calls (whisper_cpu_decoder.py); `model.cpu_decode = False`
-    runs the generic decoder there instead."""
+    `model.capture_decode = False` decodes eagerly. On the numpy CPU backend the encoder and
+    decoder run as direct numpy calls (whisper_cpu_encoder.py, whisper_cpu_decoder.py);
+    `model.cpu_direct = False` runs the generic modules there instead."""
     kind = "whisper"  # what the model does (see CausalLM.kind)
     capture_decode = True
-    cpu_decode = True
+    cpu_direct = True
 
     def __init__(self, vb, cfg, tokenizer=None, mel_filters=None, name="whisper"):
         self.config = cfg
@@ -374,7 +382,7 @@ class Whisper(Module):
         self.mel_filters = mel_filters
         self.name = name
         self._tokens = None
-        self._cpu_decoder = None
+        self._cpu_decoder = self._cpu_encoder = None
 
     @property
     def tokens(self):
@@ -393,12 +401,18 @@ class Whisper(Module):
     def encode(self, mel):
         """Audio features (b, frames/2, d) from a mel spectrogram (b, n_mels, frames) tensor."""
         mel = mel.to(self.device).to(self.dtype)
-        return self.encoder(mel)
+        from .whisper_cpu_encoder import CpuEncoder
+        if not (self.cpu_direct and CpuEncoder.supports(self)):
+            return self.encoder(mel)
+        self.encoder.check_input(mel)
+        if self._cpu_encoder is None:
+            self._cpu_encoder = CpuEncoder(self)
+        return _wrap(self._cpu_encoder(mel.numpy()), self.device)
 
     def start(self, audio_features):
         """A fresh DecoderState for these audio features (a CpuDecoderState on the numpy backend)."""
         from .whisper_cpu_decoder import CpuDecoder
-        if self.cpu_decode and CpuDecoder.supports(self):
+        if self.cpu_direct and CpuDecoder.supports(self):
             if self._cpu_decoder is None:
                 self._cpu_decoder = CpuDecoder(self)
             return self._cpu_decoder.start(audio_features)
@@ -410,8 +424,7 @@ class Whisper(Module):
         One Python token id per row on a device that captures: a replay of the state's
         captured step where it fits (see _decode_one)."""
         if hasattr(state, "step"):  # a CpuDecoderState: numpy in, numpy out
-            logits = state.step(_id_array(ids), positions)  # a new float32 array: wrapped, not copied
-            return Tensor(self.device.backend.store(logits, D.f32), Layout(logits.shape), D.f32, self.device)
+            return _wrap(state.step(_id_array(ids), positions), self.device)
         tokens = _one_token_rows(ids)
         if (tokens is not None and (positions is None or len(positions) == 1) and self.capture_decode
                 and self.device.backend.can_capture()):

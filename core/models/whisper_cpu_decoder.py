@@ -117,7 +117,7 @@ class _Layer:
 
 
 class CpuDecoder:
-    """The numpy views of one model's decoder weights, built once (Whisper.cpu_decoder)."""
+    """The numpy views of one model's decoder weights, built once (Whisper.start uses it)."""
 
     def __init__(self, model):
         dec = model.decoder

@@ -1,0 +1,125 @@
+"""Whisper's encoder on the numpy CPU backend as direct numpy calls on few buffers.
+
+The encoder's time is its matrix products (BLAS) and its attention over 1,500
+frames (backends/cpu_attention.py); this path keeps everything else off the
+tensor front end, whose copies (a contiguous copy per head split and merge, a new
+array per bias add, residual add and activation) cost about 10% of an encode:
+
+* each convolution is one product over an im2col matrix built once, in time-major
+  order, so conv2's output is already the (frames, d) layout the layers read;
+* q, k and v are one product over the model's joined rows; attention reads them
+  as strided views (no copies per head);
+* biases, GELU (backends/cpu_gelu.py) and residual adds run in place on the
+  product's output.
+
+The generic Encoder is the reference (tests/test_whisper_cpu_encoder.py). Quantised
+matrices (`quantize="q8_0"`) are dequantised into one float32 buffer per product and
+multiplied by BLAS: numpy has no int8 matrix product.
+"""
+import numpy as np
+
+from ..backends import cpu_attention
+from ..backends.cpu_gelu import gelu
+from .whisper_cpu_decoder import _array, _layer_norm, _Norm
+
+
+def _f32_matrix(weight):
+    """A float32 numpy matrix of weight: a view, or (quantised) a fresh dequantised array."""
+    if weight.dtype.is_quantized:
+        from .. import dtypes as D
+        return weight.to(D.f32).numpy()
+    return _array(weight)
+
+
+class _Linear:
+    def __init__(self, weight, bias):
+        self.weight, self.bias = weight, None if bias is None else _array(bias)
+        self.w = None if weight.dtype.is_quantized else _array(weight)
+
+    def __call__(self, x):
+        """x (rows, k) -> x W^T + b, a new array (W^T read in place by BLAS)."""
+        y = np.matmul(x, (self.w if self.w is not None else _f32_matrix(self.weight)).T)
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+
+class _Conv:
+    """Conv1d with kernel size k, padding (k - 1) / 2 and a stride, on time-major input."""
+
+    def __init__(self, conv):
+        w = _array(conv.weight)  # (out, in, k)
+        self.k, self.stride, self.pad = w.shape[2], conv.stride, conv.padding
+        # (out, k * in): the im2col rows below are k consecutive frames of `in` channels each
+        self.w = np.ascontiguousarray(w.transpose(0, 2, 1).reshape(w.shape[0], -1))
+        self.bias = None if conv.bias is None else _array(conv.bias)
+
+    def __call__(self, x):
+        """x (frames, in) -> (out_frames, out)."""
+        frames, cin = x.shape
+        xp = np.zeros((frames + 2 * self.pad, cin), np.float32)
+        xp[self.pad:self.pad + frames] = x
+        n = (xp.shape[0] - self.k) // self.stride + 1
+        rows = np.lib.stride_tricks.as_strided(xp, (n, self.k * cin), (xp.strides[0] * self.stride, 4),
+                                               writeable=False)
+        y = np.matmul(np.ascontiguousarray(rows), self.w.T)
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+
+class _Layer:
+    def __init__(self, layer):
+        sa = layer.self_attn
+        self.heads, self.head_dim = sa.heads, sa.head_dim
+        self.norm1, self.norm2 = _Norm(layer.self_attn_layer_norm), _Norm(layer.final_layer_norm)
+        self.qkv = _Linear(sa.qkv_proj.weight, sa.qkv_proj.bias)
+        self.out = _Linear(sa.out_proj.weight, sa.out_proj.bias)
+        self.fc1, self.fc2 = _Linear(layer.fc1.weight, layer.fc1.bias), _Linear(layer.fc2.weight, layer.fc2.bias)
+
+    def __call__(self, x):
+        """x (frames, d), updated in place."""
+        t, d = x.shape
+        qkv = self.qkv(_layer_norm(x, self.norm1))
+        q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(t, self.heads, self.head_dim).transpose(1, 0, 2)
+                   for i in range(3))
+        y = cpu_attention.attention(q, k, v, None, self.head_dim ** -0.5, False)  # (heads, t, head_dim)
+        x += self.out(y.transpose(1, 0, 2).reshape(t, d))
+        h = self.fc1(_layer_norm(x, self.norm2))
+        x += self.fc2(gelu(h, out=h))
+
+
+class CpuEncoder:
+    """numpy views of one model's encoder weights, built once (Whisper.encode uses it)."""
+
+    def __init__(self, model):
+        enc = model.encoder
+        self.conv1, self.conv2 = _Conv(enc.conv1), _Conv(enc.conv2)
+        self.positions = _array(enc.embed_positions.weight)
+        self.layers = [_Layer(layer) for layer in enc.layers]
+        self.final = _Norm(enc.layer_norm)
+
+    @staticmethod
+    def supports(model):
+        """numpy backend, float32 activations, exact GELU, float32 (or dequantisable) weights."""
+        enc = model.encoder
+        if model.device.backend.name != "cpu" or model.dtype.name != "f32" or enc.cfg.activation != "gelu":
+            return False
+        convs = (enc.conv1, enc.conv2)
+        if any(c.weight.dtype.name != "f32" or c.groups != 1 or c.dilation != 1
+               or 2 * c.padding != c.weight.shape[2] - 1 for c in convs):
+            return False
+        return all(layer.self_attn.qkv_proj.separate is None for layer in enc.layers)
+
+    def __call__(self, mel):
+        """mel (b, n_mels, frames) float32 numpy -> (b, frames / 2, d)."""
+        return np.stack([self._one(m) for m in mel])
+
+    def _one(self, mel):
+        x = self.conv1(np.ascontiguousarray(mel.T))
+        x = self.conv2(gelu(x, out=x))
+        x = gelu(x, out=x)
+        x += self.positions[:x.shape[0]]
+        for layer in self.layers:
+            layer(x)
+        return _layer_norm(x, self.final)
