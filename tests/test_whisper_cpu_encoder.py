@@ -64,3 +64,39 @@ def test_other_activations_and_bad_mels(checkpoint):
     model.encoder.cfg.activation = "gelu_new"  # the tanh GELU: the generic encoder runs it
     assert not CpuEncoder.supports(model)
     assert np.isfinite(model.encode(tallow.zeros(1, 80, 10)).numpy()).all()
+
+
+def _threads_or_skip():
+    from tallow.backends import cpu_attention
+    if cpu_attention.blas_threads()[1] < 2:
+        pytest.skip("BLAS runs one thread here (threadpoolctl missing or one core)")
+
+
+def test_row_threads_give_the_one_thread_result(checkpoint):
+    _threads_or_skip()
+    from threadpoolctl import threadpool_limits
+    path, torch, _ = checkpoint
+    model = whisper.load(path, device="cpu")
+    torch.manual_seed(5)
+    mel = tallow.tensor(torch.randn(1, 80, 2 * POSITIONS - 1).tolist())
+    threaded = model.encode(mel).numpy()
+    with threadpool_limits(1, user_api="blas"):
+        single = model.encode(mel).numpy()
+    assert abs(threaded - single).max() <= 1e-6
+
+
+def test_an_error_in_one_row_thread_surfaces_without_a_hang(checkpoint, monkeypatch):
+    _threads_or_skip()
+    from tallow.models import whisper_cpu_encoder
+    path, _, _ = checkpoint
+    model = whisper.load(path, device="cpu")
+    real = whisper_cpu_encoder._Layer.project
+
+    def failing(self, x, qkv, lo, hi):
+        if lo > 0:
+            raise ValueError("row thread failed")
+        real(self, x, qkv, lo, hi)
+
+    monkeypatch.setattr(whisper_cpu_encoder._Layer, "project", failing)
+    with pytest.raises(ValueError, match="row thread failed"):
+        model.encode(tallow.zeros(1, 80, 2 * POSITIONS))

@@ -16,6 +16,9 @@ The generic Encoder is the reference (tests/test_whisper_cpu_encoder.py). Quanti
 matrices (`quantize="q8_0"`) are dequantised into one float32 buffer per product and
 multiplied by BLAS: numpy has no int8 matrix product.
 """
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from ..backends import cpu_attention
@@ -77,20 +80,47 @@ class _Layer:
         self.out = _Linear(sa.out_proj.weight, sa.out_proj.bias)
         self.fc1, self.fc2 = _Linear(layer.fc1.weight, layer.fc1.bias), _Linear(layer.fc2.weight, layer.fc2.bias)
 
-    def __call__(self, x):
-        """x (frames, d), updated in place."""
+    def project(self, x, qkv, lo, hi):
+        """Rows lo:hi of q, k and v (into the shared qkv buffer) from rows lo:hi of x."""
+        qkv[lo:hi] = self.qkv(_layer_norm(x[lo:hi], self.norm1))
+
+    def finish(self, x, qkv, lo, hi):
+        """Rows lo:hi of the layer's output, in place in x: attention of those queries over
+        every key, then the out projection, the MLP and both residual adds."""
         t, d = x.shape
-        qkv = self.qkv(_layer_norm(x, self.norm1))
         q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(t, self.heads, self.head_dim).transpose(1, 0, 2)
                    for i in range(3))
-        y = cpu_attention.attention(q, k, v, None, self.head_dim ** -0.5, False)  # (heads, t, head_dim)
-        x += self.out(y.transpose(1, 0, 2).reshape(t, d))
-        h = self.fc1(_layer_norm(x, self.norm2))
-        x += self.fc2(gelu(h, out=h))
+        y = cpu_attention.attention(q[:, lo:hi], k, v, None, self.head_dim ** -0.5, False)  # (heads, rows, hd)
+        rows = x[lo:hi]
+        rows += self.out(y.transpose(1, 0, 2).reshape(hi - lo, d))
+        h = self.fc1(_layer_norm(rows, self.norm2))
+        rows += self.fc2(gelu(h, out=h))
+
+
+def _layers(layers, x, lo, hi, barrier):
+    """Rows lo:hi of x through every layer; with a barrier, other threads do the other rows and
+    each layer waits once, for all its keys and values (a new qkv buffer per layer, so a thread
+    never overwrites keys another thread still reads)."""
+    try:
+        for layer, qkv in layers:
+            layer.project(x, qkv, lo, hi)
+            if barrier is not None:
+                barrier.wait()
+            layer.finish(x, qkv, lo, hi)
+    except BaseException:
+        if barrier is not None:
+            barrier.abort()  # the other threads stop waiting (BrokenBarrierError) instead of hanging
+        raise
 
 
 class CpuEncoder:
-    """numpy views of one model's encoder weights, built once (Whisper.encode uses it)."""
+    """numpy views of one model's encoder weights, built once (Whisper.encode uses it).
+
+    Threads: with BLAS at n > 1 threads (threadpoolctl, main thread), the frames are split
+    into n row ranges, each run by one Python thread with BLAS held at one thread, and the
+    threads meet once per layer. BLAS's own threads meet inside every product (about 12
+    times per layer, counting attention's), and on a busy box each meeting waits for the
+    slowest thread to be scheduled."""
 
     def __init__(self, model):
         enc = model.encoder
@@ -120,6 +150,20 @@ class CpuEncoder:
         x = self.conv2(gelu(x, out=x))
         x = gelu(x, out=x)
         x += self.positions[:x.shape[0]]
-        for layer in self.layers:
-            layer(x)
+        t, d = x.shape
+        layers = [(layer, np.empty((t, 3 * d), np.float32)) for layer in self.layers]
+        blas, threads = cpu_attention.blas_threads()
+        threads = min(threads, t)
+        if threads < 2 or threading.current_thread() is not threading.main_thread():
+            _layers(layers, x, 0, t, None)
+        else:
+            bounds = [t * i // threads for i in range(threads + 1)]
+            barrier = threading.Barrier(threads)
+            with blas.limit(limits=1), ThreadPoolExecutor(threads) as pool:
+                jobs = [pool.submit(_layers, layers, x, lo, hi, barrier) for lo, hi in zip(bounds, bounds[1:])]
+                errors = [job.exception() for job in jobs]
+            # the thread that failed first, not one that a broken barrier then stopped
+            for error in sorted((e for e in errors if e is not None),
+                                key=lambda e: isinstance(e, threading.BrokenBarrierError)):
+                raise error
         return _layer_norm(x, self.final)
