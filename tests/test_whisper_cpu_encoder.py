@@ -92,10 +92,10 @@ def test_an_error_in_one_row_thread_surfaces_without_a_hang(checkpoint, monkeypa
     model = whisper.load(path, device="cpu")
     real = whisper_cpu_encoder._Layer.project
 
-    def failing(self, x, qkv, lo, hi):
+    def failing(self, x, qkv, lo, hi, weights):
         if lo > 0:
             raise ValueError("row thread failed")
-        real(self, x, qkv, lo, hi)
+        real(self, x, qkv, lo, hi, weights)
 
     monkeypatch.setattr(whisper_cpu_encoder._Layer, "project", failing)
     with pytest.raises(ValueError, match="row thread failed"):

@@ -26,25 +26,47 @@ from ..backends.cpu_gelu import gelu
 from .whisper_cpu_decoder import _array, _layer_norm, _Norm
 
 
-def _f32_matrix(weight):
-    """A float32 numpy matrix of weight: a view, or (quantised) a fresh dequantised array."""
-    if weight.dtype.is_quantized:
-        from .. import dtypes as D
-        return weight.to(D.f32).numpy()
-    return _array(weight)
-
-
 class _Linear:
     def __init__(self, weight, bias):
         self.weight, self.bias = weight, None if bias is None else _array(bias)
         self.w = None if weight.dtype.is_quantized else _array(weight)
 
-    def __call__(self, x):
-        """x (rows, k) -> x W^T + b, a new array (W^T read in place by BLAS)."""
-        y = np.matmul(x, (self.w if self.w is not None else _f32_matrix(self.weight)).T)
+    def dense(self):
+        """The float32 (n, k) matrix: a view, or for blocks a new dequantised array."""
+        if self.w is not None:
+            return self.w
+        from ..quant import dequantize_numpy
+        n, k = self.weight.shape
+        return dequantize_numpy(self.weight._storage, self.weight.dtype, n * k).reshape(n, k)
+
+    def __call__(self, x, w):
+        """x (rows, k) -> x w^T + b, a new array (w^T read in place by BLAS); w: dense()."""
+        y = np.matmul(x, w.T)
         if self.bias is not None:
             y += self.bias
         return y
+
+
+class _Weights:
+    """One encode's float32 matrices by linear layer: views, or for quantised layers dequantised
+    once (not once per thread), and dropped after their layer (drop) so a large model never
+    holds a float32 copy of every layer."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.made = {}
+
+    def __call__(self, linear):
+        with self.lock:
+            w = self.made.get(id(linear))
+            if w is None:
+                w = self.made[id(linear)] = linear.dense()
+            return w
+
+    def drop(self, layer):
+        with self.lock:
+            for linear in (layer.qkv, layer.out, layer.fc1, layer.fc2):
+                self.made.pop(id(linear), None)
 
 
 class _Conv:
@@ -65,7 +87,7 @@ class _Conv:
         n = (xp.shape[0] - self.k) // self.stride + 1
         rows = np.lib.stride_tricks.as_strided(xp, (n, self.k * cin), (xp.strides[0] * self.stride, 4),
                                                writeable=False)
-        y = np.matmul(np.ascontiguousarray(rows), self.w.T)
+        y = np.matmul(np.ascontiguousarray(rows), self.w.T)  # one product over the im2col matrix
         if self.bias is not None:
             y += self.bias
         return y
@@ -80,11 +102,11 @@ class _Layer:
         self.out = _Linear(sa.out_proj.weight, sa.out_proj.bias)
         self.fc1, self.fc2 = _Linear(layer.fc1.weight, layer.fc1.bias), _Linear(layer.fc2.weight, layer.fc2.bias)
 
-    def project(self, x, qkv, lo, hi):
+    def project(self, x, qkv, lo, hi, weights):
         """Rows lo:hi of q, k and v (into the shared qkv buffer) from rows lo:hi of x."""
-        qkv[lo:hi] = self.qkv(_layer_norm(x[lo:hi], self.norm1))
+        qkv[lo:hi] = self.qkv(_layer_norm(x[lo:hi], self.norm1), weights(self.qkv))
 
-    def finish(self, x, qkv, lo, hi):
+    def finish(self, x, qkv, lo, hi, weights):
         """Rows lo:hi of the layer's output, in place in x: attention of those queries over
         every key, then the out projection, the MLP and both residual adds."""
         t, d = x.shape
@@ -92,21 +114,23 @@ class _Layer:
                    for i in range(3))
         y = cpu_attention.attention(q[:, lo:hi], k, v, None, self.head_dim ** -0.5, False)  # (heads, rows, hd)
         rows = x[lo:hi]
-        rows += self.out(y.transpose(1, 0, 2).reshape(hi - lo, d))
-        h = self.fc1(_layer_norm(rows, self.norm2))
-        rows += self.fc2(gelu(h, out=h))
+        rows += self.out(y.transpose(1, 0, 2).reshape(hi - lo, d), weights(self.out))
+        h = self.fc1(_layer_norm(rows, self.norm2), weights(self.fc1))
+        rows += self.fc2(gelu(h, out=h), weights(self.fc2))
 
 
-def _layers(layers, x, lo, hi, barrier):
+def _layers(layers, x, lo, hi, barrier, weights):
     """Rows lo:hi of x through every layer; with a barrier, other threads do the other rows and
     each layer waits once, for all its keys and values (a new qkv buffer per layer, so a thread
     never overwrites keys another thread still reads)."""
     try:
-        for layer, qkv in layers:
-            layer.project(x, qkv, lo, hi)
+        for i, (layer, qkv) in enumerate(layers):
+            layer.project(x, qkv, lo, hi, weights)
             if barrier is not None:
                 barrier.wait()
-            layer.finish(x, qkv, lo, hi)
+            if i and lo == 0:  # past the barrier every thread has finished the layer before
+                weights.drop(layers[i - 1][0])
+            layer.finish(x, qkv, lo, hi, weights)
     except BaseException:
         if barrier is not None:
             barrier.abort()  # the other threads stop waiting (BrokenBarrierError) instead of hanging
@@ -155,12 +179,14 @@ class CpuEncoder:
         blas, threads = cpu_attention.blas_threads()
         threads = min(threads, t)
         if threads < 2 or threading.current_thread() is not threading.main_thread():
-            _layers(layers, x, 0, t, None)
+            _layers(layers, x, 0, t, None, _Weights())
         else:
             bounds = [t * i // threads for i in range(threads + 1)]
             barrier = threading.Barrier(threads)
             with blas.limit(limits=1), ThreadPoolExecutor(threads) as pool:
-                jobs = [pool.submit(_layers, layers, x, lo, hi, barrier) for lo, hi in zip(bounds, bounds[1:])]
+                weights = _Weights()
+                jobs = [pool.submit(_layers, layers, x, lo, hi, barrier, weights)
+                        for lo, hi in zip(bounds, bounds[1:])]
                 errors = [job.exception() for job in jobs]
             # the thread that failed first, not one that a broken barrier then stopped
             for error in sorted((e for e in errors if e is not None),
