@@ -16,6 +16,11 @@ tests/test_whisper_cpu_decoder.py) in about 25 numpy calls per layer:
 * one matrix-vector product per linear layer, with the bias added in place;
 * the output head as one product over the tied embedding (no transposed copy).
 
+Measured (jfk.wav, 27 tokens, busy shared 2-core box, best of 3): decoding went from
+0.60 s (22 ms per token) to 0.22-0.28 s at one thread (8-10 ms per token, 0.22 s of
+CPU). What is left is reading memory: per token the 80 MB float32 output head (2.5 ms
+alone at best), 28 MB of layer weights and 18 MB of cross-attention keys and values.
+
 Weights are read-only views of the model's storage (no copies). q8_0 weights
 (`quantize="q8_0"`) take tallow.quant.cpu_matmul's integer-dot kernels for steps and
 its tiled path for the prompt. `CpuDecoder.supports(model)` says when this applies:
