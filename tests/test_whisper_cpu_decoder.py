@@ -98,6 +98,11 @@ def test_bad_ids_and_lengths_are_clear_errors(checkpoint):
     model.decode_step([[1, 2]], state)
     with pytest.raises(ShapeError, match="reorder the state first"):
         model.decode_step([[3], [4]], state)
+    with pytest.raises(IndexRangeError, match="reorder row 2 is not one of the 1 rows"):
+        state.reorder([0, 2])
     with pytest.raises(ShapeError, match="audio features"):
         model.start(tallow.zeros(1, POSITIONS, 8))
+    two_audios = model.start(model.encode(tallow.tensor(feats.tolist() * 2)))
+    with pytest.raises(ShapeError, match="3 rows over audio features of batch 2"):
+        model.decode_step([[1], [1], [1]], two_audios)
     assert np.isfinite(model.decode_step([[3]], state).numpy()).all()

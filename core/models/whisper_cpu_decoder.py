@@ -192,6 +192,11 @@ class CpuDecoderState:
         rows = list(rows)
         if self.k is None or rows == list(range(self.k[0].shape[0])):
             return
+        have = self.k[0].shape[0]
+        bad = [r for r in rows if not (isinstance(r, (int, np.integer)) and 0 <= r < have)]
+        if bad:
+            raise IndexRangeError(f"whisper decoder: reorder row {bad[0]!r} is not one of the {have} rows "
+                                  f"(0 to {have - 1})")
         n = self.length
         if len(rows) != self.k[0].shape[0]:
             old_k, old_v = self.k, self.v
@@ -220,6 +225,9 @@ class CpuDecoderState:
                 raise ShapeError(f"whisper decoder: {b} rows continue a run of {self.k[0].shape[0]} "
                                  "(reorder the state first)")
             self._caches(b)
+        if self.cross[0][0].shape[0] not in (1, b):
+            raise ShapeError(f"whisper decoder: {b} rows over audio features of batch {self.cross[0][0].shape[0]} "
+                             "(one audio for every row, or one per row)")
         x = d.embed_rows(ids.reshape(-1)) + np.tile(d.positions[start:start + t], (b, 1))
         end = start + t
         causal = None
