@@ -90,25 +90,36 @@ def _build_numba():
     # error_model="numpy": no Python ZeroDivisionError check in the loop, whose branch
     # kept LLVM from vectorising it (measured 18 ms -> 0.5 ms on 1500x1536).
     # "contract" lets it use fused multiply-adds (no less exact).
+    @njit(inline="always", error_model="numpy", fastmath={"contract"})
+    def gelu_one(v):
+        # No branches: the clamps are selects that keep NaN (a comparison with NaN is false).
+        z = v * s
+        z = lim if z > lim else z
+        z = -lim if z < -lim else z
+        z2 = z * z
+        p = ((((((p0 * z2 + p1) * z2 + p2) * z2 + p3) * z2 + p4) * z2 + p5) * z2 + p6) * z
+        q = (((q0 * z2 + q1) * z2 + q2) * z2 + q3) * z2 + q4
+        return half * v * (one + p / q)
+
     @njit(cache=True, error_model="numpy", fastmath={"contract"})
     def gelu_kernel(x, out):
-        # One flat loop, no branches: LLVM vectorises it. The clamps are selects that
-        # keep NaN (a comparison with NaN is false).
-        for i in range(x.size):
-            v = x[i]
-            z = v * s
-            z = lim if z > lim else z
-            z = -lim if z < -lim else z
-            z2 = z * z
-            p = ((((((p0 * z2 + p1) * z2 + p2) * z2 + p3) * z2 + p4) * z2 + p5) * z2 + p6) * z
-            q = (((q0 * z2 + q1) * z2 + q2) * z2 + q3) * z2 + q4
-            out[i] = half * v * (one + p / q)
+        for i in range(x.size):  # one flat loop: LLVM vectorises it
+            out[i] = gelu_one(x[i])
 
-    return gelu_kernel
+    # In place gets its own loop over one array: with out and x the same memory, the loop
+    # above fails LLVM's run-time overlap check and runs scalar (measured 7.3 ms vs 0.5 ms
+    # on 1500x1536).
+    @njit(cache=True, error_model="numpy", fastmath={"contract"})
+    def gelu_in_place(x):
+        for i in range(x.size):
+            x[i] = gelu_one(x[i])
+
+    return gelu_kernel, gelu_in_place
 
 
 def _kernel():
-    """The numba kernel, or None: numba not loaded (see above), or TALLOW_CPU_KERNELS=0."""
+    """The numba kernels (out of place, in place), or None: numba not loaded (see above), or
+    TALLOW_CPU_KERNELS=0."""
     if os.environ.get("TALLOW_CPU_KERNELS", "1") == "0" or "numba" not in sys.modules:
         return None
     if "kernel" not in _state:
@@ -124,10 +135,18 @@ def gelu(x, out=None):
     of x's size to write into (x itself for in place); default a new array of x's shape."""
     if x.dtype != np.float32:
         return None
-    kernel = _kernel()
-    if kernel is None:
-        return _gelu_numpy(x, out)
     flat = np.ascontiguousarray(x).reshape(-1)
     res = np.empty_like(flat) if out is None else out.reshape(-1)
-    kernel(flat, res)
+    overlap = np.shares_memory(flat, res)
+    if overlap and flat.ctypes.data != res.ctypes.data:  # a partial overlap: through a copy
+        res[:] = gelu(flat.copy()).reshape(-1)
+        return res.reshape(x.shape)
+    kernels = _kernel()
+    if kernels is None:
+        return _gelu_numpy(flat, res).reshape(x.shape)
+    kernel, in_place = kernels
+    if overlap:
+        in_place(res)
+    else:
+        kernel(flat, res)
     return res.reshape(x.shape)
