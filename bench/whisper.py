@@ -107,6 +107,7 @@ def measure(threads, runs):
             best[name] = min(best[name], time.perf_counter() - t)
             cpu[name] = min(cpu[name], time.process_time() - c)
     report["engines"] = {name: {"seconds": best[name], "cpu": cpu[name], "text": texts[name]} for name in engines}
+    report["blas"] = blas_note()
     report["load"] = f"{report['load']:.1f} -> {os.getloadavg()[0]:.1f}"  # the box's 1-minute load average
     report["tallow f32 parts"], f32_tokens = parts(f32_model)
     report["tallow int8 parts"], q8_tokens = parts(q8_model)
@@ -114,6 +115,20 @@ def measure(threads, runs):
     report["int8 tokens"] = f"{same} of {len(f32_tokens)} equal to float's (int8 has {len(q8_tokens)})"
     report["f32 model"] = f32_model
     return report
+
+
+def blas_note():
+    """numpy's BLAS and the kernels it runs: OPENBLAS_CORETYPE in the environment can pin
+    OpenBLAS to older kernels than the CPU has (AVX2 on an AVX-512 CPU halves its float32
+    products), which faster-whisper's own libraries do not read."""
+    try:
+        from threadpoolctl import threadpool_info
+        libs = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} kernels"
+                for i in threadpool_info() if i.get("user_api") == "blas"]
+    except ImportError:
+        libs = ["unknown (threadpoolctl is not installed)"]
+    pinned = os.environ.get("OPENBLAS_CORETYPE")
+    return ", ".join(libs) + (f" (OPENBLAS_CORETYPE={pinned} in the environment)" if pinned else "")
 
 
 def ratio(report, kind):
@@ -125,6 +140,7 @@ def ratio(report, kind):
 def print_report(r):
     print(f"\n{r['threads']} thread(s), best of {r['runs']} interleaved runs (a shared box: "
           f"other work adds noise; load average {r['load']}); {r.get('peer', 'no faster-whisper')}")
+    print(f"  numpy's BLAS: {r['blas']}")
     for name, e in r["engines"].items():
         print(f"  {name:20s} {e['seconds']:7.3f} s  RTF {e['seconds'] / SECONDS:.3f}  "
               f"(CPU {e['cpu']:6.3f} s)  {e['text']}")

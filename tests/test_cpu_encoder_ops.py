@@ -45,6 +45,25 @@ def test_gelu_nan_and_inf_follow_the_float64_formula(name, fn):
     assert np.isnan(y[0]) and y[1] == np.inf and np.isnan(y[2]) and y[3] == 0.0
 
 
+@pytest.mark.parametrize("name,fn", _kernels(), ids=lambda v: v if isinstance(v, str) else "")
+def test_gelu_in_place_over_several_chunks(name, fn):
+    x = np.random.default_rng(2).standard_normal((7, cpu_gelu.CHUNK // 3 + 5)).astype(np.float32) * 5
+    ref = torch.nn.functional.gelu(torch.from_numpy(x).double()).numpy()
+    y = x.copy()
+    assert fn(y, y) is not None
+    assert np.abs(y - ref).max() <= 1e-5 * max(1.0, float(np.abs(x).max()))
+    out = np.empty_like(x)
+    fn(x, out)
+    np.testing.assert_array_equal(out, y)
+
+
+def test_gelu_into_memory_that_partly_overlaps_its_input():
+    buf = np.random.default_rng(3).standard_normal(cpu_gelu.CHUNK + 9).astype(np.float32) * 4
+    want = cpu_gelu.gelu(buf[:-1].copy())
+    cpu_gelu.gelu(buf[:-1], out=buf[1:])  # each write lands on an input not read yet
+    np.testing.assert_array_equal(buf[1:], want)
+
+
 def test_gelu_uses_the_numba_kernel_once_numba_is_loaded():
     pytest.importorskip("numba")
     assert cpu_gelu._kernel() is not None

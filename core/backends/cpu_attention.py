@@ -66,7 +66,7 @@ def attention(q, k, v, mask, scale, causal):
             np.matmul(s, vh, out=o)
             o /= total
 
-    blas, threads = _blas_threads()
+    blas, threads = blas_threads()
     if threads > 1 and heads > 1 and threading.current_thread() is threading.main_thread():
         with blas.limit(limits=1), ThreadPoolExecutor(min(threads, heads)) as pool:
             list(pool.map(one_head, range(heads)))
@@ -79,7 +79,7 @@ def attention(q, k, v, mask, scale, causal):
 _state: dict[str, object] = {}
 
 
-def _blas_threads():
+def blas_threads():
     """(threadpoolctl controller of numpy's BLAS, its thread count now), or (None, 1)."""
     if "blas" not in _state:
         try:

@@ -34,31 +34,49 @@ _CLAMP = 4.0
 _state: dict[str, object] = {}
 
 
-def _erf_numpy(x):
-    """The approximation as float32 numpy operations (x: float32 array, not modified)."""
+CHUNK = 16384  # elements per numpy pass (64 KB each temporary: they stay in L2 between passes)
+
+
+def _erf_numpy(z, t):
+    """erf of the float32 chunk z (clamped here, in place) into t; uses z as scratch."""
     f = np.float32
-    z = np.clip(x, f(-_CLAMP), f(_CLAMP))  # np.clip keeps NaN
-    z2 = z * z
-    p = np.full_like(z2, f(_P[0]))
+    np.clip(z, f(-_CLAMP), f(_CLAMP), out=z)  # np.clip keeps NaN
+    z2 = np.multiply(z, z)
+    t.fill(f(_P[0]))
     for c in _P[1:]:
-        p *= z2
-        p += f(c)
-    q = np.full_like(z2, f(_Q[0]))
-    for c in _Q[1:]:
-        q *= z2
-        q += f(c)
-    p *= z
-    p /= q
-    return p
+        t *= z2
+        t += f(c)
+    t *= z
+    np.multiply(z2, f(_Q[0]), out=z)
+    for c in _Q[1:-1]:
+        z += f(c)
+        z *= z2
+    z += f(_Q[-1])
+    t /= z
+    return t
 
 
-def _gelu_numpy(x):
-    y = _erf_numpy(x * np.float32(_INV_SQRT2))
-    y += np.float32(1.0)
-    y *= np.float32(0.5)  # halve before multiplying by x: x * 2 overflows near float32's max
+def _gelu_numpy(x, out=None):
+    """The approximation as float32 numpy operations, CHUNK elements at a time (out may be x).
+    Measured on Whisper tiny's (1500, 1536) fc1 output, one thread, busy box, best of 10:
+    18 ms as whole-array passes, 10 ms in chunks (the same values bit for bit)."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    res = np.empty_like(flat) if out is None else out.reshape(-1)
+    f = np.float32
+    z = np.empty(min(CHUNK, flat.size), np.float32)
+    t = np.empty_like(z)
     with np.errstate(invalid="ignore"):  # -inf * 0 is NaN, as in the float64 formula
-        y *= x
-    return y
+        for i in range(0, flat.size, CHUNK):
+            part = flat[i:i + CHUNK]
+            n = part.size
+            zc, tc = z[:n], t[:n]
+            np.multiply(part, f(_INV_SQRT2), out=zc)
+            _erf_numpy(zc, tc)
+            tc += f(1.0)
+            tc *= f(0.5)  # halve before multiplying by x: x * 2 overflows near float32's max
+            tc *= part
+            res[i:i + n] = tc
+    return res.reshape(x.shape)
 
 
 def _build_numba():
@@ -72,25 +90,36 @@ def _build_numba():
     # error_model="numpy": no Python ZeroDivisionError check in the loop, whose branch
     # kept LLVM from vectorising it (measured 18 ms -> 0.5 ms on 1500x1536).
     # "contract" lets it use fused multiply-adds (no less exact).
+    @njit(inline="always", error_model="numpy", fastmath={"contract"})
+    def gelu_one(v):
+        # No branches: the clamps are selects that keep NaN (a comparison with NaN is false).
+        z = v * s
+        z = lim if z > lim else z
+        z = -lim if z < -lim else z
+        z2 = z * z
+        p = ((((((p0 * z2 + p1) * z2 + p2) * z2 + p3) * z2 + p4) * z2 + p5) * z2 + p6) * z
+        q = (((q0 * z2 + q1) * z2 + q2) * z2 + q3) * z2 + q4
+        return half * v * (one + p / q)
+
     @njit(cache=True, error_model="numpy", fastmath={"contract"})
     def gelu_kernel(x, out):
-        # One flat loop, no branches: LLVM vectorises it. The clamps are selects that
-        # keep NaN (a comparison with NaN is false).
-        for i in range(x.size):
-            v = x[i]
-            z = v * s
-            z = lim if z > lim else z
-            z = -lim if z < -lim else z
-            z2 = z * z
-            p = ((((((p0 * z2 + p1) * z2 + p2) * z2 + p3) * z2 + p4) * z2 + p5) * z2 + p6) * z
-            q = (((q0 * z2 + q1) * z2 + q2) * z2 + q3) * z2 + q4
-            out[i] = half * v * (one + p / q)
+        for i in range(x.size):  # one flat loop: LLVM vectorises it
+            out[i] = gelu_one(x[i])
 
-    return gelu_kernel
+    # In place gets its own loop over one array: with out and x the same memory, the loop
+    # above fails LLVM's run-time overlap check and runs scalar (measured 7.3 ms vs 0.5 ms
+    # on 1500x1536).
+    @njit(cache=True, error_model="numpy", fastmath={"contract"})
+    def gelu_in_place(x):
+        for i in range(x.size):
+            x[i] = gelu_one(x[i])
+
+    return gelu_kernel, gelu_in_place
 
 
 def _kernel():
-    """The numba kernel, or None: numba not loaded (see above), or TALLOW_CPU_KERNELS=0."""
+    """The numba kernels (out of place, in place), or None: numba not loaded (see above), or
+    TALLOW_CPU_KERNELS=0."""
     if os.environ.get("TALLOW_CPU_KERNELS", "1") == "0" or "numba" not in sys.modules:
         return None
     if "kernel" not in _state:
@@ -101,14 +130,23 @@ def _kernel():
     return _state["kernel"]
 
 
-def gelu(x):
-    """Exact GELU of a float32 array (a new array, same shape), or None for other dtypes."""
+def gelu(x, out=None):
+    """Exact GELU of a float32 array, or None for other dtypes. out: a contiguous float32 array
+    of x's size to write into (x itself for in place); default a new array of x's shape."""
     if x.dtype != np.float32:
         return None
-    kernel = _kernel()
-    if kernel is None:
-        return _gelu_numpy(x)
     flat = np.ascontiguousarray(x).reshape(-1)
-    out = np.empty_like(flat)
-    kernel(flat, out)
-    return out.reshape(x.shape)
+    res = np.empty_like(flat) if out is None else out.reshape(-1)
+    overlap = np.shares_memory(flat, res)
+    if overlap and flat.ctypes.data != res.ctypes.data:  # a partial overlap: through a copy
+        res[:] = gelu(flat.copy()).reshape(-1)
+        return res.reshape(x.shape)
+    kernels = _kernel()
+    if kernels is None:
+        return _gelu_numpy(flat, res).reshape(x.shape)
+    kernel, in_place = kernels
+    if overlap:
+        in_place(res)
+    else:
+        kernel(flat, res)
+    return res.reshape(x.shape)

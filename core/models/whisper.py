@@ -23,8 +23,10 @@ from ..creation import tensor
 from ..device import Device, default_device
 from ..errors import Error, FormatError, IndexRangeError, ShapeError
 from ..json_file import read_json
+from ..layout import Layout
 from ..nn import Conv1d, Embedding, FusedLinear, KVCache, LayerNorm, Linear, Module, VarBuilder
 from ..step_capture import StepReplays
+from ..tensor import Tensor
 
 _ACTIVATIONS = {
     "gelu": lambda x: x.gelu(),
@@ -211,8 +213,7 @@ class Encoder(Module):
         self.layer_norm = LayerNorm(vb.pp("layer_norm"), d)
         self.act = _ACTIVATIONS[cfg.activation]
 
-    def forward(self, mel):
-        """mel (b, n_mels, frames) -> audio features (b, frames / 2, d_model)."""
+    def check_input(self, mel):
         cfg = self.cfg
         if mel.ndim != 3 or mel.shape[1] != cfg.num_mel_bins:
             raise ShapeError(f"whisper encoder: expected mel of shape (batch, {cfg.num_mel_bins}, frames), "
@@ -220,6 +221,10 @@ class Encoder(Module):
         if mel.shape[2] > 2 * cfg.max_source_positions:
             raise ShapeError(f"whisper encoder: {mel.shape[2]} mel frames is more than the model's "
                              f"{2 * cfg.max_source_positions} (30 s); split long audio into windows")
+
+    def forward(self, mel):
+        """mel (b, n_mels, frames) -> audio features (b, frames / 2, d_model)."""
+        self.check_input(mel)
         x = self.act(self.conv1(mel))
         x = self.act(self.conv2(x)).transpose(1, 2)
         x = x + self.embed_positions.weight.narrow(0, 0, x.shape[1])
@@ -335,12 +340,37 @@ def _one_token_rows(ids):
     return tokens
 
 
+def _wrap(array, device):
+    """A new float32 numpy array as a tensor on the numpy device (wrapped, not copied)."""
+    return Tensor(device.backend.store(array, D.f32), Layout(array.shape), D.f32, device)
+
+
+def _id_array(ids):
+    """ids (a list of equal-length lists of ints, or a (b, t) tensor) as an int64 numpy array."""
+    import numpy as np
+    if hasattr(ids, "shape"):
+        if ids.ndim != 2 or ids.dtype.is_float:
+            raise ShapeError(f"whisper decoder: expected token ids of shape (batch, tokens), got {ids.dtype} "
+                             f"{ids.shape}")
+        return ids.numpy().astype(np.int64)
+    try:
+        arr = np.array(ids, dtype=np.int64)
+    except (ValueError, TypeError, OverflowError):
+        raise ShapeError("whisper decoder: token ids must be rows of equal length of integers") from None
+    if arr.ndim != 2:
+        raise ShapeError(f"whisper decoder: expected token ids of shape (batch, tokens), got shape {arr.shape}")
+    return arr
+
+
 class Whisper(Module):
     """The model, its tokenizer and its mel filters. Call `transcribe` (whisper_transcribe.py).
     One-token decoder steps on a device that captures (wgpu) replay a captured step;
-    `model.capture_decode = False` decodes eagerly."""
+    `model.capture_decode = False` decodes eagerly. On the numpy CPU backend the encoder and
+    decoder run as direct numpy calls (whisper_cpu_encoder.py, whisper_cpu_decoder.py);
+    `model.cpu_direct = False` runs the generic modules there instead."""
     kind = "whisper"  # what the model does (see CausalLM.kind)
     capture_decode = True
+    cpu_direct = True
 
     def __init__(self, vb, cfg, tokenizer=None, mel_filters=None, name="whisper"):
         self.config = cfg
@@ -352,6 +382,7 @@ class Whisper(Module):
         self.mel_filters = mel_filters
         self.name = name
         self._tokens = None
+        self._cpu_decoder = self._cpu_encoder = None
 
     @property
     def tokens(self):
@@ -370,10 +401,21 @@ class Whisper(Module):
     def encode(self, mel):
         """Audio features (b, frames/2, d) from a mel spectrogram (b, n_mels, frames) tensor."""
         mel = mel.to(self.device).to(self.dtype)
-        return self.encoder(mel)
+        from .whisper_cpu_encoder import CpuEncoder
+        if not (self.cpu_direct and CpuEncoder.supports(self)):
+            return self.encoder(mel)
+        self.encoder.check_input(mel)
+        if self._cpu_encoder is None:
+            self._cpu_encoder = CpuEncoder(self)
+        return _wrap(self._cpu_encoder(mel.numpy()), self.device)
 
     def start(self, audio_features):
-        """A fresh DecoderState for these audio features."""
+        """A fresh DecoderState for these audio features (a CpuDecoderState on the numpy backend)."""
+        from .whisper_cpu_decoder import CpuDecoder
+        if self.cpu_direct and CpuDecoder.supports(self):
+            if self._cpu_decoder is None:
+                self._cpu_decoder = CpuDecoder(self)
+            return self._cpu_decoder.start(audio_features)
         return DecoderState(self.decoder, audio_features)
 
     def decode_step(self, ids, state, positions=(-1,)):
@@ -381,6 +423,8 @@ class Whisper(Module):
         caches; the logits (b, len(positions), vocab) at those positions (None: all).
         One Python token id per row on a device that captures: a replay of the state's
         captured step where it fits (see _decode_one)."""
+        if hasattr(state, "step"):  # a CpuDecoderState: numpy in, numpy out
+            return _wrap(state.step(_id_array(ids), positions), self.device)
         tokens = _one_token_rows(ids)
         if (tokens is not None and (positions is None or len(positions) == 1) and self.capture_decode
                 and self.device.backend.can_capture()):
