@@ -79,7 +79,8 @@ OPTIONAL_IMPORTS = {"numpy", "wgpu", "cupy", "Metal", "objc", "Foundation", "jin
 # Native-only modules that need numpy at import time although not named for it.
 # The numba kernels (Pyodide has no numba) and the numpy backend's encoder ops.
 NEEDS_NUMPY = {"tallow.quant.cpu_kernels", "tallow.quant.cpu_int_kernels", "tallow.quant.cpu_decode_kernels",
-               "tallow.backends.cpu_gelu", "tallow.backends.cpu_attention"}
+               "tallow.backends.cpu_gelu", "tallow.backends.cpu_attention",
+               "tallow.models.whisper_cpu_encoder", "tallow.models.whisper_cpu_decoder"}
 
 
 def test_every_module_imports_inside_pyodide(pyodide_run, pyodide_runner):
