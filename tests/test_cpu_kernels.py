@@ -231,7 +231,7 @@ def _dequantised_product_bound(x, w):
     return ref, bound + 2e-5 * (np.abs(x).astype(np.float64) @ np.abs(w).T) + 1e-6
 
 
-@pytest.mark.parametrize("q", ["q4_1", "q8_0", "q6_k"])
+@pytest.mark.parametrize("q", ["q4_1", "q5_0", "q8_0", "q6_k"])
 @pytest.mark.parametrize("parallel", [False, True])
 def test_gated_and_biased_products_match_dequantised_numpy(q, parallel, monkeypatch):
     """The decoding-step kernel with SwiGLU inside (gate and up rows in one pass) and with a bias,
