@@ -256,11 +256,19 @@ def _pair_dot32(fmt, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table
             qhb = _u32_at(raw, pb + at - np.uint64(4))
         xo = b * np.uint64(QK)
         h = np.uint64(half)
+        qa = pa + at
+        qb = pb + at
         for j in range(h):
             xa = np.int32(xi[xo + j])  # loaded once for both rows
             xb = np.int32(xi[xo + h + j])
-            acc_a[j] += sa * np.float32(_lane(fmt, raw, raw8, pa + at, qha, xa, xb, h, j))
-            acc_b[j] += sb * np.float32(_lane(fmt, raw, raw8, pb + at, qhb, xa, xb, h, j))
+            if fmt <= 1:
+                v = np.int32(raw[qa + j])
+                v2 = np.int32(raw[qb + j])
+                acc_a[j] += sa * np.float32(np.int32(np.int32(v & 15) * xa + np.int32(v >> 4) * xb))
+                acc_b[j] += sb * np.float32(np.int32(np.int32(v2 & 15) * xa + np.int32(v2 >> 4) * xb))
+            else:
+                acc_a[j] += sa * np.float32(_lane(fmt, raw, raw8, qa, qha, xa, xb, h, j))
+                acc_b[j] += sb * np.float32(_lane(fmt, raw, raw8, qb, qhb, xa, xb, h, j))
     for j in range(half):
         ca += acc_a[j]
         cb += acc_b[j]
@@ -292,8 +300,14 @@ def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, b
     (up_r . x_i), both rows read in the same pass (act: ACT_CODES). Without the GIL, so
     cpu_threads.RowPool's threads share a product's rows. `half` is 16, passed at run time:
     a constant trip count made LLVM unroll the block loops and leave them scalar."""
-    if fmt <= 3:  # its own compiled function: inlined here, it made the other formats' loop 1.3-2x slower
-        _qmatmul_pairs(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop)
+    # q4 and q5 in their own compiled functions: inlined here, they made the other formats' loop 1.3-2x slower
+    if fmt <= 1:
+        _qmatmul_pairs_q4(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start,
+                          stop)
+        return
+    if fmt <= 3:
+        _qmatmul_pairs_q5(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start,
+                          stop)
         return
     n = out.shape[1]
     blocks = qx.shape[1] // block_size
@@ -315,34 +329,52 @@ def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, b
 
 
 @njit(cache=True, nogil=True)
-def _qmatmul_pairs(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop):
-    """qmatmul_q for q4_0, q4_1, q5_0, q5_1 (fmt <= 3), two weight rows per pass (_pair_dot32)."""
+def _qmatmul_pairs_q4(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop):
+    """qmatmul_q for q4_0 and q4_1. Their own compiled function, apart from q5's: compiled
+    together, the q4 loops ran 1.6x slower (measured)."""
+    _pairs_loop(0, 1, fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop)
+
+
+@njit(cache=True, nogil=True)
+def _qmatmul_pairs_q5(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop):
+    """qmatmul_q for q5_0 and q5_1."""
+    _pairs_loop(2, 3, fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop)
+
+
+@njit(cache=True, inline="always")
+def _pairs_loop(fmt_a, fmt_b, fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act,
+                start, stop):
+    """qmatmul_q's loop for fmt (fmt_a or fmt_b, constants), two weight rows per pass (_pair_dot32)."""
     n = out.shape[1]
     blocks = qx.shape[1] // block_size
     row_bytes = blocks * block_bytes
     raw8 = raw.view(np.int8)
     acc_a = np.empty(half, dtype=np.float32)
     acc_b = np.empty(half, dtype=np.float32)
-    # Pairs: gate and up rows r and n + r when gated, else rows r and r + 1 (a last odd row twice).
-    step = 1 if gated else 2
-    for r in range(start, stop, step):
-        r2 = n + r if gated else min(r + 1, stop - 1)
-        for i in range(qx.shape[0]):
-            oa, ob, xi, dxi, sxi = r * row_bytes, r2 * row_bytes, qx[i], dx[i], sx[i]
-            # a literal format per call: the inlined kernel is compiled for it, its branches folded
-            if fmt == 0:
-                y, y2 = _pair_dot32(0, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
-            elif fmt == 1:
-                y, y2 = _pair_dot32(1, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
-            elif fmt == 2:
-                y, y2 = _pair_dot32(2, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
-            else:
-                y, y2 = _pair_dot32(3, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
-            if gated:
+    for i in range(qx.shape[0]):
+        xi, dxi, sxi = qx[i], dx[i], sx[i]
+        if gated:  # pairs: gate row r with up row n + r
+            for r in range(start, stop):
+                y, y2 = _pair_dot_either(fmt_a, fmt_b, fmt, raw, raw8, r * row_bytes, (n + r) * row_bytes, blocks,
+                                         block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
                 out[i, r] = _act(y, act) * y2
-            else:
+        else:  # pairs: rows r and r + 1 (a last odd row twice)
+            for r in range(start, stop, 2):
+                r2 = min(r + 1, stop - 1)
+                y, y2 = _pair_dot_either(fmt_a, fmt_b, fmt, raw, raw8, r * row_bytes, r2 * row_bytes, blocks,
+                                         block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
                 if bias.shape[0]:
                     y += bias[r]
                     y2 += bias[r2]
                 out[i, r] = y
                 out[i, r2] = y2
+
+
+@njit(cache=True, inline="always")
+def _pair_dot_either(fmt_a, fmt_b, fmt, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table, half, acc_a,
+                     acc_b):
+    """_pair_dot32 for fmt, fmt_a or fmt_b (constants: the inlined kernel is compiled for each,
+    its format branches folded)."""
+    if fmt == fmt_a:
+        return _pair_dot32(fmt_a, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
+    return _pair_dot32(fmt_b, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
