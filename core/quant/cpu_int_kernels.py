@@ -261,7 +261,7 @@ def _pair_dot32(fmt, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table
         for j in range(h):
             xa = np.int32(xi[xo + j])  # loaded once for both rows
             xb = np.int32(xi[xo + h + j])
-            if fmt <= 1:
+            if fmt <= 1:  # _lane's q4 case written out: through _lane it measured 1.2-1.3x slower
                 v = np.int32(raw[qa + j])
                 v2 = np.int32(raw[qb + j])
                 acc_a[j] += sa * np.float32(np.int32(np.int32(v & 15) * xa + np.int32(v >> 4) * xb))
