@@ -231,7 +231,7 @@ def _dequantised_product_bound(x, w):
     return ref, bound + 2e-5 * (np.abs(x).astype(np.float64) @ np.abs(w).T) + 1e-6
 
 
-@pytest.mark.parametrize("q", ["q4_1", "q8_0", "q6_k"])
+@pytest.mark.parametrize("q", ["q4_1", "q5_0", "q8_0", "q6_k"])
 @pytest.mark.parametrize("parallel", [False, True])
 def test_gated_and_biased_products_match_dequantised_numpy(q, parallel, monkeypatch):
     """The decoding-step kernel with SwiGLU inside (gate and up rows in one pass) and with a bias,
@@ -318,6 +318,48 @@ def test_decode_kernels_are_what_the_numpy_backend_runs(monkeypatch):
     assert calls == ["add_rms_norm", "add_layer_norm", "qmatmul_q", "rope_kv_write", "kv_write", "attention"]
 
 
+@pytest.mark.parametrize("rotary", [None, False, True])  # no rotation, half-split pairs, interleaved pairs
+def test_cache_attention_is_one_kernel_call_and_matches_torch(rotary, monkeypatch):
+    """With the kernels in use, a decoding step's cache_attention is one cpu_decode_kernels call
+    (rotation, cache write and attention) for 1 and 3 query rows over a cache that already holds
+    keys; the result and the written cache equal base.py's composition, and without rotation
+    torch's attention over the cache with the causal mask of those positions."""
+    import torch
+
+    from tallow import functional as F
+    from tallow.quant import cpu_decode_kernels
+    assert cpu_matmul.kernels() is not None
+    calls = []
+    real = cpu_decode_kernels.cache_attention
+    monkeypatch.setattr(cpu_decode_kernels, "cache_attention", lambda *a: (calls.append(1), real(*a))[1])
+    rng = np.random.default_rng(8)
+    b, h, hk, d, cap, position = 1, 6, 2, 8, 9, 4
+    for t in (1, 3):
+        q, k, v = (rng.standard_normal((b, n, t, d)).astype(np.float32) for n in (h, hk, hk))
+        old = rng.standard_normal((2, b, hk, cap, d)).astype(np.float32)
+        cs = [rng.standard_normal((t, d // 2)).astype(np.float32) for _ in range(2)] if rotary is not None else [None] * 2
+        args = [tallow.from_numpy(a) for a in (q, k, v)]
+        tables = [None if a is None else tallow.from_numpy(a) for a in cs]
+        kc, vc = tallow.from_numpy(old[0].copy()), tallow.from_numpy(old[1].copy())
+        got = F.cache_attention(*args, kc, vc, position, *tables, interleaved=bool(rotary), key_start=1)
+        assert len(calls) == t // 3 + 1  # one call per step
+        kc2, vc2 = tallow.from_numpy(old[0].copy()), tallow.from_numpy(old[1].copy())
+        parts = [x for a in args + [kc2, vc2] for x in (a._storage, a._layout)]
+        tparts = [x for a in tables for x in ((None, None) if a is None else (a._storage, a._layout))]
+        want = _composed("cache_attention", *parts, *tparts, None, None, tallow.f32, position, 1, d ** -0.5,
+                         bool(rotary))
+        np.testing.assert_allclose(got.numpy().reshape(-1), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(kc.numpy(), kc2.numpy(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(vc.numpy(), vc2.numpy())
+        if rotary is None:
+            keys = torch.from_numpy(kc.numpy()[:, :, 1:position + t]).repeat_interleave(h // hk, 1)
+            values = torch.from_numpy(vc.numpy()[:, :, 1:position + t]).repeat_interleave(h // hk, 1)
+            n = position + t - 1
+            allowed = torch.arange(n)[None, :] <= torch.arange(t)[:, None] + n - t
+            ref = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q), keys, values, attn_mask=allowed)
+            np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_decode_kernels_run_as_plain_python():
     """NUMBA_DISABLE_JIT=1: the fused decode kernels' source runs as Python and agrees with numpy."""
     code = (
@@ -335,6 +377,11 @@ def test_decode_kernels_run_as_plain_python():
         "            np.array([1, 3, 4]), 0.5, True, out)\n"
         "p = np.exp(q[0, :, 0] @ k[0, 0].T * 0.5); p /= p.sum(-1, keepdims=True)\n"
         "assert np.allclose(out[0, :, 0], p @ v[0, 0], atol=1e-5)\n"
+        "kc, vc = np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 1, 4, 4), np.float32)\n"
+        "kc[:, :, :2], vc[:, :, :2] = k[:, :, :2], v[:, :, :2]\n"
+        "none = np.empty((0, 0), np.float32)\n"
+        "K.cache_attention(q, k[:, :, 2:], v[:, :, 2:], none, none, kc, vc, 2, 0, 0.5, False, out)\n"
+        "assert np.allclose(out[0, :, 0], p @ v[0, 0], atol=1e-5) and np.allclose(kc[:, :, :3], k)\n"
         "print('ok')\n")
     env = dict(os.environ, NUMBA_DISABLE_JIT="1")
     out = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], capture_output=True, text=True,

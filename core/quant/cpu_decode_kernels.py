@@ -1,6 +1,7 @@
 """numba kernels for the fused decode ops of the CPU device (core/backends/base.py's add_rms_norm,
-add_layer_norm, rope_kv_write, kv_write, and attention of a few query rows over a KV cache):
-one compiled call each where the composed defaults make several numpy calls and temporaries.
+add_layer_norm, rope_kv_write, kv_write, attention of a few query rows over a KV cache, and
+cache_attention: the rotation, the cache write and that attention together): one compiled call
+each where the composed defaults make several numpy calls and temporaries.
 
 Imported only with numba installed, through quant/cpu_matmul.py's kernels(); the numpy
 backend uses them for float32 operands and keeps its numpy path for everything else.
@@ -96,8 +97,37 @@ def attention(q, k, ko, ks, v, vo, vs, shape, scale, causal, out):
     contiguous (so the dot loops vectorise); shape = (hk, tk, dv). h is a multiple of hk
     (query head i reads KV head i // (h / hk)); causal bans key j > i + tk - tq. For a few
     query rows (decoding): one pass over the cache per row, no (tq, tk) temporary."""
+    _attend(q, k, ko, ks[0], ks[1], ks[2], v, vo, vs[0], vs[1], vs[2], shape[0], shape[1], shape[2], scale, causal,
+            out)
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def cache_attention(q, k, v, cos, sin, kc, vc, position, key_start, scale, interleaved, out):
+    """base.py's cache_attention for a decoding step, as one call: writes k (rotated when cos is
+    not empty) and v into the contiguous caches kc, vc (b, hk, capacity, d/dv) at [position,
+    position + t), then out (b, h, t, dv) = causal attention of q (rotated likewise) over the
+    keys [key_start, position + t)."""
+    bs, hk, cap, d = kc.shape
+    t = q.shape[2]
+    dv = vc.shape[3]
+    k_slot = kc[:, :, position:position + t]
+    v_slot = vc[:, :, position:position + t]
+    if cos.shape[0]:
+        q_rot = np.empty(q.shape, dtype=np.float32)
+        _rotate(q, cos, sin, q_rot, interleaved)
+        _rotate(k, cos, sin, k_slot, interleaved)
+    else:
+        q_rot = np.ascontiguousarray(q)
+        k_slot[...] = k
+    v_slot[...] = v
+    _attend(q_rot, kc.reshape(-1), key_start * d, hk * cap * d, cap * d, d, vc.reshape(-1), key_start * dv,
+            hk * cap * dv, cap * dv, dv, hk, position + t - key_start, dv, scale, True, out)
+
+
+@njit(cache=True, inline="always")
+def _attend(q, k, ko, ks0, ks1, ks2, v, vo, vs0, vs1, vs2, hk, tk, dv, scale, causal, out):
+    """attention's loops, with the strides as scalars."""
     bs, h, tq, d = q.shape
-    hk, tk, dv = shape[0], shape[1], shape[2]
     rep = h // hk
     scores = np.empty(tk, dtype=np.float32)
     acc = np.empty(dv, dtype=np.float32)
@@ -109,7 +139,7 @@ def attention(q, k, ko, ks, v, vo, vs, shape, scale, causal, out):
                 qi = q[bi, hi, i]
                 top = np.float32(-np.inf)
                 for j in range(last):
-                    row = k[ko + bi * ks[0] + kh * ks[1] + j * ks[2]:]
+                    row = k[ko + bi * ks0 + kh * ks1 + j * ks2:]
                     s = np.float32(0.0)
                     for c in range(d):
                         s += qi[c] * row[c]
@@ -121,7 +151,7 @@ def attention(q, k, ko, ks, v, vo, vs, shape, scale, causal, out):
                 for j in range(last):
                     e = np.float32(math.exp(scores[j] - top))
                     total += e
-                    row = v[vo + bi * vs[0] + kh * vs[1] + j * vs[2]:]
+                    row = v[vo + bi * vs0 + kh * vs1 + j * vs2:]
                     for c in range(dv):
                         acc[c] += e * row[c]
                 for c in range(dv):
