@@ -1,6 +1,10 @@
 """Whisper's numpy decoder path (tallow.models.whisper_cpu_decoder) against transformers
 (beams, cache reordering, multi-token continuations) and against the generic decoder
 (q8_0 weights), plus its errors. Small random checkpoints: a few seconds in all."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from test_whisper import _random_checkpoint
@@ -106,3 +110,20 @@ def test_bad_ids_and_lengths_are_clear_errors(checkpoint):
     with pytest.raises(ShapeError, match="3 rows over audio features of batch 2"):
         model.decode_step([[1], [1], [1]], two_audios)
     assert np.isfinite(model.decode_step([[3]], state).numpy()).all()
+
+
+def test_other_devices_never_import_the_numpy_paths(checkpoint):
+    """The browser runs Whisper on the pure-Python backend without numpy installed: the direct
+    numpy modules must not even be imported there (a fresh interpreter with numpy hidden)."""
+    path, torch, ref, feats = checkpoint
+    code = ("import sys; sys.modules['numpy'] = None\n"
+            "import tallow\nfrom tallow.models import whisper\n"
+            f"model = whisper.load({str(path)!r}, device='python')\n"
+            f"state = model.start(model.encode(tallow.tensor({feats.tolist()!r})))\n"
+            "logits = model.decode_step([[1, 5]], state)\n"
+            "assert logits.shape[-1] == model.config.vocab_size, logits.shape\n"
+            "print(sorted(m for m in sys.modules if 'whisper_cpu' in m))\n")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(tallow.__file__))}  # this tree's tallow
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"

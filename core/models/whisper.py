@@ -401,21 +401,29 @@ class Whisper(Module):
     def encode(self, mel):
         """Audio features (b, frames/2, d) from a mel spectrogram (b, n_mels, frames) tensor."""
         mel = mel.to(self.device).to(self.dtype)
+        if not self._numpy_direct():
+            return self.encoder(mel)
         from .whisper_cpu_encoder import CpuEncoder
-        if not (self.cpu_direct and CpuEncoder.supports(self)):
+        if not CpuEncoder.supports(self):
             return self.encoder(mel)
         self.encoder.check_input(mel)
         if self._cpu_encoder is None:
             self._cpu_encoder = CpuEncoder(self)
         return _wrap(self._cpu_encoder(mel.numpy()), self.device)
 
+    def _numpy_direct(self):
+        """The direct numpy path may run: on the numpy backend only, so its modules (which import
+        numpy) are never imported where numpy is absent (the browser's pure-Python backend)."""
+        return self.cpu_direct and self.device.backend.name == "cpu"
+
     def start(self, audio_features):
         """A fresh DecoderState for these audio features (a CpuDecoderState on the numpy backend)."""
-        from .whisper_cpu_decoder import CpuDecoder
-        if self.cpu_direct and CpuDecoder.supports(self):
-            if self._cpu_decoder is None:
-                self._cpu_decoder = CpuDecoder(self)
-            return self._cpu_decoder.start(audio_features)
+        if self._numpy_direct():
+            from .whisper_cpu_decoder import CpuDecoder
+            if CpuDecoder.supports(self):
+                if self._cpu_decoder is None:
+                    self._cpu_decoder = CpuDecoder(self)
+                return self._cpu_decoder.start(audio_features)
         return DecoderState(self.decoder, audio_features)
 
     def decode_step(self, ids, state, positions=(-1,)):
