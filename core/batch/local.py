@@ -83,6 +83,7 @@ def _run_pool(jobs, settings, workers, finish, crashes):
 def _run_pool_until_broken(jobs, settings, workers, finish, crashes, interrupted):
     queue = list(reversed(jobs))  # pop() takes the next job
     running = {}  # future -> job
+    absent = set()  # outputs that did not exist when their job was submitted
     suspect = lambda job: crashes.get(job.source, 0) > 0  # in flight when a worker died: runs alone
     # spawn, not fork: a worker starts clean of the parent's threads and locks.
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
@@ -92,6 +93,8 @@ def _run_pool_until_broken(jobs, settings, workers, finish, crashes, interrupted
                 while queue and not any(map(suspect, running.values())) and \
                         len(running) < (1 if suspect(queue[-1]) else workers):
                     job = queue.pop()
+                    if not os.path.exists(job.output):
+                        absent.add(job.output)
                     running[pool.submit(_run_job, job.source, job.output)] = job
                     if suspect(job):
                         break
@@ -106,6 +109,10 @@ def _run_pool_until_broken(jobs, settings, workers, finish, crashes, interrupted
                     finish(future.result())  # finished before the pool broke
                     continue
                 interrupted.append(job)
+                if job.output in absent and os.path.exists(job.output):
+                    # renamed into place (whole: atomic_output) just before its worker died
+                    finish(Outcome(job.source, job.output, "done"))
+                    continue
                 crashes[job.source] = crashes.get(job.source, 0) + 1
                 if crashes[job.source] >= MAX_CRASHES:
                     finish(Outcome(job.source, job.output, "failed",
