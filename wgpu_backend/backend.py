@@ -16,15 +16,14 @@ WGSL launch form (tallow/backends/driver_protocol.py).
 """
 import struct
 import sys
-import threading
 import weakref
 from array import array
 
 from tallow.backends.base import Backend
 from tallow.backends.gpu_plan import IN_KERNEL_QUANTS, MAX_DIMS, f32_bits, in_kernel_quant, runs_matvec
 from tallow.backends.reduce_plan import plan_reduce
-from tallow.backends.step_buffer import STEP_BYTES, step_words
-from tallow.backends.step_recording import StepRecording
+from tallow.backends.step_buffer import STEP_BYTES
+from tallow.backends.step_recording import StepCapture
 from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u32
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, coalesce_dims, contiguous_strides, kernel_meta, numel_of
@@ -225,7 +224,7 @@ def _convert_expr(src, dst):
     return f"bitcast<{cd}>(v)"
 
 
-class WgpuBackend(Backend):
+class WgpuBackend(StepCapture, Backend):
     name = "wgpu"
 
     def __init__(self, driver=None, max_binding=None):
@@ -319,33 +318,18 @@ class WgpuBackend(Backend):
 
     def _launch(self, pipe, binds, params, grid, storages):
         """One dispatch, also recorded while a step is being captured."""
-        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        cap = self._capture()
         if cap is not None:
             cap.add((pipe, binds, params, grid), [s for s in storages if isinstance(s, WgpuStorage)])
         self.driver.dispatch(pipe, binds, params, grid)
 
-    # ---- capture and replay (tallow.capture; recording.py) --------------------------
-    def can_capture(self):
-        return self.driver.can_replay
+    # ---- capture and replay (tallow.capture): StepCapture, with these two pieces -----
+    entry_signature = staticmethod(entry_signature)
 
-    def begin_capture(self, position, tokens):
-        if not self.can_capture():
-            return super().begin_capture(position, tokens)
-        me = threading.get_ident()
-        if me in self._captures:
-            raise UnsupportedError("wgpu: a capture is already in progress in this thread (captures do not nest)")
+    def _new_step_buffer(self, words):
         step = self.driver.alloc_uniform(STEP_BYTES)
-        self.driver.write(step, 0, step_words(position, tokens))
-        self._captures[me] = StepRecording(step, position, tokens, entry_signature)
-
-    def end_capture(self):
-        rec = self._captures.pop(threading.get_ident(), None)
-        if rec is None:
-            raise UnsupportedError("wgpu: end_capture without begin_capture")
-        return rec.finish(self.driver)
-
-    def replay(self, recording, position, tokens):
-        recording.replay(self.driver, position, tokens)
+        self.driver.write(step, 0, words)
+        return step
 
     def overwrite(self, storage, data, dtype):
         if dtype.is_quantized or self._esize(dtype) != dtype.itemsize and dtype is not i64:
@@ -364,7 +348,7 @@ class WgpuBackend(Backend):
         the step buffer at the binding after `storages`; else the neutral accessors."""
         if not from_step:
             return STEP_EAGER, storages
-        cap = self._captures[threading.get_ident()]
+        cap = self._capture()
         return STEP_CAPTURED.format(binding=len(storages) + 1), storages + [(cap.step, 0, STEP_BYTES)]
 
     def _params(self, words, extras):
@@ -473,7 +457,7 @@ class WgpuBackend(Backend):
         moving an operand there."""
         from tallow.backends.host import host_device
         host = host_device().backend
-        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        cap = self._capture()
         if cap is not None:  # computed from the step's own data: a replay would upload stale values
             cap.computed_on_host(f"wgpu {what} (i64, exactly on the host)")
 
@@ -1134,7 +1118,7 @@ class WgpuBackend(Backend):
         out = self._out(rows * dv, dtype)
         if rows * dv == 0:
             return out
-        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        cap = self._capture()
         # Over a KV cache this captured step wrote, from its start: the key count comes from the
         # step buffer (position + tokens), so the recorded launch serves every position.
         over_cache = (cap is not None and mask is None and id(k.buf) in cap.cache_bufs
@@ -1166,7 +1150,7 @@ class WgpuBackend(Backend):
         out = self._out(rows * dv, dtype)
         if rows * dv == 0:
             return out
-        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        cap = self._capture()
         # While capturing (over the whole cache), the position comes from the step buffer: the
         # parameters hold 0 and the rotary rows relative to it, so one launch serves every step.
         # (A window's first key moves with the position: such a step records it as it is, and
@@ -1320,7 +1304,7 @@ class WgpuBackend(Backend):
         nk, nv = lk.numel(), lv.numel()
         if nk + nv == 0:
             return
-        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        cap = self._capture()
         # While capturing, as in rope_kv_write: the slots' offsets are held relative to the step's
         # position, which the kernel adds from the step buffer (Whisper's decoder writes its cache so).
         pos = 0 if cap is None else cap.position
@@ -1341,7 +1325,7 @@ class WgpuBackend(Backend):
         pairs = b * (hq + 2 * hk) * t * (d // 2)
         if pairs == 0:
             return out
-        cap = self._captures.get(threading.get_ident()) if self._captures else None
+        cap = self._capture()
         # While capturing, the cache slots and rotary rows are those of the step's position: the
         # parameters hold them relative to it and the kernel adds the position from the step buffer.
         pos = 0 if cap is None else cap.position

@@ -13,6 +13,8 @@ position of the step's first new token and the key count after it. The kernels t
 them read it, so the entries are the same at every position; replay() writes the step buffer
 and hands the prepared entries to the driver.
 """
+import threading
+
 from tallow.errors import UnsupportedError
 
 from .step_buffer import step_words
@@ -58,3 +60,36 @@ class StepRecording:
                                    f"a replay cannot redo; run it eagerly")
         driver.write(self.step, 0, step_words(position, tokens))
         driver.replay(self.handle)
+
+
+class StepCapture:
+    """The capture half of the backend contract, shared by every GPU backend: one open
+    StepRecording per thread (another thread's ops on the device run eagerly and stay out of
+    it). A backend sets `_captures = {}` in __init__ and provides `entry_signature(entry)`
+    and `_new_step_buffer(words)` (its driver's step buffer holding these bytes)."""
+
+    def _capture(self):
+        """The recording this thread is capturing into, or None."""
+        return self._captures.get(threading.get_ident()) if self._captures else None
+
+    def can_capture(self):
+        return self.driver.can_replay
+
+    def begin_capture(self, position, tokens):
+        if not self.can_capture():
+            return super().begin_capture(position, tokens)
+        me = threading.get_ident()
+        if me in self._captures:
+            raise UnsupportedError(f"{self.name}: a capture is already in progress in this thread "
+                                   "(captures do not nest)")
+        step = self._new_step_buffer(step_words(position, tokens))
+        self._captures[me] = StepRecording(step, position, tokens, self.entry_signature)
+
+    def end_capture(self):
+        rec = self._captures.pop(threading.get_ident(), None)
+        if rec is None:
+            raise UnsupportedError(f"{self.name}: end_capture without begin_capture")
+        return rec.finish(self.driver)
+
+    def replay(self, recording, position, tokens):
+        recording.replay(self.driver, position, tokens)

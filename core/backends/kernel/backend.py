@@ -4,7 +4,6 @@ CUDA (CuPy) and Metal (PyObjC) drivers and their CPU emulators only move bytes a
 The backend subclass provides matmul and custom_source(op). Storage is a DeviceStorage.
 """
 import struct
-import threading
 
 from tallow.backends.base import Backend
 from tallow.dtypes import bool_, f16, f32, f64, i32, i64
@@ -17,8 +16,8 @@ from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, REDUCE_COD
                    width_kernel, GATED_MATVEC_DTYPES)
 from ..gpu_plan import in_kernel_quant, runs_matvec
 from ..reduce_plan import plan_reduce
-from ..step_buffer import STEP_BYTES, step_words
-from ..step_recording import StepRecording
+from ..step_buffer import STEP_BYTES
+from ..step_recording import StepCapture
 from .recording import entry_signature
 
 QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul (gpu_plan.runs_matvec)
@@ -42,7 +41,7 @@ class DeviceStorage:
         return f"DeviceStorage({self.dtype.name}, {self.numel})"
 
 
-class KernelBackend(Backend):
+class KernelBackend(StepCapture, Backend):
     name = "kernel"
 
     def __init__(self, driver):
@@ -53,9 +52,6 @@ class KernelBackend(Backend):
         self._zero_step = None  # the step buffer eager launches of step kernels read: all zeros
 
     # ---- launching, and recording while a step is captured ---------------------------
-    def _capture(self):
-        return self._captures.get(threading.get_ident()) if self._captures else None
-
     def _launch(self, module, kernel, grid, block, args):
         cap = self._capture()
         if cap is not None:
@@ -80,28 +76,11 @@ class KernelBackend(Backend):
             self._zero_step = self.driver.upload(bytes(STEP_BYTES), i32)
         return self._zero_step
 
-    # ---- capture and replay (tallow.capture; recording.py) ---------------------------
-    def can_capture(self):
-        return self.driver.can_replay
+    # ---- capture and replay (tallow.capture): StepCapture, with these two pieces ------
+    entry_signature = staticmethod(entry_signature)
 
-    def begin_capture(self, position, tokens):
-        if not self.can_capture():
-            return super().begin_capture(position, tokens)
-        me = threading.get_ident()
-        if me in self._captures:
-            raise UnsupportedError(f"{self.name}: a capture is already in progress in this thread "
-                                   "(captures do not nest)")
-        step = self.driver.upload(step_words(position, tokens), i32)
-        self._captures[me] = StepRecording(step, position, tokens, entry_signature)
-
-    def end_capture(self):
-        rec = self._captures.pop(threading.get_ident(), None)
-        if rec is None:
-            raise UnsupportedError(f"{self.name}: end_capture without begin_capture")
-        return rec.finish(self.driver)
-
-    def replay(self, recording, position, tokens):
-        recording.replay(self.driver, position, tokens)
+    def _new_step_buffer(self, words):
+        return self.driver.upload(words, i32)
 
     def overwrite(self, storage, data, dtype):
         data = bytes(data)
