@@ -10,9 +10,9 @@ q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0, q4_K_q8_K, q5_K_q8_K, q6_K_q8_K.
 256: the same maths, finer activation scales.)
 
 ggml quantises activations to 8 bits (qmax 127) so that AVX2 can multiply bytes
-(vpmaddubsw). numba cannot emit that: LLVM widens the quants to 32-bit lanes and
-multiplies 16-bit pairs (vpmaddwd / vpdpwssd), so 16-bit activations (qmax 32767)
-cost the same here and are 256x more precise: with 8 bits SmolLM2's first greedy
+(vpmaddubsw). Here the quants are widened to 16 bits and multiplied in 16-bit
+pairs (vpmaddwd / vpdpwssd; cpu_simd.py for q4_0-q8_0), so 16-bit activations
+(qmax 32767) cost the same and are 256x more precise: with 8 bits SmolLM2's first greedy
 token on "What is the capital of France?" flipped (a 0.05 logit near-tie moved by
 up to 0.26). cpu_matmul.py chooses 16 bits; every product and block sum still
 fits int32 (31 * 32767 * 32 < 2^31), and sums are scaled in float32.
@@ -22,8 +22,9 @@ dequantised activations (up to float32 summation order), so its error against
 the float activations is at most sum_j |w_j| * d_b / 2 for activation block b
 (tests/test_cpu_kernels.py checks that bound).
 
-Written as plain Python over numpy arrays, so NUMBA_DISABLE_JIT=1 runs the same
-code (slowly). Integers are widened to int32 before arithmetic (uint8 arithmetic
+The K-quants' loops are plain Python over numpy arrays, so NUMBA_DISABLE_JIT=1
+runs the same code (slowly); q4_0-q8_0 run cpu_simd.py's vector IR, whose numpy
+statement (cpu_simd.pair_dot_py) runs instead then. Integers are widened to int32 before arithmetic (uint8 arithmetic
 would wrap in plain numpy), and int32 sums are converted to float32 before they
 are multiplied by the K-quants' integer scales (which could overflow int32).
 """
@@ -32,7 +33,8 @@ import math
 import numpy as np
 from numba import njit
 
-from .cpu_kernels import _f16, _scale_min_k4, _u32
+from . import cpu_simd
+from .cpu_kernels import _f16, _scale_min_k4
 
 QK = 32  # activation values per block (one scale each)
 
@@ -66,38 +68,6 @@ def quantize_rows(x, qmax, qx, dx, sx):
                 s += q
             dx[i, b] = d
             sx[i, b] = s
-
-
-@njit(cache=True, inline="always")
-def _dot_q4(wb, xb, half):
-    """sum over the 32 values of a 4-bit block (bytes wb: low nibbles are values 0-15, high 16-31)
-    times the integer activations xb. Every step is truncated to int32: numba widens int32
-    arithmetic to int64, and 64-bit lanes halve the vector width (no vpmaddwd/vpdpwssd)."""
-    s = np.int32(0)
-    for j in range(half):
-        v = np.int32(wb[j])
-        s = np.int32(s + np.int32(v & 0x0F) * np.int32(xb[j]) + np.int32(v >> 4) * np.int32(xb[half + j]))
-    return s
-
-
-@njit(cache=True, inline="always")
-def _dot_q5(wb, qh, xb, half):
-    """As _dot_q4, with bit 4 of value j taken from bit j of the 32-bit qh."""
-    s = np.int32(0)
-    for j in range(half):
-        v = np.int32(wb[j])
-        lo = np.int32((v & 0x0F) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4)))
-        hi = np.int32((v >> 4) | np.int32(((qh >> np.uint32(j + half)) & np.uint32(1)) << np.uint32(4)))
-        s = np.int32(s + lo * np.int32(xb[j]) + hi * np.int32(xb[half + j]))
-    return s
-
-
-@njit(cache=True, inline="always")
-def _dot_q8(wb8, xb, n):
-    s = np.int32(0)
-    for j in range(n):
-        s = np.int32(s + np.int32(wb8[j]) * np.int32(xb[j]))
-    return s
 
 
 @njit(cache=True, inline="always")
@@ -143,24 +113,7 @@ def _row_dot(fmt, w, w8, blocks, block_bytes, xi, dxi, sxi, table, half):
     acc = np.float32(0.0)
     for b in range(blocks):
         o = b * block_bytes
-        if fmt <= 4:
-            xb = xi[b * QK:(b + 1) * QK]
-            d = _f16(w, o, table)
-            if fmt == 0:  # q4_0: d * (q - 8)
-                isum = _dot_q4(w[o + 2:o + 18], xb, half) - 8 * sxi[b]
-                acc += d * dxi[b] * np.float32(isum)
-            elif fmt == 1:  # q4_1: d * q + m
-                isum = _dot_q4(w[o + 4:o + 20], xb, half)
-                acc += dxi[b] * (d * np.float32(isum) + _f16(w, o + 2, table) * np.float32(sxi[b]))
-            elif fmt == 2:  # q5_0: d * (q - 16)
-                isum = _dot_q5(w[o + 6:o + 22], _u32(w, o + 2), xb, half) - 16 * sxi[b]
-                acc += d * dxi[b] * np.float32(isum)
-            elif fmt == 3:  # q5_1: d * q + m
-                isum = _dot_q5(w[o + 8:o + 24], _u32(w, o + 4), xb, half)
-                acc += dxi[b] * (d * np.float32(isum) + _f16(w, o + 2, table) * np.float32(sxi[b]))
-            else:  # q8_0: d * int8
-                acc += d * dxi[b] * np.float32(_dot_q8(w8[o + 2:o + 34], xb, 2 * half))
-        elif fmt <= 6:  # q4_k / q5_k: 8 sub-blocks of 32, a 6-bit scale and min each: d*sc*q - dmin*m
+        if fmt <= 6:  # q4_k / q5_k: 8 sub-blocks of 32, a 6-bit scale and min each: d*sc*q - dmin*m
             d = _f16(w, o, table)
             dmin = _f16(w, o + 2, table)
             ql = o + 16 if fmt == 5 else o + 48
@@ -189,92 +142,6 @@ def _row_dot(fmt, w, w8, blocks, block_bytes, xi, dxi, sxi, table, half):
     return acc
 
 
-@njit(cache=True, inline="always")
-def _f16_at(raw, o, table):
-    """_f16 at an unsigned offset (o + 1 with a signed 1 would be a float64 in numba)."""
-    return table[np.int32(raw[o]) | (np.int32(raw[o + np.uint64(1)]) << 8)]
-
-
-@njit(cache=True, inline="always")
-def _u32_at(raw, o):
-    """_u32 at an unsigned offset."""
-    one = np.uint64(1)
-    return (np.uint32(raw[o]) | (np.uint32(raw[o + one]) << np.uint32(8))
-            | (np.uint32(raw[o + 2 * one]) << np.uint32(16)) | (np.uint32(raw[o + 3 * one]) << np.uint32(24)))
-
-
-# Byte offset of the quants in a block of q4_0, q4_1, q5_0, q5_1 (after the f16 scale, min and q5's high bits).
-QUANTS_AT = (2, 4, 6, 8)
-
-
-@njit(cache=True, inline="always")
-def _lane(fmt, raw, raw8, q, qh, xa, xb, half, j):
-    """Lane j of a 32-value block whose quants start at raw[q]: the int32 sum of values j and
-    half + j times their integer activations xa and xb (offsets unsigned: no negative-index
-    wraparound, so the lane loop vectorises)."""
-    if fmt <= 1:  # q4_0 / q4_1: low nibbles are values 0-15, high 16-31
-        v = np.int32(raw[q + j])
-        return np.int32(np.int32(v & 0x0F) * xa + np.int32(v >> 4) * xb)
-    # q5_0 / q5_1: bit 4 of value j is bit j of the 32-bit qh
-    v = np.int32(raw[q + j])
-    lo = np.int32((v & 0x0F) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4)))
-    hi = np.int32((v >> 4) | np.int32(((qh >> np.uint32(j + half)) & np.uint32(1)) << np.uint32(4)))
-    return np.int32(lo * xa + hi * xb)
-
-
-@njit(cache=True, inline="always")
-def _pair_dot32(fmt, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b):
-    """The dots of two weight rows at byte offsets oa, ob (q4_0, q4_1, q5_0, q5_1: fmt <= 3) with one
-    quantised activation row, sharing each activation load. Each block's lane sums are scaled
-    and added to lane accumulators (acc_a, acc_b: half float32 each), summed once per row: no
-    horizontal sum per block (ggml's AVX2 kernels do the same). The per-block terms of the
-    min or offset (m * sum x, or -8/-16 * d * sum x) are scalars."""
-    for j in range(half):
-        acc_a[j] = np.float32(0.0)
-        acc_b[j] = np.float32(0.0)
-    ca = np.float32(0.0)
-    cb = np.float32(0.0)
-    at = np.uint64(QUANTS_AT[fmt])
-    for b in range(np.uint64(blocks)):
-        pa = np.uint64(oa) + b * np.uint64(block_bytes)
-        pb = np.uint64(ob) + b * np.uint64(block_bytes)
-        dx = dxi[b]
-        sa = _f16_at(raw, pa, table) * dx
-        sb = _f16_at(raw, pb, table) * dx
-        xsum = np.float32(sxi[b])
-        if fmt == 1 or fmt == 3:  # d * q + m
-            ca += _f16_at(raw, pa + np.uint64(2), table) * dx * xsum
-            cb += _f16_at(raw, pb + np.uint64(2), table) * dx * xsum
-        elif fmt == 0 or fmt == 2:  # d * (q - 8) or d * (q - 16)
-            off = np.float32(8.0 if fmt == 0 else 16.0)
-            ca -= sa * off * xsum
-            cb -= sb * off * xsum
-        qha = np.uint32(0)
-        qhb = np.uint32(0)
-        if fmt == 2 or fmt == 3:
-            qha = _u32_at(raw, pa + at - np.uint64(4))
-            qhb = _u32_at(raw, pb + at - np.uint64(4))
-        xo = b * np.uint64(QK)
-        h = np.uint64(half)
-        qa = pa + at
-        qb = pb + at
-        for j in range(h):
-            xa = np.int32(xi[xo + j])  # loaded once for both rows
-            xb = np.int32(xi[xo + h + j])
-            if fmt <= 1:  # _lane's q4 case written out: through _lane it measured 1.2-1.3x slower
-                v = np.int32(raw[qa + j])
-                v2 = np.int32(raw[qb + j])
-                acc_a[j] += sa * np.float32(np.int32(np.int32(v & 15) * xa + np.int32(v >> 4) * xb))
-                acc_b[j] += sb * np.float32(np.int32(np.int32(v2 & 15) * xa + np.int32(v2 >> 4) * xb))
-            else:
-                acc_a[j] += sa * np.float32(_lane(fmt, raw, raw8, qa, qha, xa, xb, h, j))
-                acc_b[j] += sb * np.float32(_lane(fmt, raw, raw8, qb, qhb, xa, xb, h, j))
-    for j in range(half):
-        ca += acc_a[j]
-        cb += acc_b[j]
-    return ca, cb
-
-
 # The gate activations of gated kernels (ops/decode.py's GATE_ACTS), by code.
 ACT_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
 
@@ -292,6 +159,21 @@ def _act(v, act):
     return max(v, np.float32(0.0))
 
 
+@njit(cache=True, inline="always")
+def _pair_dot(fmt, raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table):
+    """The dots of the weight rows at byte offsets oa and ob of raw with one quantised activation
+    row: cpu_simd's vector kernels, for q4_0, q4_1, q5_0, q5_1, q8_0 (fmt 0-4)."""
+    if fmt == 0:
+        return cpu_simd.pair_dot_q4_0(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+    if fmt == 1:
+        return cpu_simd.pair_dot_q4_1(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+    if fmt == 2:
+        return cpu_simd.pair_dot_q5_0(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+    if fmt == 3:
+        return cpu_simd.pair_dot_q5_1(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+    return cpu_simd.pair_dot_q8_0(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+
+
 @njit(cache=True, nogil=True)
 def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop):
     """Columns start...stop-1 of out (m, n) = the quantised activations (qx, dx, sx from
@@ -299,19 +181,31 @@ def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, b
     unless it is empty. gated: raw holds 2n rows [gate; up] and out[i, r] = act(gate_r . x_i) *
     (up_r . x_i), both rows read in the same pass (act: ACT_CODES). Without the GIL, so
     cpu_threads.RowPool's threads share a product's rows. `half` is 16, passed at run time:
-    a constant trip count made LLVM unroll the block loops and leave them scalar."""
-    # q4 and q5 in their own compiled functions: inlined here, they made the other formats' loop 1.3-2x slower
-    if fmt <= 1:
-        _qmatmul_pairs_q4(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start,
-                          stop)
-        return
-    if fmt <= 3:
-        _qmatmul_pairs_q5(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start,
-                          stop)
-        return
+    a constant trip count made LLVM unroll the block loops and leave them scalar.
+    q4_0 ... q8_0 take two weight rows per call of cpu_simd's kernels (one activation load
+    for both); the K-quants one row at a time (_row_dot)."""
     n = out.shape[1]
     blocks = qx.shape[1] // block_size
     row_bytes = blocks * block_bytes
+    if fmt <= 4:
+        for i in range(qx.shape[0]):
+            xi, dxi, sxi = qx[i], dx[i], sx[i]
+            if gated:  # pairs: gate row r with up row n + r
+                for r in range(start, stop):
+                    y, up = _pair_dot(fmt, raw, r * row_bytes, (n + r) * row_bytes, blocks, block_bytes, xi, dxi,
+                                      sxi, table)
+                    out[i, r] = _act(y, act) * up
+            else:  # pairs: rows r and r + 1 (a last odd row twice)
+                for r in range(start, stop, 2):
+                    r2 = min(r + 1, stop - 1)
+                    y, y2 = _pair_dot(fmt, raw, r * row_bytes, r2 * row_bytes, blocks, block_bytes, xi, dxi, sxi,
+                                      table)
+                    if bias.shape[0]:
+                        y += bias[r]
+                        y2 += bias[r2]
+                    out[i, r] = y
+                    out[i, r2] = y2
+        return
     raw8 = raw.view(np.int8)
     for r in range(start, stop):
         o = r * row_bytes
@@ -326,55 +220,3 @@ def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, b
             elif bias.shape[0]:
                 y += bias[r]
             out[i, r] = y
-
-
-@njit(cache=True, nogil=True)
-def _qmatmul_pairs_q4(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop):
-    """qmatmul_q for q4_0 and q4_1. Their own compiled function, apart from q5's: compiled
-    together, the q4 loops ran 1.6x slower (measured)."""
-    _pairs_loop(0, 1, fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop)
-
-
-@njit(cache=True, nogil=True)
-def _qmatmul_pairs_q5(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop):
-    """qmatmul_q for q5_0 and q5_1."""
-    _pairs_loop(2, 3, fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act, start, stop)
-
-
-@njit(cache=True, inline="always")
-def _pairs_loop(fmt_a, fmt_b, fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, half, bias, gated, act,
-                start, stop):
-    """qmatmul_q's loop for fmt (fmt_a or fmt_b, constants), two weight rows per pass (_pair_dot32)."""
-    n = out.shape[1]
-    blocks = qx.shape[1] // block_size
-    row_bytes = blocks * block_bytes
-    raw8 = raw.view(np.int8)
-    acc_a = np.empty(half, dtype=np.float32)
-    acc_b = np.empty(half, dtype=np.float32)
-    for i in range(qx.shape[0]):
-        xi, dxi, sxi = qx[i], dx[i], sx[i]
-        if gated:  # pairs: gate row r with up row n + r
-            for r in range(start, stop):
-                y, y2 = _pair_dot_either(fmt_a, fmt_b, fmt, raw, raw8, r * row_bytes, (n + r) * row_bytes, blocks,
-                                         block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
-                out[i, r] = _act(y, act) * y2
-        else:  # pairs: rows r and r + 1 (a last odd row twice)
-            for r in range(start, stop, 2):
-                r2 = min(r + 1, stop - 1)
-                y, y2 = _pair_dot_either(fmt_a, fmt_b, fmt, raw, raw8, r * row_bytes, r2 * row_bytes, blocks,
-                                         block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
-                if bias.shape[0]:
-                    y += bias[r]
-                    y2 += bias[r2]
-                out[i, r] = y
-                out[i, r2] = y2
-
-
-@njit(cache=True, inline="always")
-def _pair_dot_either(fmt_a, fmt_b, fmt, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table, half, acc_a,
-                     acc_b):
-    """_pair_dot32 for fmt, fmt_a or fmt_b (constants: the inlined kernel is compiled for each,
-    its format branches folded)."""
-    if fmt == fmt_a:
-        return _pair_dot32(fmt_a, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
-    return _pair_dot32(fmt_b, raw, raw8, oa, ob, blocks, block_bytes, xi, dxi, sxi, table, half, acc_a, acc_b)
