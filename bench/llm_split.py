@@ -52,7 +52,7 @@ def main(argv=None):
         return real
 
     def product(a):  # qmatmul_q's arguments: format, ..., out (m, n), ..., gated
-        return f"int-dot {fmt_names[a[0]]} {'gate+up ' if a[11] else ''}{a[3].size / 1e6:.2f} MB"
+        return f"int-dot {fmt_names[a[0]]} {'gate+up ' if a[10] else ''}{a[3].size / 1e6:.2f} MB"
 
     saved = [(ints, "qmatmul_q", timed(ints, "qmatmul_q", product)),
              (ints, "quantize_rows", timed(ints, "quantize_rows", lambda a: "activation quantisation"))]

@@ -8,9 +8,10 @@ pytest.importorskip("numba")
 from numba import njit
 
 from tallow.dtypes import get_dtype
+from tallow.quant import dequantize_numpy
 from tallow.quant import cpu_int_kernels, cpu_kernels, cpu_simd
 
-NAMES = {0: "q4_0", 1: "q4_1", 2: "q5_0", 3: "q5_1", 4: "q8_0"}
+NAMES = dict(enumerate(cpu_simd.NAMES))
 
 
 def _compiled(fmt, x86_madd, monkeypatch):
@@ -29,15 +30,19 @@ def _inputs(fmt, rng, blocks, extreme):
     and activations at +-32767 (the largest int32 sums the kernels can meet)."""
     d = get_dtype(NAMES[fmt])
     raw = rng.integers(0, 256, size=(2 * blocks, d.block_bytes), dtype=np.uint8)
-    if extreme:
-        raw[:, 2:] = 0xFF if fmt != 4 else 0x80  # q8_0: -128 everywhere
-    for at in (0, cpu_simd.MIN_AT.get(fmt, 0)):
+    scales = {5: (0, 2), 6: (0, 2), 7: (208,)}.get(fmt, (0, cpu_simd.MIN_AT.get(fmt, 0)))
+    if extreme:  # every quant bit set (q8_0: -128; q6_k: 31 with int8 scales of 127)
+        raw[:, :] = 0xFF if fmt != 4 else 0x80
+        if fmt == 7:
+            raw[:, 192:208] = 127
+    for at in scales:
         raw[:, at:at + 2] = rng.uniform(-2, 2, size=2 * blocks).astype(np.float16).view(np.uint8).reshape(-1, 2)
-    x = rng.standard_normal((1, 32 * blocks)).astype(np.float32)
+    k = d.block_size * blocks
+    x = rng.standard_normal((1, k)).astype(np.float32)
     if extreme:
-        x = np.where(np.arange(32 * blocks) % 3 == 0, -1.0, 1.0).astype(np.float32)[None]
-    qx = np.empty((1, 32 * blocks), np.int16)
-    dx, sx = np.empty((1, blocks), np.float32), np.empty((1, blocks), np.int32)
+        x = np.where(np.arange(k) % 3 == 0, -1.0, 1.0).astype(np.float32)[None]
+    qx = np.empty((1, k), np.int16)
+    dx, sx = np.empty((1, k // 32), np.float32), np.empty((1, k // 32), np.int32)
     cpu_int_kernels.quantize_rows(x, 32767, qx, dx, sx)
     return raw.reshape(-1), blocks * d.block_bytes, qx[0], dx[0], sx[0]
 
@@ -49,15 +54,16 @@ def test_pair_dot_matches_its_numpy_statement(fmt, x86_madd, extreme, monkeypatc
     if x86_madd and not cpu_simd._has_avx2():
         pytest.skip("this CPU has no AVX2: the x86 form is never generated here")
     rng = np.random.default_rng(fmt)
-    blocks = 7
+    blocks = 7 if fmt <= 4 else 3
     raw, row_bytes, xi, dxi, sxi = _inputs(fmt, rng, blocks, extreme)
     d = get_dtype(NAMES[fmt])
     run = _compiled(fmt, x86_madd, monkeypatch)
     got = run(raw, 0, row_bytes, blocks, d.block_bytes, xi, dxi, sxi, cpu_kernels.F16_TABLE)
     want = cpu_simd.pair_dot_py(fmt, raw, 0, row_bytes, blocks, d.block_bytes, xi, dxi, sxi, cpu_kernels.F16_TABLE)
-    # The same integer sums per block; only the float32 summation order differs.
-    scale = 32 * 32767 * 32 * blocks * float(np.abs(dxi).max()) * 2
-    assert np.allclose(got, want, rtol=1e-5, atol=1e-6 * scale), (got, want)
+    # The same product: only float32 rounding differs (relative to the sum of the terms' sizes).
+    w = np.abs(dequantize_numpy(raw, NAMES[fmt], 2 * 32 * xi.size // 32).reshape(2, -1).astype(np.float64))
+    x = np.abs(xi.astype(np.float64).reshape(-1, 32) * dxi[:, None]).reshape(-1)
+    assert np.all(np.abs(np.asarray(got) - np.asarray(want)) <= 1e-6 * (w @ x) + 1e-30), (got, want)
 
 
 def test_only_contiguous_arrays_of_the_right_dtypes_compile():

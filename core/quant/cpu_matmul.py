@@ -147,7 +147,7 @@ def _int_product(x2, arr, d, fmt, n, k, bias=None, act=None):
     ints.quantize_rows(x2, ACTIVATION_MAX, qx, dx, sx)
     out = np.empty((m, n), dtype=np.float32)
     bias = _state["no_bias"] if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(n)
-    args = (fmt, d.block_size, d.block_bytes, arr, qx, dx, sx, _state["module"].F16_TABLE, out, ints.QK // 2, bias,
+    args = (fmt, d.block_size, d.block_bytes, arr, qx, dx, sx, _state["module"].F16_TABLE, out, bias,
             act is not None, ints.ACT_CODES[act] if act is not None else 0)
     pool = _state["pool"]
     if pool is not None and arr.size >= PARALLEL_MIN_BYTES:
