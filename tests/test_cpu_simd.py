@@ -14,19 +14,20 @@ from tallow.quant import cpu_int_kernels, cpu_kernels, cpu_simd
 NAMES = dict(enumerate(cpu_simd.NAMES))
 
 
-def _compiled(fmt, x86_madd, monkeypatch):
-    """A fresh pair dot for fmt, its IR generated with or without the x86 instruction (at compile time)."""
+def _compiled(fmt, rows, x86_madd, monkeypatch):
+    """A fresh kernel for fmt and `rows` activation rows, its IR generated with or without the x86
+    instruction (at compile time)."""
     monkeypatch.setattr(cpu_simd, "_X86_MADD", x86_madd)
-    dot = cpu_simd._make_pair_dot(fmt)
+    dot = cpu_simd._make_dot(fmt, rows)
 
     @njit
-    def run(raw, oa, ob, blocks, bb, xi, dxi, sxi, table):
-        return dot(raw, oa, ob, blocks, bb, xi, dxi, sxi, table)
+    def run(raw, oa, ob, blocks, bb, qx, dx, sx, table, i0):
+        return dot(raw, oa, ob, blocks, bb, qx, dx, sx, table, i0)
     return run
 
 
-def _inputs(fmt, rng, blocks, extreme):
-    """Two rows of `blocks` blocks and one quantised activation row. extreme: every quant bit set
+def _inputs(fmt, rng, blocks, extreme, m=1):
+    """Two rows of `blocks` blocks and m quantised activation rows. extreme: every quant bit set
     and activations at +-32767 (the largest int32 sums the kernels can meet)."""
     d = get_dtype(NAMES[fmt])
     raw = rng.integers(0, 256, size=(2 * blocks, d.block_bytes), dtype=np.uint8)
@@ -38,44 +39,49 @@ def _inputs(fmt, rng, blocks, extreme):
     for at in scales:
         raw[:, at:at + 2] = rng.uniform(-2, 2, size=2 * blocks).astype(np.float16).view(np.uint8).reshape(-1, 2)
     k = d.block_size * blocks
-    x = rng.standard_normal((1, k)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
     if extreme:
-        x = np.where(np.arange(k) % 3 == 0, -1.0, 1.0).astype(np.float32)[None]
-    qx = np.empty((1, k), np.int16)
-    dx, sx = np.empty((1, k // 32), np.float32), np.empty((1, k // 32), np.int32)
+        x = np.broadcast_to(np.where(np.arange(k) % 3 == 0, -1.0, 1.0).astype(np.float32), (m, k)).copy()
+    qx = np.empty((m, k), np.int16)
+    dx, sx = np.empty((m, k // 32), np.float32), np.empty((m, k // 32), np.int32)
     cpu_int_kernels.quantize_rows(x, 32767, qx, dx, sx)
-    return raw.reshape(-1), blocks * d.block_bytes, qx[0], dx[0], sx[0]
+    return raw.reshape(-1), blocks * d.block_bytes, qx, dx, sx
 
 
 @pytest.mark.parametrize("fmt", sorted(NAMES))
 @pytest.mark.parametrize("x86_madd", ["llvm.x86.avx2.pmadd.wd", None], ids=["x86", "generic"])
+@pytest.mark.parametrize("rows", [1, cpu_simd.TILE_ROWS])
 @pytest.mark.parametrize("extreme", [False, True])
-def test_pair_dot_matches_its_numpy_statement(fmt, x86_madd, extreme, monkeypatch):
+def test_kernel_matches_its_numpy_statement(fmt, x86_madd, rows, extreme, monkeypatch):
     if x86_madd and not cpu_simd._has_avx2():
         pytest.skip("this CPU has no AVX2: the x86 form is never generated here")
     rng = np.random.default_rng(fmt)
     blocks = 7 if fmt <= 4 else 3
-    raw, row_bytes, xi, dxi, sxi = _inputs(fmt, rng, blocks, extreme)
+    m, i0 = rows + 2, 1  # activation rows around the ones used: the kernel must pick rows i0...
+    raw, row_bytes, qx, dx, sx = _inputs(fmt, rng, blocks, extreme, m)
     d = get_dtype(NAMES[fmt])
-    run = _compiled(fmt, x86_madd, monkeypatch)
-    got = run(raw, 0, row_bytes, blocks, d.block_bytes, xi, dxi, sxi, cpu_kernels.F16_TABLE)
-    want = cpu_simd.pair_dot_py(fmt, raw, 0, row_bytes, blocks, d.block_bytes, xi, dxi, sxi, cpu_kernels.F16_TABLE)
+    run = _compiled(fmt, rows, x86_madd, monkeypatch)
+    got = np.array(run(raw, 0, row_bytes, blocks, d.block_bytes, qx, dx, sx, cpu_kernels.F16_TABLE, i0))
+    want = np.array(cpu_simd.dot_py(fmt, rows, raw, 0, row_bytes, blocks, d.block_bytes, qx, dx, sx,
+                                    cpu_kernels.F16_TABLE, i0))
     # The same product: only float32 rounding differs (relative to the sum of the terms' sizes).
-    w = np.abs(dequantize_numpy(raw, NAMES[fmt], 2 * 32 * xi.size // 32).reshape(2, -1).astype(np.float64))
-    x = np.abs(xi.astype(np.float64).reshape(-1, 32) * dxi[:, None]).reshape(-1)
-    assert np.all(np.abs(np.asarray(got) - np.asarray(want)) <= 1e-6 * (w @ x) + 1e-30), (got, want)
+    w = np.abs(dequantize_numpy(raw, NAMES[fmt], 2 * qx.shape[1]).reshape(2, -1).astype(np.float64))
+    x = np.abs(qx[i0:i0 + rows].astype(np.float64).reshape(rows, -1, 32) * dx[i0:i0 + rows, :, None])
+    size = (w @ x.reshape(rows, -1).T).reshape(-1)
+    assert got.shape == (2 * rows,)
+    assert np.all(np.abs(got - want) <= 1e-6 * size + 1e-30), (got, want)
 
 
 def test_only_contiguous_arrays_of_the_right_dtypes_compile():
     """The IR reads raw memory: a strided or wrongly typed array must fail to compile, not read garbage."""
     from numba.core.errors import TypingError
     rng = np.random.default_rng(3)
-    raw, row_bytes, xi, dxi, sxi = _inputs(1, rng, 2, False)
+    raw, row_bytes, qx, dx, sx = _inputs(1, rng, 2, False)
 
     @njit
-    def run(raw, xi):
-        return cpu_simd.pair_dot_q4_1(raw, 0, row_bytes, 2, 20, xi, dxi, sxi, cpu_kernels.F16_TABLE)
+    def run(raw, qx):
+        return cpu_simd.dot_q4_1(raw, 0, row_bytes, 2, 20, qx, dx, sx, cpu_kernels.F16_TABLE, 0)
     with pytest.raises(TypingError):
-        run(raw, np.repeat(xi, 2)[::2])
+        run(raw, np.repeat(qx, 2, axis=1)[:, ::2])
     with pytest.raises(TypingError):
-        run(raw, xi.astype(np.int32))
+        run(raw, qx.astype(np.int32))

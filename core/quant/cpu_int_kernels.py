@@ -85,24 +85,56 @@ def _act(v, act):
 
 
 @njit(cache=True, inline="always")
-def _pair_dot(fmt, raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table):
-    """The dots of the weight rows at byte offsets oa and ob of raw with one quantised activation
-    row: cpu_simd's vector kernel for the format."""
+def _dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i):
+    """cpu_simd.dot_* for the format (the weight rows at byte offsets oa and ob of raw)."""
     if fmt == 0:
-        return cpu_simd.pair_dot_q4_0(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+        return cpu_simd.dot_q4_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
     if fmt == 1:
-        return cpu_simd.pair_dot_q4_1(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+        return cpu_simd.dot_q4_1(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
     if fmt == 2:
-        return cpu_simd.pair_dot_q5_0(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+        return cpu_simd.dot_q5_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
     if fmt == 3:
-        return cpu_simd.pair_dot_q5_1(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+        return cpu_simd.dot_q5_1(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
     if fmt == 4:
-        return cpu_simd.pair_dot_q8_0(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+        return cpu_simd.dot_q8_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
     if fmt == 5:
-        return cpu_simd.pair_dot_q4_k(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+        return cpu_simd.dot_q4_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
     if fmt == 6:
-        return cpu_simd.pair_dot_q5_k(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
-    return cpu_simd.pair_dot_q6_k(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+        return cpu_simd.dot_q5_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+    return cpu_simd.dot_q6_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+
+
+@njit(cache=True, inline="always")
+def _tile_dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i):
+    """cpu_simd.tile_dot_* for the format (the weight rows at byte offsets oa and ob of raw)."""
+    if fmt == 0:
+        return cpu_simd.tile_dot_q4_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+    if fmt == 1:
+        return cpu_simd.tile_dot_q4_1(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+    if fmt == 2:
+        return cpu_simd.tile_dot_q5_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+    if fmt == 3:
+        return cpu_simd.tile_dot_q5_1(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+    if fmt == 4:
+        return cpu_simd.tile_dot_q8_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+    if fmt == 5:
+        return cpu_simd.tile_dot_q4_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+    if fmt == 6:
+        return cpu_simd.tile_dot_q5_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+    return cpu_simd.tile_dot_q6_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+
+
+@njit(cache=True, inline="always")
+def _store(out, i, r, r2, y, y2, bias, gated, act):
+    """Output row i's columns r and r2 from the two weight rows' dots y, y2 (gated: r2 is the up row)."""
+    if gated:
+        out[i, r] = _act(y, act) * y2
+    else:
+        if bias.shape[0]:
+            y += bias[r]
+            y2 += bias[r2]
+        out[i, r] = y
+        out[i, r2] = y2
 
 
 @njit(cache=True, nogil=True)
@@ -110,25 +142,24 @@ def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, bias, g
     """Columns start...stop-1 of out (m, n) = the quantised activations (qx, dx, sx from
     quantize_rows) times the transpose of the (n, k) block matrix in raw (uint8), plus bias (n,)
     unless it is empty. gated: raw holds 2n rows [gate; up] and out[i, r] = act(gate_r . x_i) *
-    (up_r . x_i), both rows read in the same pass (act: ACT_CODES). Two weight rows per call of
-    cpu_simd's kernels (one activation load for both). Without the GIL, so
+    (up_r . x_i), both rows read in the same pass (act: ACT_CODES). cpu_simd's kernels take two
+    weight rows (rows r and r + 1, or gate r and up n + r) times one activation row, or
+    TILE_ROWS of them (each weight block unpacked once for all). Without the GIL, so
     cpu_threads.RowPool's threads share a product's rows."""
     n = out.shape[1]
+    m = qx.shape[0]
     blocks = qx.shape[1] // block_size
     row_bytes = blocks * block_bytes
-    for i in range(qx.shape[0]):
-        xi, dxi, sxi = qx[i], dx[i], sx[i]
-        if gated:  # pairs: gate row r with up row n + r
-            for r in range(start, stop):
-                y, up = _pair_dot(fmt, raw, r * row_bytes, (n + r) * row_bytes, blocks, block_bytes, xi, dxi, sxi,
-                                  table)
-                out[i, r] = _act(y, act) * up
-        else:  # pairs: rows r and r + 1 (a last odd row twice)
-            for r in range(start, stop, 2):
-                r2 = min(r + 1, stop - 1)
-                y, y2 = _pair_dot(fmt, raw, r * row_bytes, r2 * row_bytes, blocks, block_bytes, xi, dxi, sxi, table)
-                if bias.shape[0]:
-                    y += bias[r]
-                    y2 += bias[r2]
-                out[i, r] = y
-                out[i, r2] = y2
+    tiled = m - m % cpu_simd.TILE_ROWS
+    for r in range(start, stop, 1 if gated else 2):
+        r2 = n + r if gated else min(r + 1, stop - 1)  # (a last odd row twice)
+        oa, ob = r * row_bytes, r2 * row_bytes
+        for i in range(0, tiled, cpu_simd.TILE_ROWS):
+            ys = _tile_dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+            _store(out, i, r, r2, ys[0], ys[4], bias, gated, act)
+            _store(out, i + 1, r, r2, ys[1], ys[5], bias, gated, act)
+            _store(out, i + 2, r, r2, ys[2], ys[6], bias, gated, act)
+            _store(out, i + 3, r, r2, ys[3], ys[7], bias, gated, act)
+        for i in range(tiled, m):
+            y, y2 = _dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+            _store(out, i, r, r2, y, y2, bias, gated, act)

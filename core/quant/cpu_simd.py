@@ -1,21 +1,25 @@
-"""Two weight rows' integer dot products on GGUF blocks, written as LLVM vector IR (numba's
-`intrinsic`), for the decoding-step kernels of cpu_int_kernels.py.
+"""Integer dot products on GGUF blocks written as LLVM vector IR (numba's `intrinsic`): the
+inner loops of cpu_int_kernels.py's quantised products.
 
-Why IR: numba's loops cannot say "multiply 16-bit pairs and add neighbours". LLVM widened
-cpu_int_kernels.py's lanes to 32-bit multiplies (vpmulld) and converted every lane to float:
+Why IR: numba's loops cannot say "multiply 16-bit pairs and add neighbours". LLVM widened the
+earlier numba loops' lanes to 32-bit multiplies (vpmulld) and converted every lane to float:
 about 4.7 ns per 32-value block per row on x86, ggml's ~1. Here a block is a few vector
-operations that every LLVM target lowers to its own instructions: the quants widened to
-int16, multiplied by the int16 activations in even/odd pairs whose products are added (x86:
-vpmaddwd, or vpdpwssd with VNNI; arm64: smull/smlal pairs), the 8 int32 sums converted to
-float and accumulated with the block's scale into 8 float lanes, summed once per row. It is
-generic IR (no target intrinsics), so the same code serves x86-64 and aarch64.
+operations that every LLVM target lowers to its own instructions: the quants widened to int16,
+multiplied by the int16 activations in even/odd pairs whose products are added (x86: vpmaddwd,
+or vpdpwssd with VNNI, named directly on AVX2 hosts; arm64: the generic form, smull/smlal
+pairs), the 8 int32 sums converted to float and accumulated with the block's scales into 8
+float lanes, summed once per row.
+
+A kernel takes two weight rows (rows r and r + 1, or a gate row and its up row) and one
+activation row (`dot_*`, a decoding step) or TILE_ROWS of them (`tile_dot_*`: each weight
+block unpacked once for all of them).
 
 Formats: q4_0, q4_1, q5_0, q5_1, q8_0 (blocks of 32) and q4_k, q5_k, q6_k (blocks of 256, with
 8 or 16 sub-block scales; the activations keep one scale per 32 values): cpu_kernels.FORMATS
 codes 0-7. Each block's integer sums are exact; they are scaled and summed in float32.
-NUMBA_DISABLE_JIT=1 cannot run IR: `pair_dot_py` is the same product in numpy (the dequantised
-rows times the dequantised activations), which the tests compare against the compiled one and
-cpu_int_kernels.py calls when the JIT is off.
+NUMBA_DISABLE_JIT=1 cannot run IR: `dot_py` is the same product in numpy (the dequantised rows
+times the dequantised activations), which the tests compare against the compiled kernels and
+which runs in their place when the JIT is off.
 """
 import functools
 
@@ -128,8 +132,8 @@ def _hsum(builder, v):
 
 
 class _Activations:
-    """IR loads of one weight block's quantised activations: 16-value chunks, and each 32-value
-    activation block's scale and sum (index relative to the weight block's first)."""
+    """IR loads of one quantised activation row around one weight block: 16-value chunks, and
+    each 32-value activation block's scale and sum (indices relative to the weight block's first)."""
 
     def __init__(self, builder, xi, dxi, sxi, first_block):
         self.builder, self.xi, self.dxi, self.sxi, self.first = builder, xi, dxi, sxi, first_block
@@ -147,18 +151,22 @@ class _Activations:
         return b.sitofp(b.load(b.gep(self.sxi, [b.add(self.first, ir.Constant(_I64, a))])), _F32)
 
 
-def _block_terms_32(builder, fmt, raw, table, p, x):
-    """q4_0 ... q8_0: ([(int32 pair sums, their float scale)], the float to add) for the block at p."""
-    scale = builder.fmul(_f16_scale(builder, raw, table, p), x.scale(0))
+# A weight block as the kernels use it: a generator of terms, made as they are consumed (so each
+# group's quants are unpacked, used for every activation row, and dropped: fewer live registers)
+#   ("group", float scale, activation block a, [(<16 x i16> quants, activation chunk c), ...])
+#       contributing scale * dx[a] * sum over its chunks of quants . x[16c:16c + 16]
+#   ("min", float coef, activation block a, None) contributing coef * dx[a] * (sum of x's block a)
+
+
+def _weight_block_32(builder, fmt, raw, table, p):
+    """q4_0 ... q8_0: one group of 32 values; q4_1/q5_1's min m, q4_0/q5_0's offset as -8d / -16d."""
+    d = _f16_scale(builder, raw, table, p)
     lo, hi = _block_quants(builder, fmt, raw, p)
-    isum = builder.add(_pair_madd(builder, lo, x.chunk(0)), _pair_madd(builder, hi, x.chunk(1)))
-    extra = ir.Constant(_F32, 0.0)
-    if fmt in MIN_AT:  # + m * sum x
-        m = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, MIN_AT[fmt])))
-        extra = builder.fmul(builder.fmul(m, x.scale(0)), x.total(0))
-    elif fmt in OFFSET:  # - offset * d * sum x
-        extra = builder.fneg(builder.fmul(builder.fmul(scale, ir.Constant(_F32, OFFSET[fmt])), x.total(0)))
-    return [(isum, scale)], extra
+    yield "group", d, 0, [(lo, 0), (hi, 1)]
+    if fmt in MIN_AT:
+        yield "min", _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, MIN_AT[fmt]))), 0, None
+    elif fmt in OFFSET:
+        yield "min", builder.fmul(d, ir.Constant(_F32, -OFFSET[fmt])), 0, None
 
 
 def _byte(builder, raw, p, at):
@@ -190,14 +198,13 @@ def _bytes32(builder, raw, p, at):
     return builder.zext(_load(builder, raw, builder.add(p, ir.Constant(_I64, at)), _vec(_I8, 32)), _vec(_I16, 32))
 
 
-def _block_terms_k4(builder, fmt, raw, table, p, x):
+def _weight_block_k4(builder, fmt, raw, table, p):
     """q4_k / q5_k (256 values): 8 sub-blocks of 32 with 6-bit scales and mins; value d*sc*q - dmin*m.
     Group g's 32 quant bytes hold sub-block 2g in their low nibbles and 2g + 1 in their high ones
     (q5_k: fifth bits from bits 2g and 2g + 1 of the 32 qh bytes)."""
     d = _f16_scale(builder, raw, table, p)
     dmin = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 2)))
     qh = _bytes32(builder, raw, p, 16) if fmt == 6 else None
-    terms, extra = [], ir.Constant(_F32, 0.0)
     for g in range(4):
         q = _bytes32(builder, raw, p, (48 if fmt == 6 else 16) + 32 * g)
         parts = [builder.and_(q, _const_vec(_I16, [15] * 32)), builder.lshr(q, _const_vec(_I16, [4] * 32))]
@@ -207,19 +214,16 @@ def _block_terms_k4(builder, fmt, raw, table, p, x):
                 bit = builder.and_(builder.lshr(qh, _const_vec(_I16, [j] * 32)), _const_vec(_I16, [1] * 32))
                 parts[h] = builder.or_(parts[h], builder.shl(bit, _const_vec(_I16, [4] * 32)))
             first, second = _halves(builder, parts[h])
-            isum = builder.add(_pair_madd(builder, first, x.chunk(2 * j)), _pair_madd(builder, second, x.chunk(2 * j + 1)))
             sc, mn = _scale_min_k4(builder, raw, p, j)
-            terms.append((isum, builder.fmul(builder.fmul(d, sc), x.scale(j))))
-            extra = builder.fsub(extra, builder.fmul(builder.fmul(builder.fmul(dmin, mn), x.scale(j)), x.total(j)))
-    return terms, extra
+            yield "group", builder.fmul(d, sc), j, [(first, 2 * j), (second, 2 * j + 1)]
+            yield "min", builder.fneg(builder.fmul(dmin, mn)), j, None
 
 
-def _block_terms_q6(builder, raw, table, p, x):
+def _weight_block_q6(builder, raw, table, p):
     """q6_k (256 values): two halves of 128; quarter t of half hf takes its low 4 bits from ql bytes
     64hf + 32(t % 2)... (low nibbles for t < 2, high for t >= 2) and its top 2 from qh byte
     128 + 32hf + l, bits 2t; value - 32, 16 values per int8 scale (bytes 192 + 8hf + 2t, + 1)."""
     d = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 208)))
-    terms = []
     for hf in range(2):
         qh = _bytes32(builder, raw, p, 128 + 32 * hf)
         for t in range(4):
@@ -230,85 +234,105 @@ def _block_terms_q6(builder, raw, table, p, x):
                             _const_vec(_I16, [32] * 32))
             a = 4 * hf + t
             for h, part in enumerate(_halves(builder, q)):
-                sc = builder.sitofp(_load(builder, raw, builder.add(p, ir.Constant(_I64, 192 + 8 * hf + 2 * t + h)), _I8),
-                                    _F32)
-                terms.append((_pair_madd(builder, part, x.chunk(2 * a + h)),
-                              builder.fmul(builder.fmul(d, sc), x.scale(a))))
-    return terms, ir.Constant(_F32, 0.0)
+                at = ir.Constant(_I64, 192 + 8 * hf + 2 * t + h)
+                sc = builder.sitofp(_load(builder, raw, builder.add(p, at), _I8), _F32)
+                yield "group", builder.fmul(d, sc), a, [(part, 2 * a + h)]
 
 
-def _block_terms(builder, fmt, raw, table, p, x):
+def _weight_block(builder, fmt, raw, table, p):
     if fmt <= 4:
-        return _block_terms_32(builder, fmt, raw, table, p, x)
+        return _weight_block_32(builder, fmt, raw, table, p)
     if fmt <= 6:
-        return _block_terms_k4(builder, fmt, raw, table, p, x)
-    return _block_terms_q6(builder, raw, table, p, x)
+        return _weight_block_k4(builder, fmt, raw, table, p)
+    return _weight_block_q6(builder, raw, table, p)
 
 
-def _make_pair_dot(fmt):
+def _make_dot(fmt, rows):
+    """The kernel for fmt that multiplies two weight rows by `rows` activation rows."""
     per_block = ACTIVATION_BLOCKS[fmt]
 
     @intrinsic
-    def pair_dot(typingctx, raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table):
-        """(dot of the weight row at byte oa of raw with the activations, the same for ob):
-        raw uint8, xi int16 (k,), dxi float32 (k/32,), sxi int32 (k/32,), table float32 f16 values;
-        blocks: weight blocks per row."""
-        arrays = (raw, xi, dxi, sxi, table)
+    def dot(typingctx, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0):
+        """(the weight row at byte oa of raw times activation rows i0 ... i0 + rows - 1, then the
+        row at ob times the same): raw uint8, qx int16 (m, k), dx float32 (m, k/32), sx int32
+        (m, k/32), table float32 f16 values; blocks: weight blocks per row."""
+        arrays = (raw, qx, dx, sx, table)
         dtypes = (types.uint8, types.int16, types.float32, types.int32, types.float32)
-        if any(not isinstance(a, types.Array) or a.ndim != 1 or a.layout != "C" or a.dtype != d
-               for a, d in zip(arrays, dtypes)):
-            return None  # the IR reads raw memory: only 1-D contiguous arrays of these dtypes
-        sig = types.UniTuple(types.float32, 2)(raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table)
+        if any(not isinstance(a, types.Array) or a.ndim != d[1] or a.layout != "C" or a.dtype != d[0]
+               for a, d in zip(arrays, zip(dtypes, (1, 2, 2, 2, 1)))):
+            return None  # the IR reads raw memory: only contiguous arrays of these dtypes and ranks
+        sig = types.UniTuple(types.float32, 2 * rows)(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0)
 
         def codegen(context, builder, signature, args):
-            a_raw, a_oa, a_ob, a_blocks, a_bb, a_xi, a_dxi, a_sxi, a_table = args
             t = signature.args
+            arys = {i: context.make_array(t[i])(context, builder, args[i]) for i in (0, 5, 6, 7, 8)}
 
-            def data(i, value):
-                return context.make_array(t[i])(context, builder, value).data
-
-            def i64(i, value):
-                return context.cast(builder, value, t[i], types.int64)
-            raw_p = builder.bitcast(data(0, a_raw), _I8.as_pointer())
-            xi_p, dxi_p, sxi_p, table_p = data(5, a_xi), data(6, a_dxi), data(7, a_sxi), data(8, a_table)
-            oa_v, ob_v, blocks_v, bb_v = i64(1, a_oa), i64(2, a_ob), i64(3, a_blocks), i64(4, a_bb)
+            def i64(i):
+                return context.cast(builder, args[i], t[i], types.int64)
+            raw_p = builder.bitcast(arys[0].data, _I8.as_pointer())
+            table_p = arys[8].data
+            oa_v, ob_v, blocks_v, bb_v, i0_v = i64(1), i64(2), i64(3), i64(4), i64(9)
+            k = builder.extract_value(arys[5].shape, 1)
+            kb = builder.extract_value(arys[6].shape, 1)
+            x_rows = []  # (int16 row, its scales, its sums) of each activation row
+            for r in range(rows):
+                i = builder.add(i0_v, ir.Constant(_I64, r))
+                x_rows.append((builder.gep(arys[5].data, [builder.mul(i, k)]),
+                               builder.gep(arys[6].data, [builder.mul(i, kb)]),
+                               builder.gep(arys[7].data, [builder.mul(i, kb)])))
             zero8 = ir.Constant(_vec(_F32, 8), [ir.Constant(_F32, 0.0)] * 8)
-            accs = [cgutils.alloca_once_value(builder, zero8) for _ in range(2)]
-            extras = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(2)]
+            accs = [cgutils.alloca_once_value(builder, zero8) for _ in range(2 * rows)]
+            extras = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(2 * rows)]
             with cgutils.for_range(builder, blocks_v) as loop:
                 b = loop.index
-                x = _Activations(builder, xi_p, dxi_p, sxi_p, builder.mul(b, ir.Constant(_I64, per_block)))
+                first = builder.mul(b, ir.Constant(_I64, per_block))
+                xs = [_Activations(builder, *x_row, first) for x_row in x_rows]
                 step = builder.mul(b, bb_v)
-                for base, acc, extra in zip((oa_v, ob_v), accs, extras):
-                    terms, more = _block_terms(builder, fmt, raw_p, table_p, builder.add(base, step), x)
-                    total = builder.load(acc)
-                    for isum, scale in terms:
-                        total = _fmuladd(builder, builder.sitofp(isum, _vec(_F32, 8)), _splat(builder, scale, 8), total)
-                    builder.store(total, acc)
-                    builder.store(builder.fadd(builder.load(extra), more), extra)
+                for w, base in enumerate((oa_v, ob_v)):
+                    mine = range(w * rows, (w + 1) * rows)
+                    totals = [builder.load(accs[i]) for i in mine]
+                    more = [builder.load(extras[i]) for i in mine]
+                    for kind, scale, a, chunks in _weight_block(builder, fmt, raw_p, table_p, builder.add(base, step)):
+                        for r, x in enumerate(xs):  # the unpacked group serves every activation row
+                            if kind == "min":
+                                term = builder.fmul(builder.fmul(scale, x.scale(a)), x.total(a))
+                                more[r] = builder.fadd(more[r], term)
+                                continue
+                            isum = None
+                            for quants, c in chunks:
+                                part = _pair_madd(builder, quants, x.chunk(c))
+                                isum = part if isum is None else builder.add(isum, part)
+                            totals[r] = _fmuladd(builder, builder.sitofp(isum, _vec(_F32, 8)),
+                                                 _splat(builder, builder.fmul(scale, x.scale(a)), 8), totals[r])
+                    for i, total, extra in zip(mine, totals, more):
+                        builder.store(total, accs[i])
+                        builder.store(extra, extras[i])
             results = [builder.fadd(builder.load(e), _hsum(builder, builder.load(a))) for a, e in zip(accs, extras)]
             return context.make_tuple(builder, signature.return_type, results)
         return sig, codegen
-    return pair_dot
+    return dot
 
 
-PAIR_DOTS = tuple(_make_pair_dot(fmt) for fmt in FORMATS)
-
-
+TILE_ROWS = 4  # activation rows per call of the many-row kernels (a prompt's tokens)
 NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 
 
-def pair_dot_py(fmt, raw, oa, ob, blocks, block_bytes, xi, dxi, sxi, table):
-    """pair_dot's product in numpy, for NUMBA_DISABLE_JIT=1 and as the tests' reference: the two
-    rows dequantised (dequant_numpy, bit-exact with ggml) times the dequantised activations."""
+def dot_py(fmt, rows, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0):
+    """The kernels' product in numpy, for NUMBA_DISABLE_JIT=1 and as the tests' reference: the two
+    weight rows dequantised (dequant_numpy, bit-exact with ggml) times the dequantised activations."""
     from .dequant_numpy import dequantize_numpy
     k = blocks * ACTIVATION_BLOCKS[fmt] * QK
-    x = (xi[:k].astype(np.float64).reshape(-1, QK) * dxi[:k // QK, None]).reshape(-1)
-    rows = [dequantize_numpy(raw[o:o + blocks * block_bytes], NAMES[fmt], k) for o in (oa, ob)]
-    return np.float32(np.dot(rows[0], x)), np.float32(np.dot(rows[1], x))
+    x = (qx[i0:i0 + rows, :k].astype(np.float64).reshape(rows, -1, QK) * dx[i0:i0 + rows, :k // QK, None])
+    w = np.stack([dequantize_numpy(raw[o:o + blocks * block_bytes], NAMES[fmt], k) for o in (oa, ob)])
+    return tuple(np.float32(v) for v in (w.astype(np.float64) @ x.reshape(rows, k).T).reshape(-1))
 
 
-if config.DISABLE_JIT:  # IR cannot run as Python: the same computation in numpy
-    PAIR_DOTS = tuple(functools.partial(pair_dot_py, fmt) for fmt in FORMATS)
-(pair_dot_q4_0, pair_dot_q4_1, pair_dot_q5_0, pair_dot_q5_1, pair_dot_q8_0, pair_dot_q4_k, pair_dot_q5_k,
- pair_dot_q6_k) = PAIR_DOTS
+# DOTS[fmt]: two weight rows times one activation row; TILE_DOTS[fmt]: times TILE_ROWS rows.
+DOTS = tuple(_make_dot(fmt, 1) for fmt in FORMATS)
+TILE_DOTS = tuple(_make_dot(fmt, TILE_ROWS) for fmt in FORMATS)
+if config.DISABLE_JIT:  # type: ignore[attr-defined]  # (set at import) IR cannot run as Python: numpy instead
+    DOTS = tuple(functools.partial(dot_py, fmt, 1) for fmt in FORMATS)
+    TILE_DOTS = tuple(functools.partial(dot_py, fmt, TILE_ROWS) for fmt in FORMATS)
+(dot_q4_0, dot_q4_1, dot_q5_0, dot_q5_1, dot_q8_0, dot_q4_k, dot_q5_k, dot_q6_k) = DOTS
+(tile_dot_q4_0, tile_dot_q4_1, tile_dot_q5_0, tile_dot_q5_1, tile_dot_q8_0, tile_dot_q4_k, tile_dot_q5_k,
+ tile_dot_q6_k) = TILE_DOTS
