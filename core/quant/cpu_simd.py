@@ -20,6 +20,9 @@ codes 0-7. Each block's integer sums are exact; they are scaled and summed in fl
 NUMBA_DISABLE_JIT=1 cannot run IR: `dot_py` is the same product in numpy (the dequantised rows
 times the dequantised activations), which the tests compare against the compiled kernels and
 which runs in their place when the JIT is off.
+
+numba's on-disk cache keys a compiled function on its own file only: after editing this file,
+touch cpu_int_kernels.py (whose cached kernels inline this IR) or delete its __pycache__.
 """
 import functools
 
