@@ -421,3 +421,25 @@ def test_row_pool_covers_every_row_once_and_never_waits_for_an_idle_helper():
         release.set()
     finally:
         pool.close()
+
+
+def test_a_polling_helper_sees_the_next_job_without_holding_the_gil():
+    """cpu_spin: the poll runs without the GIL (the thread that bumps the counter needs it) and
+    sees the bump through its atomic load (a hoisted plain load would never see it); with no
+    bump it gives up after its rounds."""
+    import threading
+
+    from tallow.quant import cpu_spin
+    counter = np.zeros(1, dtype=np.int64)
+    assert cpu_spin.spin_while_equal(counter, 0, 1000) is False
+
+    def bump():
+        time.sleep(0.05)
+        counter[0] = 1
+    bumper = threading.Thread(target=bump)
+    start = time.perf_counter()
+    bumper.start()
+    assert cpu_spin.spin_while_equal(counter, 0, 1 << 62) is True
+    assert time.perf_counter() - start < 10
+    bumper.join()
+    assert cpu_spin.rounds_for(100) >= 1

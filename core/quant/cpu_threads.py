@@ -6,11 +6,14 @@ cores other processes share, a helper thread may not be scheduled for a whole ti
 and a decoding step joins about 90 times a token: measured on a busy 2-core box, 2 prange
 threads made decoding 10-30x slower than one. Here the caller keeps taking chunks until none
 is left, so a helper that never wakes costs nothing: the caller waits only for chunks a
-helper has already started.
+helper has already started. Between jobs a helper polls briefly before it blocks
+(cpu_spin.py), so the next product of the step finds it awake.
 """
 import itertools
 import queue
 import threading
+
+import numpy as np
 
 CHUNKS_PER_THREAD = 2  # a few chunks each, so a late helper leaves its share to the others
 
@@ -40,14 +43,26 @@ class _Job:
 class RowPool:
     """threads - 1 helper threads (daemons: they hold nothing that needs closing)."""
 
-    def __init__(self, threads):
+    def __init__(self, threads, spin_us=None):
+        from . import cpu_spin
         self.threads = threads
         self.jobs = queue.SimpleQueue()
+        self.posted = np.zeros(1, dtype=np.int64)  # bumped after each job is queued (what helpers poll)
+        self.spin_rounds = cpu_spin.rounds_for(cpu_spin.SPIN_US if spin_us is None else spin_us)
         for i in range(threads - 1):
             threading.Thread(target=self._helper, name=f"tallow-cpu-{i + 1}", daemon=True).start()
 
     def _helper(self):
-        while (job := self.jobs.get()) is not None:
+        from .cpu_spin import spin_while_equal
+        while True:
+            seen = int(self.posted[0])  # read before looking at the queue: a job queued after this bumps it
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                spin_while_equal(self.posted, seen, self.spin_rounds)  # without the GIL
+                job = self.jobs.get()
+            if job is None:
+                return
             job.work()
 
     def close(self):
@@ -63,6 +78,7 @@ class RowPool:
             return
         for _ in range(self.threads - 1):
             self.jobs.put(job)
+        self.posted[0] += 1  # (two callers racing may lose a bump: a polling helper then blocks in get())
         job.work()
         job.done.wait()
         if job.error is not None:
