@@ -11,7 +11,7 @@ pairs), the 8 int32 sums converted to float and accumulated with the block's sca
 float lanes, summed once per row.
 
 A kernel takes two weight rows (rows r and r + 1, or a gate row and its up row) and one
-activation row (`dot_*`, a decoding step) or TILE_ROWS of them (`tile_dot_*`: each weight
+activation row (`dot`, a decoding step) or TILE_ROWS of them (`tile_dot`: each weight
 block unpacked once for all of them).
 
 Formats: q4_0, q4_1, q5_0, q5_1, q8_0 (blocks of 32) and q4_k, q5_k, q6_k (blocks of 256, with
