@@ -1,4 +1,4 @@
-"""The vector-IR pair dots (tallow.quant.cpu_simd) against their numpy statement (pair_dot_py),
+"""The vector-IR kernels (tallow.quant.cpu_simd) against their numpy statement (dot_py),
 with the target's multiply-pairs instruction and with the generic IR other targets (arm64) get.
 End to end, tests/test_cpu_kernels.py checks the products against dequantise-then-numpy."""
 import numpy as np
@@ -14,15 +14,15 @@ from tallow.quant import cpu_int_kernels, cpu_kernels, cpu_simd
 NAMES = dict(enumerate(cpu_simd.NAMES))
 
 
-def _compiled(fmt, rows, x86_madd, monkeypatch):
-    """A fresh kernel for fmt and `rows` activation rows, its IR generated with or without the x86
+def _compiled(rows, x86_madd, monkeypatch):
+    """A fresh kernel for `rows` activation rows, its IR generated with or without the x86
     instruction (at compile time)."""
     monkeypatch.setattr(cpu_simd, "_X86_MADD", x86_madd)
-    dot = cpu_simd._make_dot(fmt, rows)
+    dot = cpu_simd._make_kernel(rows)
 
     @njit
-    def run(raw, oa, ob, blocks, bb, qx, dx, sx, table, i0):
-        return dot(raw, oa, ob, blocks, bb, qx, dx, sx, table, i0)
+    def run(fmt, raw, oa, ob, blocks, bb, qx, dx, sx, table, i0):
+        return dot(fmt, raw, oa, ob, blocks, bb, qx, dx, sx, table, i0)
     return run
 
 
@@ -48,28 +48,29 @@ def _inputs(fmt, rng, blocks, extreme, m=1):
     return raw.reshape(-1), blocks * d.block_bytes, qx, dx, sx
 
 
-@pytest.mark.parametrize("fmt", sorted(NAMES))
 @pytest.mark.parametrize("x86_madd", ["llvm.x86.avx2.pmadd.wd", None], ids=["x86", "generic"])
 @pytest.mark.parametrize("rows", [1, cpu_simd.TILE_ROWS])
-@pytest.mark.parametrize("extreme", [False, True])
-def test_kernel_matches_its_numpy_statement(fmt, x86_madd, rows, extreme, monkeypatch):
+def test_kernel_matches_its_numpy_statement(x86_madd, rows, monkeypatch):
+    """Every format (the format code chosen at run time), random and extreme blocks."""
     if x86_madd and not cpu_simd._has_avx2():
         pytest.skip("this CPU has no AVX2: the x86 form is never generated here")
-    rng = np.random.default_rng(fmt)
-    blocks = 7 if fmt <= 4 else 3
-    m, i0 = rows + 2, 1  # activation rows around the ones used: the kernel must pick rows i0...
-    raw, row_bytes, qx, dx, sx = _inputs(fmt, rng, blocks, extreme, m)
-    d = get_dtype(NAMES[fmt])
-    run = _compiled(fmt, rows, x86_madd, monkeypatch)
-    got = np.array(run(raw, 0, row_bytes, blocks, d.block_bytes, qx, dx, sx, cpu_kernels.F16_TABLE, i0))
-    want = np.array(cpu_simd.dot_py(fmt, rows, raw, 0, row_bytes, blocks, d.block_bytes, qx, dx, sx,
-                                    cpu_kernels.F16_TABLE, i0))
-    # The same product: only float32 rounding differs (relative to the sum of the terms' sizes).
-    w = np.abs(dequantize_numpy(raw, NAMES[fmt], 2 * qx.shape[1]).reshape(2, -1).astype(np.float64))
-    x = np.abs(qx[i0:i0 + rows].astype(np.float64).reshape(rows, -1, 32) * dx[i0:i0 + rows, :, None])
-    size = (w @ x.reshape(rows, -1).T).reshape(-1)
-    assert got.shape == (2 * rows,)
-    assert np.all(np.abs(got - want) <= 1e-6 * size + 1e-30), (got, want)
+    run = _compiled(rows, x86_madd, monkeypatch)
+    for fmt in sorted(NAMES):
+        for extreme in (False, True):
+            rng = np.random.default_rng(fmt)
+            blocks = 7 if fmt <= 4 else 3
+            m, i0 = rows + 2, 1  # activation rows around the ones used: the kernel must pick rows i0...
+            raw, row_bytes, qx, dx, sx = _inputs(fmt, rng, blocks, extreme, m)
+            d = get_dtype(NAMES[fmt])
+            got = np.array(run(fmt, raw, 0, row_bytes, blocks, d.block_bytes, qx, dx, sx, cpu_kernels.F16_TABLE, i0))
+            want = np.array(cpu_simd.dot_py(fmt, raw, 0, row_bytes, blocks, d.block_bytes, qx, dx, sx,
+                                            cpu_kernels.F16_TABLE, i0, rows))
+            # The same product: only float32 rounding differs (relative to the sum of the terms' sizes).
+            w = np.abs(dequantize_numpy(raw, NAMES[fmt], 2 * qx.shape[1]).reshape(2, -1).astype(np.float64))
+            x = np.abs(qx[i0:i0 + rows].astype(np.float64).reshape(rows, -1, 32) * dx[i0:i0 + rows, :, None])
+            size = (w @ x.reshape(rows, -1).T).reshape(-1)
+            assert got.shape == (2 * rows,)
+            assert np.all(np.abs(got - want) <= 1e-6 * size + 1e-30), (NAMES[fmt], extreme, got, want)
 
 
 def test_only_contiguous_arrays_of_the_right_dtypes_compile():
@@ -80,7 +81,7 @@ def test_only_contiguous_arrays_of_the_right_dtypes_compile():
 
     @njit
     def run(raw, qx):
-        return cpu_simd.dot_q4_1(raw, 0, row_bytes, 2, 20, qx, dx, sx, cpu_kernels.F16_TABLE, 0)
+        return cpu_simd.dot(1, raw, 0, row_bytes, 2, 20, qx, dx, sx, cpu_kernels.F16_TABLE, 0)
     with pytest.raises(TypingError):
         run(raw, np.repeat(qx, 2, axis=1)[:, ::2])
     with pytest.raises(TypingError):

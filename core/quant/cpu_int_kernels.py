@@ -23,7 +23,7 @@ the float activations is at most sum_j |w_j| * d_b / 2 for activation block b
 (tests/test_cpu_kernels.py checks that bound).
 
 The block dots are cpu_simd.py's vector IR; the rest is plain Python over numpy
-arrays, so NUMBA_DISABLE_JIT=1 runs it (slowly) with cpu_simd.pair_dot_py, the
+arrays, so NUMBA_DISABLE_JIT=1 runs it (slowly) with cpu_simd.dot_py, the
 same product in numpy, in place of the IR.
 """
 import math
@@ -85,46 +85,6 @@ def _act(v, act):
 
 
 @njit(cache=True, inline="always")
-def _dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i):
-    """cpu_simd.dot_* for the format (the weight rows at byte offsets oa and ob of raw)."""
-    if fmt == 0:
-        return cpu_simd.dot_q4_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 1:
-        return cpu_simd.dot_q4_1(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 2:
-        return cpu_simd.dot_q5_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 3:
-        return cpu_simd.dot_q5_1(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 4:
-        return cpu_simd.dot_q8_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 5:
-        return cpu_simd.dot_q4_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 6:
-        return cpu_simd.dot_q5_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    return cpu_simd.dot_q6_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-
-
-@njit(cache=True, inline="always")
-def _tile_dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i):
-    """cpu_simd.tile_dot_* for the format (the weight rows at byte offsets oa and ob of raw)."""
-    if fmt == 0:
-        return cpu_simd.tile_dot_q4_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 1:
-        return cpu_simd.tile_dot_q4_1(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 2:
-        return cpu_simd.tile_dot_q5_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 3:
-        return cpu_simd.tile_dot_q5_1(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 4:
-        return cpu_simd.tile_dot_q8_0(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 5:
-        return cpu_simd.tile_dot_q4_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    if fmt == 6:
-        return cpu_simd.tile_dot_q5_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-    return cpu_simd.tile_dot_q6_k(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
-
-
-@njit(cache=True, inline="always")
 def _store(out, i, r, r2, y, y2, bias, gated, act):
     """Output row i's columns r and r2 from the two weight rows' dots y, y2 (gated: r2 is the up row)."""
     if gated:
@@ -155,11 +115,11 @@ def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, bias, g
         r2 = n + r if gated else min(r + 1, stop - 1)  # (a last odd row twice)
         oa, ob = r * row_bytes, r2 * row_bytes
         for i in range(0, tiled, cpu_simd.TILE_ROWS):
-            ys = _tile_dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+            ys = cpu_simd.tile_dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
             _store(out, i, r, r2, ys[0], ys[4], bias, gated, act)
             _store(out, i + 1, r, r2, ys[1], ys[5], bias, gated, act)
             _store(out, i + 2, r, r2, ys[2], ys[6], bias, gated, act)
             _store(out, i + 3, r, r2, ys[3], ys[7], bias, gated, act)
         for i in range(tiled, m):
-            y, y2 = _dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+            y, y2 = cpu_simd.dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
             _store(out, i, r, r2, y, y2, bias, gated, act)

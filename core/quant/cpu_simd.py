@@ -11,7 +11,7 @@ pairs), the 8 int32 sums converted to float and accumulated with the block's sca
 float lanes, summed once per row.
 
 A kernel takes two weight rows (rows r and r + 1, or a gate row and its up row) and one
-activation row (`dot_*`, a decoding step) or TILE_ROWS of them (`tile_dot_*`: each weight
+activation row (`dot`, a decoding step) or TILE_ROWS of them (`tile_dot`: each weight
 block unpacked once for all of them).
 
 Formats: q4_0, q4_1, q5_0, q5_1, q8_0 (blocks of 32) and q4_k, q5_k, q6_k (blocks of 256, with
@@ -250,68 +250,82 @@ def _weight_block(builder, fmt, raw, table, p):
     return _weight_block_q6(builder, raw, table, p)
 
 
-def _make_dot(fmt, rows):
-    """The kernel for fmt that multiplies two weight rows by `rows` activation rows."""
-    per_block = ACTIVATION_BLOCKS[fmt]
+def _kernel_body(builder, code, rows, raw_p, table_p, x_rows, oa, ob, blocks, block_bytes):
+    """The IR of one format's kernel: [the row at oa times each activation row, then ob's]."""
+    per_block = ACTIVATION_BLOCKS[code]
+    zero8 = ir.Constant(_vec(_F32, 8), [ir.Constant(_F32, 0.0)] * 8)
+    accs = [cgutils.alloca_once_value(builder, zero8) for _ in range(2 * rows)]
+    extras = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(2 * rows)]
+    with cgutils.for_range(builder, blocks) as loop:
+        b = loop.index
+        first = builder.mul(b, ir.Constant(_I64, per_block))
+        xs = [_Activations(builder, *x_row, first) for x_row in x_rows]
+        step = builder.mul(b, block_bytes)
+        for w, base in enumerate((oa, ob)):
+            mine = range(w * rows, (w + 1) * rows)
+            totals = [builder.load(accs[i]) for i in mine]
+            more = [builder.load(extras[i]) for i in mine]
+            for kind, scale, a, chunks in _weight_block(builder, code, raw_p, table_p, builder.add(base, step)):
+                for r, x in enumerate(xs):  # the unpacked group serves every activation row
+                    if kind == "min":
+                        more[r] = builder.fadd(more[r], builder.fmul(builder.fmul(scale, x.scale(a)), x.total(a)))
+                        continue
+                    isum = None
+                    for quants, c in chunks:
+                        part = _pair_madd(builder, quants, x.chunk(c))
+                        isum = part if isum is None else builder.add(isum, part)
+                    totals[r] = _fmuladd(builder, builder.sitofp(isum, _vec(_F32, 8)),
+                                         _splat(builder, builder.fmul(scale, x.scale(a)), 8), totals[r])
+            for i, total, extra in zip(mine, totals, more):
+                builder.store(total, accs[i])
+                builder.store(extra, extras[i])
+    return [builder.fadd(builder.load(e), _hsum(builder, builder.load(a))) for a, e in zip(accs, extras)]
 
+
+def _make_kernel(rows):
+    """The kernel that multiplies two weight rows by `rows` activation rows."""
     @intrinsic
-    def dot(typingctx, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0):
+    def dot(typingctx, fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0):
         """(the weight row at byte oa of raw times activation rows i0 ... i0 + rows - 1, then the
-        row at ob times the same): raw uint8, qx int16 (m, k), dx float32 (m, k/32), sx int32
+        row at ob times the same): fmt a FORMATS code (the IR holds every format's loop and
+        branches once per call), raw uint8, qx int16 (m, k), dx float32 (m, k/32), sx int32
         (m, k/32), table float32 f16 values; blocks: weight blocks per row."""
         arrays = (raw, qx, dx, sx, table)
         dtypes = (types.uint8, types.int16, types.float32, types.int32, types.float32)
         if any(not isinstance(a, types.Array) or a.ndim != d[1] or a.layout != "C" or a.dtype != d[0]
                for a, d in zip(arrays, zip(dtypes, (1, 2, 2, 2, 1)))):
             return None  # the IR reads raw memory: only contiguous arrays of these dtypes and ranks
-        sig = types.UniTuple(types.float32, 2 * rows)(raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0)
+        sig = types.UniTuple(types.float32, 2 * rows)(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0)
 
         def codegen(context, builder, signature, args):
             t = signature.args
-            arys = {i: context.make_array(t[i])(context, builder, args[i]) for i in (0, 5, 6, 7, 8)}
+            arys = {i: context.make_array(t[i])(context, builder, args[i]) for i in (1, 6, 7, 8, 9)}
 
             def i64(i):
                 return context.cast(builder, args[i], t[i], types.int64)
-            raw_p = builder.bitcast(arys[0].data, _I8.as_pointer())
-            table_p = arys[8].data
-            oa_v, ob_v, blocks_v, bb_v, i0_v = i64(1), i64(2), i64(3), i64(4), i64(9)
-            k = builder.extract_value(arys[5].shape, 1)
-            kb = builder.extract_value(arys[6].shape, 1)
+            raw_p = builder.bitcast(arys[1].data, _I8.as_pointer())
+            k = builder.extract_value(arys[6].shape, 1)
+            kb = builder.extract_value(arys[7].shape, 1)
             x_rows = []  # (int16 row, its scales, its sums) of each activation row
             for r in range(rows):
-                i = builder.add(i0_v, ir.Constant(_I64, r))
-                x_rows.append((builder.gep(arys[5].data, [builder.mul(i, k)]),
-                               builder.gep(arys[6].data, [builder.mul(i, kb)]),
-                               builder.gep(arys[7].data, [builder.mul(i, kb)])))
-            zero8 = ir.Constant(_vec(_F32, 8), [ir.Constant(_F32, 0.0)] * 8)
-            accs = [cgutils.alloca_once_value(builder, zero8) for _ in range(2 * rows)]
-            extras = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(2 * rows)]
-            with cgutils.for_range(builder, blocks_v) as loop:
-                b = loop.index
-                first = builder.mul(b, ir.Constant(_I64, per_block))
-                xs = [_Activations(builder, *x_row, first) for x_row in x_rows]
-                step = builder.mul(b, bb_v)
-                for w, base in enumerate((oa_v, ob_v)):
-                    mine = range(w * rows, (w + 1) * rows)
-                    totals = [builder.load(accs[i]) for i in mine]
-                    more = [builder.load(extras[i]) for i in mine]
-                    for kind, scale, a, chunks in _weight_block(builder, fmt, raw_p, table_p, builder.add(base, step)):
-                        for r, x in enumerate(xs):  # the unpacked group serves every activation row
-                            if kind == "min":
-                                term = builder.fmul(builder.fmul(scale, x.scale(a)), x.total(a))
-                                more[r] = builder.fadd(more[r], term)
-                                continue
-                            isum = None
-                            for quants, c in chunks:
-                                part = _pair_madd(builder, quants, x.chunk(c))
-                                isum = part if isum is None else builder.add(isum, part)
-                            totals[r] = _fmuladd(builder, builder.sitofp(isum, _vec(_F32, 8)),
-                                                 _splat(builder, builder.fmul(scale, x.scale(a)), 8), totals[r])
-                    for i, total, extra in zip(mine, totals, more):
-                        builder.store(total, accs[i])
-                        builder.store(extra, extras[i])
-            results = [builder.fadd(builder.load(e), _hsum(builder, builder.load(a))) for a, e in zip(accs, extras)]
-            return context.make_tuple(builder, signature.return_type, results)
+                i = builder.add(i64(10), ir.Constant(_I64, r))
+                x_rows.append((builder.gep(arys[6].data, [builder.mul(i, k)]),
+                               builder.gep(arys[7].data, [builder.mul(i, kb)]),
+                               builder.gep(arys[8].data, [builder.mul(i, kb)])))
+            results = [cgutils.alloca_once(builder, _F32) for _ in range(2 * rows)]
+            done = builder.append_basic_block("format_done")
+            cases = {code: builder.append_basic_block(f"format_{code}") for code in FORMATS}
+            switch = builder.switch(i64(0), cases[FORMATS[-1]])  # callers check fmt (cpu_matmul)
+            for code, block in cases.items():
+                switch.add_case(ir.Constant(_I64, code), block)
+                builder.position_at_end(block)
+                values = _kernel_body(builder, code, rows, raw_p, arys[9].data, x_rows, i64(2), i64(3), i64(4),
+                                      i64(5))
+                for slot, value in zip(results, values):
+                    builder.store(value, slot)
+                builder.branch(done)
+            builder.position_at_end(done)
+            return context.make_tuple(builder, signature.return_type, [builder.load(r) for r in results])
         return sig, codegen
     return dot
 
@@ -320,7 +334,7 @@ TILE_ROWS = 4  # activation rows per call of the many-row kernels (a prompt's to
 NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 
 
-def dot_py(fmt, rows, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0):
+def dot_py(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0, rows):
     """The kernels' product in numpy, for NUMBA_DISABLE_JIT=1 and as the tests' reference: the two
     weight rows dequantised (dequant_numpy, bit-exact with ggml) times the dequantised activations."""
     from .dequant_numpy import dequantize_numpy
@@ -330,12 +344,9 @@ def dot_py(fmt, rows, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0):
     return tuple(np.float32(v) for v in (w.astype(np.float64) @ x.reshape(rows, k).T).reshape(-1))
 
 
-# DOTS[fmt]: two weight rows times one activation row; TILE_DOTS[fmt]: times TILE_ROWS rows.
-DOTS = tuple(_make_dot(fmt, 1) for fmt in FORMATS)
-TILE_DOTS = tuple(_make_dot(fmt, TILE_ROWS) for fmt in FORMATS)
+# dot: two weight rows times one activation row; tile_dot: times TILE_ROWS rows.
+dot = _make_kernel(1)
+tile_dot = _make_kernel(TILE_ROWS)
 if config.DISABLE_JIT:  # type: ignore[attr-defined]  # (set at import) IR cannot run as Python: numpy instead
-    DOTS = tuple(functools.partial(dot_py, fmt, 1) for fmt in FORMATS)
-    TILE_DOTS = tuple(functools.partial(dot_py, fmt, TILE_ROWS) for fmt in FORMATS)
-(dot_q4_0, dot_q4_1, dot_q5_0, dot_q5_1, dot_q8_0, dot_q4_k, dot_q5_k, dot_q6_k) = DOTS
-(tile_dot_q4_0, tile_dot_q4_1, tile_dot_q5_0, tile_dot_q5_1, tile_dot_q8_0, tile_dot_q4_k, tile_dot_q5_k,
- tile_dot_q6_k) = TILE_DOTS
+    dot = functools.partial(dot_py, rows=1)
+    tile_dot = functools.partial(dot_py, rows=TILE_ROWS)
