@@ -86,3 +86,47 @@ def test_only_contiguous_arrays_of_the_right_dtypes_compile():
         run(raw, np.repeat(qx, 2, axis=1)[:, ::2])
     with pytest.raises(TypingError):
         run(raw, qx.astype(np.int32))
+
+
+def _kernel_module(fmt, rows, triple):
+    """The generic IR of one format's kernel as a plain LLVM module for `triple` (no numba around it)."""
+    from llvmlite import ir
+    i64 = cpu_simd._I64
+    pointers = [t.as_pointer() for t in (cpu_simd._I8, cpu_simd._F32, cpu_simd._I16, cpu_simd._F32, cpu_simd._I32)]
+    module = ir.Module()
+    module.triple = triple
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), pointers + [i64] * 4 + [cpu_simd._F32.as_pointer()]),
+                     "kernel")
+    builder = ir.IRBuilder(fn.append_basic_block())
+    raw, table, x, dx, sx, oa, ob, blocks, block_bytes, out = fn.args
+    values = cpu_simd._kernel_body(builder, fmt, rows, raw, table, [(x, dx, sx)] * rows, oa, ob, blocks, block_bytes)
+    for i, value in enumerate(values):
+        builder.store(value, builder.gep(out, [ir.Constant(i64, i)]))
+    builder.ret_void()
+    return str(module)
+
+
+@pytest.mark.parametrize("triple,cpu", [("aarch64-unknown-linux-gnu", "cortex-a72"),  # Raspberry Pi 4
+                                        ("aarch64-unknown-linux-gnu", "cortex-a78"),  # Jetson Orin
+                                        ("x86_64-unknown-linux-gnu", "x86-64")])      # x86 without AVX2
+def test_generic_form_compiles_for_other_targets_into_widening_multiplies(triple, cpu, monkeypatch):
+    """The edge boxes cannot be run here, so compile the generic IR for them: every format and row
+    count must compile, and on arm64 the pair products must become multiply-long instructions
+    (smull/smlal: 16-bit products into 32-bit lanes), not scalar code."""
+    import llvmlite.binding as llvm
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    try:
+        target = llvm.Target.from_triple(triple)
+    except RuntimeError:
+        pytest.skip(f"this llvmlite has no {triple} target")
+    monkeypatch.setattr(cpu_simd, "_X86_MADD", None)
+    machine = target.create_target_machine(cpu=cpu, opt=3)
+    for fmt in sorted(NAMES):
+        for rows in (1, cpu_simd.TILE_ROWS):
+            module = llvm.parse_assembly(_kernel_module(fmt, rows, triple))
+            module.verify()
+            ops = [line.split()[0] for line in machine.emit_assembly(module).splitlines()
+                   if line.startswith("\t") and not line.startswith("\t.")]
+            if triple.startswith("aarch64"):
+                assert sum(op.startswith(("smull", "smlal")) for op in ops) >= 4 * rows, (NAMES[fmt], rows)

@@ -67,8 +67,15 @@ def _load(builder, base, byte_offset, ty):
 
 
 def _has_avx2():
+    """Whether the code numba makes may use AVX2: the host's features, or the ones named with
+    $NUMBA_CPU_NAME / $NUMBA_CPU_FEATURES (portable caches: an x86 instruction the target lacks
+    would fail to compile)."""
     from llvmlite import binding
-    return "+avx2" in binding.get_host_cpu_features().flatten().split(",")
+    if config.CPU_NAME and config.CPU_NAME != "host":
+        features = config.CPU_FEATURES or ""
+    else:
+        features = binding.get_host_cpu_features().flatten()
+    return "+avx2" in features.split(",")
 
 
 # x86's multiply-pairs-and-add by name: LLVM did not recognise the generic form below when one
