@@ -1,0 +1,37 @@
+"""Prepare numba for tallow's kernels without loading scipy's BLAS.
+
+The first time numba compiles or loads a cached kernel, its CPU target imports
+numba.np.arraymath, whose import-time check `_check_blas()` imports
+scipy.linalg.cython_blas when scipy is installed. tallow's kernels never call
+BLAS from numba (np.dot and np.linalg are not used in any njit function: BLAS
+runs from numpy, outside the kernels), yet that import alone cost a
+SmolLM2-135M Q4_1 first token 0.2 s and 15 MB of peak RSS (scipy.linalg and its
+Fortran libraries; measured).
+
+`prepare()` imports numba.np.arraymath while scipy.linalg.cython_blas is
+marked absent in sys.modules, so the check finds no BLAS, then lifts the mark.
+What that changes in numba: only np.correlate and np.convolve inside njit code
+use numba's own loop instead of BLAS (same values); np.dot, np.linalg and the
+rest call `ensure_blas()` when such code is compiled, which imports scipy then.
+When scipy.linalg is already imported (the user's code loaded it), nothing is
+blocked. The mark is in place only for the duration of one import, under the
+import lock of numba.np.arraymath.
+"""
+import sys
+
+BLAS_MODULE = "scipy.linalg.cython_blas"
+
+
+def prepare():
+    """Import numba's array-maths registry (if not yet done) without importing scipy's BLAS."""
+    if "numba.np.arraymath" in sys.modules:
+        return
+    if BLAS_MODULE in sys.modules:  # already paid for: numba may as well use it
+        import numba.np.arraymath  # noqa: F401
+        return
+    sys.modules[BLAS_MODULE] = None  # `import scipy.linalg.cython_blas` raises ImportError, importing nothing
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        if BLAS_MODULE in sys.modules and sys.modules[BLAS_MODULE] is None:
+            del sys.modules[BLAS_MODULE]
