@@ -54,3 +54,49 @@ def test_scipy_blas_imported_first_is_left_alone():
     code = "import scipy.linalg.cython_blas\n" + RUN_KERNELS + (
         "import numba.np.arraymath\nprint(numba.np.arraymath._HAVE_BLAS)\n")
     assert _run(code)[-1] == "True"
+
+
+LLVM_RESIDENT = """
+import re
+def llvm_resident_kb():
+    kb, mine = 0, False
+    for line in open('/proc/self/smaps'):
+        if re.match(r'^[0-9a-f]+-[0-9a-f]+ ', line):
+            mine = 'libllvmlite' in line
+        elif mine and line.startswith('Rss:'):
+            kb += int(line.split()[1])
+    return kb
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_llvm_pages_are_handed_back_after_the_kernels_load():
+    """Numba's import and the first kernel load make ~68 MB of libllvmlite resident; after the
+    loads, only its writable pages (~1 MB) stay. The kernels still run afterwards."""
+    code = LLVM_RESIDENT + RUN_KERNELS + (
+        "after = llvm_resident_kb()\n"
+        "y = cpu_matmul.qmatmul(np.ones((1, 64), np.float32), raw, 'q4_1', 8, 64)\n"
+        "ref = np.ones((1, 64), np.float32) @ tallow.quant.dequantize_numpy(raw, 'q4_1', 512).reshape(8, 64).T\n"
+        "print(after, np.allclose(y, ref, rtol=1e-3, atol=1e-3))\n")
+    after, close = _run(code)[-1].split()
+    assert int(after) < 8 * 1024 and close == "True"
+
+
+def test_clean_ranges_skip_writable_and_dirty_mappings():
+    from tallow.quant.llvm_pages import clean_ranges
+    smaps = "\n".join([
+        "7f0000000000-7f0000100000 r--p 00000000 08:01 11 /venv/llvmlite/binding/libllvmlite.so",
+        "Rss:                 400 kB", "Private_Dirty:         0 kB", "Shared_Dirty:          0 kB",
+        "VmFlags: rd mr mw me",
+        "7f0000100000-7f0000900000 r-xp 00100000 08:01 11 /venv/llvmlite/binding/libllvmlite.so",
+        "Private_Dirty:         0 kB", "Shared_Dirty:          0 kB",
+        "7f0000900000-7f0000a00000 r--p 00900000 08:01 11 /venv/llvmlite/binding/libllvmlite.so",
+        "Private_Dirty:        12 kB", "Shared_Dirty:          0 kB",  # relocated then made read-only (RELRO)
+        "7f0000a00000-7f0000b00000 rw-p 00a00000 08:01 11 /venv/llvmlite/binding/libllvmlite.so",
+        "Private_Dirty:         0 kB",
+        "7f0000b00000-7f0000c00000 r-xp 00000000 08:01 12 /usr/lib/libc.so.6",
+        "Private_Dirty:         0 kB",
+        "7f0000c00000-7f0000d00000 r--p 00000000 00:00 0",
+        "Private_Dirty:         0 kB",
+    ])
+    assert clean_ranges(smaps) == [(0x7f0000000000, 0x7f0000100000), (0x7f0000100000, 0x7f0000900000)]
