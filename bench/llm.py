@@ -260,8 +260,9 @@ def main(argv=None):
     if "tallow" in base and "llama.cpp" in base:
         t, c = base["tallow"], base["llama.cpp"]
         print(f"time to first token: tallow {t['first_token_s']:.2f} s, llama.cpp {c['first_token_s']:.2f} s "
-              f"({t['first_token_s'] / c['first_token_s']:.2f}x); CPU time to it: tallow {t['first_token_cpu_s']:.2f} s, "
-              f"llama.cpp {c['first_token_cpu_s']:.2f} s ({t['first_token_cpu_s'] / c['first_token_cpu_s']:.2f}x)")
+              f"({t['first_token_s'] / c['first_token_s']:.2f}x); CPU time to it: "
+              f"tallow {t['first_token_cpu_s']:.2f} s, llama.cpp {c['first_token_cpu_s']:.2f} s "
+              f"({t['first_token_cpu_s'] / c['first_token_cpu_s']:.2f}x)")
         print(f"decode_vs_llamacpp={t['decode_tok_s'] / c['decode_tok_s']:.2f} "
               f"prefill_vs_llamacpp={t['prefill_tok_s'] / c['prefill_tok_s']:.2f} "
               f"rss_vs_llamacpp={t['peak_rss_mb'] / c['peak_rss_mb']:.2f}")

@@ -96,7 +96,10 @@ def test_clean_ranges_skip_writable_and_dirty_mappings():
         "Private_Dirty:         0 kB",
         "7f0000b00000-7f0000c00000 r-xp 00000000 08:01 12 /usr/lib/libc.so.6",
         "Private_Dirty:         0 kB",
-        "7f0000c00000-7f0000d00000 r--p 00000000 00:00 0",
+        "7f0000c00000-7f0000c10000 r-xp 00000000 08:01 13 /conda/lib/libLLVM-15.so",
+        "Private_Dirty:         0 kB",
+        "7f0000d00000-7f0000e00000 r--p 00000000 00:00 0",
         "Private_Dirty:         0 kB",
     ])
-    assert clean_ranges(smaps) == [(0x7f0000000000, 0x7f0000100000), (0x7f0000100000, 0x7f0000900000)]
+    assert clean_ranges(smaps) == [(0x7f0000000000, 0x7f0000100000), (0x7f0000100000, 0x7f0000900000),
+                                   (0x7f0000c00000, 0x7f0000c10000)]

@@ -1,4 +1,4 @@
-"""Hand back to the OS the pages of LLVM's library (libllvmlite) that numba touched while it
+"""Hand back to the OS the pages of LLVM's library (libllvmlite, or libLLVM) that numba touched while it
 loaded or compiled kernels: they are not used again until the next load or compile.
 
 Importing numba and loading the first cached kernel touch 68 MB of libllvmlite's code and
@@ -15,7 +15,8 @@ available, release() does nothing.
 """
 import sys
 
-LIBRARY = "libllvmlite"
+# llvmlite's library (pip wheels link LLVM into it; conda builds load a separate libLLVM)
+LIBRARIES = ("libllvmlite", "libLLVM")
 MADV_DONTNEED = 4
 _libc = []  # [the C library's madvise, or None when it cannot be loaded]
 # The library's clean read-only ranges, found once: a non-writable mapping cannot become dirty,
@@ -37,8 +38,8 @@ def _madvise():
     return _libc[0]
 
 
-def clean_ranges(smaps_text, library=LIBRARY):
-    """(start, end) of each mapping of `library` in smaps_text that is not writable and has no
+def clean_ranges(smaps_text, libraries=LIBRARIES):
+    """(start, end) of each mapping of one of `libraries` in smaps_text that is not writable and has no
     private or shared dirty page."""
     ranges, current = [], None
     for line in smaps_text.splitlines():
@@ -46,7 +47,8 @@ def clean_ranges(smaps_text, library=LIBRARY):
         if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:  # a mapping's first line
             current = None
             path = head[5] if len(head) > 5 else ""
-            if library in path.rsplit("/", 1)[-1] and "w" not in head[1]:
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith(libraries) and "w" not in head[1]:
                 start, end = (int(a, 16) for a in head[0].split("-"))
                 current = [start, end, True]
                 ranges.append(current)
@@ -57,7 +59,7 @@ def clean_ranges(smaps_text, library=LIBRARY):
 
 
 def release():
-    """madvise(MADV_DONTNEED) on libllvmlite's clean read-only mappings. Returns the bytes
+    """madvise(MADV_DONTNEED) on LLVM's clean read-only mappings. Returns the bytes
     advised (0 when nothing was, or on a system without /proc/self/smaps or madvise)."""
     if not sys.platform.startswith("linux"):
         return 0
