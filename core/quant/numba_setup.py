@@ -15,8 +15,9 @@ What that changes in numba: only np.correlate and np.convolve inside njit code
 use numba's own loop instead of BLAS (same values); np.dot, np.linalg and the
 rest call `ensure_blas()` when such code is compiled, which imports scipy then.
 When scipy.linalg is already imported (the user's code loaded it), nothing is
-blocked. The mark is in place only for the duration of one import, under the
-import lock of numba.np.arraymath.
+blocked. The mark lasts for that one import only (a few milliseconds, when the
+kernels are first imported): another thread importing scipy.linalg.cython_blas
+at that very moment would get an ImportError.
 
 `prepare()` also registers a listener on numba's compiler lock: when the outermost
 load or compile of a kernel ends, llvm_pages.release() hands libllvmlite's clean
