@@ -15,7 +15,7 @@ What that changes in numba: only np.correlate and np.convolve inside njit code
 use numba's own loop instead of BLAS (same values); np.dot, np.linalg and the
 rest call `ensure_blas()` when such code is compiled, which imports scipy then.
 When scipy.linalg is already imported (the user's code loaded it), nothing is
-blocked. The mark lasts for that one import only (a few milliseconds, when the
+blocked. The mark lasts for that one import only (about 0.1 s, when the
 kernels are first imported): another thread importing scipy.linalg.cython_blas
 at that very moment would get an ImportError.
 
