@@ -1,4 +1,4 @@
-"""io/mapped_pages.py: after a copy, the file pages inside a mapped tensor are handed back,
+"""backends/mapped_pages.py: after a copy, the file pages inside a mapped tensor are handed back,
 and only those: the tensor still reads the same bytes, other memory is never advised."""
 import mmap
 import sys
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tallow.io.lazy_file import map_source
-from tallow.io.mapped_pages import PAGE, release_copied
+from tallow.backends.mapped_pages import PAGE, release_copied
 
 pytestmark = pytest.mark.skipif(not hasattr(mmap, "MADV_DONTNEED"), reason="no madvise here")
 

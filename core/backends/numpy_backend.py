@@ -245,7 +245,7 @@ class NumpyBackend(Backend):
         """Quantised matrices joined along their rows (q/k/v, gate/up at load time). Parts that
         lie side by side in one memory-mapped file (GGUF writes ffn_gate then ffn_up) join as a
         view of the mapping, so joining costs no memory; others are copied once, and the mapped
-        pages the copy read are handed back (io/mapped_pages.py)."""
+        pages the copy read are handed back (mapped_pages.py)."""
         if not dtype.is_quantized:
             return super().concat_rows(parts, dtype)
         arrays = [st for st, _ in parts]
@@ -253,7 +253,7 @@ class NumpyBackend(Backend):
         if joined is not None:
             return joined
         joined = np.concatenate(arrays)
-        from ..io.mapped_pages import release_copied
+        from .mapped_pages import release_copied
         release_copied(arrays)  # the file pages just read for the copy are not read again
         return joined
 

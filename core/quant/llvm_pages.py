@@ -18,10 +18,10 @@ import sys
 # llvmlite's library (pip wheels link LLVM into it; conda builds load a separate libLLVM)
 LIBRARIES = ("libllvmlite", "libLLVM")
 MADV_DONTNEED = 4
-_libc = []  # [the C library's madvise, or None when it cannot be loaded]
+_libc: list = []  # [the C library's madvise, or None when it cannot be loaded]
 # The library's clean read-only ranges, found once: a non-writable mapping cannot become dirty,
 # and the library stays loaded (reading /proc/self/smaps took 10-15 ms; madvise alone well under 1).
-_ranges = []
+_ranges: list = []
 
 
 def _madvise():

@@ -29,7 +29,7 @@ import sys
 from . import llvm_pages
 
 BLAS_MODULE = "scipy.linalg.cython_blas"
-_done = []
+_done: list = []
 
 
 def prepare():
