@@ -80,6 +80,8 @@ def _gelu_numpy(x, out=None):
 
 
 def _build_numba():
+    from ..quant.numba_setup import prepare
+    prepare()  # numba then does not import scipy's BLAS (numba_setup.py)
     from numba import njit
 
     f = np.float32

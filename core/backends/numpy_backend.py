@@ -244,12 +244,18 @@ class NumpyBackend(Backend):
     def concat_rows(self, parts, dtype):
         """Quantised matrices joined along their rows (q/k/v, gate/up at load time). Parts that
         lie side by side in one memory-mapped file (GGUF writes ffn_gate then ffn_up) join as a
-        view of the mapping, so joining costs no memory; others are copied once."""
+        view of the mapping, so joining costs no memory; others are copied once, and the mapped
+        pages the copy read are handed back (mapped_pages.py)."""
         if not dtype.is_quantized:
             return super().concat_rows(parts, dtype)
         arrays = [st for st, _ in parts]
         joined = _adjacent_view(arrays)
-        return joined if joined is not None else np.concatenate(arrays)
+        if joined is not None:
+            return joined
+        joined = np.concatenate(arrays)
+        from .mapped_pages import release_copied
+        release_copied(arrays)  # the file pages just read for the copy are not read again
+        return joined
 
     # ---- element-wise -------------------------------------------------------
     def copy(self, st, layout, dtype):

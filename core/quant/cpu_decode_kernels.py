@@ -11,7 +11,11 @@ float64 and results are rounded to float32 once (the composed path rounds each s
 import math
 
 import numpy as np
-from numba import njit
+
+from .numba_setup import prepare
+
+prepare()  # before any kernel loads: numba then does not import scipy's BLAS (numba_setup.py)
+from numba import njit  # noqa: E402
 
 
 @njit(cache=True)

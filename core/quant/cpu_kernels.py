@@ -14,7 +14,11 @@ code (slowly) and tests can read it. Integers are widened with np.int32 before
 any shift or subtraction: uint8 arithmetic would wrap in plain numpy.
 """
 import numpy as np
-from numba import njit, prange
+
+from .numba_setup import prepare
+
+prepare()  # before any kernel loads: numba then does not import scipy's BLAS (numba_setup.py)
+from numba import njit, prange  # noqa: E402
 
 # Format codes (the kernels branch on these once per block).
 FORMATS = {"q4_0": 0, "q4_1": 1, "q5_0": 2, "q5_1": 3, "q8_0": 4, "q4_k": 5, "q5_k": 6, "q6_k": 7}

@@ -1,0 +1,49 @@
+"""backends/mapped_pages.py: after a copy, the file pages inside a mapped tensor are handed back,
+and only those: the tensor still reads the same bytes, other memory is never advised."""
+import mmap
+import sys
+
+import numpy as np
+import pytest
+
+from tallow.io.lazy_file import map_source
+from tallow.backends.mapped_pages import PAGE, release_copied
+
+pytestmark = pytest.mark.skipif(not hasattr(mmap, "MADV_DONTNEED"), reason="no madvise here")
+
+
+def _resident_pages(view):
+    """Pages of `view` (a numpy view of a mapping) resident in this process, from /proc/self/smaps."""
+    address = view.__array_interface__["data"][0]
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            start, end = (int(a, 16) for a in head.split("-"))
+            if start <= address < end:
+                rss = next(x for x in lines[i + 1:] if x.startswith("Rss:"))
+                return int(rss.split()[1]) * 1024 // PAGE
+    raise AssertionError("mapping not found")
+
+
+def test_pages_inside_a_mapped_tensor_are_released_and_read_back_unchanged(tmp_path):
+    data = np.random.default_rng(0).integers(0, 256, size=12 * PAGE, dtype=np.uint8)
+    path = tmp_path / "weights.bin"
+    path.write_bytes(data.tobytes())
+    whole, _ = map_source(path)
+    a = np.frombuffer(whole[100:5 * PAGE + 7], np.uint8)  # pages 1..4 lie wholly inside it
+    b = np.frombuffer(whole[6 * PAGE:12 * PAGE], np.uint8)  # pages 6..11
+    joined = np.concatenate([a, b])  # reads every page of both
+    assert release_copied([a, b]) == 4 * PAGE + 6 * PAGE
+    if sys.platform.startswith("linux"):
+        assert _resident_pages(a) <= 2  # pages 0 and 5, shared with the bytes around a
+    assert np.array_equal(joined, np.concatenate([data[100:5 * PAGE + 7], data[6 * PAGE:]]))
+    assert np.array_equal(a, data[100:5 * PAGE + 7]) and np.array_equal(b, data[6 * PAGE:])  # faulted back in
+
+
+def test_memory_that_is_not_a_read_only_mapping_is_left_alone():
+    heap = np.arange(8 * PAGE, dtype=np.uint8)
+    frozen = np.frombuffer(bytes(8 * PAGE), np.uint8)  # read-only, but a bytes object's memory
+    assert release_copied([heap, frozen, heap[PAGE:]]) == 0
+    assert heap[5 * PAGE + 3] == (5 * PAGE + 3) % 256
