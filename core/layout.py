@@ -3,6 +3,8 @@
 Views (transpose, narrow, broadcast, squeeze, ...) only make a new Layout.
 Backends receive (storage, layout) pairs and always return contiguous storage.
 """
+import math
+
 from .errors import ShapeError, UnsupportedError
 
 INT32_MAX = (1 << 31) - 1
@@ -17,11 +19,7 @@ def contiguous_strides(shape):
     return tuple(strides)
 
 
-def numel_of(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+numel_of = math.prod  # the number of elements of a shape (C's loop: views and ops ask for it often)
 
 
 def broadcast_shapes(a, b, op="broadcast"):

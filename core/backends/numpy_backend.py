@@ -15,6 +15,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..dtypes import bf16, bool_, f16, f32, i64
 from ..errors import Error, ShapeError, UnsupportedError
 from ..layout import numel_of
+from ..quant import cpu_matmul  # (pure Python until the kernels are asked for: numba loads then)
 from . import cpu_attention
 from .base import Backend
 
@@ -141,7 +142,6 @@ def _decode_kernels(dtype):
     quantised model loaded them), else None."""
     if dtype is not f32:
         return None
-    from ..quant import cpu_matmul
     return cpu_matmul.decode_kernels()
 
 
@@ -337,7 +337,6 @@ class NumpyBackend(Backend):
 
     def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
         xv = self.load(x, lx, dtype).astype(np.float32, copy=False)
-        from ..quant import cpu_matmul
         kernels = cpu_matmul.supports(wdtype)
         # With the numba kernels: the mapped blocks, unless $TALLOW_QUANT_CACHE_MB asks for copies.
         # Without: an f32 copy while it fits the budget, else numpy's chunked path.
@@ -358,7 +357,7 @@ class NumpyBackend(Backend):
     def index_select(self, st, layout, dtype, ids, lids, dim):
         idx = self.view(ids, lids)
         if dtype.is_quantized:
-            from ..quant import cpu_matmul, dequantize_rows_numpy
+            from ..quant import dequantize_rows_numpy
             if cpu_matmul.supports(dtype):
                 return self.store(cpu_matmul.dequant_rows(st, dtype, layout.shape[1], idx), f32)
             return self.store(dequantize_rows_numpy(st, dtype, layout.shape[1], idx), f32)
@@ -512,20 +511,17 @@ class NumpyBackend(Backend):
     def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
         if not self._decode_product(lx, dtype, w, wdtype, k):
             return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
-        from ..quant import cpu_matmul
         return self.store(cpu_matmul.qmatmul_bias(self.view(x, lx), w, wdtype, n, k, self.view(bias, lbias)), dtype)
 
     def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
         if not self._decode_product(lx, dtype, w, wdtype, k):
             return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
-        from ..quant import cpu_matmul
         return self.store(cpu_matmul.gated_qmatmul(self.view(x, lx), w, wdtype, n, k, act), dtype)
 
     @staticmethod
     def _decode_product(lx, dtype, w, wdtype, k):
         """True when a quantised product is a decoding step for the integer-dot kernels: f32 x
         of few rows, a format they handle, and no f32 copy of w asked for ($TALLOW_QUANT_CACHE_MB)."""
-        from ..quant import cpu_matmul
         if dtype is not f32 or not k or lx.numel() // k > cpu_matmul.FUSED_MAX_ROWS:
             return False
         return cpu_matmul.supports(wdtype) and _DEQUANT_CACHE.budget_bytes(True) == 0
