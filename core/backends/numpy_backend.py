@@ -336,6 +336,8 @@ class NumpyBackend(Backend):
         return self.store(np.matmul(x, w), dtype)
 
     def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
+        if self._decode_product(lx, dtype, w, wdtype, k):  # the integer-dot kernels on the blocks, as below
+            return self.store(cpu_matmul.qmatmul(self.view(x, lx), w, wdtype, n, k), dtype)
         xv = self.load(x, lx, dtype).astype(np.float32, copy=False)
         kernels = cpu_matmul.supports(wdtype)
         # With the numba kernels: the mapped blocks, unless $TALLOW_QUANT_CACHE_MB asks for copies.
