@@ -172,18 +172,19 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
     rotary (half-split, or GPT-J pairs with interleaved). scale: of the scores (default
     d**-0.5). mask: bool (True: may attend) or additive, broadcast to (b, h, t, keys), for a
     sliding window's earlier queries. Returns (b, h, t, dv) in the cache's dtype."""
-    q, k, v = (float_input(a, "cache_attention") for a in (q, k, v))
+    q, k, v = float_input(q, "cache_attention"), float_input(k, "cache_attention"), float_input(v, "cache_attention")
     check_devices("cache_attention", q, k, v, k_cache, v_cache, cos, sin, mask)
-    if any(a.ndim != 4 for a in (q, k, v, k_cache, v_cache)):
-        raise ShapeError(f"cache_attention: q {q.shape}, k {k.shape}, v {v.shape} and the caches {k_cache.shape}, "
-                         f"{v_cache.shape} must all be (batch, heads, positions, head_dim)")
+    kc_shape, vc_shape = k_cache.shape, v_cache.shape
+    if not len(q.shape) == len(k.shape) == len(v.shape) == len(kc_shape) == len(vc_shape) == 4:
+        raise ShapeError(f"cache_attention: q {q.shape}, k {k.shape}, v {v.shape} and the caches {kc_shape}, "
+                         f"{vc_shape} must all be (batch, heads, positions, head_dim)")
     b, h, t, d = q.shape
     hk, dv = k.shape[1], v.shape[3]
     if k.shape != (b, hk, t, d) or v.shape != (b, hk, t, dv) or hk == 0 or h % hk:
         raise ShapeError(f"cache_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit (same batch and "
                          "positions, k with q's head_dim, q's heads a multiple of k's)")
-    cap = k_cache.shape[2]
-    if k_cache.shape != (b, hk, cap, d) or v_cache.shape != (b, hk, cap, dv):
+    cap = kc_shape[2]
+    if kc_shape != (b, hk, cap, d) or vc_shape != (b, hk, cap, dv):
         raise ShapeError(f"cache_attention: caches {k_cache.shape} and {v_cache.shape} must be (batch, kv heads, "
                          f"capacity, head_dim) for k {k.shape} and v {v.shape}")
     if not 0 <= key_start <= position or position + t > cap:
@@ -199,9 +200,7 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
                          f"got {cos.shape} and {sin.shape}")
     tk = position + t - key_start
     dtype = k_cache.dtype
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    if cos is not None:
-        cos, sin = cos.to(dtype), sin.to(dtype)
+    q, k, v, cos, sin = _cast(dtype, q, k, v, cos, sin)
     if mask is not None:
         if mask.dtype is D.bool_:
             mask = new_full(q, (), 0.0, dtype).where(mask, float("-inf"))

@@ -99,8 +99,9 @@ def narrow(x, dim, start, length):
     if not (0 <= start and length >= 0 and start + length <= size):
         raise ShapeError(f"narrow: [{start}, {start + length}) is outside dim {dim} of size {size} (shape {x.shape})")
     out = x._view(x._layout.narrow(dim, start, length))
-    key = (slice(None),) * dim + (slice(start, start + length),)
-    return record_if_needed(out, (x,), lambda: G.view_into(x.shape, key))
+    if x.requires_grad and _Mode.enabled:  # (as transpose: no closure made when nothing is recorded)
+        record(out, (x,), G.view_into(x.shape, (slice(None),) * dim + (slice(start, start + length),)))
+    return out
 
 
 def squeeze(x, dim=None):
