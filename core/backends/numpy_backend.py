@@ -170,9 +170,9 @@ class NumpyBackend(Backend):
         """The layout as a numpy view of the storage (no copy)."""
         off = layout.offset
         if layout.is_contiguous():
-            if off == 0 and len(st) == numel_of(layout.shape):
-                return st.reshape(layout.shape)
-            return st[off:off + numel_of(layout.shape)].reshape(layout.shape)
+            shape = layout.shape
+            n = numel_of(shape)
+            return (st if off == 0 and len(st) == n else st[off:off + n]).reshape(shape)
         n = layout.numel()
         if n == 0:
             return np.empty(layout.shape, st.dtype)
