@@ -19,7 +19,8 @@ def contiguous_strides(shape):
     return tuple(strides)
 
 
-numel_of = math.prod  # the number of elements of a shape (C's loop: views and ops ask for it often)
+def numel_of(shape):
+    return math.prod(shape)  # (C's loop: views and ops ask for it often)
 
 
 def broadcast_shapes(a, b, op="broadcast"):
