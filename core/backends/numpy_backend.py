@@ -502,6 +502,30 @@ class NumpyBackend(Backend):
         dec.add_layer_norm(xv, rv, self._vector(w, lw), self._vector(b, lb), float(eps), total, normed)
         return total.reshape(-1), normed.reshape(-1)
 
+    def add_norm_linear(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center, act,
+                        gated):
+        # A decoding step on the kernels: the norm kernel's output array goes straight into the
+        # integer-dot product (base.py's composition stores it, then views and checks it again).
+        k = lx.shape[-1]
+        dec = _decode_kernels(dtype)
+        if (dec is None or r is None or (act is not None and not gated) or not wdtype.is_quantized
+                or not self._decode_product(lx, dtype, w, wdtype, k)):
+            return super().add_norm_linear(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
+                                           center, act, gated)
+        xv, rv, total, normed = self._norm_operands(x, lx, r, lr)
+        if center:
+            dec.add_layer_norm(xv, rv, self._vector(nw, lnw), self._vector(nb, lnb), float(eps), total, normed)
+        else:
+            dec.add_rms_norm(xv, rv, self._vector(nw, lnw), float(eps), total, normed)
+        rows = lw.shape[0]
+        if gated:
+            y = cpu_matmul.gated_qmatmul(normed, w, wdtype, rows // 2, k, act)
+        elif bias is None:
+            y = cpu_matmul.qmatmul(normed, w, wdtype, rows, k)
+        else:
+            y = cpu_matmul.qmatmul_bias(normed, w, wdtype, rows, k, self.view(bias, lbias))
+        return total.reshape(-1), y.reshape(-1)
+
     def _norm_operands(self, x, lx, r, lr):
         d = lx.shape[-1] if lx.shape else 1
         xv, rv = self.view(x, lx).reshape(-1, d), self.view(r, lr).reshape(-1, d)
