@@ -189,7 +189,7 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
                          f"capacity, head_dim) for k {k.shape} and v {v.shape}")
     if not 0 <= key_start <= position or position + t > cap:
         raise ShapeError(f"cache_attention: positions {position}..{position + t - 1} (keys from {key_start}) do not "
-                         f"fit a cache of capacity {cap}: grow the cache first (nn.KVCache.slots does)")
+                         f"fit a cache of capacity {cap}: grow the cache first (nn.KVCache.reserve does)")
     if k_cache.dtype is not v_cache.dtype or not k_cache.dtype.is_float:
         raise DTypeError(f"cache_attention: the key and value caches must share one float dtype, got "
                          f"{k_cache.dtype.name} and {v_cache.dtype.name}")
