@@ -3,6 +3,8 @@
 Views (transpose, narrow, broadcast, squeeze, ...) only make a new Layout.
 Backends receive (storage, layout) pairs and always return contiguous storage.
 """
+import math
+
 from .errors import ShapeError, UnsupportedError
 
 INT32_MAX = (1 << 31) - 1
@@ -18,10 +20,7 @@ def contiguous_strides(shape):
 
 
 def numel_of(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+    return math.prod(shape)  # (C's loop: views and ops ask for it often)
 
 
 def broadcast_shapes(a, b, op="broadcast"):

@@ -117,6 +117,8 @@ class Tensor(TensorBase):
 
     def to(self, target: Device | D.DType | str | None = None, dtype: D.DType | str | None = None) -> Tensor:
         """Move to a device and/or convert to a dtype: t.to("wgpu"), t.to(tallow.f16)."""
+        if target is self.dtype and dtype is None:  # the op front end's x.to(dtype) it already has
+            return self
         t = self
         if target is not None:
             device, target_dtype = ops.parse_target(target)

@@ -309,6 +309,39 @@ def test_decode_kernels_are_what_the_numpy_backend_runs(monkeypatch):
     assert calls == ["add_rms_norm", "add_layer_norm", "qmatmul_q", "rope_kv_write", "kv_write", "attention"]
 
 
+@pytest.mark.parametrize("kind,q,bias,gated", [("rms", "q4_1", False, False), ("rms", "q4_1", False, True),
+                                                ("layer", "q8_0", True, False), ("rms", "q4_k", False, True)])
+def test_add_norm_linear_decoding_step_is_two_kernel_calls_and_matches_the_composition(kind, q, bias, gated,
+                                                                                      monkeypatch):
+    """A decoding step's add_norm_linear on quantised weights: the norm kernel hands its output
+    array straight to one integer-dot call, with the result of base.py's composition (the same
+    16-bit activations, so equal to float rounding)."""
+    from tallow import functional as F
+    from tallow.quant import cpu_decode_kernels, cpu_int_kernels
+    assert cpu_matmul.kernels() is not None
+    calls = []
+    for mod, name in ((cpu_decode_kernels, "add_rms_norm"), (cpu_decode_kernels, "add_layer_norm"),
+                      (cpu_int_kernels, "qmatmul_q")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
+    rng = np.random.default_rng(5)
+    k, rows = 256, 24
+    x, r = (tallow.from_numpy(rng.standard_normal((1, 2, k)).astype(np.float32)) for _ in range(2))
+    nw, nb = (tallow.from_numpy(rng.standard_normal(k).astype(np.float32)) for _ in range(2))
+    w = tallow.from_numpy(rng.standard_normal((rows, k)).astype(np.float32)).to(get_dtype(q))
+    b = tallow.from_numpy(rng.standard_normal(rows).astype(np.float32)) if bias else None
+    hidden, y = F.add_norm_linear(x, r, nw, nb if kind == "layer" else None, w, b, kind, 1e-5,
+                                  "silu" if gated else None, gated)
+    assert calls == [f"add_{kind}_norm", "qmatmul_q"]
+    parts = lambda t: (None, None) if t is None else (t._storage, t._layout)  # noqa: E731
+    want_total, want_y = _composed("add_norm_linear", x._storage, x._layout, r._storage, r._layout, *parts(nw),
+                                   *parts(nb if kind == "layer" else None), w._storage, w._layout, w.dtype, *parts(b),
+                                   tallow.f32, 1e-5, kind == "layer", "silu" if gated else None, gated)
+    np.testing.assert_array_equal(hidden.numpy().reshape(-1), want_total)
+    assert y.shape == (1, 2, rows // 2 if gated else rows)
+    np.testing.assert_allclose(y.numpy().reshape(-1), want_y, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("rotary", [None, False, True])  # no rotation, half-split pairs, interleaved pairs
 def test_cache_attention_is_one_kernel_call_and_matches_torch(rotary, monkeypatch):
     """With the kernels in use, a decoding step's cache_attention is one cpu_decode_kernels call

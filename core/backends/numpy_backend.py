@@ -15,6 +15,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..dtypes import bf16, bool_, f16, f32, i64
 from ..errors import Error, ShapeError, UnsupportedError
 from ..layout import numel_of
+from ..quant import cpu_matmul  # (pure Python until the kernels are asked for: numba loads then)
 from . import cpu_attention
 from .base import Backend
 
@@ -141,7 +142,6 @@ def _decode_kernels(dtype):
     quantised model loaded them), else None."""
     if dtype is not f32:
         return None
-    from ..quant import cpu_matmul
     return cpu_matmul.decode_kernels()
 
 
@@ -170,9 +170,9 @@ class NumpyBackend(Backend):
         """The layout as a numpy view of the storage (no copy)."""
         off = layout.offset
         if layout.is_contiguous():
-            if off == 0 and len(st) == numel_of(layout.shape):
-                return st.reshape(layout.shape)
-            return st[off:off + numel_of(layout.shape)].reshape(layout.shape)
+            shape = layout.shape
+            n = numel_of(shape)
+            return (st if off == 0 and len(st) == n else st[off:off + n]).reshape(shape)
         n = layout.numel()
         if n == 0:
             return np.empty(layout.shape, st.dtype)
@@ -342,8 +342,9 @@ class NumpyBackend(Backend):
         return self.store(np.matmul(x, w), dtype)
 
     def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
+        if self._decode_product(lx, dtype, w, wdtype, k):  # the integer-dot kernels on the blocks, as below
+            return self.store(cpu_matmul.qmatmul(self.view(x, lx), w, wdtype, n, k), dtype)
         xv = self.load(x, lx, dtype).astype(np.float32, copy=False)
-        from ..quant import cpu_matmul
         kernels = cpu_matmul.supports(wdtype)
         # With the numba kernels: the mapped blocks, unless $TALLOW_QUANT_CACHE_MB asks for copies.
         # Without: an f32 copy while it fits the budget, else numpy's chunked path.
@@ -364,7 +365,7 @@ class NumpyBackend(Backend):
     def index_select(self, st, layout, dtype, ids, lids, dim):
         idx = self.view(ids, lids)
         if dtype.is_quantized:
-            from ..quant import cpu_matmul, dequantize_rows_numpy
+            from ..quant import dequantize_rows_numpy
             if cpu_matmul.supports(dtype):
                 return self.store(cpu_matmul.dequant_rows(st, dtype, layout.shape[1], idx), f32)
             return self.store(dequantize_rows_numpy(st, dtype, layout.shape[1], idx), f32)
@@ -507,6 +508,30 @@ class NumpyBackend(Backend):
         dec.add_layer_norm(xv, rv, self._vector(w, lw), self._vector(b, lb), float(eps), total, normed)
         return total.reshape(-1), normed.reshape(-1)
 
+    def add_norm_linear(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center, act,
+                        gated):
+        # A decoding step on the kernels: the norm kernel's output array goes straight into the
+        # integer-dot product (base.py's composition stores it, then views and checks it again).
+        k = lx.shape[-1]
+        dec = _decode_kernels(dtype)
+        if (dec is None or r is None or (act is not None and not gated) or not wdtype.is_quantized
+                or not self._decode_product(lx, dtype, w, wdtype, k)):
+            return super().add_norm_linear(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
+                                           center, act, gated)
+        xv, rv, total, normed = self._norm_operands(x, lx, r, lr)
+        if center:
+            dec.add_layer_norm(xv, rv, self._vector(nw, lnw), self._vector(nb, lnb), float(eps), total, normed)
+        else:
+            dec.add_rms_norm(xv, rv, self._vector(nw, lnw), float(eps), total, normed)
+        rows = lw.shape[0]
+        if gated:
+            y = cpu_matmul.gated_qmatmul(normed, w, wdtype, rows // 2, k, act)
+        elif bias is None:
+            y = cpu_matmul.qmatmul(normed, w, wdtype, rows, k)
+        else:
+            y = cpu_matmul.qmatmul_bias(normed, w, wdtype, rows, k, self.view(bias, lbias))
+        return total.reshape(-1), y.reshape(-1)
+
     def _norm_operands(self, x, lx, r, lr):
         d = lx.shape[-1] if lx.shape else 1
         xv, rv = self.view(x, lx).reshape(-1, d), self.view(r, lr).reshape(-1, d)
@@ -518,20 +543,17 @@ class NumpyBackend(Backend):
     def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
         if not self._decode_product(lx, dtype, w, wdtype, k):
             return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
-        from ..quant import cpu_matmul
         return self.store(cpu_matmul.qmatmul_bias(self.view(x, lx), w, wdtype, n, k, self.view(bias, lbias)), dtype)
 
     def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
         if not self._decode_product(lx, dtype, w, wdtype, k):
             return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
-        from ..quant import cpu_matmul
         return self.store(cpu_matmul.gated_qmatmul(self.view(x, lx), w, wdtype, n, k, act), dtype)
 
     @staticmethod
     def _decode_product(lx, dtype, w, wdtype, k):
         """True when a quantised product is a decoding step for the integer-dot kernels: f32 x
         of few rows, a format they handle, and no f32 copy of w asked for ($TALLOW_QUANT_CACHE_MB)."""
-        from ..quant import cpu_matmul
         if dtype is not f32 or not k or lx.numel() // k > cpu_matmul.FUSED_MAX_ROWS:
             return False
         return cpu_matmul.supports(wdtype) and _DEQUANT_CACHE.budget_bytes(True) == 0

@@ -71,7 +71,19 @@ class Sampler:
         logits = self.penalise(logits.float(), seen)
         if self.temperature == 0:
             return int(logits.argmax().item())
-        probs = (logits / self.temperature).softmax(-1).tolist()
+        probs = (logits / self.temperature).softmax(-1)
+        try:
+            from . import sampling_numpy
+        except ImportError:  # Pyodide without numpy: the list path
+            return self.pick(probs.tolist())
+        p = probs.numpy().astype("float64")
+        if not sampling_numpy.np.isfinite(p).all():  # NaNs order differently in numpy: the list path
+            return self.pick(p.tolist())
+        return sampling_numpy.pick(p, self.top_k, self.top_p, self.min_p, self.rng.random)
+
+    def pick(self, probs):
+        """The sampled id from probs (a list over the vocabulary): the filters, then a weighted
+        draw. The reference that sampling_numpy.pick matches (same rng, same id)."""
         candidates = self.candidates(probs)
         weights = list(itertools.accumulate(probs[i] for i in candidates))
         pick = bisect.bisect_right(weights, self.rng.random() * weights[-1])
@@ -172,6 +184,9 @@ class TextStream:
 
 
 def _prefix_length(a, b):
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # each decoded token: the cache holds a prefix of the ids (one C comparison)
+        return n
     n = 0
     for x, y in zip(a, b):
         if x != y:

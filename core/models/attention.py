@@ -79,7 +79,7 @@ class Step:
         return self._cache_attention(q, k, v, kv_cache, scale, self.cos, self.sin, interleaved)
 
     def _cache_attention(self, q, k, v, kv_cache, scale, cos=None, sin=None, interleaved=False):
-        kv_cache.slots(k, v)  # grows the cache when the new positions do not fit
+        kv_cache.reserve(k, v)  # grows the cache when the new positions do not fit
         key_start, mask = self.key_start, self.mask
         if kv_cache.max_len is not None:  # a cache that keeps only its last max_len positions
             dropped = max(key_start, kv_cache.length + k.shape[2] - kv_cache.max_len) - key_start
@@ -88,5 +88,5 @@ class Step:
                 mask = mask.narrow(-1, dropped, mask.shape[-1] - dropped)
         out = F.cache_attention(q, k, v, kv_cache.k, kv_cache.v, kv_cache.length, cos, sin, interleaved, scale,
                                 key_start, mask)
-        kv_cache.commit(k.shape[2])
+        kv_cache.advance(k.shape[2])
         return out

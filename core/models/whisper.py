@@ -149,9 +149,9 @@ class SelfAttention(Attention):
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v)
         else:  # the new keys and values go into the cache inside the attention op
-            cache.slots(k, v)
+            cache.reserve(k, v)
             y = F.cache_attention(q, k, v, cache.k, cache.v, cache.length)
-            cache.commit(t)
+            cache.advance(t)
         return _rows(self.out_proj, y.transpose(1, 2).reshape(b, t, d))
 
 

@@ -32,20 +32,28 @@ class KVCache:
             v[:, :, :self.length] = self.v.narrow(2, 0, self.length)
         self.k, self.v = k, v
 
-    def slots(self, k, v):
-        """Views of the cache where k, v (b, heads, t, d) go next, grown if needed: write them
-        (functional.kv_write, or functional.cache_attention into self.k and self.v at
-        self.length), then commit(t)."""
-        t = k.shape[2]
-        need = self.length + t
+    def reserve(self, k, v):
+        """Grow the cache, if needed, so k, v (b, heads, t, d) fit at self.length: then write them
+        (functional.cache_attention into self.k and self.v at self.length) and advance(t)."""
+        need = self.length + k.shape[2]
         if self.k is None or need > self.k.shape[2]:
             self._grow(k, v, need)
+
+    def advance(self, t):
+        """Count t written positions (no views made: a decoding step's hot path)."""
+        self.length += t
+
+    def slots(self, k, v):
+        """Views of the cache where k, v (b, heads, t, d) go next, grown if needed: write them
+        (functional.kv_write), then commit(t)."""
+        self.reserve(k, v)
+        t = k.shape[2]
         return self.k.narrow(2, self.length, t), self.v.narrow(2, self.length, t)
 
     def commit(self, t):
         """Count t written positions; return views of all cached keys and values."""
-        need = self.length + t
-        self.length = need
+        self.advance(t)
+        need = self.length
         start = 0 if self.max_len is None else max(0, need - self.max_len)
         return self.k.narrow(2, start, need - start), self.v.narrow(2, start, need - start)
 

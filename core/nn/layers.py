@@ -90,6 +90,24 @@ class FusedLinear(Module):
                                       norm.eps)
         return hidden, self._split(y)
 
+    def add_norm_heads(self, x, residual, norm, head_dim):
+        """add_norm_parts with each part (b, t, heads * head_dim) as attention heads (b, heads, t,
+        head_dim). Joined: one reshape and transpose of the one output, then a head range per part
+        (the same views as splitting each part: 5 view ops instead of 9 for q/k/v)."""
+        if self.separate is not None:
+            hidden, parts = self.add_norm_parts(x, residual, norm)
+            return hidden, [p.reshape(p.shape[:-1] + (p.shape[-1] // head_dim, head_dim)).transpose(-3, -2)
+                            for p in parts]
+        hidden, y = F.add_norm_linear(x, residual, norm.weight, norm.bias, self.weight, self.bias, norm.kind,
+                                      norm.eps)
+        b, t, n = y.shape
+        y = y.reshape(b, t, n // head_dim, head_dim).transpose(1, 2)
+        out, start = [], 0
+        for size in self.sizes:
+            out.append(y.narrow(1, start, size // head_dim))
+            start += size // head_dim
+        return hidden, out
+
     def add_norm_gated(self, x, residual, norm, act):
         """(hidden, gated(norm(hidden), act)) as one op where gated is one (rows joined, no bias)."""
         if self.separate is None and self.bias is None:

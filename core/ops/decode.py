@@ -29,6 +29,7 @@ from .shape import narrow, reshape, t
 
 # The activations a gated projection may apply to its gate half (unary op names).
 GATE_ACTS = ("silu", "gelu", "gelu_tanh", "relu")
+_ACTS_OR_NONE = GATE_ACTS + (None,)
 
 
 def add_rms_norm(x, residual, weight=None, eps=1e-6):
@@ -171,23 +172,24 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
     rotary (half-split, or GPT-J pairs with interleaved). scale: of the scores (default
     d**-0.5). mask: bool (True: may attend) or additive, broadcast to (b, h, t, keys), for a
     sliding window's earlier queries. Returns (b, h, t, dv) in the cache's dtype."""
-    q, k, v = (float_input(a, "cache_attention") for a in (q, k, v))
+    q, k, v = float_input(q, "cache_attention"), float_input(k, "cache_attention"), float_input(v, "cache_attention")
     check_devices("cache_attention", q, k, v, k_cache, v_cache, cos, sin, mask)
-    if any(a.ndim != 4 for a in (q, k, v, k_cache, v_cache)):
-        raise ShapeError(f"cache_attention: q {q.shape}, k {k.shape}, v {v.shape} and the caches {k_cache.shape}, "
-                         f"{v_cache.shape} must all be (batch, heads, positions, head_dim)")
+    kc_shape, vc_shape = k_cache.shape, v_cache.shape
+    if not len(q.shape) == len(k.shape) == len(v.shape) == len(kc_shape) == len(vc_shape) == 4:
+        raise ShapeError(f"cache_attention: q {q.shape}, k {k.shape}, v {v.shape} and the caches {kc_shape}, "
+                         f"{vc_shape} must all be (batch, heads, positions, head_dim)")
     b, h, t, d = q.shape
     hk, dv = k.shape[1], v.shape[3]
     if k.shape != (b, hk, t, d) or v.shape != (b, hk, t, dv) or hk == 0 or h % hk:
         raise ShapeError(f"cache_attention: q {q.shape}, k {k.shape} and v {v.shape} do not fit (same batch and "
                          "positions, k with q's head_dim, q's heads a multiple of k's)")
-    cap = k_cache.shape[2]
-    if k_cache.shape != (b, hk, cap, d) or v_cache.shape != (b, hk, cap, dv):
+    cap = kc_shape[2]
+    if kc_shape != (b, hk, cap, d) or vc_shape != (b, hk, cap, dv):
         raise ShapeError(f"cache_attention: caches {k_cache.shape} and {v_cache.shape} must be (batch, kv heads, "
                          f"capacity, head_dim) for k {k.shape} and v {v.shape}")
     if not 0 <= key_start <= position or position + t > cap:
         raise ShapeError(f"cache_attention: positions {position}..{position + t - 1} (keys from {key_start}) do not "
-                         f"fit a cache of capacity {cap}: grow the cache first (nn.KVCache.slots does)")
+                         f"fit a cache of capacity {cap}: grow the cache first (nn.KVCache.reserve does)")
     if k_cache.dtype is not v_cache.dtype or not k_cache.dtype.is_float:
         raise DTypeError(f"cache_attention: the key and value caches must share one float dtype, got "
                          f"{k_cache.dtype.name} and {v_cache.dtype.name}")
@@ -198,9 +200,7 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
                          f"got {cos.shape} and {sin.shape}")
     tk = position + t - key_start
     dtype = k_cache.dtype
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    if cos is not None:
-        cos, sin = cos.to(dtype), sin.to(dtype)
+    q, k, v, cos, sin = _cast(dtype, q, k, v, cos, sin)
     if mask is not None:
         if mask.dtype is D.bool_:
             mask = new_full(q, (), 0.0, dtype).where(mask, float("-inf"))
@@ -239,8 +239,7 @@ def add_norm_linear(x, residual, norm_weight, norm_bias, weight, bias=None, kind
         raise UnsupportedError(f"{what}: norm kind {kind!r} is not one of {', '.join(NORM_KINDS)}")
     if kind == "rms" and norm_bias is not None:
         raise UnsupportedError(f"{what}: an RMS norm has no bias; pass norm_bias=None or kind='layer'")
-    acts = GATE_ACTS if gated else GATE_ACTS + (None,)
-    if act not in acts:
+    if act not in (GATE_ACTS if gated else _ACTS_OR_NONE):
         raise UnsupportedError(f"{what}: activation {act!r} is not supported "
                                f"({', '.join(GATE_ACTS)}{'' if gated else ' or None'})")
     if gated and bias is not None:
@@ -249,19 +248,21 @@ def add_norm_linear(x, residual, norm_weight, norm_bias, weight, bias=None, kind
     if residual is not None:
         residual = float_input(residual, what)
     check_devices(what, x, residual, norm_weight, norm_bias, weight, bias)
-    if x.ndim == 0 or (residual is not None and residual.shape != x.shape):
-        raise ShapeError(f"{what}: x {x.shape} and residual {None if residual is None else residual.shape} must "
+    shape = x.shape
+    if not shape or (residual is not None and residual.shape != shape):
+        raise ShapeError(f"{what}: x {shape} and residual {None if residual is None else residual.shape} must "
                          "have the same shape, with at least one dim")
-    k = x.shape[-1]
+    k = shape[-1]
     for name, p in (("norm_weight", norm_weight), ("norm_bias", norm_bias)):
         if p is not None and p.shape != (k,):
-            raise ShapeError(f"{what}: {name} of shape {p.shape} does not match the last dim of x {x.shape}")
-    if weight.ndim != 2 or weight.shape[1] != k or (gated and weight.shape[0] % 2):
-        raise ShapeError(f"{what}: weight {weight.shape} must be ({'2 * out' if gated else 'out'}, {k}) rows for "
-                         f"x {x.shape}" + (" ([gate; up])" if gated else ""))
-    rows = weight.shape[0]
+            raise ShapeError(f"{what}: {name} of shape {p.shape} does not match the last dim of x {shape}")
+    wshape = weight.shape
+    if len(wshape) != 2 or wshape[1] != k or (gated and wshape[0] % 2):
+        raise ShapeError(f"{what}: weight {wshape} must be ({'2 * out' if gated else 'out'}, {k}) rows for "
+                         f"x {shape}" + (" ([gate; up])" if gated else ""))
+    rows = wshape[0]
     if bias is not None and bias.shape != (rows,):
-        raise ShapeError(f"{what}: bias of shape {bias.shape} does not match weight {weight.shape}")
+        raise ShapeError(f"{what}: bias of shape {bias.shape} does not match weight {wshape}")
     quantised = weight.dtype.is_quantized
     if not quantised and not weight.dtype.is_float:
         raise DTypeError(f"{what}: weight dtype {weight.dtype.name} is not a float or GGUF block type")
@@ -270,7 +271,7 @@ def add_norm_linear(x, residual, norm_weight, norm_bias, weight, bias=None, kind
         dtype = D.promote(dtype, weight.dtype)
     elif not weight._layout.is_contiguous() or weight._layout.offset:
         raise UnsupportedError(f"{what}: a quantised weight must be the whole stored (out, in) matrix")
-    x, r, nw, nb, b = (None if a is None else a.to(dtype) for a in (x, residual, norm_weight, norm_bias, bias))
+    x, r, nw, nb, b = _cast(dtype, x, residual, norm_weight, norm_bias, bias)
     w = weight if quantised else weight.to(dtype)
     if needs_grad(x, r, nw, nb, w, b):
         # The same maths through differentiable ops.
@@ -283,5 +284,10 @@ def add_norm_linear(x, residual, norm_weight, norm_bias, weight, bias=None, kind
     total, y = x.device.backend.add_norm_linear(
         x._storage, x._layout, *parts(r), *parts(nw), *parts(nb),
         w._storage, w._layout, w.dtype, *parts(b), dtype, eps, kind == "layer", act, gated)
-    hidden = x if total is None else x._new(total, x.shape, dtype)
-    return hidden, x._new(y, x.shape[:-1] + (rows // 2 if gated else rows,), dtype)
+    hidden = x if total is None else x._new(total, shape, dtype)
+    return hidden, x._new(y, shape[:-1] + (rows // 2 if gated else rows,), dtype)
+
+
+def _cast(dtype, *tensors):
+    """The tensors in dtype (None stays None): one call, no conversion for those already in it."""
+    return [t if t is None or t.dtype is dtype else t.to(dtype) for t in tensors]

@@ -20,6 +20,15 @@ def linear(x, weight, bias=None):
                          f"weight {weight.shape} expects {weight.shape[-1]}")
     if weight.dtype.is_quantized:  # as qmatmul: x's float dtype
         dtype = x.dtype if x.dtype.is_float else D.f32
+        if (bias is None and weight.ndim == 2 and not weight._layout.offset and weight._layout.is_contiguous()
+                and not needs_grad(x)):
+            # qmatmul(x, t(weight)) without making the transposed view and taking it apart again
+            # (a decoding step's o_proj and down_proj: 60 views per SmolLM2 token)
+            same_device("linear", x, weight)
+            x = x.to(dtype)
+            st = x.device.backend.qmatmul(x._storage, x._layout, dtype, weight._storage, weight.dtype,
+                                          weight.shape[0], weight.shape[1])
+            return x._new(st, x.shape[:-1] + (weight.shape[0],), dtype)
     else:
         dtype = D.promote(x.dtype, weight.dtype)
     if (bias is None or weight.ndim != 2 or bias.shape != (weight.shape[0],) or bias.dtype is not dtype

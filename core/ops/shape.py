@@ -13,9 +13,10 @@ def reshape(x, shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):  # shape_args, inlined: the hot path
         shape = tuple(shape[0])
     lay = x._layout
-    if lay._contiguous and lay.offset == 0 and -1 not in shape and numel_of(shape) == numel_of(lay.shape) \
+    if lay.is_contiguous() and -1 not in shape and numel_of(shape) == numel_of(lay.shape) \
             and all(type(s) is int and s >= 0 for s in shape):
-        out = x._view(Layout(shape))  # fast path: a plain view
+        # fast path: a plain view (at an offset: k and v in a joined q/k/v projection's output)
+        out = x._view(Layout(shape, None, lay.offset))
         if x.requires_grad and _Mode.enabled:
             old = lay.shape
             record(out, (x,), lambda g: (g.reshape(old),))
@@ -98,8 +99,9 @@ def narrow(x, dim, start, length):
     if not (0 <= start and length >= 0 and start + length <= size):
         raise ShapeError(f"narrow: [{start}, {start + length}) is outside dim {dim} of size {size} (shape {x.shape})")
     out = x._view(x._layout.narrow(dim, start, length))
-    key = (slice(None),) * dim + (slice(start, start + length),)
-    return record_if_needed(out, (x,), lambda: G.view_into(x.shape, key))
+    if x.requires_grad and _Mode.enabled:  # (as transpose: no closure made when nothing is recorded)
+        record(out, (x,), G.view_into(x.shape, (slice(None),) * dim + (slice(start, start + length),)))
+    return out
 
 
 def squeeze(x, dim=None):

@@ -30,15 +30,19 @@ class LlamaAttention(Module):
 
     def add_norm_forward(self, x, residual, norm, step, kv_cache):
         """(hidden, self(norm(hidden))) with hidden = x + residual: the add, the norm and q/k/v as one op."""
-        hidden, (q, k, v) = self.qkv_proj.add_norm_parts(x, residual, norm)
-        return hidden, self.attend(q, k, v, step, kv_cache)
+        hidden, (q, k, v) = self.qkv_proj.add_norm_heads(x, residual, norm, self.cfg.head_dim)
+        return hidden, self.attend_heads(q, k, v, step, kv_cache)
 
     def attend(self, q, k, v, step, kv_cache):
         """o_proj(attention) from the q, k and v projections (..., features)."""
         cfg = self.cfg
-        q = split_heads(q, cfg.num_heads, cfg.head_dim)
-        k = split_heads(k, cfg.num_kv_heads, cfg.head_dim)
-        v = split_heads(v, cfg.num_kv_heads, cfg.head_dim)
+        return self.attend_heads(split_heads(q, cfg.num_heads, cfg.head_dim),
+                                 split_heads(k, cfg.num_kv_heads, cfg.head_dim),
+                                 split_heads(v, cfg.num_kv_heads, cfg.head_dim), step, kv_cache)
+
+    def attend_heads(self, q, k, v, step, kv_cache):
+        """o_proj(attention) from q (b, heads, t, head_dim), k and v (b, kv_heads, t, head_dim)."""
+        cfg = self.cfg
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if cfg.rotary_dim == cfg.head_dim:
