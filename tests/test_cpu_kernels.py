@@ -14,7 +14,7 @@ from tallow.errors import FormatError, ShapeError
 from tallow.quant import dequantize_numpy
 
 pytest.importorskip("numba")
-from tallow.quant import cpu_matmul
+from tallow.quant import cpu_atomics, cpu_matmul
 
 FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
 SCALE_AT = {"q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0], "q4_k": [0, 2], "q5_k": [0, 2],
@@ -413,24 +413,43 @@ def test_decode_kernels_run_as_plain_python():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+def _count_rows(counts, n_rows, chunks, state):
+    """A RowPool kernel (the protocol qmatmul_shared follows): counts[r] += 1 for each row of each chunk taken."""
+    last = False
+    while True:
+        c = cpu_atomics.fetch_add(state, 0, 1)
+        if c >= chunks:
+            return last
+        for r in range(n_rows * c // chunks, n_rows * (c + 1) // chunks):
+            counts[r] += 1
+        if cpu_atomics.fetch_add(state, 1, 1) == chunks - 1:
+            last = True
+
+
 def test_row_pool_covers_every_row_once_and_never_waits_for_an_idle_helper():
-    """cpu_threads.RowPool: the chunks cover range(n) exactly once; an error in a chunk reaches the
-    caller; and while the only helper is held elsewhere (as a descheduled thread would be), the
-    caller runs every chunk itself instead of waiting."""
+    """cpu_threads.RowPool: the chunks cover range(n) exactly once, in many jobs back to back (the
+    helper polling between them); an error in a helper reaches the caller; and while the only
+    helper is held elsewhere (as a descheduled thread would be), the caller runs every chunk
+    itself instead of waiting."""
     import threading
 
+    from numba import njit
+
     from tallow.quant.cpu_threads import RowPool
+    kernel = njit(nogil=True)(_count_rows)
     pool = RowPool(2)
     try:
-        for n in (1, 3, 37):
-            seen = []
-            pool.run(lambda a, b, seen=seen: seen.extend(range(a, b)), n)
-            assert sorted(seen) == list(range(n))
+        for n in (1, 3, 37, 1000) * 50:
+            counts = np.zeros(n, dtype=np.int64)
+            pool.run(kernel, (counts,), n)
+            assert np.all(counts == 1), n
 
-        def fail(a, b):
+        def fail(*args):
+            if threading.current_thread() is threading.main_thread():
+                return False  # the caller takes no chunk: the helper's error must end the wait
             raise ShapeError("chunk failed")
         with pytest.raises(ShapeError, match="chunk failed"):
-            pool.run(fail, 8)
+            pool.run(fail, (), 8)
         release, held = threading.Event(), threading.Event()
 
         class Stuck:  # occupies the helper thread, as a descheduled thread would be
@@ -439,23 +458,22 @@ def test_row_pool_covers_every_row_once_and_never_waits_for_an_idle_helper():
                 release.wait(30)
         pool.jobs.put(Stuck())
         assert held.wait(10)
-        callers, start = set(), time.perf_counter()
-        pool.run(lambda a, b: callers.add(threading.get_ident()), 8)
-        assert time.perf_counter() - start < 5 and callers == {threading.get_ident()}
+        counts, start = np.zeros(8, dtype=np.int64), time.perf_counter()
+        pool.run(kernel, (counts,), 8)
+        assert time.perf_counter() - start < 5 and np.all(counts == 1)
         release.set()
     finally:
         pool.close()
 
 
 def test_a_polling_helper_sees_the_next_job_without_holding_the_gil():
-    """cpu_spin: the poll runs without the GIL (the thread that bumps the counter needs it) and
+    """cpu_atomics: the poll runs without the GIL (the thread that bumps the counter needs it) and
     sees the bump through its atomic load (a hoisted plain load would never see it); with no
     bump it gives up after its rounds."""
     import threading
 
-    from tallow.quant import cpu_spin
     counter = np.zeros(1, dtype=np.int64)
-    assert cpu_spin.spin_while_equal(counter, 0, 1000) is False
+    assert cpu_atomics.wait_while_equal(counter, 0, 0, 1000) is False
 
     def bump():
         time.sleep(0.05)
@@ -463,7 +481,7 @@ def test_a_polling_helper_sees_the_next_job_without_holding_the_gil():
     bumper = threading.Thread(target=bump)
     start = time.perf_counter()
     bumper.start()
-    assert cpu_spin.spin_while_equal(counter, 0, 1 << 62) is True
+    assert cpu_atomics.wait_while_equal(counter, 0, 0, 1 << 62) is True
     assert time.perf_counter() - start < 10
     bumper.join()
-    assert cpu_spin.rounds_for(100) >= 1
+    assert cpu_atomics.rounds_for(100) >= 1

@@ -31,7 +31,7 @@ import math
 import numpy as np
 from numba import njit
 
-from . import cpu_simd
+from . import cpu_atomics, cpu_simd
 
 QK = 32  # activation values per block (one scale each)
 
@@ -123,3 +123,20 @@ def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, bias, g
         for i in range(tiled, m):
             y, y2 = cpu_simd.dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
             _store(out, i, r, r2, y, y2, bias, gated, act)
+
+
+@njit(cache=True, nogil=True)
+def qmatmul_shared(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, bias, gated, act, n_rows, chunks,
+                   state):
+    """qmatmul_q over chunks of range(n_rows) that every thread calling this takes from
+    state[0]; state[1] counts finished chunks. True in the thread that finished the last one
+    (cpu_threads.RowPool)."""
+    last = False
+    while True:
+        c = cpu_atomics.fetch_add(state, 0, 1)
+        if c >= chunks:
+            return last
+        qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, bias, gated, act,
+                  n_rows * c // chunks, n_rows * (c + 1) // chunks)
+        if cpu_atomics.fetch_add(state, 1, 1) == chunks - 1:
+            last = True

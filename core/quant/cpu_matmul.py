@@ -136,7 +136,7 @@ def _int_product(x2, arr, d, fmt, n, k, bias=None, act=None):
             act is not None, ints.ACT_CODES[act] if act is not None else 0)
     pool = _state["pool"]
     if pool is not None and arr.size >= PARALLEL_MIN_BYTES:
-        pool.run(lambda start, stop: ints.qmatmul_q(*args, start, stop), n)
+        pool.run(ints.qmatmul_shared, args, n)
     else:
         ints.qmatmul_q(*args, 0, n)
     return out
