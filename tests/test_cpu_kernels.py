@@ -72,7 +72,12 @@ def _check(q, n, k, m, rng):
     x = rng.standard_normal((m, k)).astype(np.float32)
     got = cpu_matmul.qmatmul(x, raw, q, n, k)
     assert got.shape == (m, n) and got.dtype == np.float32
-    # Any number of rows: x is quantised per 32-value block as ggml does (16 bits), then the dot is exact up to
+    if m > cpu_matmul.FUSED_MAX_ROWS:  # the prompt path: float weights times float x, via BLAS
+        ref = x.astype(np.float64) @ w.T
+        scale = np.abs(x).astype(np.float64) @ np.abs(w).T
+        assert np.all(np.abs(got - ref) <= 1e-5 * scale + 1e-6), q
+        return
+    # Decoding: x is quantised per 32-value block as ggml does (16 bits), then the dot is exact up to
     # float32 summation order: so against the dequantised activations the error is rounding only...
     qs, d = _activation_reference(x)
     xq = (qs.reshape(m, k // 32, 32) * d[..., None].astype(np.float64)).reshape(m, k)
@@ -111,14 +116,18 @@ def test_activation_quantisation_matches_gguf(bits):
 @pytest.mark.parametrize("q", FORMATS)
 def test_kernels_match_dequantised_numpy(q, monkeypatch):
     """Odd row counts, rows of several blocks (k a multiple of the block, not of 64 or 512),
-    one row (decode), 3 rows (one at a time) and 13 (3 tiles of cpu_simd.TILE_ROWS and one more),
-    on 1 and 2 threads."""
+    one row (decode), a few rows (fused kernel) and many (tiled BLAS path), on 1 and 2 threads."""
     rng = np.random.default_rng(FORMATS.index(q))
     bs = get_dtype(q).block_size
     for threads in (1, 2):
         _use_threads(threads, monkeypatch)
         for n, k, m in ((1, bs, 1), (37, 3 * bs, 1), (21, 5 * bs, 3), (19, 3 * bs, cpu_matmul.FUSED_MAX_ROWS + 5)):
             _check(q, n, k, m, rng)
+
+
+def test_tiled_path_covers_ragged_last_tile(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "TILE_ELEMENTS", 64 * 3)  # 3 rows a tile, 10 rows: a ragged last tile
+    _check("q8_0", 10, 64, 20, np.random.default_rng(5))
 
 
 @pytest.mark.parametrize("q", FORMATS)

@@ -5,27 +5,29 @@ the numba kernels in cpu_kernels.py, with the argument checks done here.
 $TALLOW_CPU_KERNELS not "0". Otherwise None, and the numpy backend keeps its
 dequantise-with-numpy path.
 
-x is quantised to 16 bits in blocks of 32 and multiplied by integer dot products
-on the blocks (cpu_int_kernels.py, as ggml does with 8 bits; why 16 is explained
-there), which read each weight byte once per row of x, or once per 4 rows of a
-prompt (cpu_simd.TILE_ROWS). Prompts used to dequantise tiles of weight rows for
-BLAS instead: per row of x the two cost the same on one thread (SmolLM2 and
-Qwen2.5 shapes, 64-512 rows, 1.0-1.6x either way by format), but BLAS's own threads
-made a loaded box's first prompt 1.3-43 s for the same 64 tokens (OpenBLAS's
-threads wait on each other), and the dequantisation ran on one thread. Products
-of at least PARALLEL_MIN_BYTES of weights are shared among $TALLOW_THREADS
-threads (else $OMP_NUM_THREADS, else one per core) by cpu_threads.RowPool.
+Few rows of x (a decoding step) are quantised to 16 bits in blocks of 32 and
+multiplied by integer dot products on the blocks (cpu_int_kernels.py, as ggml
+does with 8 bits; why 16 is explained there), which read each weight byte once.
+Many rows (a prompt) are multiplied by BLAS a tile of weight rows at a time,
+each tile dequantised by a kernel into one reused f32 buffer: BLAS's
+matrix-matrix product is far faster than any loop here, and the tile
+keeps memory bounded. That dequantisation runs on one thread: BLAS's own
+threads share the cores (measured with OpenMP kernel threads beside them: first
+token 5.0 s instead of 1.3 s). Decoding-step products of at least
+PARALLEL_MIN_BYTES of weights are shared among $TALLOW_THREADS threads (else
+$OMP_NUM_THREADS, else one per core) by cpu_threads.RowPool.
 """
 import os
 
 from ..errors import Error, FormatError, ShapeError
 from .formats import quant_dtype
 
-FUSED_MAX_ROWS = 8  # rows of x the fused decode primitives (numpy backend) take to the kernels: a decoding step
+FUSED_MAX_ROWS = 8  # rows of x up to which the fused kernel beats dequantise-then-BLAS (measured)
 ACTIVATION_MAX = 32767  # decoding steps quantise x to int16 (see cpu_int_kernels.py)
 # Weight bytes from which a decoding-step product is shared among the threads (cpu_threads.py);
 # smaller ones run on the calling thread, where handing out chunks costs about what it saves.
 PARALLEL_MIN_BYTES = 1 << 18
+TILE_ELEMENTS = 1 << 18  # f32 elements of a dequantised tile (1 MB: stays in L2)
 
 _state: dict[str, object] = {}
 
@@ -116,7 +118,20 @@ def qmatmul(x, raw, qtype, n, k):
     import numpy as np
     d, fmt, x2, arr = _operands(x, raw, qtype, n, k)
     lead = np.shape(x)[:-1]
-    return _int_product(x2, arr, d, fmt, n, k).reshape(lead + (n,))
+    m = x2.shape[0]
+    if m <= FUSED_MAX_ROWS:
+        return _int_product(x2, arr, d, fmt, n, k).reshape(lead + (n,))
+    mod = _state["module"]
+    # out is filled transposed, so each tile writes whole contiguous rows (BLAS's fast path)
+    out_t = np.empty((n, m), dtype=np.float32)
+    step = max(1, min(n, TILE_ELEMENTS // k))
+    tile = np.empty((step, k), dtype=np.float32)
+    for start in range(0, n, step):
+        rows = np.arange(start, min(n, start + step), dtype=np.int64)
+        w = tile[:rows.size]
+        mod.dequant_rows_blocks(fmt, d.block_size, d.block_bytes, arr, rows, k, mod.F16_TABLE, w)
+        np.matmul(w, x2.T, out=out_t[start:start + rows.size])
+    return np.ascontiguousarray(out_t.T).reshape(lead + (n,))
 
 
 def _int_product(x2, arr, d, fmt, n, k, bias=None, act=None):
