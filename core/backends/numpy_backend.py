@@ -16,8 +16,9 @@ from ..dtypes import bf16, bool_, f16, f32, i64
 from ..errors import Error, ShapeError, UnsupportedError
 from ..layout import numel_of
 from ..quant import cpu_matmul  # (pure Python until the kernels are asked for: numba loads then)
-from . import cpu_attention
+from . import cpu_attention, cpu_capture
 from .base import Backend
+from .step_recording import StepCapture
 
 
 def _bf16_to_f32(bits):
@@ -129,6 +130,7 @@ class _DequantCache:
 _DEQUANT_CACHE = _DequantCache()
 _NO_VECTOR = np.empty(0, np.float32)  # "no weight/bias" for the decode kernels
 _NO_TABLE = np.empty((0, 0), np.float32)  # "no rotary tables" for cache_attention
+_ZEROS = np.empty(0, np.float32)  # add_norm_linear's stand-in for "no residual"
 # Query rows per head up to which attention runs as the decode kernel (a decoding step, or GQA's
 # query heads sharing a KV head); longer prompts take BLAS's matrix products.
 DECODE_ATTENTION_MAX_ROWS = 8
@@ -158,11 +160,35 @@ _NATIVE = frozenset(("f32", "f64", "i8", "u8", "i32", "i64", "u32", "bool"))
 _PLAIN = frozenset(("add", "sub", "mul", "maximum", "minimum"))
 
 
-class NumpyBackend(Backend):
+class NumpyBackend(StepCapture, Backend):
     name = "cpu"
+    driver = cpu_capture.CpuDriver()
+
+    def __init__(self):
+        self._captures = {}
 
     def features(self):
         return {"backend": "numpy", "numpy": np.__version__, "f16": True, "bf16": True}
+
+    # ---- capture and replay (tallow.capture): StepCapture, with cpu_capture's driver -------
+    entry_signature = staticmethod(cpu_capture.entry_signature)
+    _new_step_buffer = staticmethod(cpu_capture.step_new_buffer)
+
+    def can_capture(self):
+        """Once the numba kernels are in use (a quantised model loaded them): their decode path is
+        what a capture records (cpu_capture.py)."""
+        return cpu_matmul.decode_kernels() is not None
+
+    def _recorder(self):
+        """A cpu_capture.Recorder while this thread captures, else None."""
+        rec = self._capture() if self._captures else None
+        return None if rec is None else cpu_capture.Recorder(rec)
+
+    def overwrite(self, storage, data, dtype):
+        src = self.from_bytes(data, dtype)
+        if src.size > storage.size:
+            raise ShapeError(f"cpu overwrite: {len(data)} bytes do not fit a {storage.nbytes}-byte storage")
+        storage[:src.size] = src
 
     # ---- views and conversion ----------------------------------------------
     @staticmethod
@@ -342,8 +368,11 @@ class NumpyBackend(Backend):
         return self.store(np.matmul(x, w), dtype)
 
     def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
+        rec = self._recorder()
         if self._decode_product(lx, dtype, w, wdtype, k):  # the integer-dot kernels on the blocks, as below
-            return self.store(cpu_matmul.qmatmul(self.view(x, lx), w, wdtype, n, k), dtype)
+            return self.store(cpu_matmul.qmatmul(self.view(x, lx), w, wdtype, n, k, record=rec), dtype)
+        if rec is not None:
+            rec.refuse("a quantised product off the decode kernels")
         xv = self.load(x, lx, dtype).astype(np.float32, copy=False)
         kernels = cpu_matmul.supports(wdtype)
         # With the numba kernels: the mapped blocks, unless $TALLOW_QUANT_CACHE_MB asks for copies.
@@ -364,10 +393,15 @@ class NumpyBackend(Backend):
 
     def index_select(self, st, layout, dtype, ids, lids, dim):
         idx = self.view(ids, lids)
+        rec = self._recorder()
+        if dtype.is_quantized and cpu_matmul.supports(dtype):
+            if rec is not None:
+                rec.bound(idx, ids, "an embedding lookup's ids")
+            return self.store(cpu_matmul.dequant_rows(st, dtype, layout.shape[1], idx, record=rec), f32)
+        if rec is not None:
+            rec.refuse("index_select off the decode kernels")
         if dtype.is_quantized:
             from ..quant import dequantize_rows_numpy
-            if cpu_matmul.supports(dtype):
-                return self.store(cpu_matmul.dequant_rows(st, dtype, layout.shape[1], idx), f32)
             return self.store(dequantize_rows_numpy(st, dtype, layout.shape[1], idx), f32)
         return self.store(np.take(self.view(st, layout), idx, axis=dim), dtype)
 
@@ -497,7 +531,11 @@ class NumpyBackend(Backend):
         if dec is None:
             return super().add_rms_norm(x, lx, r, lr, w, lw, dtype, eps)
         xv, rv, total, normed = self._norm_operands(x, lx, r, lr)
-        dec.add_rms_norm(xv, rv, self._vector(w, lw), float(eps), total, normed)
+        args = (xv, rv, self._vector(w, lw), float(eps), total, normed)
+        dec.add_rms_norm(*args)
+        rec = self._recorder()
+        if rec is not None:
+            self._record_norm(rec, dec.add_rms_norm, args, x, r)
         return total.reshape(-1), normed.reshape(-1)
 
     def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
@@ -512,29 +550,47 @@ class NumpyBackend(Backend):
                         gated):
         # A decoding step on the kernels: the norm kernel's output array goes straight into the
         # integer-dot product (base.py's composition stores it, then views and checks it again).
+        # The first layer has no residual: the add kernel adds zeros (exact), so that step is
+        # recorded like the others.
         k = lx.shape[-1]
         dec = _decode_kernels(dtype)
-        if (dec is None or r is None or (act is not None and not gated) or not wdtype.is_quantized
+        if (dec is None or (act is not None and not gated) or not wdtype.is_quantized
                 or not self._decode_product(lx, dtype, w, wdtype, k)):
             return super().add_norm_linear(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
                                            center, act, gated)
         xv, rv, total, normed = self._norm_operands(x, lx, r, lr)
+        if rv is None:
+            r, rv = _ZEROS, np.zeros(xv.shape, np.float32)
         if center:
-            dec.add_layer_norm(xv, rv, self._vector(nw, lnw), self._vector(nb, lnb), float(eps), total, normed)
+            norm, args = dec.add_layer_norm, (xv, rv, self._vector(nw, lnw), self._vector(nb, lnb), float(eps),
+                                              total, normed)
         else:
-            dec.add_rms_norm(xv, rv, self._vector(nw, lnw), float(eps), total, normed)
+            norm, args = dec.add_rms_norm, (xv, rv, self._vector(nw, lnw), float(eps), total, normed)
+        norm(*args)
+        rec = self._recorder()
+        if rec is not None:
+            self._record_norm(rec, norm, args, x, r)
         rows = lw.shape[0]
         if gated:
-            y = cpu_matmul.gated_qmatmul(normed, w, wdtype, rows // 2, k, act)
+            y = cpu_matmul.gated_qmatmul(normed, w, wdtype, rows // 2, k, act, record=rec)
         elif bias is None:
-            y = cpu_matmul.qmatmul(normed, w, wdtype, rows, k)
+            y = cpu_matmul.qmatmul(normed, w, wdtype, rows, k, record=rec)
         else:
-            y = cpu_matmul.qmatmul_bias(normed, w, wdtype, rows, k, self.view(bias, lbias))
-        return total.reshape(-1), y.reshape(-1)
+            y = cpu_matmul.qmatmul_bias(normed, w, wdtype, rows, k, self.view(bias, lbias), record=rec)
+        return None if r is _ZEROS else total.reshape(-1), y.reshape(-1)
+
+    @staticmethod
+    def _record_norm(rec, kernel, args, x, r):
+        """A norm kernel's call in a capture: its inputs args[0], args[1] must be x's and r's memory."""
+        rec.bound(args[0], x, "a norm's input")
+        if r is not _ZEROS:
+            rec.bound(args[1], r, "a norm's residual")
+        rec(kernel, *args)
 
     def _norm_operands(self, x, lx, r, lr):
         d = lx.shape[-1] if lx.shape else 1
-        xv, rv = self.view(x, lx).reshape(-1, d), self.view(r, lr).reshape(-1, d)
+        xv = self.view(x, lx).reshape(-1, d)
+        rv = None if r is None else self.view(r, lr).reshape(-1, d)
         return xv, rv, np.empty(xv.shape, np.float32), np.empty(xv.shape, np.float32)
 
     def _vector(self, st, layout):
@@ -543,12 +599,14 @@ class NumpyBackend(Backend):
     def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
         if not self._decode_product(lx, dtype, w, wdtype, k):
             return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
-        return self.store(cpu_matmul.qmatmul_bias(self.view(x, lx), w, wdtype, n, k, self.view(bias, lbias)), dtype)
+        return self.store(cpu_matmul.qmatmul_bias(self.view(x, lx), w, wdtype, n, k, self.view(bias, lbias),
+                                                  record=self._recorder()), dtype)
 
     def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
         if not self._decode_product(lx, dtype, w, wdtype, k):
             return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
-        return self.store(cpu_matmul.gated_qmatmul(self.view(x, lx), w, wdtype, n, k, act), dtype)
+        return self.store(cpu_matmul.gated_qmatmul(self.view(x, lx), w, wdtype, n, k, act, record=self._recorder()),
+                          dtype)
 
     @staticmethod
     def _decode_product(lx, dtype, w, wdtype, k):
@@ -588,8 +646,19 @@ class NumpyBackend(Backend):
                                            dtype, position, key_start, scale, interleaved)
         out = np.empty(lq.shape[:3] + lvc.shape[3:], np.float32)
         table = (self.view(cos, lcos), self.view(sin, lsin)) if cos is not None else (_NO_TABLE, _NO_TABLE)
-        dec.cache_attention(self.view(q, lq), self.view(k, lk), self.view(v, lv), *table, kc.reshape(lkc.shape),
-                            vc.reshape(lvc.shape), position, key_start, np.float32(scale), bool(interleaved), out)
+        qkv = (self.view(q, lq), self.view(k, lk), self.view(v, lv))
+        caches = (kc.reshape(lkc.shape), vc.reshape(lvc.shape))
+        dec.cache_attention(*qkv, *table, *caches, position, key_start, np.float32(scale), bool(interleaved), out)
+        rec = self._recorder()
+        if rec is not None:
+            for view, st in zip(qkv, (q, k, v)):
+                rec.bound(view, st, "an attention input")
+            whole = (_NO_TABLE, _NO_TABLE, 0) if cos is None else _whole_tables(cos, lcos, sin, lsin, position)
+            if whole is None:
+                rec.refuse("rotary tables that are not rows of one table")
+            else:
+                rec(cpu_capture.cache_attention, dec.cache_attention, rec.recording.step, whole[2], *qkv, whole[0],
+                    whole[1], *caches, key_start, np.float32(scale), bool(interleaved), out)
         return out.reshape(-1)
 
     def _target(self, st, layout):
@@ -607,6 +676,16 @@ class NumpyBackend(Backend):
         return self.store(y, out_dtype)
 
 
+def _whole_tables(cos, lcos, sin, lsin, position):
+    """(cos table, sin table, row of `position` less position) when the step's rotary rows are
+    contiguous rows of one (rows, width) table each, at the same row, else None."""
+    w = lcos.shape[-1] if lcos.shape else 0
+    if (not w or lcos.shape != lsin.shape or lcos.offset != lsin.offset or not lcos.is_contiguous()
+            or not lsin.is_contiguous() or lcos.offset % w or cos.size % w or sin.size % w):
+        return None
+    return cos.reshape(-1, w), sin.reshape(-1, w), lcos.offset // w - position
+
+
 def _adjacent_view(arrays):
     """One read-only uint8 view over `arrays` when they are consecutive byte ranges of the
     same exported buffer (a memory map), else None."""
@@ -622,3 +701,9 @@ def _adjacent_view(arrays):
             return None
         at += a.nbytes
     return whole[start:at]
+
+
+# Inside a capture the compute primitives the CPU decode path does not record make the step
+# unreplayable (cpu_capture.py); the recorded ones mark their own other paths.
+cpu_capture.guard_unrecorded(NumpyBackend, ("qmatmul", "qmatmul_bias", "gated_qmatmul", "index_select",
+                                            "add_rms_norm", "add_norm_linear", "cache_attention"))

@@ -113,14 +113,19 @@ def _operands(x, raw, qtype, n, k):
     return d, (_state.get("module") or kernels()).FORMATS[d.name], np.ascontiguousarray(x.reshape(-1, k)), arr
 
 
-def qmatmul(x, raw, qtype, n, k):
-    """x (..., k) float32 times the transpose of the quantised (n, k) matrix in raw -> (..., n) float32."""
+def qmatmul(x, raw, qtype, n, k, record=None):
+    """x (..., k) float32 times the transpose of the quantised (n, k) matrix in raw -> (..., n) float32.
+    record: None, or while capturing (core/backends/cpu_capture.py's Recorder) called as
+    record(fn, *args) with each kernel call of a decoding step's product, in order, and
+    record.refuse(what) where the call cannot be replayed."""
     import numpy as np
     d, fmt, x2, arr = _operands(x, raw, qtype, n, k)
     lead = np.shape(x)[:-1]
     m = x2.shape[0]
     if m <= FUSED_MAX_ROWS:
-        return _int_product(x2, arr, d, fmt, n, k).reshape(lead + (n,))
+        return _int_product(x, x2, arr, d, fmt, n, k, record=record).reshape(lead + (n,))
+    if record is not None:
+        record.refuse(f"a quantised product of {m} rows (a prompt)")
     mod = _state["module"]
     # out is filled transposed, so each tile writes whole contiguous rows (BLAS's fast path)
     out_t = np.empty((n, m), dtype=np.float32)
@@ -134,13 +139,15 @@ def qmatmul(x, raw, qtype, n, k):
     return np.ascontiguousarray(out_t.T).reshape(lead + (n,))
 
 
-def _int_product(x2, arr, d, fmt, n, k, bias=None, act=None):
-    """The decoding-step product on the blocks: x2 (m, k) quantised to 16 bits, then integer dots
+def _int_product(x, x2, arr, d, fmt, n, k, bias=None, act=None, record=None):
+    """The decoding-step product on the blocks: x2 (m, k; x as _operands made it) quantised to 16 bits, then integer dots
     (cpu_int_kernels.qmatmul_q) -> (m, n); plus bias (n,), or with act the gated product of
-    arr's 2n rows [gate; up]. One thread below PARALLEL_MIN_BYTES of weights."""
+    arr's 2n rows [gate; up]. One thread below PARALLEL_MIN_BYTES of weights. record: see qmatmul."""
     import numpy as np
     ints = _state["int"]
     m = x2.shape[0]
+    if record is not None and not np.shares_memory(x2, x):
+        record.refuse("a copy of a quantised product's input")  # a replay would read the stale copy
     qx = np.empty((m, k), dtype=np.int16)
     dx = np.empty((m, k // ints.QK), dtype=np.float32)
     sx = np.empty((m, k // ints.QK), dtype=np.int32)
@@ -149,37 +156,65 @@ def _int_product(x2, arr, d, fmt, n, k, bias=None, act=None):
     bias = _state["no_bias"] if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(n)
     args = (fmt, d.block_size, d.block_bytes, arr, qx, dx, sx, _state["module"].F16_TABLE, out, bias,
             act is not None, ints.ACT_CODES[act] if act is not None else 0)
-    pool = _state["pool"]
-    if pool is not None and arr.size >= PARALLEL_MIN_BYTES:
-        pool.run(ints.qmatmul_shared, args, n)
-    else:
-        ints.qmatmul_q(*args, 0, n)
+    shared = arr.size >= PARALLEL_MIN_BYTES
+    run_product(args, n, shared)
+    if record is not None:
+        record(ints.quantize_rows, x2, ACTIVATION_MAX, qx, dx, sx)
+        record(run_product, args, n, shared)
     return out
 
 
-def qmatmul_bias(x, raw, qtype, n, k, bias):
+def run_product(args, n, shared):
+    """cpu_int_kernels.qmatmul_q over the n output columns: shared by the pool's threads (the pool
+    in force when called) for a product of at least PARALLEL_MIN_BYTES, else on this thread."""
+    pool = _state["pool"]
+    if shared and pool is not None:
+        pool.run(_state["int"].qmatmul_shared, args, n)
+    else:
+        _state["int"].qmatmul_q(*args, 0, n)
+
+
+def qmatmul_bias(x, raw, qtype, n, k, bias, record=None):
     """A decoding step's (few rows, <= FUSED_MAX_ROWS) x . w.T + bias, the bias added in the kernel."""
     d, fmt, x2, arr = _operands(x, raw, qtype, n, k)
-    return _int_product(x2, arr, d, fmt, n, k, bias=bias).reshape(x.shape[:-1] + (n,))
+    return _int_product(x, x2, arr, d, fmt, n, k, bias=bias, record=record).reshape(x.shape[:-1] + (n,))
 
 
-def gated_qmatmul(x, raw, qtype, n, k, act):
+def gated_qmatmul(x, raw, qtype, n, k, act, record=None):
     """A decoding step's act(x . gate.T) * (x . up.T) for the [gate; up] block matrix of 2n rows
     of k in raw, gate and up rows read in one pass. x (few rows, ..., k) -> (..., n) float32."""
     d, fmt, x2, arr = _operands(x, raw, qtype, 2 * n, k)
-    return _int_product(x2, arr, d, fmt, n, k, act=act).reshape(x.shape[:-1] + (n,))
+    return _int_product(x, x2, arr, d, fmt, n, k, act=act, record=record).reshape(x.shape[:-1] + (n,))
 
 
-def dequant_rows(raw, qtype, k, row_ids):
-    """(len(row_ids), k) float32: the listed rows of a block matrix of rows of k (an embedding lookup)."""
+def dequant_rows(raw, qtype, k, row_ids, record=None):
+    """(len(row_ids), k) float32: the listed rows of a block matrix of rows of k (an embedding lookup).
+    record: see qmatmul (a replay looks up the ids then in row_ids' memory, checked again)."""
     import numpy as np
     from .dequant_numpy import block_rows
     mod = kernels()
     d, rows, ids = block_rows(raw, qtype, k, row_ids)
     out = np.empty((ids.size, k), dtype=np.float32)
-    mod.dequant_rows_blocks(mod.FORMATS[d.name], d.block_size, d.block_bytes, rows.reshape(-1), ids, k,
-                            mod.F16_TABLE, out)
+    args = (mod.FORMATS[d.name], d.block_size, d.block_bytes, rows.reshape(-1), ids, k, mod.F16_TABLE, out)
+    mod.dequant_rows_blocks(*args)
+    if record is not None:
+        if not np.shares_memory(ids, row_ids):
+            record.refuse("a copy of an embedding lookup's ids")
+        record(checked_rows, rows.shape[0], args)
     return out
+
+
+def checked_rows(n_rows, args):
+    """dequant_rows_blocks(*args) after checking its ids (args[4]) against the table's n_rows: a
+    replayed lookup's ids were written by Graph.replay, past the front end's check."""
+    from ..errors import IndexRangeError
+    ids = args[4]
+    if ids.size:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= n_rows:
+            raise IndexRangeError(f"embedding: id {lo if lo < 0 else hi} is out of range for dim 0 of size "
+                                  f"{n_rows} (valid: 0 to {n_rows - 1})")
+    _state["module"].dequant_rows_blocks(*args)
 
 
 def f16_matmul(x, w_bits):

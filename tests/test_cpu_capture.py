@@ -1,0 +1,163 @@
+"""Capture and replay on the numpy CPU device (core/backends/cpu_capture.py): once the numba
+kernels are in use, a one-token decode step's kernel calls are recorded and replayed with no op
+front end. Replays give the eager logits bit for bit (across KV-cache growth, with the thread
+pool sharing products); a step with any primitive the CPU path does not record decodes eagerly;
+replayed ids and positions are checked; every compute primitive of the contract is either
+recorded or guarded."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import tallow
+from tallow.backends import cpu_capture
+from tallow.backends.base import Backend
+from tallow.errors import IndexRangeError, ShapeError, UnsupportedError
+
+pytest.importorskip("numba")
+gguf = pytest.importorskip("gguf")
+from capture_counts import count_captures  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+import make_synthetic_gguf as maker  # noqa: E402
+
+sys.path.pop(0)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2(tmp_path_factory):
+    """2 layers, 448 wide, q/k/v biases, 7 query heads on 1 KV head; Q5_0, Q8_0, Q4_K and Q6_K blocks."""
+    path = tmp_path_factory.mktemp("qwen2") / "qwen2-tiny.gguf"
+    maker.write(path, "qwen2", "q4_k_m", scale=1 / 32, layers=2, seed=5)
+    return str(path)
+
+
+def _small_cache(model, capacity):
+    cache = model.new_cache()
+    for layer in cache.layers:
+        layer.initial_capacity = capacity
+    return cache
+
+
+def _greedy_logits(model, prompt, steps, cache):
+    out = []
+    logits = model(prompt, cache=cache, last_only=True).numpy().reshape(-1)
+    for _ in range(steps):
+        out.append(logits)
+        logits = model([int(logits.argmax())], cache=cache, last_only=True).numpy().reshape(-1)
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_replays_give_eager_logits_across_cache_growth(tiny_qwen2, monkeypatch, threads):
+    from tallow.quant import cpu_matmul
+    if threads > 1:
+        monkeypatch.setattr(cpu_matmul, "PARALLEL_MIN_BYTES", 0)  # every product through the pool
+    cpu_matmul.set_threads(threads)
+    try:
+        model = tallow.load_model(tiny_qwen2, device="cpu")
+        model([1, 2])  # the first quantised product loads the kernels: the device captures from here
+        assert tallow.can_capture("cpu")
+        calls = count_captures(monkeypatch, model.device.backend)
+        captured = _greedy_logits(model, [5, 9, 13], 40, _small_cache(model, 8))  # grows at 8, 16, 32
+        model.capture_decode = False
+        eager = _greedy_logits(model, [5, 9, 13], 40, _small_cache(model, 8))
+    finally:
+        cpu_matmul.set_threads(cpu_matmul.thread_count())
+    assert all((a == b).all() for a, b in zip(captured, eager))
+    assert calls["replay"] >= 25, calls
+    assert calls["capture"] <= 8, calls
+
+
+def test_generate_on_cpu_replays_and_matches_eager(tiny_qwen2, monkeypatch):
+    from tallow.generation import generate_ids
+    model = tallow.load_model(tiny_qwen2, device="cpu")
+    model([1, 2])
+    calls = count_captures(monkeypatch, model.device.backend)
+    captured = list(generate_ids(model, [7, 3, 3, 2, 11], max_tokens=20, stop_tokens=[], cache=model.new_cache()))
+    assert calls["replay"] >= 15, calls
+    model.capture_decode = False
+    assert captured == list(generate_ids(model, [7, 3, 3, 2, 11], max_tokens=20, stop_tokens=[],
+                                         cache=model.new_cache()))
+
+
+def _captured_step(model, cache, token):
+    """A graph of one decode step on cache (advanced by one position), as CausalLM records it."""
+    position = cache.length
+    with tallow.capture("cpu", position=position) as graph:
+        ids = graph.input([[token]])
+        graph.output(model(ids, cache=cache, last_only=True))
+    return graph
+
+
+def test_replayed_ids_and_positions_are_checked(tiny_qwen2):
+    model = tallow.load_model(tiny_qwen2, device="cpu")
+    cache = _small_cache(model, 8)
+    model([5, 9, 13], cache=cache)
+    graph = _captured_step(model, cache, 4)
+    assert not graph.recording.host_computed
+    vocab = model.config.vocab_size
+    with pytest.raises(IndexRangeError, match=f"id {vocab} is out of range"):
+        graph.replay([[vocab]], position=4)
+    with pytest.raises(IndexRangeError, match="id -1 is out of range"):
+        graph.replay([[-1]], position=4)
+    with pytest.raises(ShapeError, match="needs 9 cache slots, the cache has 8"):
+        graph.replay([[3]], position=8)
+    graph.replay([[3]], position=4)  # still fine after the refusals
+
+
+def test_a_step_with_unrecorded_ops_is_never_replayed(tiny_qwen2):
+    model = tallow.load_model(tiny_qwen2, device="cpu")
+    model([1, 2])
+    x = tallow.ones(4, device="cpu")
+    with tallow.capture("cpu", position=0) as graph:
+        graph.output(x + 1.0)  # numpy's add: not a recorded kernel call
+    assert graph.recording.host_computed
+    with pytest.raises(UnsupportedError, match="run it eagerly"):
+        graph.replay(position=1)
+
+
+def test_a_float_model_decodes_eagerly_on_cpu(tmp_path, tiny_qwen2):
+    # f32 weights take numpy's matmul, which the CPU capture does not record: the cache refuses
+    # capture after two steps and decodes eagerly, with the eager logits.
+    pytest.importorskip("transformers")
+    from tiny_llama import save_tiny_llama
+    tallow.load_model(tiny_qwen2, device="cpu")([1, 2])  # the kernels in use: the device captures
+    save_tiny_llama(tmp_path, ["hello world, the quick brown fox"] * 8)
+    model = tallow.load_model(str(tmp_path), device="cpu")
+    cache = model.new_cache()
+    captured = _greedy_logits(model, [1, 5, 9], 6, cache)
+    assert cache.capture_refused and cache.graph is None
+    model.capture_decode = False
+    assert all((a == b).all() for a, b in zip(captured, _greedy_logits(model, [1, 5, 9], 6, model.new_cache())))
+
+
+# Backend methods that are not compute: reads, new storages from host data, capture, helpers.
+NOT_COMPUTE = {"features", "can_capture", "begin_capture", "end_capture", "replay", "overwrite", "from_bytes",
+               "to_bytes", "from_list", "to_list", "to_numpy", "from_js_buffer"}
+
+
+def test_every_compute_primitive_is_recorded_or_guarded():
+    """A primitive added to the contract must be listed, or a capture could skip it silently."""
+    names = {n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")}
+    assert names - NOT_COMPUTE == set(cpu_capture.COMPUTE_PRIMITIVES)
+
+
+def test_other_threads_ops_stay_out_of_a_cpu_capture(tiny_qwen2):
+    import threading
+    model = tallow.load_model(tiny_qwen2, device="cpu")
+    cache = _small_cache(model, 16)
+    model([5, 9, 13], cache=cache)
+    x = tallow.ones(4, device="cpu")
+    with tallow.capture("cpu", position=cache.length) as graph:
+        other = threading.Thread(target=lambda: x + 1.0)  # unrecorded, but not this thread's
+        other.start()
+        other.join()
+        ids = graph.input([[4]])
+        graph.output(model(ids, cache=cache, last_only=True))
+    assert not graph.recording.host_computed
+    first = graph.results()[0].numpy()
+    (again,) = graph.replay([[4]], position=3)  # the same token at the same position: the same logits
+    np.testing.assert_array_equal(again.numpy(), first)
