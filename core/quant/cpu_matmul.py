@@ -140,9 +140,10 @@ def qmatmul(x, raw, qtype, n, k, record=None):
 
 
 def _int_product(x, x2, arr, d, fmt, n, k, bias=None, act=None, record=None):
-    """The decoding-step product on the blocks: x2 (m, k; x as _operands made it) quantised to 16 bits, then integer dots
-    (cpu_int_kernels.qmatmul_q) -> (m, n); plus bias (n,), or with act the gated product of
-    arr's 2n rows [gate; up]. One thread below PARALLEL_MIN_BYTES of weights. record: see qmatmul."""
+    """The decoding-step product on the blocks: x2 (m, k; x as _operands made it) quantised to
+    16 bits, then integer dots (cpu_int_kernels.qmatmul_q) -> (m, n); plus bias (n,), or with act
+    the gated product of arr's 2n rows [gate; up]. One thread below PARALLEL_MIN_BYTES of weights.
+    record: see qmatmul."""
     import numpy as np
     ints = _state["int"]
     m = x2.shape[0]
