@@ -1,7 +1,9 @@
 """Where one decoded token's time goes on the CPU device (numba kernels): integer-dot products
 by weight format and shape, the fused decode kernels, and the rest (Python: op front ends,
-tensors, views, sampling). Times are the thread's CPU time (time.thread_time), not wall
-time: on a box whose cores other jobs share, wall time measures the queue, while CPU time
+tensors, views, sampling), of an eager step; then the same step captured and replayed
+(core/backends/cpu_capture.py: no Python between its kernels). Times are the thread's CPU
+time (time.thread_time), not wall time: on a box whose cores other jobs share, wall time
+measures the queue, while CPU time
 still measures the work (each figure is the best token of --tokens, after a warm-up).
 
     python bench/llm_split.py [--gguf PATH] [--tokens 32] [--context 64]
@@ -60,6 +62,7 @@ def main(argv=None):
         if hasattr(dec, name):  # (older trees lack some)
             saved.append((dec, name, timed(dec, name, lambda a: "fused decode kernels")))
     tokens = []
+    model.capture_decode = False  # the eager step, op by op (a replay's kernels run inside one numba call)
     try:
         for _ in range(args.tokens):
             spent.clear()
@@ -77,9 +80,17 @@ def main(argv=None):
         print(f"  {key:<40} {secs * 1e3:6.2f} ms")
     rest = total - sum(parts.values())
     print(f"  {'the rest (Python, numpy)':<40} {rest * 1e3:6.2f} ms")
+    model.capture_decode = True  # the same step captured and replayed (core/backends/cpu_capture.py)
+    replayed = []
+    for _ in range(args.tokens + 2):  # (the first two capture)
+        t0 = time.thread_time()
+        token = int(model([token], last_only=True).reshape(-1).argmax().item())
+        replayed.append(time.thread_time() - t0)
+    captured = min(replayed[2:])
+    print(f"one captured token (replayed, best of {args.tokens}): {captured * 1e3:.1f} ms")
     ints_ms = sum(v for k, v in parts.items() if k.startswith("int-dot")) * 1e3
     print(f"split_ms int_dot={ints_ms:.1f} other_kernels={(sum(parts.values()) * 1e3 - ints_ms):.1f} "
-          f"python={rest * 1e3:.1f} total={total * 1e3:.1f}")
+          f"python={rest * 1e3:.1f} total={total * 1e3:.1f} captured={captured * 1e3:.1f}")
     return 0
 
 

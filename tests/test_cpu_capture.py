@@ -51,17 +51,22 @@ def _greedy_logits(model, prompt, steps, cache):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_cpu_replays_give_eager_logits_across_cache_growth(tiny_qwen2, monkeypatch, threads):
+@pytest.mark.parametrize("program", [True, False], ids=["one-program", "calls"])
+def test_cpu_replays_give_eager_logits_across_cache_growth(tiny_qwen2, monkeypatch, threads, program):
+    """Replays as one numba program on every thread (quant/cpu_step.py), or call by call."""
     from tallow.quant import cpu_matmul
     if threads > 1:
-        monkeypatch.setattr(cpu_matmul, "PARALLEL_MIN_BYTES", 0)  # every product through the pool
+        monkeypatch.setattr(cpu_matmul, "PARALLEL_MIN_BYTES", 0)  # every product shared by the threads
+    monkeypatch.setenv("TALLOW_CPU_STEP_PROGRAM", "1" if program else "0")
     cpu_matmul.set_threads(threads)
     try:
         model = tallow.load_model(tiny_qwen2, device="cpu")
         model([1, 2])  # the first quantised product loads the kernels: the device captures from here
         assert tallow.can_capture("cpu")
         calls = count_captures(monkeypatch, model.device.backend)
-        captured = _greedy_logits(model, [5, 9, 13], 40, _small_cache(model, 8))  # grows at 8, 16, 32
+        cache = _small_cache(model, 8)
+        captured = _greedy_logits(model, [5, 9, 13], 40, cache)  # grows at 8, 16, 32
+        assert (cache.graph[0].recording.handle[0] is not None) == program
         model.capture_decode = False
         eager = _greedy_logits(model, [5, 9, 13], 40, _small_cache(model, 8))
     finally:

@@ -326,10 +326,12 @@ SMOL_PROMPTS = ["What is the capital of France?",
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_matches_transformers_token_for_token(smollm2_gguf):
+def test_smollm2_greedy_matches_transformers_token_for_token(smollm2_gguf, monkeypatch):
     pytest.importorskip("accelerate")  # transformers needs it to read GGUF
+    from capture_counts import count_captures
     path = str(smollm2_gguf)
     ours = tallow.load_model(path)
+    calls = count_captures(monkeypatch, ours.device.backend)
     ref = tf.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                   dtype=torch.float32).eval()
     ref.generation_config.eos_token_id = None  # both sides run the full 32 tokens, past an eos
@@ -343,3 +345,5 @@ def test_smollm2_greedy_matches_transformers_token_for_token(smollm2_gguf):
             want = ref.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                 max_new_tokens=32, do_sample=False, pad_token_id=2)[0, len(ids):].tolist()
         assert got == want, f"{prompt!r}: {ours.tokenizer.decode(got)!r} vs {ours.tokenizer.decode(want)!r}"
+    if ours.device.backend.can_capture():  # the cpu device with numba: the tokens came from replayed steps
+        assert calls["replay"] >= 3 * 25, calls

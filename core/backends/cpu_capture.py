@@ -23,21 +23,30 @@ from ..errors import ShapeError
 
 
 class CpuDriver:
-    """The record/replay half of the driver protocol (core/backends/driver_protocol.py) for numpy."""
+    """The record/replay half of the driver protocol (core/backends/driver_protocol.py) for numpy.
+    program(calls): the calls as one program that replays without Python between them
+    (quant/cpu_step.py), or None; replay then makes the calls one by one."""
     name = "cpu"
     can_replay = True
+
+    def __init__(self, program):
+        self.program = program
 
     @staticmethod
     def write(buf, byte_offset, data):
         buf.view(np.uint8)[byte_offset:byte_offset + len(data)] = np.frombuffer(data, np.uint8)
 
-    @staticmethod
-    def record(entries):
-        return [(fn, args) for fn, args, _ in entries]
+    def record(self, entries):
+        calls = [(fn, args) for fn, args, _ in entries]
+        return self.program(calls), calls
 
     @staticmethod
     def replay(handle):
-        for fn, args in handle:
+        program, calls = handle
+        if program is not None:
+            program.run()
+            return
+        for fn, args in calls:
             fn(*args)
 
 
@@ -86,20 +95,26 @@ class Recorder:
 
 # ---- entries whose arguments depend on the step ---------------------------------------------
 
+def check_position(step, t, cap, rel, table_rows):
+    """A replay at the step buffer's position must fit the KV cache (capacity cap) and, with
+    rotary tables, their rows (rel: the captured rows' offset less their position)."""
+    position = int(step[0])
+    if position + t > cap:
+        raise ShapeError(f"capture: replay at position {position} needs {position + t} cache slots, the cache "
+                         f"has {cap}: grow the cache and capture again")
+    if table_rows and position + rel + t > table_rows:
+        raise ShapeError(f"capture: replay at position {position} passes the rotary tables' {table_rows} rows: "
+                         "capture again")
+
+
 def cache_attention(kernel, step, rel, q, k, v, cos_table, sin_table, kc, vc, key_start, scale, interleaved, out):
     """cpu_decode_kernels.cache_attention at the step buffer's position: the rotary rows from
     position + rel of the whole tables (rel: the captured view's row offset less its position)."""
-    position = int(step[0])
     t = q.shape[2]
-    if position + t > kc.shape[2]:
-        raise ShapeError(f"capture: replay at position {position} needs {position + t} cache slots, the cache "
-                         f"has {kc.shape[2]}: grow the cache and capture again")
+    check_position(step, t, kc.shape[2], rel, cos_table.shape[0])
+    position = int(step[0])
     if cos_table.shape[0]:
-        row = position + rel
-        if row + t > cos_table.shape[0]:
-            raise ShapeError(f"capture: replay at position {position} passes the rotary tables' "
-                             f"{cos_table.shape[0]} rows: capture again")
-        cos, sin = cos_table[row:row + t], sin_table[row:row + t]
+        cos, sin = cos_table[position + rel:position + rel + t], sin_table[position + rel:position + rel + t]
     else:
         cos, sin = cos_table, sin_table
     kernel(q, k, v, cos, sin, kc, vc, position, key_start, scale, interleaved, out)

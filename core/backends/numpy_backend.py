@@ -160,9 +160,18 @@ _NATIVE = frozenset(("f32", "f64", "i8", "u8", "i32", "i64", "u32", "bool"))
 _PLAIN = frozenset(("add", "sub", "mul", "maximum", "minimum"))
 
 
+def _step_program(calls):
+    """A captured step's calls as one program for every thread (quant/cpu_step.py), or None
+    (TALLOW_CPU_STEP_PROGRAM=0, or a call it does not know: the calls replay one by one)."""
+    if os.environ.get("TALLOW_CPU_STEP_PROGRAM", "1") == "0":
+        return None
+    from ..quant import cpu_step
+    return cpu_step.build(calls)
+
+
 class NumpyBackend(StepCapture, Backend):
     name = "cpu"
-    driver = cpu_capture.CpuDriver()
+    driver = cpu_capture.CpuDriver(_step_program)
 
     def __init__(self):
         self._captures = {}

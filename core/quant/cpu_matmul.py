@@ -208,14 +208,26 @@ def dequant_rows(raw, qtype, k, row_ids, record=None):
 def checked_rows(n_rows, args):
     """dequant_rows_blocks(*args) after checking its ids (args[4]) against the table's n_rows: a
     replayed lookup's ids were written by Graph.replay, past the front end's check."""
+    check_ids(args[4], n_rows)
+    _state["module"].dequant_rows_blocks(*args)
+
+
+def check_ids(ids, n_rows):
     from ..errors import IndexRangeError
-    ids = args[4]
     if ids.size:
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= n_rows:
             raise IndexRangeError(f"embedding: id {lo if lo < 0 else hi} is out of range for dim 0 of size "
                                   f"{n_rows} (valid: 0 to {n_rows - 1})")
-    _state["module"].dequant_rows_blocks(*args)
+
+
+def pool():
+    """The thread pool the decoding-step products share (None: one thread)."""
+    return _state.get("pool")
+
+
+def threads():
+    return _state.get("threads", 1)
 
 
 def f16_matmul(x, w_bits):

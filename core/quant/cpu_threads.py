@@ -42,6 +42,16 @@ class _Job:
             self.done.set()
 
 
+class _SharedJob:
+    """A kernel every helper runs once, coordinating with the caller itself (cpu_step.run_step)."""
+
+    def __init__(self, kernel, args):
+        self.kernel, self.args = kernel, args
+
+    def work(self):
+        self.kernel(*self.args)
+
+
 class RowPool:
     """threads - 1 helper threads (daemons: they hold nothing that needs closing)."""
 
@@ -69,6 +79,15 @@ class RowPool:
         """Let the helper threads end (after the jobs already queued)."""
         for _ in range(self.threads - 1):
             self.jobs.put(None)
+
+    def share(self, kernel, args, *extra):
+        """kernel(*args, 1, *extra) on every helper thread, not waited for: the kernel coordinates
+        with the caller's own kernel(*args, 0, ...) through its arguments (cpu_step.run_step:
+        the caller waits only for the chunks a helper took)."""
+        job = _SharedJob(kernel, args + (1,) + extra)
+        for _ in range(self.threads - 1):
+            self.jobs.put(job)
+        self.posted[0] += 1
 
     def run(self, kernel, args, n_rows):
         """kernel(*args, n_rows, chunks, state) on every thread of the pool (see the module's
