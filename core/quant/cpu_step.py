@@ -5,8 +5,9 @@ A replay that calls its ~160 kernels from Python shares each large product with 
 threads through cpu_threads.RowPool, one hand-off each; every hand-off needs the helper to take
 the GIL that the replaying thread holds between kernels, and on 2 cores the step then ran slower
 on 2 threads than on one (SmolLM2-135M Q4_1: 21.0 vs 16.5 ms a token, measured). Here the
-recorded calls become a *program*: one row of ints per kernel call (its code, the indices of its
-arrays in typed lists, its sizes) and one float per call (eps, scale). Every thread runs
+recorded calls become a *program*: one row of ints per kernel call (its code, the addresses of its
+arrays, their sizes) and one float per call (eps, scale); run_step views each address as an array
+(numba's carray), and the Program holds the arrays so they stay alive. Every thread runs
 `run_step` over the whole program: thread 0 does the serial work (norms, activation quantisation,
 attention, the embedding lookup, small products); a large product's row chunks are taken by
 every thread from one atomic counter per call, as in cpu_threads. Thread 0 publishes each large
@@ -16,13 +17,10 @@ is never scheduled costs nothing; a late helper finds every chunk of the step ta
 `build(entries)` makes the program from a recording's entries, or returns None when an entry is
 not one of these kernels or an array is not contiguous (the replay then calls the entries).
 """
-import warnings
-
 import numpy as np
-from numba import njit
+from numba import carray, njit, types
 from numba.core import config
-from numba.core.errors import NumbaTypeSafetyWarning
-from numba.typed import List
+from numba.extending import intrinsic
 
 from . import cpu_atomics, cpu_decode_kernels, cpu_int_kernels, cpu_kernels
 from .cpu_threads import CHUNKS_PER_THREAD
@@ -30,6 +28,23 @@ from .cpu_threads import CHUNKS_PER_THREAD
 OP_QUANTIZE, OP_PRODUCT, OP_RMS_NORM, OP_LAYER_NORM, OP_ATTENTION, OP_ROWS = range(1, 7)
 WIDTH = 24  # ints per program row
 WAIT_ROUNDS = 1 << 34  # polls before thread 0 gives up on a helper's chunk (minutes: a hang guard only)
+
+
+def _pointer_from_address(nbtype):
+    @intrinsic
+    def as_pointer(typingctx, address):
+        """The int64 address as a pointer to nbtype (the array there is kept alive by the Program)."""
+        if not isinstance(address, types.Integer):
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+        return types.CPointer(nbtype)(address), codegen
+    return as_pointer
+
+
+_f32_at, _i16_at, _i32_at, _u8_at, _i64_at = (_pointer_from_address(t) for t in (
+    types.float32, types.int16, types.int32, types.uint8, types.int64))
 
 
 @njit(cache=True, inline="always")
@@ -43,7 +58,7 @@ def _wait_at_least(state, i, value, rounds):
 
 
 @njit(cache=True, nogil=True)
-def run_step(prog, reals, F, Q, S, U, ID, table, step, state, tid, helper_rounds):
+def run_step(prog, reals, table, step, state, tid, helper_rounds):
     """The program's calls in order on thread `tid` (0: the caller). state: int64 zeros of
     2 * len(prog) + 2 (per call: chunks taken, chunks done; then the large products published,
     and the chunks the helpers computed).
@@ -61,15 +76,16 @@ def run_step(prog, reals, F, Q, S, U, ID, table, step, state, tid, helper_rounds
             elif not _wait_at_least(state, pub, shared_seen, helper_rounds):
                 return 0  # thread 0 is slow (or gone): it does the rest itself
             m, k, n_out, n_rows, chunks = p[12], p[13], p[14], p[15], p[16]
-            qx = Q[p[5]].reshape((m, k))
-            dx = F[p[6]].reshape((m, k // 32))
-            sx = S[p[7]].reshape((m, k // 32))
-            out = F[p[8]].reshape((m, n_out))
+            qx = carray(_i16_at(p[5]), (m, k))
+            dx = carray(_f32_at(p[6]), (m, k // 32))
+            sx = carray(_i32_at(p[7]), (m, k // 32))
+            out = carray(_f32_at(p[8]), (m, n_out))
+            raw, bias = carray(_u8_at(p[4]), (p[18],)), carray(_f32_at(p[9]), (p[17],))
             while True:
                 c = cpu_atomics._fetch_add(state, 2 * j, 1)
                 if c >= chunks:
                     break
-                cpu_int_kernels.qmatmul_q(p[1], p[2], p[3], U[p[4]], qx, dx, sx, table, out, F[p[9]], p[10] != 0,
+                cpu_int_kernels.qmatmul_q(p[1], p[2], p[3], raw, qx, dx, sx, table, out, bias, p[10] != 0,
                                           p[11], n_rows * c // chunks, n_rows * (c + 1) // chunks)
                 cpu_atomics._fetch_add(state, 2 * j + 1, 1)
                 if tid != 0:
@@ -81,55 +97,68 @@ def run_step(prog, reals, F, Q, S, U, ID, table, step, state, tid, helper_rounds
             continue
         if code == OP_PRODUCT:
             m, k, n_out, n_rows = p[12], p[13], p[14], p[15]
-            cpu_int_kernels.qmatmul_q(p[1], p[2], p[3], U[p[4]], Q[p[5]].reshape((m, k)),
-                                      F[p[6]].reshape((m, k // 32)), S[p[7]].reshape((m, k // 32)), table,
-                                      F[p[8]].reshape((m, n_out)), F[p[9]], p[10] != 0, p[11], 0, n_rows)
+            qx = carray(_i16_at(p[5]), (m, k))
+            dx = carray(_f32_at(p[6]), (m, k // 32))
+            sx = carray(_i32_at(p[7]), (m, k // 32))
+            out = carray(_f32_at(p[8]), (m, n_out))
+            raw, bias = carray(_u8_at(p[4]), (p[18],)), carray(_f32_at(p[9]), (p[17],))
+            cpu_int_kernels.qmatmul_q(p[1], p[2], p[3], raw, qx, dx, sx, table, out, bias, p[10] != 0, p[11], 0,
+                                      n_rows)
         elif code == OP_QUANTIZE:
             m, k = p[2], p[3]
-            cpu_int_kernels.quantize_rows(F[p[1]].reshape((m, k)), p[7], Q[p[4]].reshape((m, k)),
-                                          F[p[5]].reshape((m, k // 32)), S[p[6]].reshape((m, k // 32)))
+            cpu_int_kernels.quantize_rows(carray(_f32_at(p[1]), (m, k)), p[7], carray(_i16_at(p[4]), (m, k)),
+                                          carray(_f32_at(p[5]), (m, k // 32)), carray(_i32_at(p[6]), (m, k // 32)))
         elif code == OP_RMS_NORM:
             m, d = p[6], p[7]
-            cpu_decode_kernels.add_rms_norm(F[p[1]].reshape((m, d)), F[p[2]].reshape((m, d)), F[p[3]], reals[j],
-                                            F[p[4]].reshape((m, d)), F[p[5]].reshape((m, d)))
+            cpu_decode_kernels.add_rms_norm(carray(_f32_at(p[1]), (m, d)), carray(_f32_at(p[2]), (m, d)),
+                                            carray(_f32_at(p[3]), (p[8],)), reals[j],
+                                            carray(_f32_at(p[4]), (m, d)), carray(_f32_at(p[5]), (m, d)))
         elif code == OP_LAYER_NORM:
             m, d = p[6], p[7]
-            cpu_decode_kernels.add_layer_norm(F[p[1]].reshape((m, d)), F[p[2]].reshape((m, d)), F[p[3]], F[p[8]],
-                                              reals[j], F[p[4]].reshape((m, d)), F[p[5]].reshape((m, d)))
+            cpu_decode_kernels.add_layer_norm(carray(_f32_at(p[1]), (m, d)), carray(_f32_at(p[2]), (m, d)),
+                                              carray(_f32_at(p[3]), (p[9],)), carray(_f32_at(p[8]), (p[10],)),
+                                              reals[j], carray(_f32_at(p[4]), (m, d)), carray(_f32_at(p[5]), (m, d)))
         elif code == OP_ATTENTION:
             b, h, hk, t, d, dv, cap, rows, w = p[12], p[13], p[14], p[15], p[16], p[17], p[18], p[19], p[20]
             position = np.int64(step[0])
-            cos = F[p[4]].reshape((rows, w))
-            sin = F[p[5]].reshape((rows, w))
+            cos = carray(_f32_at(p[4]), (rows, w))
+            sin = carray(_f32_at(p[5]), (rows, w))
             if rows:
                 at = position + p[6]
                 cos, sin = cos[at:at + t], sin[at:at + t]
-            cpu_decode_kernels.cache_attention(
-                F[p[1]].reshape((b, h, t, d)), F[p[2]].reshape((b, hk, t, d)), F[p[3]].reshape((b, hk, t, dv)),
-                cos, sin, F[p[7]].reshape((b, hk, cap, d)), F[p[8]].reshape((b, hk, cap, dv)), position, p[9],
-                np.float32(reals[j]), p[10] != 0, F[p[11]].reshape((b, h, t, dv)))
+            q = carray(_f32_at(p[1]), (b, h, t, d))
+            k = carray(_f32_at(p[2]), (b, hk, t, d))
+            v = carray(_f32_at(p[3]), (b, hk, t, dv))
+            kc = carray(_f32_at(p[7]), (b, hk, cap, d))
+            vc = carray(_f32_at(p[8]), (b, hk, cap, dv))
+            cpu_decode_kernels.cache_attention(q, k, v, cos, sin, kc, vc, position, p[9], np.float32(reals[j]),
+                                               p[10] != 0, carray(_f32_at(p[11]), (b, h, t, dv)))
         elif code == OP_ROWS:
             k, n_ids = p[6], p[8]
-            cpu_kernels.dequant_rows_blocks(p[1], p[2], p[3], U[p[4]], ID[p[5]], k, table, F[p[7]].reshape((n_ids, k)))
+            cpu_kernels.dequant_rows_blocks(p[1], p[2], p[3], carray(_u8_at(p[4]), (p[9],)),
+                                            carray(_i64_at(p[5]), (n_ids,)), k, table,
+                                            carray(_f32_at(p[7]), (n_ids, k)))
     return 0
 
 
 class Program:
     """A recording's kernel calls as run_step's program (see the module doc); run() replays them."""
 
-    def __init__(self, rows, reals, lists, step, checks):
+    def __init__(self, rows, reals, keep, step, checks):
         self.prog = np.array(rows, dtype=np.int64).reshape(len(rows), WIDTH)
         self.reals = np.array(reals, dtype=np.float64)
-        self.lists = lists  # the typed lists F, Q, S, U, ID
+        self.keep = keep  # every array whose address the program holds: alive while it is
         self.step = step
         self.checks = checks  # (fn, args): the ids and positions a replay checks before the kernels
+        self.state = np.zeros(2 * len(rows) + 2, dtype=np.int64)
 
     def run(self):
         from . import cpu_matmul
         for fn, args in self.checks:
             fn(*args)
+        # a fresh state each step: a late helper still in the last step sees that one's, all taken
         state = self.state = np.zeros(2 * self.prog.shape[0] + 2, dtype=np.int64)
-        args = (self.prog, self.reals, *self.lists, cpu_kernels.F16_TABLE, self.step, state)
+        args = (self.prog, self.reals, cpu_kernels.F16_TABLE, self.step, state)
         pool = cpu_matmul.pool()
         if pool is not None:
             pool.share(run_step, args, _helper_rounds())
@@ -147,32 +176,6 @@ def _helper_rounds():
     return _rounds[0]
 
 
-class _Arrays:
-    """Arrays of one dtype in a typed list, each once (flat views of the recorded arrays)."""
-
-    def __init__(self, dtype):
-        self.dtype = np.dtype(dtype)
-        self.items = []
-        self.index = {}
-
-    def add(self, a):
-        if not isinstance(a, np.ndarray) or a.dtype != self.dtype or not a.flags.c_contiguous:
-            raise _NotProgram
-        key = (a.__array_interface__["data"][0], a.size)
-        if key not in self.index:
-            self.index[key] = len(self.items)
-            self.items.append(a.reshape(-1))
-        return self.index[key]
-
-    def typed(self):
-        out = List()
-        with warnings.catch_warnings():  # read-only (mapped) weights in a list of writable arrays: only read
-            warnings.simplefilter("ignore", NumbaTypeSafetyWarning)
-            for a in self.items or [np.empty(0, self.dtype)]:
-                out.append(a)
-        return out
-
-
 class _NotProgram(Exception):
     pass
 
@@ -185,53 +188,65 @@ def build(entries):
         return None
     from ..backends import cpu_capture
     from . import cpu_matmul
-    F, Q, S, U, ID = (_Arrays(t) for t in (np.float32, np.int16, np.int32, np.uint8, np.int64))
     rows: list[list[int]] = []
     reals: list[float] = []
     checks: list[tuple] = []
+    keep: list[np.ndarray] = []
     step = np.zeros(4, dtype=np.uint32)  # (no attention: nothing reads it)
     threads = cpu_matmul.threads()
+
+    def at(a, dtype):
+        """a's address, for an array run_step may view as dtype (C-contiguous, that dtype)."""
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous:
+            raise _NotProgram
+        keep.append(a)
+        return a.__array_interface__["data"][0]
 
     def row(*values):
         rows.append(list(values) + [0] * (WIDTH - len(values)))
 
+    f32, i16, i32, u8, i64 = (np.dtype(t) for t in (np.float32, np.int16, np.int32, np.uint8, np.int64))
     try:
         for fn, args in entries:
             real = 0.0
             if fn is cpu_int_kernels.quantize_rows:
                 x, qmax, qx, dx, sx = args
                 m, k = x.shape
-                row(OP_QUANTIZE, F.add(x), m, k, Q.add(qx), F.add(dx), S.add(sx), qmax)
+                row(OP_QUANTIZE, at(x, f32), m, k, at(qx, i16), at(dx, f32), at(sx, i32), qmax)
             elif fn is cpu_matmul.run_product:
                 (fmt, bs, bb, raw, qx, dx, sx, _table, out, bias, gated, act), n, shared = args
                 m, k = qx.shape
                 chunks = min(n, threads * CHUNKS_PER_THREAD) if shared and threads > 1 else 1
-                row(OP_PRODUCT, fmt, bs, bb, U.add(raw), Q.add(qx), F.add(dx), S.add(sx), F.add(out), F.add(bias),
-                    int(gated), act, m, k, out.shape[1], n, chunks)
+                row(OP_PRODUCT, fmt, bs, bb, at(raw, u8), at(qx, i16), at(dx, f32), at(sx, i32), at(out, f32),
+                    at(bias, f32), int(gated), act, m, k, out.shape[1], n, chunks, bias.size, raw.size)
             elif fn is cpu_decode_kernels.add_rms_norm:
                 x, r, w, real, total, normed = args
                 m, d = x.shape
-                row(OP_RMS_NORM, F.add(x), F.add(r), F.add(w), F.add(total), F.add(normed), m, d)
+                row(OP_RMS_NORM, at(x, f32), at(r, f32), at(w, f32), at(total, f32), at(normed, f32), m, d, w.size)
             elif fn is cpu_decode_kernels.add_layer_norm:
                 x, r, w, bias, real, total, normed = args
                 m, d = x.shape
-                row(OP_LAYER_NORM, F.add(x), F.add(r), F.add(w), F.add(total), F.add(normed), m, d, F.add(bias))
+                row(OP_LAYER_NORM, at(x, f32), at(r, f32), at(w, f32), at(total, f32), at(normed, f32), m, d,
+                    at(bias, f32), w.size, bias.size)
             elif fn is cpu_capture.cache_attention:
                 _kernel, step, rel, q, k, v, cos, sin, kc, vc, key_start, real, interleaved, out = args
                 b, h, t, d = q.shape
                 _, hk, cap, dv = vc.shape
-                row(OP_ATTENTION, F.add(q), F.add(k), F.add(v), F.add(cos), F.add(sin), rel, F.add(kc), F.add(vc),
-                    key_start, int(interleaved), F.add(out), b, h, hk, t, d, dv, cap, cos.shape[0], cos.shape[1])
+                if cos.shape != sin.shape:
+                    raise _NotProgram
+                row(OP_ATTENTION, at(q, f32), at(k, f32), at(v, f32), at(cos, f32), at(sin, f32), rel, at(kc, f32),
+                    at(vc, f32), key_start, int(interleaved), at(out, f32), b, h, hk, t, d, dv, cap, cos.shape[0],
+                    cos.shape[1])
                 check = (cpu_capture.check_position, (step, t, cap, rel, cos.shape[0]))
                 if check not in checks:  # (the same for every layer)
                     checks.append(check)
             elif fn is cpu_matmul.checked_rows:
                 n_rows, (fmt, bs, bb, raw, ids, k, _table, out) = args
-                row(OP_ROWS, fmt, bs, bb, U.add(raw), ID.add(ids), k, F.add(out), ids.size)
+                row(OP_ROWS, fmt, bs, bb, at(raw, u8), at(ids, i64), k, at(out, f32), ids.size, raw.size)
                 checks.append((cpu_matmul.check_ids, (ids, n_rows)))
             else:
                 return None
             reals.append(float(real))
     except _NotProgram:
         return None
-    return Program(rows, reals, [a.typed() for a in (F, Q, S, U, ID)], step, checks)
+    return Program(rows, reals, keep, step, checks)
