@@ -66,7 +66,7 @@ def test_cpu_replays_give_eager_logits_across_cache_growth(tiny_qwen2, monkeypat
         calls = count_captures(monkeypatch, model.device.backend)
         cache = _small_cache(model, 8)
         captured = _greedy_logits(model, [5, 9, 13], 40, cache)  # grows at 8, 16, 32
-        assert (cache.graph[0].recording.handle[0] is not None) == program
+        assert bool(cache.graph[0].recording.handle[0]) == program  # (made at the first replay)
         model.capture_decode = False
         eager = _greedy_logits(model, [5, 9, 13], 40, _small_cache(model, 8))
     finally:
