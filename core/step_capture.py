@@ -31,7 +31,9 @@ Whisper's decoder steps (models/causal_lm.py, models/whisper.py).
 Backends: wgpu with its native, browser or do-nothing driver, and CUDA and Metal through the
 kernel backend they share; all of them record into one class, tallow/backends/step_recording.py
 (native wgpu re-encodes the list, the browser replays it in one JS call, CuPy replays a CUDA
-graph, Metal encodes the list into one command buffer, the CPU emulators launch it again).
+graph, Metal encodes the list into one command buffer, the CPU emulators launch it again),
+and the numpy cpu device once its numba kernels are in use (core/backends/cpu_capture.py: the
+step's kernel calls, replayed as one numba program per thread, quant/cpu_step.py).
 Elsewhere can_capture(device) is False and tallow.capture raises UnsupportedError; callers fall
 back to eager.
 """
@@ -183,5 +185,6 @@ def capture(device=None, position: int = 0, tokens: int = 1) -> Graph:
     dev = _device(device)
     if not dev.backend.can_capture():
         raise UnsupportedError(f"capture: the {dev} device cannot capture and replay launches "
-                               "(wgpu, cuda and metal can); run the step eagerly")
+                               "(wgpu, cuda and metal can, and cpu once its numba kernels are in use: "
+                               "a quantised model with tallow[cpu]); run the step eagerly")
     return Graph(dev, position, tokens)
