@@ -9,7 +9,7 @@ decoding-step quantised products and cache_attention, and add_rms_norm. Any othe
 primitive called inside a capture marks the recording as computed on the host (see
 `guard_unrecorded`), so StepReplays never replays it: the step decodes eagerly, as before.
 
-An entry is (fn, args, signature): a replay calls fn(*args). The arrays in args are the ones the
+An entry is (fn, args): a replay calls fn(*args). The arrays in args are the ones the
 captured step read and wrote (held by the recording, so they stay alive); the input ids are a
 graph input's storage, which Graph.replay overwrites in place. What depends on the position
 (cache_attention's cache slot, its key count and its rotary rows) reads the step buffer, a
@@ -38,7 +38,7 @@ class CpuDriver:
 
     def record(self, entries):
         # [program (made at the first replay: most first captures are only compared), calls]
-        return [None, [(fn, args) for fn, args, _ in entries]]
+        return [None, list(entries)]
 
     def replay(self, handle):
         if handle[0] is None:
@@ -51,7 +51,10 @@ class CpuDriver:
 
 
 def entry_signature(entry):
-    return entry[2]
+    """The kernel, its scalar arguments and each array's dtype and shape (computed only when two
+    captures are compared)."""
+    fn, args = entry
+    return (getattr(fn, "__name__", repr(fn)), _arg_signature(args))
 
 
 def _arg_signature(a):
@@ -66,7 +69,7 @@ def _arg_signature(a):
 
 def entry(fn, *args):
     """A recording entry: fn(*args) at replay."""
-    return (fn, args, (getattr(fn, "__name__", repr(fn)), _arg_signature(args)))
+    return (fn, args)
 
 
 def step_new_buffer(words):
@@ -88,7 +91,7 @@ class Recorder:
 
     def bound(self, view, storage, what):
         """view, after refusing the step when view is a copy of storage rather than its memory."""
-        if not np.shares_memory(view, storage):
+        if not np.may_share_memory(view, storage):  # (bounds only: a copy never overlaps, a view does)
             self.refuse(f"a copy of {what}")
         return view
 

@@ -66,8 +66,9 @@ class RotaryEmbedding:
         key = (tuple(inv), attn)
         if self._cos is None or self._key != key or self._cos.shape[0] < end:
             n = max(end, 2 * (self._cos.shape[0] if self._cos is not None and self._key == key else 0), 64)
-            ang = [[p * f for f in inv] for p in range(n)]
-            self._cos = tensor([[math.cos(a) * attn for a in row] for row in ang], self.dtype, self.device)
-            self._sin = tensor([[math.sin(a) * attn for a in row] for row in ang], self.dtype, self.device)
+            # flat lists, then a view of shape (n, dim/2): nested lists cost a nested flatten per row
+            ang = [p * f for p in range(n) for f in inv]
+            self._cos = tensor([math.cos(a) * attn for a in ang], self.dtype, self.device).reshape(n, len(inv))
+            self._sin = tensor([math.sin(a) * attn for a in ang], self.dtype, self.device).reshape(n, len(inv))
             self._key = key
         return self._cos.narrow(0, start, length), self._sin.narrow(0, start, length)

@@ -147,7 +147,7 @@ def _int_product(x, x2, arr, d, fmt, n, k, bias=None, act=None, record=None):
     import numpy as np
     ints = _state["int"]
     m = x2.shape[0]
-    if record is not None and not np.shares_memory(x2, x):
+    if record is not None and not np.may_share_memory(x2, x):
         record.refuse("a copy of a quantised product's input")  # a replay would read the stale copy
     qx = np.empty((m, k), dtype=np.int16)
     dx = np.empty((m, k // ints.QK), dtype=np.float32)
@@ -199,7 +199,7 @@ def dequant_rows(raw, qtype, k, row_ids, record=None):
     args = (mod.FORMATS[d.name], d.block_size, d.block_bytes, rows.reshape(-1), ids, k, mod.F16_TABLE, out)
     mod.dequant_rows_blocks(*args)
     if record is not None:
-        if not np.shares_memory(ids, row_ids):
+        if not np.may_share_memory(ids, row_ids):
             record.refuse("a copy of an embedding lookup's ids")
         record(checked_rows, rows.shape[0], args)
     return out
