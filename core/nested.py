@@ -4,12 +4,17 @@ from .errors import DTypeError, ShapeError
 from .layout import numel_of
 
 
+_SCALARS = (int, float, bool)
+
+
 def flatten_nested(data):
     """(flat values, shape) of a nested list/tuple; ragged input is a ShapeError.
     Items with a tolist() method (tensors, numpy arrays) are read through it."""
     if isinstance(data, (list, tuple)):
         if not data:
             return [], (0,)
+        if all(type(x) in _SCALARS for x in data):  # flat: the common case, no call per value
+            return list(data), (len(data),)
         parts = [flatten_nested(x) for x in data]
         shape = parts[0][1]
         if any(p[1] != shape for p in parts):

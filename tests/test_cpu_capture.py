@@ -88,6 +88,24 @@ def test_generate_on_cpu_replays_and_matches_eager(tiny_qwen2, monkeypatch):
                                          cache=model.new_cache()))
 
 
+def test_a_reset_cache_replays_its_captured_step_for_the_next_sequence(tiny_qwen2, monkeypatch):
+    """reset() keeps the KV buffers and the captured step: the next prompt's decode steps all
+    replay, and give the logits of a fresh cache decoding eagerly."""
+    model = tallow.load_model(tiny_qwen2, device="cpu")
+    model([1, 2])
+    model.reset()
+    _greedy_logits(model, [4, 4, 8], 6, model.cache)  # captures its first two steps
+    model.reset()
+    calls = count_captures(monkeypatch, model.device.backend)
+    replayed = _greedy_logits(model, [5, 9, 13, 2, 7], 12, model.cache)
+    assert calls == {"capture": 0, "replay": 12}, calls
+    model.capture_decode = False
+    eager = _greedy_logits(model, [5, 9, 13, 2, 7], 12, model.new_cache())
+    assert all((a == b).all() for a, b in zip(replayed, eager))
+    model.reset()  # another batch size after a reset gets buffers of its shape
+    assert model([[1, 2], [3, 4]]).shape[:2] == (2, 2)
+
+
 def _captured_step(model, cache, token):
     """A graph of one decode step on cache (advanced by one position), as CausalLM records it."""
     position = cache.length

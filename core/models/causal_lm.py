@@ -3,7 +3,7 @@ kept across calls, logits, and the generation entry points.
 
     logits = model([1, 2, 3])      # prefill: (1, 3, vocab); the cache now holds 3 positions
     logits = model([4])            # one decode step at position 3
-    model.reset()                  # forget the context
+    model.reset()                  # forget the context (its buffers stay for the next one)
 
 An explicit `cache=model.new_cache()` runs an independent sequence without
 touching the model's own cache.
@@ -82,11 +82,12 @@ class DecoderCache:
         return self.layers[0].length if self.layers else 0
 
     def reset(self):
+        """Forget the positions; the KV buffers and the captured step stay (replays check that
+        they bind the same buffers, so a new sequence replays from its first decode step)."""
         for c in self.layers:
             c.reset()
         self.token_ids = []
         self.long_rope = False
-        self.forget_capture()
 
     def truncate(self, length):
         """Keep the first `length` positions (to reuse a shared prompt prefix)."""

@@ -12,7 +12,8 @@ class KVCache:
         self.length = 0
 
     def reset(self):
-        self.k = self.v = None
+        """Forget every position. The buffers stay for the next sequence, as llama.cpp keeps its
+        context: a decode step captured on them (tallow.capture) replays again without a new capture."""
         self.length = 0
 
     def truncate(self, length):
@@ -38,6 +39,13 @@ class KVCache:
         need = self.length + k.shape[2]
         if self.k is None or need > self.k.shape[2]:
             self._grow(k, v, need)
+        elif not self.length and not self._holds(k, v):  # a reset cache, then another batch or dtype
+            self.k = self.v = None
+            self._grow(k, v, need)
+
+    def _holds(self, k, v):
+        return (self.k.shape[:2] + self.k.shape[3:] == k.shape[:2] + k.shape[3:] and self.v.shape[3:] == v.shape[3:]
+                and self.k.dtype == k.dtype and self.v.dtype == v.dtype and self.k.device is k.device)
 
     def advance(self, t):
         """Count t written positions (no views made: a decoding step's hot path)."""

@@ -65,7 +65,9 @@ class RotaryEmbedding:
         inv, attn = inv_frequencies(self.dim, self.base, self.scaling, seq_len=end)
         key = (tuple(inv), attn)
         if self._cos is None or self._key != key or self._cos.shape[0] < end:
-            n = max(end, 2 * (self._cos.shape[0] if self._cos is not None and self._key == key else 0), 64)
+            # grown like KVCache (from 256, doubling): a captured decode step binds both, so they
+            # change buffers at the same step and a sequence captures again only once per doubling
+            n = max(end, 2 * (self._cos.shape[0] if self._cos is not None and self._key == key else 0), 256)
             # flat lists, then a view of shape (n, dim/2): nested lists cost a nested flatten per row
             ang = [p * f for p in range(n) for f in inv]
             self._cos = tensor([math.cos(a) * attn for a in ang], self.dtype, self.device).reshape(n, len(inv))
