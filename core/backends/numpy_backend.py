@@ -655,7 +655,8 @@ class NumpyBackend(StepCapture, Backend):
                                            dtype, position, key_start, scale, interleaved)
         out = np.empty(lq.shape[:3] + lvc.shape[3:], np.float32)
         table = (self.view(cos, lcos), self.view(sin, lsin)) if cos is not None else (_NO_TABLE, _NO_TABLE)
-        qkv = (self.view(q, lq), self.view(k, lk), self.view(v, lv))
+        # a few rows (a short prompt) arrive as strided views: copied, so numba loads one version
+        qkv = tuple(np.ascontiguousarray(self.view(st, lay)) for st, lay in ((q, lq), (k, lk), (v, lv)))
         caches = (kc.reshape(lkc.shape), vc.reshape(lvc.shape))
         dec.cache_attention(*qkv, *table, *caches, position, key_start, np.float32(scale), bool(interleaved), out)
         rec = self._recorder()
