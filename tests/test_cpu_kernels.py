@@ -285,7 +285,7 @@ def test_decode_kernels_are_what_the_numpy_backend_runs(monkeypatch):
     from tallow.quant import cpu_decode_kernels, cpu_int_kernels
     calls = []
     for mod, names in ((cpu_decode_kernels, ("add_rms_norm", "add_layer_norm", "rope_kv_write", "kv_write",
-                                             "attention")), (cpu_int_kernels, ("qmatmul_q",))):
+                                             "attention")), (cpu_int_kernels, ("qmatmul_shared",))):
         for name in names:
             real = getattr(mod, name)
             monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
@@ -315,7 +315,7 @@ def test_decode_kernels_are_what_the_numpy_backend_runs(monkeypatch):
     F.kv_write(k, v, kc.narrow(2, 0, 1), vc.narrow(2, 0, 1))
     out = F.scaled_dot_product_attention(q_rot, kc.narrow(2, 0, 4), vc.narrow(2, 0, 4), is_causal=True)
     assert out.shape == (1, 4, 1, 8)
-    assert calls == ["add_rms_norm", "add_layer_norm", "qmatmul_q", "rope_kv_write", "kv_write", "attention"]
+    assert calls == ["add_rms_norm", "add_layer_norm", "qmatmul_shared", "rope_kv_write", "kv_write", "attention"]
 
 
 @pytest.mark.parametrize("kind,q,bias,gated", [("rms", "q4_1", False, False), ("rms", "q4_1", False, True),
@@ -330,7 +330,7 @@ def test_add_norm_linear_decoding_step_is_two_kernel_calls_and_matches_the_compo
     assert cpu_matmul.kernels() is not None
     calls = []
     for mod, name in ((cpu_decode_kernels, "add_rms_norm"), (cpu_decode_kernels, "add_layer_norm"),
-                      (cpu_int_kernels, "qmatmul_q")):
+                      (cpu_int_kernels, "qmatmul_shared")):
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
     rng = np.random.default_rng(5)
@@ -341,7 +341,7 @@ def test_add_norm_linear_decoding_step_is_two_kernel_calls_and_matches_the_compo
     b = tallow.from_numpy(rng.standard_normal(rows).astype(np.float32)) if bias else None
     hidden, y = F.add_norm_linear(x, r, nw, nb if kind == "layer" else None, w, b, kind, 1e-5,
                                   "silu" if gated else None, gated)
-    assert calls == [f"add_{kind}_norm", "qmatmul_q"]
+    assert calls == [f"add_{kind}_norm", "qmatmul_shared"]
     parts = lambda t: (None, None) if t is None else (t._storage, t._layout)  # noqa: E731
     want_total, want_y = _composed("add_norm_linear", x._storage, x._layout, r._storage, r._layout, *parts(nw),
                                    *parts(nb if kind == "layer" else None), w._storage, w._layout, w.dtype, *parts(b),

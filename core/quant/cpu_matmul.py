@@ -152,7 +152,7 @@ def qmatmul(x, raw, qtype, n, k, record=None):
 
 def _int_product(x, x2, arr, d, fmt, n, k, bias=None, act=None, record=None):
     """The decoding-step product on the blocks: x2 (m, k; x as _operands made it) quantised to
-    16 bits, then integer dots (cpu_int_kernels.qmatmul_q) -> (m, n); plus bias (n,), or with act
+    16 bits, then integer dots (cpu_int_kernels.qmatmul_shared) -> (m, n); plus bias (n,), or with act
     the gated product of arr's 2n rows [gate; up]. One thread below PARALLEL_MIN_BYTES of weights.
     record: see qmatmul."""
     import numpy as np
@@ -177,7 +177,7 @@ def _int_product(x, x2, arr, d, fmt, n, k, bias=None, act=None, record=None):
 
 
 def run_product(args, n, shared):
-    """cpu_int_kernels.qmatmul_q over the n output columns: shared by the pool's threads (the pool
+    """cpu_int_kernels.qmatmul_shared over the n output columns: shared by the pool's threads (the pool
     in force when called) for a product of at least PARALLEL_MIN_BYTES, else on this thread."""
     import numpy as np
     pool = _state["pool"]
