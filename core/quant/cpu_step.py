@@ -27,6 +27,10 @@ from .cpu_threads import CHUNKS_PER_THREAD
 
 OP_QUANTIZE, OP_PRODUCT, OP_RMS_NORM, OP_LAYER_NORM, OP_ATTENTION, OP_ROWS = range(1, 7)
 WIDTH = 24  # ints per program row
+# A program's chunk costs one atomic add (no hand-off through Python, as cpu_matmul's
+# PARALLEL_MIN_BYTES pays for), so it shares smaller products too: SmolLM2's attention output
+# projections (186 KB, 30 a token) ran on thread 0 alone while the helper waited.
+SHARE_MIN_BYTES = 1 << 16
 WAIT_ROUNDS = 1 << 34  # polls before thread 0 gives up on a helper's chunk (minutes: a hang guard only)
 
 
@@ -214,9 +218,9 @@ def build(entries):
                 m, k = x.shape
                 row(OP_QUANTIZE, at(x, f32), m, k, at(qx, i16), at(dx, f32), at(sx, i32), qmax)
             elif fn is cpu_matmul.run_product:
-                (fmt, bs, bb, raw, qx, dx, sx, _table, out, bias, gated, act), n, shared = args
+                (fmt, bs, bb, raw, qx, dx, sx, _table, out, bias, gated, act), n, _shared = args
                 m, k = qx.shape
-                chunks = min(n, threads * CHUNKS_PER_THREAD) if shared and threads > 1 else 1
+                chunks = min(n, threads * CHUNKS_PER_THREAD) if raw.size >= SHARE_MIN_BYTES and threads > 1 else 1
                 row(OP_PRODUCT, fmt, bs, bb, at(raw, u8), at(qx, i16), at(dx, f32), at(sx, i32), at(out, f32),
                     at(bias, f32), int(gated), act, m, k, out.shape[1], n, chunks, bias.size, raw.size)
             elif fn is cpu_decode_kernels.add_rms_norm:
