@@ -139,8 +139,7 @@ FIRST_TOKEN_CPU = []  # CPU seconds (user + system, all threads) the process spe
 RSS_STAGES = []  # (stage, peak RSS MB so far): where tallow's memory goes
 
 
-def child(engine, gguf, n_prompt, n_decode):
-    ids = prompt_ids(gguf, n_prompt)
+def child(engine, gguf, ids, n_decode):
     if engine == "tallow":
         load, prefill, dec = run_tallow(gguf, ids, n_decode)
     elif engine == "tallow-no-kernels":
@@ -212,13 +211,17 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=1, help="runs per engine; each figure is the best of them")
     p.add_argument("--no-build", action="store_true", help="do not build llama-cpp-python when it is missing")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--ids", default=None, help=argparse.SUPPRESS)  # the child's prompt
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error(f"--repeat must be at least 1, got {args.repeat}")
     THREADS = os.environ["TALLOW_BENCH_THREADS"] = str(args.threads)
     gguf = args.gguf or find_gguf()
     if args.child:
-        return child(args.child, gguf, args.prompt_tokens, args.decode_tokens)
+        return child(args.child, gguf, [int(i) for i in args.ids.split(",")], args.decode_tokens)
+    # the prompt's ids are made here and handed to each engine's process, so none of them pays
+    # (in time or memory) for a tokenizer the others do not load
+    ids = prompt_ids(gguf, args.prompt_tokens)
     env = dict(os.environ, OMP_NUM_THREADS=THREADS, OPENBLAS_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS,
                TALLOW_THREADS=THREADS)
     no_llama = None
@@ -229,8 +232,8 @@ def main(argv=None):
     runs = {}
     for _ in range(args.repeat):  # rounds over all engines, so a busy spell hits them alike
         for engine in args.engines.split(","):
-            cmd = [sys.executable, __file__, "--child", engine, "--gguf", gguf, "--prompt-tokens",
-                   str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
+            cmd = [sys.executable, __file__, "--child", engine, "--gguf", gguf, "--ids", ",".join(map(str, ids)),
+                   "--decode-tokens", str(args.decode_tokens)]
             result, why = run_child(cmd, env)
             if result is None:
                 print(f"{engine:<22} skipped: {why}")
