@@ -27,7 +27,7 @@ ACTIVATION_MAX = 32767  # decoding steps quantise x to int16 (see cpu_int_kernel
 # Weight bytes from which a decoding-step product is shared among the threads (cpu_threads.py);
 # smaller ones run on the calling thread, where handing out chunks costs about what it saves.
 PARALLEL_MIN_BYTES = 1 << 18
-TILE_ELEMENTS = 1 << 20  # f32 elements of a prompt's dequantised tile (4 MB: BLAS ran 1.4-1.7x faster than on 1 MB ones)
+TILE_ELEMENTS = 1 << 20  # f32 elements of a prompt's dequantised tile (4 MB: BLAS ran 1.4-1.7x faster than on 1 MB)
 
 _state: dict[str, object] = {}
 
