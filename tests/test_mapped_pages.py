@@ -47,3 +47,22 @@ def test_memory_that_is_not_a_read_only_mapping_is_left_alone():
     frozen = np.frombuffer(bytes(8 * PAGE), np.uint8)  # read-only, but a bytes object's memory
     assert release_copied([heap, frozen, heap[PAGE:]]) == 0
     assert heap[5 * PAGE + 3] == (5 * PAGE + 3) % 256
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_a_large_zeros_tensor_on_the_cpu_costs_only_the_pages_written():
+    """NumpyBackend.full(0): a KV cache's positions not yet written cost no memory, whatever glibc's
+    mmap threshold has grown to; the tensor reads as zeros and writes like any other."""
+    import tallow
+    big = np.ones(1 << 20, np.float32)
+    del big  # freeing a 4 MB array raises glibc's mmap threshold past 2 MB
+    cache = tallow.zeros(1, 2, 4096, 64, device="cpu")  # 2 MB
+    view = cache._storage
+    assert _resident_pages(view) == 0
+    cache[:, :, :16] = tallow.ones(1, 2, 16, 64)
+    assert _resident_pages(view) <= 2 * 2  # 16 positions of each head: one page, maybe two
+    got = cache.numpy()
+    assert got[:, :, :16].min() == 1 and not got[:, :, 16:].any()
+    small = tallow.zeros(8, device="cpu")
+    assert small.numpy().tolist() == [0.0] * 8
+    assert str(tallow.full((3,), -0.0, device="cpu").numpy()[0]) == "-0.0"  # -0.0 keeps its sign

@@ -73,19 +73,23 @@ def run_step(prog, reals, table, step, state, tid, helper_rounds):
     for j in range(n_ops):
         p = prog[j]
         code = p[0]
-        if code == OP_PRODUCT and p[16] > 1:  # a large product: rows in chunks, every thread
-            shared_seen += 1
-            if tid == 0:
-                cpu_atomics._fetch_add(state, pub, 1)
-            elif not _wait_at_least(state, pub, shared_seen, helper_rounds):
-                return 0  # thread 0 is slow (or gone): it does the rest itself
+        if code == OP_PRODUCT:  # rows in chunks; a large product's taken by every thread, a small one's by thread 0
+            shared = p[16] > 1
+            if shared:
+                shared_seen += 1
+                if tid == 0:
+                    cpu_atomics._fetch_add(state, pub, 1)
+                elif not _wait_at_least(state, pub, shared_seen, helper_rounds):
+                    return 0  # thread 0 is slow (or gone): it does the rest itself
+            elif tid != 0:
+                continue
             m, k, n_out, n_rows, chunks = p[12], p[13], p[14], p[15], p[16]
             qx = carray(_i16_at(p[5]), (m, k))
             dx = carray(_f32_at(p[6]), (m, k // 32))
             sx = carray(_i32_at(p[7]), (m, k // 32))
             out = carray(_f32_at(p[8]), (m, n_out))
             raw, bias = carray(_u8_at(p[4]), (p[18],)), carray(_f32_at(p[9]), (p[17],))
-            while True:
+            while True:  # (one call site of the product kernel: the step's machine code stays smaller)
                 c = cpu_atomics._fetch_add(state, 2 * j, 1)
                 if c >= chunks:
                     break
@@ -94,21 +98,12 @@ def run_step(prog, reals, table, step, state, tid, helper_rounds):
                 cpu_atomics._fetch_add(state, 2 * j + 1, 1)
                 if tid != 0:
                     cpu_atomics._fetch_add(state, pub + 1, 1)
-            if tid == 0 and not _wait_at_least(state, 2 * j + 1, chunks, WAIT_ROUNDS):
+            if shared and tid == 0 and not _wait_at_least(state, 2 * j + 1, chunks, WAIT_ROUNDS):
                 return 1
             continue
         if tid != 0:
             continue
-        if code == OP_PRODUCT:
-            m, k, n_out, n_rows = p[12], p[13], p[14], p[15]
-            qx = carray(_i16_at(p[5]), (m, k))
-            dx = carray(_f32_at(p[6]), (m, k // 32))
-            sx = carray(_i32_at(p[7]), (m, k // 32))
-            out = carray(_f32_at(p[8]), (m, n_out))
-            raw, bias = carray(_u8_at(p[4]), (p[18],)), carray(_f32_at(p[9]), (p[17],))
-            cpu_int_kernels.qmatmul_q(p[1], p[2], p[3], raw, qx, dx, sx, table, out, bias, p[10] != 0, p[11], 0,
-                                      n_rows)
-        elif code == OP_QUANTIZE:
+        if code == OP_QUANTIZE:
             m, k = p[2], p[3]
             cpu_int_kernels.quantize_rows(carray(_f32_at(p[1]), (m, k)), p[7], carray(_i16_at(p[4]), (m, k)),
                                           carray(_f32_at(p[5]), (m, k // 32)), carray(_i32_at(p[6]), (m, k // 32)))
