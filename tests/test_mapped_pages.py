@@ -1,6 +1,7 @@
 """backends/mapped_pages.py: after a copy, the file pages inside a mapped tensor are handed back,
 and only those: the tensor still reads the same bytes, other memory is never advised."""
 import mmap
+import os
 import sys
 
 import numpy as np
@@ -66,3 +67,9 @@ def test_a_large_zeros_tensor_on_the_cpu_costs_only_the_pages_written():
     small = tallow.zeros(8, device="cpu")
     assert small.numpy().tolist() == [0.0] * 8
     assert str(tallow.full((3,), -0.0, device="cpu").numpy()[0]) == "-0.0"  # -0.0 keeps its sign
+    pid = os.fork()  # private pages: a forked child's writes stay its own
+    if pid == 0:
+        view[:] = 7
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert cache.numpy()[:, :, 16:].max() == 0

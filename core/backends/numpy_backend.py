@@ -698,12 +698,18 @@ def _zeros(numel, dt):
     threshold is low, and freeing a prompt's 4 MB tiles raises it: a SmolLM2 run then kept every
     page of its 256-position caches resident (+7 MB, measured)."""
     nbytes = numel * dt.itemsize
-    if nbytes >= LAZY_ZEROS_BYTES:
+    if nbytes >= LAZY_ZEROS_BYTES and _PRIVATE_MAP is not None:
         try:
-            return np.frombuffer(mmap.mmap(-1, nbytes), dt, count=numel)
-        except (OSError, ValueError, AttributeError):  # no anonymous maps here (Pyodide): calloc
+            return np.frombuffer(mmap.mmap(-1, nbytes, flags=_PRIVATE_MAP), dt, count=numel)
+        except (OSError, ValueError):  # out of maps: calloc
             pass
     return np.zeros(numel, dt)
+
+
+# Private (Python's default for mmap(-1) is shared: a forked child would write the parent's cache);
+# None where there are no such maps (Windows, Pyodide): calloc then.
+_PRIVATE_MAP = (mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+                if hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS") else None)
 
 
 def _whole_tables(cos, lcos, sin, lsin, position):
