@@ -57,9 +57,6 @@ class DecoderCache:
         self.layers = [KVCache() for _ in range(num_layers)]
         self.token_ids = []
         self.long_rope = False
-        self.forget_capture()
-
-    def forget_capture(self):
         self.replays = StepReplays()  # captured one-token steps on this cache (tallow.step_capture)
 
     @property
