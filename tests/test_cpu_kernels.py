@@ -14,7 +14,7 @@ from tallow.errors import FormatError, ShapeError
 from tallow.quant import dequantize_numpy
 
 pytest.importorskip("numba")
-from tallow.quant import cpu_atomics, cpu_matmul
+from tallow.quant import cpu_atomics, cpu_matmul, cpu_polls
 
 FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
 SCALE_AT = {"q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0], "q4_k": [0, 2], "q5_k": [0, 2],
@@ -282,10 +282,9 @@ def test_decode_kernels_are_what_the_numpy_backend_runs(monkeypatch):
     integer-dot calls (counted), and they agree with base.py's compositions of the numpy primitives."""
     from tallow import functional as F
     assert cpu_matmul.kernels() is not None  # in use (a quantised model's first product loads them)
-    from tallow.quant import cpu_decode_kernels, cpu_int_kernels
     calls = []
-    for mod, names in ((cpu_decode_kernels, ("add_rms_norm", "add_layer_norm", "rope_kv_write", "kv_write",
-                                             "attention")), (cpu_int_kernels, ("qmatmul_shared",))):
+    for mod, names in ((cpu_matmul.decode_kernels(), ("add_rms_norm", "add_layer_norm", "rope_kv_write", "kv_write",
+                                             "attention")), (cpu_matmul.int_kernels(), ("qmatmul_shared",))):
         for name in names:
             real = getattr(mod, name)
             monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
@@ -326,11 +325,10 @@ def test_add_norm_linear_decoding_step_is_two_kernel_calls_and_matches_the_compo
     array straight to one integer-dot call, with the result of base.py's composition (the same
     16-bit activations, so equal to float rounding)."""
     from tallow import functional as F
-    from tallow.quant import cpu_decode_kernels, cpu_int_kernels
     assert cpu_matmul.kernels() is not None
     calls = []
-    for mod, name in ((cpu_decode_kernels, "add_rms_norm"), (cpu_decode_kernels, "add_layer_norm"),
-                      (cpu_int_kernels, "qmatmul_shared")):
+    dec, ints = cpu_matmul.decode_kernels(), cpu_matmul.int_kernels()
+    for mod, name in ((dec, "add_rms_norm"), (dec, "add_layer_norm"), (ints, "qmatmul_shared")):
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
     rng = np.random.default_rng(5)
@@ -360,11 +358,10 @@ def test_cache_attention_is_one_kernel_call_and_matches_torch(rotary, monkeypatc
     import torch
 
     from tallow import functional as F
-    from tallow.quant import cpu_decode_kernels
     assert cpu_matmul.kernels() is not None
     calls = []
-    real = cpu_decode_kernels.cache_attention
-    monkeypatch.setattr(cpu_decode_kernels, "cache_attention", lambda *a: (calls.append(1), real(*a))[1])
+    real = cpu_matmul.decode_kernels().cache_attention
+    monkeypatch.setattr(cpu_matmul.decode_kernels(), "cache_attention", lambda *a: (calls.append(1), real(*a))[1])
     rng = np.random.default_rng(8)
     b, h, hk, d, cap, position = 1, 6, 2, 8, 9, 4
     for t in (1, 3):
@@ -482,7 +479,7 @@ def test_a_polling_helper_sees_the_next_job_without_holding_the_gil():
     import threading
 
     counter = np.zeros(1, dtype=np.int64)
-    assert cpu_atomics.wait_while_equal(counter, 0, 0, 1000) is False
+    assert cpu_polls.wait_while_equal(counter, 0, 0, 1000) is False
 
     def bump():
         time.sleep(0.05)
@@ -490,7 +487,7 @@ def test_a_polling_helper_sees_the_next_job_without_holding_the_gil():
     bumper = threading.Thread(target=bump)
     start = time.perf_counter()
     bumper.start()
-    assert cpu_atomics.wait_while_equal(counter, 0, 0, 1 << 62) is True
+    assert cpu_polls.wait_while_equal(counter, 0, 0, 1 << 62) is True
     assert time.perf_counter() - start < 10
     bumper.join()
-    assert cpu_atomics.rounds_for(100) >= 1
+    assert cpu_polls.rounds_for(100) >= 1

@@ -80,7 +80,8 @@ OPTIONAL_IMPORTS = {"numpy", "wgpu", "cupy", "Metal", "objc", "Foundation", "jin
 # The numba kernels (Pyodide has no numba) and the numpy backend's encoder ops.
 NEEDS_NUMPY = {"tallow.quant.cpu_kernels", "tallow.quant.cpu_int_kernels", "tallow.quant.cpu_decode_kernels",
                "tallow.quant.cpu_simd", "tallow.quant.cpu_atomics", "tallow.quant.cpu_threads",
-               "tallow.quant.cpu_step", "tallow.backends.cpu_capture",
+               "tallow.quant.cpu_step", "tallow.quant.cpu_program", "tallow.quant.cpu_polls",
+               "tallow.quant.kernel_codes", "tallow.backends.cpu_capture",
                "tallow.backends.cpu_gelu", "tallow.backends.cpu_attention",
                "tallow.models.whisper_cpu_encoder", "tallow.models.whisper_cpu_decoder"}
 

@@ -162,12 +162,12 @@ _PLAIN = frozenset(("add", "sub", "mul", "maximum", "minimum"))
 
 
 def _step_program(calls):
-    """A captured step's calls as one program for every thread (quant/cpu_step.py), or None
+    """A captured step's calls as one program for every thread (quant/cpu_program.py, cpu_step.py), or None
     (TALLOW_CPU_STEP_PROGRAM=0, or a call it does not know: the calls replay one by one)."""
     if os.environ.get("TALLOW_CPU_STEP_PROGRAM", "1") == "0":
         return None
-    from ..quant import cpu_step
-    return cpu_step.build(calls)
+    from ..quant import cpu_program
+    return cpu_program.build(calls)
 
 
 class NumpyBackend(StepCapture, Backend):

@@ -14,17 +14,12 @@ box to a fraction of a core between tokens.
 
 Loads in a poll are atomic acquire loads: a plain load in the loop would be hoisted out of
 it. Under NUMBA_DISABLE_JIT=1 the same loops run in Python (where the GIL makes the
-read-modify-write of fetch_add atomic).
+read-modify-write of fetch_add atomic). The waits built on `poll` are cpu_polls.py.
 """
-import time
-
-import numpy as np
 from llvmlite import ir
 from numba import njit
 from numba.core import cgutils, config, types
 from numba.extending import intrinsic
-
-SPIN_US = 200  # how long a thread polls for the next job, or the last chunk, before it blocks
 
 
 def _slot(context, builder, signature, args):
@@ -97,25 +92,3 @@ def _fetch_add_py(arr, i, value):
 # (NUMBA_DISABLE_JIT is read at import) intrinsics cannot run as Python
 fetch_add = _fetch_add_py if config.DISABLE_JIT else _fetch_add  # type: ignore[attr-defined]
 poll = _poll_py if config.DISABLE_JIT else _poll  # type: ignore[attr-defined]
-
-
-def wait_while_equal(counter, i, value, rounds):
-    """Poll (without the GIL) until counter[i] != value, at most `rounds` times; True if it changed."""
-    return poll(counter, i, value, False, rounds)
-
-
-def wait_until_equal(counter, i, value, rounds):
-    """Poll until counter[i] == value, at most `rounds` times; True if it got there."""
-    return poll(counter, i, value, True, rounds)
-
-
-def rounds_for(microseconds):
-    """Polling rounds that take about `microseconds` here (measured once: a pause costs 10-150
-    cycles depending on the CPU)."""
-    counter = np.zeros(1, dtype=np.int64)
-    poll(counter, 0, 1, True, 10)  # compile / load from cache
-    n = 20000
-    t = time.perf_counter()
-    poll(counter, 0, 1, True, n)
-    per_round = max((time.perf_counter() - t) / n, 1e-9)
-    return max(1, int(microseconds * 1e-6 / per_round))

@@ -32,8 +32,7 @@ import numpy as np
 from numba import njit
 
 from . import cpu_atomics, cpu_simd
-
-QK = 32  # activation values per block (one scale each)
+from .kernel_codes import ACT_CODES, QK  # noqa: F401 -- (QK: activation values per block; callers read both here too)
 
 
 @njit(cache=True, inline="always")
@@ -67,8 +66,7 @@ def quantize_rows(x, qmax, qx, dx, sx):
             sx[i, b] = s
 
 
-# The gate activations of gated kernels (ops/decode.py's GATE_ACTS), by code.
-ACT_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
+# The gate activations of gated kernels (ops/decode.py's GATE_ACTS), by code: kernel_codes.ACT_CODES.
 
 
 @njit(cache=True, inline="always")

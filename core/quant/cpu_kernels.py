@@ -20,11 +20,7 @@ from .numba_setup import prepare
 prepare()  # before any kernel loads: numba then does not import scipy's BLAS (numba_setup.py)
 from numba import njit, prange  # noqa: E402
 
-# Format codes (the kernels branch on these once per block).
-FORMATS = {"q4_0": 0, "q4_1": 1, "q5_0": 2, "q5_1": 3, "q8_0": 4, "q4_k": 5, "q5_k": 6, "q6_k": 7}
-
-# float32 value of every f16 bit pattern (256 KB; stays in L2): f16 -> f32 by lookup.
-F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+from .kernel_codes import F16_TABLE, FORMATS  # noqa: E402,F401 -- (callers read them here too)
 
 
 @njit(cache=True, inline="always")

@@ -44,22 +44,37 @@ def thread_count():
 
 
 def kernels():
-    """The cpu_kernels module, or None when numba is missing or TALLOW_CPU_KERNELS=0."""
+    """The cpu_kernels names (native_kernels.KernelModule), or None when numba is missing or
+    TALLOW_CPU_KERNELS=0. Nothing here imports numba: with the kernels' machine code cached,
+    a process never does (native_kernels.py)."""
     if os.environ.get("TALLOW_CPU_KERNELS", "1") == "0":
         return None
     if "module" not in _state:
-        try:
-            import numpy as np
+        import importlib.util
+        if importlib.util.find_spec("numba") is None:
+            _state["module"] = None
+            return None
+        import numpy as np
 
-            from . import cpu_decode_kernels, cpu_int_kernels, cpu_kernels
-        except ImportError:
-            cpu_kernels = cpu_int_kernels = cpu_decode_kernels = None
-        _state["module"] = cpu_kernels
-        _state["int"] = cpu_int_kernels
-        _state["decode"] = cpu_decode_kernels
+        from . import kernel_codes
+        from .native_kernels import KernelModule
+        _state["module"] = KernelModule("cpu_kernels", FORMATS=kernel_codes.FORMATS, F16_TABLE=kernel_codes.F16_TABLE)
+        _state["int"] = KernelModule("cpu_int_kernels", QK=kernel_codes.QK, ACT_CODES=kernel_codes.ACT_CODES)
+        _state["decode"] = KernelModule("cpu_decode_kernels")
+        _state["step"] = KernelModule("cpu_step")
         _state["no_bias"] = np.empty(0, dtype=np.float32)
         set_threads(thread_count())
     return _state["module"]
+
+
+def int_kernels():
+    """cpu_int_kernels' names (quantize_rows, qmatmul_shared), once the kernels are in use."""
+    return _state["int"]
+
+
+def step_kernels():
+    """cpu_step's names (run_step), once the kernels are in use."""
+    return _state["step"]
 
 
 def set_threads(n):

@@ -1,6 +1,6 @@
 """Row-range work sharing for the CPU kernels: the calling thread and helper threads take
 chunks of a product's output rows from one atomic counter, inside one kernel call each,
-without the GIL (cpu_atomics.py).
+without the GIL (cpu_atomics.py; the waits: cpu_polls.py).
 
 Why not numba's prange: its OpenMP barrier waits for every thread to arrive. On a box whose
 cores other processes share, a helper thread may not be scheduled for a whole time slice,
@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from . import cpu_atomics
+from . import cpu_polls
 
 CHUNKS_PER_THREAD = 2  # a few chunks each, so a late helper leaves its share to the others
 
@@ -59,7 +59,7 @@ class RowPool:
         self.threads = threads
         self.jobs = queue.SimpleQueue()
         self.posted = np.zeros(1, dtype=np.int64)  # bumped after each job is queued (what helpers poll)
-        self.spin_rounds = cpu_atomics.rounds_for(cpu_atomics.SPIN_US if spin_us is None else spin_us)
+        self.spin_rounds = cpu_polls.rounds_for(cpu_polls.SPIN_US if spin_us is None else spin_us)
         for i in range(threads - 1):
             threading.Thread(target=self._helper, name=f"tallow-cpu-{i + 1}", daemon=True).start()
 
@@ -69,7 +69,7 @@ class RowPool:
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:
-                cpu_atomics.wait_while_equal(self.posted, 0, seen, self.spin_rounds)  # without the GIL
+                cpu_polls.wait_while_equal(self.posted, 0, seen, self.spin_rounds)  # without the GIL
                 job = self.jobs.get()
             if job is None:
                 return
@@ -99,7 +99,7 @@ class RowPool:
             self.jobs.put(job)
         self.posted[0] += 1  # (two callers racing may lose a bump: a polling helper then blocks in get())
         if not kernel(*args, n_rows, job.chunks, job.state):  # a helper finishes the last chunk
-            if not cpu_atomics.wait_until_equal(job.state, 1, job.chunks, self.spin_rounds):
+            if not cpu_polls.wait_until_equal(job.state, 1, job.chunks, self.spin_rounds):
                 job.done.wait()
         if job.error is not None:
             raise job.error

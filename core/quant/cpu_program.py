@@ -1,0 +1,133 @@
+"""A captured CPU decoding step's kernel calls as one program for cpu_step.run_step (see
+cpu_step.py for how the threads share it): `build(entries)` makes the Program from a
+recording's entries, or returns None when an entry is not one of these kernels or an array is
+not contiguous (the replay then calls the entries); Program.run() replays it. No numba here:
+run_step comes through cpu_matmul.step_kernels(), as machine code when native_kernels loads it.
+"""
+import os
+
+import numpy as np
+
+from .cpu_threads import CHUNKS_PER_THREAD
+
+OP_QUANTIZE, OP_PRODUCT, OP_RMS_NORM, OP_LAYER_NORM, OP_ATTENTION, OP_ROWS = range(1, 7)
+WIDTH = 24  # ints per program row
+# A program's chunk costs one atomic add (no hand-off through Python, as cpu_matmul's
+# PARALLEL_MIN_BYTES pays for), so it shares smaller products too: SmolLM2's attention output
+# projections (186 KB, 30 a token) ran on thread 0 alone while the helper waited.
+SHARE_MIN_BYTES = 1 << 16
+
+
+class Program:
+    """A recording's kernel calls as run_step's program (see the module doc); run() replays them."""
+
+    def __init__(self, rows, reals, keep, step, checks):
+        self.prog = np.array(rows, dtype=np.int64).reshape(len(rows), WIDTH)
+        self.reals = np.array(reals, dtype=np.float64)
+        self.keep = keep  # every array whose address the program holds: alive while it is
+        self.step = step
+        self.checks = checks  # (fn, args): the ids and positions a replay checks before the kernels
+        self.state = np.zeros(2 * len(rows) + 2, dtype=np.int64)
+
+    def run(self):
+        from . import cpu_matmul
+        from .kernel_codes import F16_TABLE
+        for fn, args in self.checks:
+            fn(*args)
+        # a fresh state each step: a late helper still in the last step sees that one's, all taken
+        state = self.state = np.zeros(2 * self.prog.shape[0] + 2, dtype=np.int64)
+        args = (self.prog, self.reals, F16_TABLE, self.step, state)
+        run_step = cpu_matmul.step_kernels().run_step
+        pool = cpu_matmul.pool()
+        if pool is not None:
+            pool.share(run_step, args, _helper_rounds())
+        if run_step(*args, 0, 0):
+            raise RuntimeError("cpu step: a helper thread never finished its chunk of a product")
+
+
+HELPER_WAIT_US = 2000  # how long a helper waits for thread 0 to publish the step's next product
+_rounds: list[int] = []
+
+
+def _helper_rounds():
+    if not _rounds:
+        from . import cpu_polls
+        _rounds.append(cpu_polls.rounds_for(HELPER_WAIT_US))
+    return _rounds[0]
+
+
+class _NotProgram(Exception):
+    pass
+
+
+def build(entries):
+    """The Program of a recording's (fn, args) entries, or None when one is not a kernel call
+    run_step knows or an array is not contiguous; and under NUMBA_DISABLE_JIT=1 (its atomics are
+    compiled code)."""
+    if os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0"):
+        return None
+    from ..backends import cpu_capture
+    from . import cpu_matmul
+    ints, decode = cpu_matmul.int_kernels(), cpu_matmul.decode_kernels()
+    rows: list[list[int]] = []
+    reals: list[float] = []
+    checks: list[tuple] = []
+    keep: list[np.ndarray] = []
+    step = np.zeros(4, dtype=np.uint32)  # (no attention: nothing reads it)
+    threads = cpu_matmul.threads()
+
+    def at(a, dtype):
+        """a's address, for an array run_step may view as dtype (C-contiguous, that dtype)."""
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous:
+            raise _NotProgram
+        keep.append(a)
+        return a.__array_interface__["data"][0]
+
+    def row(*values):
+        rows.append(list(values) + [0] * (WIDTH - len(values)))
+
+    f32, i16, i32, u8, i64 = (np.dtype(t) for t in (np.float32, np.int16, np.int32, np.uint8, np.int64))
+    try:
+        for fn, args in entries:
+            real = 0.0
+            if fn is ints.quantize_rows:
+                x, qmax, qx, dx, sx = args
+                m, k = x.shape
+                row(OP_QUANTIZE, at(x, f32), m, k, at(qx, i16), at(dx, f32), at(sx, i32), qmax)
+            elif fn is cpu_matmul.run_product:
+                (fmt, bs, bb, raw, qx, dx, sx, _table, out, bias, gated, act), n, _shared = args
+                m, k = qx.shape
+                chunks = min(n, threads * CHUNKS_PER_THREAD) if raw.size >= SHARE_MIN_BYTES and threads > 1 else 1
+                row(OP_PRODUCT, fmt, bs, bb, at(raw, u8), at(qx, i16), at(dx, f32), at(sx, i32), at(out, f32),
+                    at(bias, f32), int(gated), act, m, k, out.shape[1], n, chunks, bias.size, raw.size)
+            elif fn is decode.add_rms_norm:
+                x, r, w, real, total, normed = args
+                m, d = x.shape
+                row(OP_RMS_NORM, at(x, f32), at(r, f32), at(w, f32), at(total, f32), at(normed, f32), m, d, w.size)
+            elif fn is decode.add_layer_norm:
+                x, r, w, bias, real, total, normed = args
+                m, d = x.shape
+                row(OP_LAYER_NORM, at(x, f32), at(r, f32), at(w, f32), at(total, f32), at(normed, f32), m, d,
+                    at(bias, f32), w.size, bias.size)
+            elif fn is cpu_capture.cache_attention:
+                _kernel, step, rel, q, k, v, cos, sin, kc, vc, key_start, real, interleaved, out = args
+                b, h, t, d = q.shape
+                _, hk, cap, dv = vc.shape
+                if cos.shape != sin.shape:
+                    raise _NotProgram
+                row(OP_ATTENTION, at(q, f32), at(k, f32), at(v, f32), at(cos, f32), at(sin, f32), rel, at(kc, f32),
+                    at(vc, f32), key_start, int(interleaved), at(out, f32), b, h, hk, t, d, dv, cap, cos.shape[0],
+                    cos.shape[1])
+                check = (cpu_capture.check_position, (step, t, cap, rel, cos.shape[0]))
+                if check not in checks:  # (the same for every layer)
+                    checks.append(check)
+            elif fn is cpu_matmul.checked_rows:
+                n_rows, (fmt, bs, bb, raw, ids, k, _table, out) = args
+                row(OP_ROWS, fmt, bs, bb, at(raw, u8), at(ids, i64), k, at(out, f32), ids.size, raw.size)
+                checks.append((cpu_matmul.check_ids, (ids, n_rows)))
+            else:
+                return None
+            reals.append(float(real))
+    except _NotProgram:
+        return None
+    return Program(rows, reals, keep, step, checks)

@@ -1,0 +1,355 @@
+"""The CPU kernels as machine code that a process loads without importing numba.
+
+numba compiles each entry below once, as a C-callable function (a `cfunc` around the kernel),
+into an object file in $TALLOW_HOME/cpu_kernels/<key>/; every later process loads those files
+with llvmlite's MCJIT and calls them through ctypes (which releases the GIL, as `nogil` did).
+Why: loading numba's own cache cost a process numba's import (0.17 s) and the typing and
+lowering registries its first cached load installs (0.25 s, 19 MB), before the first token;
+llvmlite alone loads the objects in about 30 ms (measured on the 2-core x86 box). The key is
+the kernel sources, numba's and llvmlite's versions and the host CPU's name and features, so
+a change to any of them compiles again and a box never runs code built for another CPU.
+
+An entry's array arguments travel as their address and shape ("f32[2]": a C-contiguous 2-D
+float32 array), or address, extent, shape and byte strides ("f32[4A]": any 4-D view with
+non-negative strides); the cfunc views them again (numba's carray / as_strided) and calls
+the kernel, so the kernel code is the numba modules' own. A call whose arrays do not fit the
+entry (another dtype, a non-contiguous view) runs the numba kernel instead. Each object's
+external symbols are checked before it is loaded (numba's C helpers, the CPython API, libc,
+libm); an object that needs another one, or any failure here, leaves that kernel to numba.
+
+TALLOW_NATIVE_KERNELS=0 turns this off (numba's own cache then loads every kernel); so does
+NUMBA_DISABLE_JIT=1, under which the kernels run as Python.
+"""
+import glob
+import hashlib
+import json
+import os
+import sys
+import threading
+
+ENTRIES = {  # name: (module in tallow.quant, kernel, argument kinds, result kind)
+    "quantize_rows": ("cpu_int_kernels", "quantize_rows", ("f32[2]", "i64", "i16[2]", "f32[2]", "i32[2]"), "void"),
+    "qmatmul_shared": ("cpu_int_kernels", "qmatmul_shared",
+                       ("i64", "i64", "i64", "u8[1]", "i16[2]", "f32[2]", "i32[2]", "f32[1]", "f32[2]", "f32[1]",
+                        "bool", "i64", "i64", "i64", "i64[1]"), "bool"),
+    "dequant_rows_blocks": ("cpu_kernels", "dequant_rows_blocks",
+                            ("i64", "i64", "i64", "u8[1]", "i64[1]", "i64", "f32[1]", "f32[2]"), "void"),
+    "add_rms_norm": ("cpu_decode_kernels", "add_rms_norm",
+                     ("f32[2]", "f32[2]", "f32[1]", "f64", "f32[2]", "f32[2]"), "void"),
+    "add_layer_norm": ("cpu_decode_kernels", "add_layer_norm",
+                       ("f32[2]", "f32[2]", "f32[1]", "f32[1]", "f64", "f32[2]", "f32[2]"), "void"),
+    "rope_kv_write": ("cpu_decode_kernels", "rope_kv_write",
+                      ("f32[4A]", "f32[4A]", "f32[4A]", "f32[2]", "f32[2]", "f32[4A]", "f32[4A]", "f32[4]", "bool"),
+                      "void"),
+    "kv_write": ("cpu_decode_kernels", "kv_write", ("f32[4A]", "f32[4A]", "f32[4A]", "f32[4A]"), "void"),
+    "cache_attention": ("cpu_decode_kernels", "cache_attention",
+                        ("f32[4]", "f32[4]", "f32[4]", "f32[2]", "f32[2]", "f32[4]", "f32[4]", "i64", "i64", "f32",
+                         "bool", "f32[4]"), "void"),
+    "poll": ("cpu_atomics", "_poll", ("i64[1]", "i64", "i64", "bool", "i64"), "bool"),
+    "run_step": ("cpu_step", "run_step", ("i64[2]", "f64[1]", "f32[1]", "u32[1]", "i64[1]", "i64", "i64"), "i64"),
+}
+# every module whose source a kernel's machine code depends on (the key)
+SOURCES = ("cpu_atomics", "cpu_decode_kernels", "cpu_int_kernels", "cpu_kernels", "cpu_program", "cpu_simd",
+           "cpu_step", "kernel_codes", "native_kernels", "numba_setup")
+DTYPES = {"f32": "float32", "f64": "float64", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
+          "u32": "uint32"}
+
+_lock = threading.RLock()
+_state: dict = {}  # "engine", "key", "folder", "resolvable"; per entry name: its wrapper or None
+
+
+def enabled():
+    if os.environ.get("TALLOW_NATIVE_KERNELS", "1") == "0":
+        return False
+    return os.environ.get("NUMBA_DISABLE_JIT", "0") in ("", "0")
+
+
+def kernel(name):
+    """The entry `name` as a Python function with the numba kernel's arguments, or None (then use
+    the numba kernel itself: this is off, or the entry could not be built or loaded)."""
+    got = _state.get(name, False)
+    if got is not False:
+        return got
+    with _lock:
+        if name not in _state:
+            _state[name] = _load_entry(name) if enabled() else None
+        return _state[name]
+
+
+def numba_kernel(name):
+    """The numba dispatcher behind entry `name` (imports numba)."""
+    module, function, _args, _ret = ENTRIES[name]
+    return getattr(numba_module(module), function)
+
+
+def numba_module(module):
+    """tallow.quant.<module>, one of the numba kernel modules (numba set up first: numba_setup.py)."""
+    import importlib
+
+    from . import numba_setup
+    numba_setup.prepare()
+    return importlib.import_module(f"{__package__}.{module}")
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+def _load_entry(name):
+    try:
+        folder = _folder()
+        path = os.path.join(folder, name)
+        if not os.path.exists(path + ".json"):
+            _compile(name, path)
+        with open(path + ".json") as f:
+            manifest = json.load(f)
+        with open(path + ".o", "rb") as f:
+            code = f.read()
+        if hashlib.sha256(code).hexdigest() != manifest.get("sha256"):  # (LLVM aborts on a broken object)
+            raise ValueError(f"{path}.o is not the object its manifest describes (truncated or changed): "
+                             "delete the folder to compile again")
+        address = _link(name, code, manifest)
+    except Exception as exc:  # noqa: BLE001 -- any failure leaves the kernel to numba, said once
+        _state.setdefault("errors", []).append(f"{name}: {type(exc).__name__}: {exc}")
+        return None
+    return _wrapper(name, address)
+
+
+def _folder():
+    if "folder" not in _state:
+        import importlib.metadata
+        import platform
+
+        import llvmlite
+        import llvmlite.binding as ll
+        ll.initialize_native_target()
+        ll.initialize_native_asmprinter()
+        h = hashlib.sha256()
+        here = os.path.dirname(os.path.abspath(__file__))
+        for module in SOURCES:
+            with open(os.path.join(here, module + ".py"), "rb") as f:
+                h.update(f.read())
+        h.update(json.dumps([importlib.metadata.version("numba"), llvmlite.__version__, sys.version_info[:2],
+                             platform.machine(), ll.get_host_cpu_name(), ll.get_host_cpu_features().flatten(),
+                             os.environ.get("NUMBA_CPU_NAME", ""), os.environ.get("NUMBA_CPU_FEATURES", "")]).encode())
+        home = os.environ.get("TALLOW_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "tallow")
+        _state["folder"] = os.path.join(home, "cpu_kernels", h.hexdigest()[:20])  # as tallow.hub's cache root
+    return _state["folder"]
+
+
+def _engine():
+    if "engine" not in _state:
+        import llvmlite.binding as ll
+        target = ll.Target.from_default_triple()
+        machine = target.create_target_machine(cpu=ll.get_host_cpu_name(),
+                                               features=ll.get_host_cpu_features().flatten(),
+                                               codemodel="jitdefault", jit=True)
+        _state["engine"] = ll.create_mcjit_compiler(ll.parse_assembly(""), machine)
+        _state["resolvable"] = _register_symbols(ll)
+    return _state["engine"], _state["resolvable"]
+
+
+def _extension(name):
+    """numba's C extension module `name` loaded from its file without numba's package (whose
+    import is what this module avoids); it imports nothing of numba's Python."""
+    import importlib.util
+    import llvmlite
+    site = os.path.dirname(os.path.dirname(os.path.abspath(llvmlite.__file__)))
+    paths = glob.glob(os.path.join(site, *name.split(".")[:-1], name.split(".")[-1] + ".*.so")) + \
+        glob.glob(os.path.join(site, *name.split(".")[:-1], name.split(".")[-1] + ".*.pyd"))
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, paths[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _register_symbols(ll):
+    """Give MCJIT the addresses numba's code links against, as numba itself does at start-up
+    (numba.core.base._load_global_helpers, numba.core.runtime.nrt): its C helpers, its runtime's,
+    and the builtin exception classes. Returns the names so registered."""
+    import builtins
+    names = set()
+    for prefix, module in (("numba_", "numba._helperlib"), ("NRT_", "numba.core.runtime._nrt_python")):
+        for py_name, address in _extension(module).c_helpers.items():
+            ll.add_symbol(prefix + py_name, address)
+            names.add(prefix + py_name)
+    for obj in vars(builtins).values():
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            ll.add_symbol("PyExc_" + obj.__name__, id(obj))
+            names.add("PyExc_" + obj.__name__)
+    ll.add_symbol("_Py_NoneStruct", id(None))
+    names.add("_Py_NoneStruct")
+    return names
+
+
+def _link(name, code, manifest):
+    """Load one entry's object into the engine; its function's address."""
+    import ctypes
+
+    import llvmlite.binding as ll
+    engine, resolvable = _engine()
+    process = ctypes.CDLL(None)
+    for symbol in manifest["external"]:  # (MCJIT aborts the process on a symbol it cannot resolve)
+        if symbol not in resolvable and ll.address_of_symbol(symbol) is None:
+            try:
+                ll.add_symbol(symbol, ctypes.cast(getattr(process, symbol), ctypes.c_void_p).value)
+            except AttributeError:
+                raise LookupError(f"its machine code needs the symbol {symbol}, which this process lacks") from None
+    engine.add_object_file(ll.ObjectFileRef.from_data(code))
+    engine.finalize_object()
+    address = engine.get_function_address(manifest["symbol"])
+    if not address:
+        raise LookupError(f"the object has no function {manifest['symbol']}")
+    from . import llvm_pages
+    llvm_pages.release()  # (LLVM's pages the link touched: not needed again)
+    return address
+
+
+# ---- compiling (once per key, with numba) --------------------------------------------------------
+
+def _kinds(name):
+    _module, _function, args, ret = ENTRIES[name]
+    parsed = []
+    for kind in args:
+        if "[" in kind:
+            dtype, dims = kind[:-1].split("[")
+            parsed.append((dtype, int(dims.rstrip("A")), dims.endswith("A")))
+        else:
+            parsed.append((kind, None, False))
+    return parsed, ret
+
+
+def _compile(name, path):
+    """numba compiles entry `name` as a cfunc; its object code and manifest go to path.o / path.json."""
+    import numpy as np
+
+    scope = {"kernel": numba_kernel(name), "as_strided": np.lib.stride_tricks.as_strided}
+    from numba import carray, cfunc, types
+    scope["carray"] = carray
+    kinds, ret = _kinds(name)
+    scalar = {"i64": types.int64, "f64": types.float64, "f32": types.float32, "bool": types.boolean}
+    params, views, signature = [], [], []
+    for i, (dtype, ndim, strided) in enumerate(kinds):
+        if ndim is None:
+            params.append(f"a{i}")
+            views.append(f"a{i}")
+            signature.append(scalar[dtype])
+            continue
+        shape = [f"s{i}_{d}" for d in range(ndim)]
+        tup = "(" + ", ".join(shape) + ",)"
+        signature.append(types.CPointer(getattr(types, DTYPES[dtype])))
+        if strided:
+            strides = [f"t{i}_{d}" for d in range(ndim)]
+            params += [f"p{i}", f"e{i}"] + shape + strides
+            signature += [types.int64] * (1 + 2 * ndim)
+            views.append(f"as_strided(carray(p{i}, (e{i},)), {tup}, ({', '.join(strides)},))")
+        else:
+            params += [f"p{i}"] + shape
+            signature += [types.int64] * ndim
+            views.append(f"carray(p{i}, {tup})")
+    source = f"def entry({', '.join(params)}):\n    return kernel({', '.join(views)})\n"
+    exec(compile(source, f"<tallow native entry {name}>", "exec"), scope)  # noqa: S102 -- our own text
+    result = {"void": types.void, "bool": types.boolean, "i64": types.int64}[ret]
+    compiled = cfunc(result(*signature), nogil=True, error_model="numpy")(scope["entry"])
+    library = compiled._library
+    code = library._codegen._tm.emit_object(library._final_module)
+    external = sorted(f.name for f in library._final_module.functions
+                      if f.is_declaration and not f.name.startswith("llvm."))
+    external += sorted(g.name for g in library._final_module.global_variables if g.is_declaration)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp + ".o", "wb") as f:
+        f.write(code)
+    os.replace(tmp + ".o", path + ".o")  # the object first: a manifest always has its object
+    with open(tmp + ".json", "w") as f:
+        json.dump({"symbol": compiled.native_name, "external": external,
+                   "sha256": hashlib.sha256(code).hexdigest()}, f)
+    os.replace(tmp + ".json", path + ".json")
+
+
+# ---- calling ---------------------------------------------------------------------------------
+
+def _wrapper(name, address):
+    """A Python function taking the kernel's own arguments that calls the machine code at address,
+    or the numba kernel when an array does not fit."""
+    import ctypes
+
+    import numpy as np
+    kinds, ret = _kinds(name)
+    c_scalar = {"i64": ctypes.c_int64, "f64": ctypes.c_double, "f32": ctypes.c_float, "bool": ctypes.c_bool}
+    py_scalar = {"i64": "int", "f64": "float", "f32": "float", "bool": "bool"}
+    argtypes, args, checks = [], [], []
+    scope = {"np": np, "ndarray": np.ndarray, "fallback": _Fallback(name)}
+    for i, (dtype, ndim, strided) in enumerate(kinds):
+        if ndim is None:
+            argtypes.append(c_scalar[dtype])
+            args.append(f"{py_scalar[dtype]}(a{i})")
+            continue
+        scope[f"D{i}"] = np.dtype(DTYPES[dtype])
+        checks.append(f"type(a{i}) is not ndarray or a{i}.dtype != D{i} or a{i}.ndim != {ndim}")
+        if strided:
+            checks.append(f"any(s < 0 for s in a{i}.strides)")
+            argtypes += [ctypes.c_void_p] + [ctypes.c_int64] * (1 + 2 * ndim)
+            args.append(f"*strided(a{i})")
+        else:
+            checks.append(f"not a{i}.flags.c_contiguous")
+            argtypes += [ctypes.c_void_p] + [ctypes.c_int64] * ndim
+            args.append(f"a{i}.__array_interface__['data'][0], *a{i}.shape")
+    restype = {"void": None, "bool": ctypes.c_bool, "i64": ctypes.c_int64}[ret]
+    scope["fn"] = ctypes.CFUNCTYPE(restype, *argtypes)(address)
+    scope["strided"] = _strided
+    params = ", ".join(f"a{i}" for i in range(len(kinds)))
+    source = (f"def {name}({params}):\n"
+              f"    if {' or '.join(checks) or 'False'}:\n"
+              f"        return fallback({params})\n"
+              f"    return fn({', '.join(args)})\n")
+    exec(compile(source, f"<tallow native call {name}>", "exec"), scope)  # noqa: S102 -- our own text
+    call = scope[name]
+    call.native = True  # (tests ask which path a kernel took)
+    return call
+
+
+def _strided(a):
+    """(address, extent in elements, *shape, *byte strides) of a view with non-negative strides."""
+    extent = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.strides)) // a.itemsize if a.size else 0
+    return (a.__array_interface__["data"][0], extent, *a.shape, *a.strides)
+
+
+class _Fallback:
+    """The numba kernel of an entry, imported at the first call that needs it."""
+
+    def __init__(self, name):
+        self.name, self.fn = name, None
+
+    def __call__(self, *args):
+        if self.fn is None:
+            self.fn = numba_kernel(self.name)
+        return self.fn(*args)
+
+
+def errors():
+    """Why entries fell back to numba in this process (for `tallow devices` and tests)."""
+    return list(_state.get("errors", ()))
+
+
+class KernelModule:
+    """One numba kernel module's names, as its callers use them: an entry's machine code where it
+    loaded, else (and for every other name) the module's own attribute, imported on first use.
+    constants: the names the callers read that need no numba (kernel_codes.py)."""
+
+    def __init__(self, module, **constants):
+        self._module = module
+        self.__dict__.update(constants)
+
+    def __getattr__(self, attr):  # (only for names not set yet)
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        name = _ENTRY_NAMES.get((self._module, attr))
+        fn = kernel(name) if name is not None else None
+        if fn is None:
+            fn = getattr(numba_module(self._module), attr)
+        setattr(self, attr, fn)
+        return fn
+
+
+_ENTRY_NAMES = {(module, function): name for name, (module, function, _a, _r) in ENTRIES.items()}

@@ -1,0 +1,118 @@
+"""The CPU kernels' machine code loaded without numba (tallow.quant.native_kernels): every entry
+loads and computes what its numba kernel computes, a warm process never imports numba, and a
+broken cache or a call the entry cannot take falls back to numba instead of crashing."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+np = pytest.importorskip("numpy")
+pytest.importorskip("numba")
+
+from tallow.quant import cpu_matmul, native_kernels  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not native_kernels.enabled(), reason="TALLOW_NATIVE_KERNELS=0 or NUMBA_DISABLE_JIT=1")
+
+
+def test_every_entry_loads_as_machine_code():
+    for name in native_kernels.ENTRIES:
+        assert native_kernels.kernel(name) is not None, native_kernels.errors()
+        assert native_kernels.kernel(name).native
+
+
+def _rows_and_blocks(rng, m=3, k=64, n=10):
+    """x (m, k) and the q4_1 blocks of an (n, k) matrix: random bytes, finite f16 scale and min."""
+    raw = rng.integers(0, 256, size=(n * k // 32, 24), dtype=np.uint8)
+    raw[:, :4] = rng.uniform(-2, 2, size=(n * k // 32, 2)).astype(np.float16).view(np.uint8)
+    return rng.standard_normal((m, k)).astype(np.float32), raw.reshape(-1)
+
+
+def test_entries_compute_what_the_numba_kernels_compute():
+    rng = np.random.default_rng(0)
+    x, raw = _rows_and_blocks(rng)
+    m, k = x.shape
+    results = []
+    for fn in (native_kernels.kernel("quantize_rows"), native_kernels.numba_kernel("quantize_rows")):
+        qx, dx, sx = np.zeros((m, k), np.int16), np.zeros((m, k // 32), np.float32), np.zeros((m, k // 32), np.int32)
+        fn(x, 32767, qx, dx, sx)
+        out = np.zeros((m, 10), np.float32)
+        product = (native_kernels.kernel("qmatmul_shared") if fn.__dict__.get("native")
+                   else native_kernels.numba_kernel("qmatmul_shared"))
+        from tallow.quant.kernel_codes import F16_TABLE
+        last = product(1, 32, 24, raw, qx, dx, sx, F16_TABLE, out, np.empty(0, np.float32), False, 0, 10, 3,
+                       np.zeros(2, np.int64))
+        assert last is True
+        results.append((qx, dx, sx, out))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_strided_view_takes_the_strided_entry_and_a_non_contiguous_one_falls_back():
+    rng = np.random.default_rng(1)
+    k, v = (rng.standard_normal((1, 2, 1, 8)).astype(np.float32) for _ in range(2))
+    caches = [np.zeros((1, 2, 5, 8), np.float32) for _ in range(2)]
+    native_kernels.kernel("kv_write")(k, v, caches[0][:, :, 3:4], caches[1][:, :, 3:4])  # ("f32[4A]" views)
+    np.testing.assert_array_equal(caches[0][:, :, 3:4], k)
+    np.testing.assert_array_equal(caches[1][:, :, 3:4], v)
+    x = rng.standard_normal((2, 96)).astype(np.float32)[:, ::2]  # not contiguous: the numba kernel runs it
+    r = np.zeros((2, 48), np.float32)
+    w = np.ones(48, np.float32)
+    got = [np.zeros((2, 48), np.float32) for _ in range(2)]
+    native_kernels.kernel("add_rms_norm")(x, r, w, 1e-6, got[0], got[1])
+    np.testing.assert_allclose(got[1], x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6), rtol=1e-5)
+
+
+def _child(code, **env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, **env))
+
+
+WARM = """
+import sys, numpy as np
+import tallow
+from tallow import functional as F
+from tallow.quant import native_kernels
+rng = np.random.default_rng(3)
+w = tallow.from_numpy(rng.standard_normal((64, 64)).astype(np.float32)).to(tallow.get_dtype("q4_1"))
+x = tallow.from_numpy(rng.standard_normal((1, 64)).astype(np.float32))
+y = F.linear(x, w)
+print(round(float(y.numpy().sum()), 3), "numba" in sys.modules, native_kernels.errors())
+"""
+
+
+def test_a_warm_process_computes_without_importing_numba():
+    first = _child(WARM)  # (compiles what is missing)
+    assert first.returncode == 0, first.stderr
+    warm = _child(WARM)
+    assert warm.returncode == 0, warm.stderr
+    total, imported, errors = warm.stdout.split(" ", 2)
+    assert (imported, errors.strip()) == ("False", "[]")
+    off = _child(WARM, TALLOW_NATIVE_KERNELS="0")
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.split(" ", 2)[:2] == [total, "True"]  # numba's own kernels: the same product
+
+
+def test_a_broken_cache_falls_back_to_numba_with_a_reason(tmp_path):
+    env = {"TALLOW_HOME": str(tmp_path)}
+    assert _child(WARM, **env).returncode == 0
+    [folder] = (tmp_path / "cpu_kernels").iterdir()
+    obj = folder / "qmatmul_shared.o"
+    obj.write_bytes(obj.read_bytes()[:100])  # truncated
+    manifest = folder / "quantize_rows.json"
+    fields = json.loads(manifest.read_text())
+    fields["external"].append("tallow_no_such_symbol")
+    manifest.write_text(json.dumps(fields))
+    done = _child(WARM, **env)
+    assert done.returncode == 0, done.stderr
+    assert "True" in done.stdout  # numba ran those two
+    assert "qmatmul_shared" in done.stdout and "truncated" in done.stdout
+    assert "quantize_rows" in done.stdout and "tallow_no_such_symbol" in done.stdout
+
+
+def test_off_switch():
+    done = _child("from tallow.quant import native_kernels; print(native_kernels.kernel('poll'))",
+                  TALLOW_NATIVE_KERNELS="0")
+    assert done.stdout.strip() == "None"
+    assert cpu_matmul.kernels() is not None
