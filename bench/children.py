@@ -29,3 +29,15 @@ def run_child(cmd, env):
     if done.returncode or not lines:
         return None, (done.stderr.strip().splitlines() or ["no output"])[-1]
     return json.loads(lines[-1]), None
+
+
+def compile_tallow():
+    """Byte-compile tallow's modules, as pip does when it installs the wheel: a checkout run with
+    PYTHONDONTWRITEBYTECODE=1 (set on some boxes) compiles them from source in every child,
+    about 0.08 s of a fresh process's time to its first token that no installed package pays
+    (llama-cpp-python's and numpy's Python come byte-compiled by their install)."""
+    import compileall
+    import os
+
+    import tallow
+    compileall.compile_dir(os.path.dirname(tallow.__file__), quiet=1)

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from children import peak_rss_bytes, run_child
+from children import compile_tallow, peak_rss_bytes, run_child
 
 THREADS = os.environ.get("TALLOW_BENCH_THREADS", "2")  # --threads sets it for the child processes
 ENGINES = ("tallow", "tallow-no-kernels", "transformers", "llama.cpp")
@@ -58,8 +58,8 @@ def run_tallow(gguf, ids, decode):
     import tallow
     from tallow.quant import cpu_matmul
     RSS_STAGES.append(("python+numpy+tallow", peak_rss_mb()))
-    if cpu_matmul.kernels() is not None:  # numba and the (cached) kernel modules
-        RSS_STAGES.append(("numba", peak_rss_mb()))
+    if cpu_matmul.kernels() is not None:  # llvmlite and the kernels' cached machine code (or numba's)
+        RSS_STAGES.append(("kernels", peak_rss_mb()))
     t0 = time.perf_counter()
     model = tallow.load_model(gguf, device="cpu")
     load = time.perf_counter() - t0
@@ -229,6 +229,7 @@ def main(argv=None):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from llama_cpp_setup import ensure_llama_cpp
         no_llama = ensure_llama_cpp(build=not args.no_build)
+    compile_tallow()
     runs = {}
     for _ in range(args.repeat):  # rounds over all engines, so a busy spell hits them alike
         for engine in args.engines.split(","):

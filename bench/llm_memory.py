@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-from children import current_rss_bytes, peak_rss_bytes, run_child
+from children import compile_tallow, current_rss_bytes, peak_rss_bytes, run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FILE_NAME = "qwen2.5-0.5b-instruct-synthetic-q4_k_m.gguf"
@@ -141,6 +141,7 @@ def main(argv=None):
     threads = str(args.threads)
     env = dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                NUMBA_NUM_THREADS=threads)
+    compile_tallow()
     ratios = {}
     for engine in args.engines.split(","):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", engine, "--gguf", path, "--threads", threads,
