@@ -16,10 +16,12 @@ from numpy.lib.stride_tricks import as_strided
 from ..dtypes import bf16, bool_, f16, f32, i64
 from ..errors import Error, ShapeError, UnsupportedError
 from ..layout import numel_of
-from ..quant import cpu_matmul  # (pure Python until the kernels are asked for: numba loads then)
-from . import cpu_attention, cpu_capture
+from ..quant import cpu_matmul  # (pure Python until the kernels are asked for: they load then)
+from . import cpu_attention, cpu_capture, mapped_pages
 from .base import Backend
 from .step_recording import StepCapture
+
+mapped_pages.map_large_allocations()  # before the weights and the tokenizer: see there
 
 
 def _bf16_to_f32(bits):

@@ -27,6 +27,8 @@ class LibraryTokenizer:
         except Exception as e:  # the library raises plain Exception on bad JSON
             raise FormatError(f"{source}: the tokenizers library refused it: {e}") from None
         self.size = self.tok.get_vocab_size(with_added_tokens=True)
+        _trim_heap()
+
 
     def token_to_id(self, token):
         return self.tok.token_to_id(token)
@@ -49,3 +51,18 @@ class LibraryTokenizer:
         ids = list(ids)
         self._check(ids)
         return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _trim_heap():
+    """Hand the heap the JSON parse freed back to the OS (glibc's malloc_trim; elsewhere nothing).
+    Parsing a 151k-token vocabulary peaks about 60 MB above the built tokenizer, and glibc kept
+    17 MB of that resident, freed but fragmented, through the whole run (Qwen2.5's vocabulary,
+    measured with /proc/self/status)."""
+    import ctypes
+    import sys
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        pass
