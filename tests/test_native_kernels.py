@@ -111,8 +111,12 @@ def test_a_broken_cache_falls_back_to_numba_with_a_reason(tmp_path):
     assert "quantize_rows" in done.stdout and "tallow_no_such_symbol" in done.stdout
 
 
-def test_off_switch():
+def test_off_switch_and_what_tallow_devices_says():
     done = _child("from tallow.quant import native_kernels; print(native_kernels.kernel('poll'))",
                   TALLOW_NATIVE_KERNELS="0")
     assert done.stdout.strip() == "None"
     assert cpu_matmul.kernels() is not None
+    status = "from tallow.quant import cpu_matmul; print(cpu_matmul.kernel_status())"
+    assert _child(status).stdout.startswith("machine code compiled by numba")
+    assert _child(status, TALLOW_NATIVE_KERNELS="0").stdout.startswith("numba's")
+    assert _child(status, TALLOW_CPU_KERNELS="0").stdout.startswith("off")

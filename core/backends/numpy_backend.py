@@ -180,7 +180,8 @@ class NumpyBackend(StepCapture, Backend):
         self._captures = {}
 
     def features(self):
-        return {"backend": "numpy", "numpy": np.__version__, "f16": True, "bf16": True}
+        return {"backend": "numpy", "numpy": np.__version__, "f16": True, "bf16": True,
+                "quant_kernels": cpu_matmul.kernel_status()}
 
     # ---- capture and replay (tallow.capture): StepCapture, with cpu_capture's driver -------
     entry_signature = staticmethod(cpu_capture.entry_signature)

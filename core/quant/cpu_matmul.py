@@ -67,6 +67,21 @@ def kernels():
     return _state["module"]
 
 
+def kernel_status():
+    """Which quantised kernels this process runs, in words (for `tallow devices`); loads nothing."""
+    import importlib.util
+    if os.environ.get("TALLOW_CPU_KERNELS", "1") == "0":
+        return "off (TALLOW_CPU_KERNELS=0): numpy with f32 copies"
+    if importlib.util.find_spec("numba") is None:
+        return "none: numpy with f32 copies (pip install 'tallow[cpu]' for kernels on the GGUF blocks)"
+    from . import native_kernels
+    if not native_kernels.enabled():
+        return "numba's (TALLOW_NATIVE_KERNELS=0 or NUMBA_DISABLE_JIT=1)"
+    failed = native_kernels.errors()
+    return "machine code compiled by numba, loaded without it" + (
+        f"; numba's for {len(failed)}: {'; '.join(failed)}" if failed else "")
+
+
 def int_kernels():
     """cpu_int_kernels' names (quantize_rows, qmatmul_shared), once the kernels are in use."""
     return _state["int"]

@@ -55,10 +55,11 @@ DTYPES = {"f32": "float32", "f64": "float64", "i16": "int16", "i32": "int32", "i
           "u32": "uint32"}
 
 _lock = threading.RLock()
-_state: dict = {}  # "engine", "key", "folder", "resolvable"; per entry name: its wrapper or None
+_state: dict = {}  # "folder", "engine", "resolvable", "errors"; per entry name: its wrapper or None
 
 
 def enabled():
+    """False under TALLOW_NATIVE_KERNELS=0 or NUMBA_DISABLE_JIT=1 (numba's kernels, or their Python, run)."""
     if os.environ.get("TALLOW_NATIVE_KERNELS", "1") == "0":
         return False
     return os.environ.get("NUMBA_DISABLE_JIT", "0") in ("", "0")
@@ -150,13 +151,15 @@ def _engine():
 def _extension(name):
     """numba's C extension module `name` loaded from its file without numba's package (whose
     import is what this module avoids); it imports nothing of numba's Python."""
-    import importlib.util
-    import llvmlite
-    site = os.path.dirname(os.path.dirname(os.path.abspath(llvmlite.__file__)))
-    paths = glob.glob(os.path.join(site, *name.split(".")[:-1], name.split(".")[-1] + ".*.so")) + \
-        glob.glob(os.path.join(site, *name.split(".")[:-1], name.split(".")[-1] + ".*.pyd"))
-    if name in sys.modules:
+    if name in sys.modules:  # (numba is imported already)
         return sys.modules[name]
+    import importlib.util
+    *package, stem = name.split(".")
+    root = importlib.util.find_spec("numba").submodule_search_locations[0]  # (finds, does not import)
+    folder = os.path.join(root, *package[1:])
+    paths = sorted(glob.glob(os.path.join(folder, stem + ".*.so")) + glob.glob(os.path.join(folder, stem + ".*.pyd")))
+    if not paths:
+        raise LookupError(f"numba's C extension {name} is missing from {folder}")
     spec = importlib.util.spec_from_file_location(name, paths[0])
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
