@@ -18,6 +18,7 @@ PARALLEL_MIN_BYTES of weights are shared among $TALLOW_THREADS threads (else
 $OMP_NUM_THREADS, else one per core) by cpu_threads.RowPool.
 """
 import os
+import threading
 
 from ..errors import Error, FormatError, ShapeError
 from .formats import quant_dtype
@@ -182,17 +183,17 @@ def qmatmul(x, raw, qtype, n, k, record=None):
     return out.reshape(lead + (n,))
 
 
+_tiles = threading.local()
+
+
 def _scratch(n):
     """n float32 of this thread's tile buffer, kept between products: with large blocks mapped
     per allocation (backends/mapped_pages.map_large_allocations) a new tile would fault in 4 MB of fresh
-    pages at every product of a prompt."""
-    import threading
-
+    pages at every product of a prompt. (Thread-local: it goes with its thread.)"""
     import numpy as np
-    key = ("tile", threading.get_ident())
-    buf = _state.get(key)
+    buf = getattr(_tiles, "buf", None)
     if buf is None or buf.size < n:
-        buf = _state[key] = np.empty(max(n, TILE_ELEMENTS), dtype=np.float32)
+        buf = _tiles.buf = np.empty(max(n, TILE_ELEMENTS), dtype=np.float32)
     return buf[:n]
 
 

@@ -4,8 +4,6 @@ recording's entries, or returns None when an entry is not one of these kernels o
 not contiguous (the replay then calls the entries); Program.run() replays it. No numba here:
 run_step comes through cpu_matmul.step_kernels(), as machine code when native_kernels loads it.
 """
-import os
-
 import numpy as np
 
 from .cpu_threads import CHUNKS_PER_THREAD
@@ -64,10 +62,10 @@ def build(entries):
     """The Program of a recording's (fn, args) entries, or None when one is not a kernel call
     run_step knows or an array is not contiguous; and under NUMBA_DISABLE_JIT=1 (its atomics are
     compiled code)."""
-    if os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0"):
-        return None
     from ..backends import cpu_capture
-    from . import cpu_matmul
+    from . import cpu_matmul, native_kernels
+    if native_kernels.jit_disabled():
+        return None
     ints, decode = cpu_matmul.int_kernels(), cpu_matmul.decode_kernels()
     rows: list[list[int]] = []
     reals: list[float] = []

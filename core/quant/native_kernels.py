@@ -60,9 +60,12 @@ _state: dict = {}  # "folder", "engine", "resolvable", "errors"; per entry name:
 
 def enabled():
     """False under TALLOW_NATIVE_KERNELS=0 or NUMBA_DISABLE_JIT=1 (numba's kernels, or their Python, run)."""
-    if os.environ.get("TALLOW_NATIVE_KERNELS", "1") == "0":
-        return False
-    return os.environ.get("NUMBA_DISABLE_JIT", "0") in ("", "0")
+    return os.environ.get("TALLOW_NATIVE_KERNELS", "1") != "0" and not jit_disabled()
+
+
+def jit_disabled():
+    """NUMBA_DISABLE_JIT=1 (read as numba reads it, without importing numba): the kernels run as Python."""
+    return os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0")
 
 
 def kernel(name):
@@ -191,11 +194,10 @@ def _link(name, code, manifest):
 
     import llvmlite.binding as ll
     engine, resolvable = _engine()
-    process = ctypes.CDLL(None)
     for symbol in manifest["external"]:  # (MCJIT aborts the process on a symbol it cannot resolve)
         if symbol not in resolvable and ll.address_of_symbol(symbol) is None:
             try:
-                ll.add_symbol(symbol, ctypes.cast(getattr(process, symbol), ctypes.c_void_p).value)
+                ll.add_symbol(symbol, ctypes.cast(getattr(ctypes.CDLL(None), symbol), ctypes.c_void_p).value)
             except AttributeError:
                 raise LookupError(f"its machine code needs the symbol {symbol}, which this process lacks") from None
     engine.add_object_file(ll.ObjectFileRef.from_data(code))
