@@ -6,17 +6,29 @@ $TALLOW_HOME/wheels, and every later run installs that cached wheel in seconds.
 """
 import glob
 import os
+import platform
 import subprocess
 import sys
 
 VERSION = "0.3.36"  # the version measured in the README
 CMAKE_ARGS = ("-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
               "-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF")
+# x86: no AMX. -march=native turns it on where cpuid lists it, but a virtual machine may list AMX
+# without letting a process use its tile state: ggml's AMX product then dies of SIGILL on the
+# first prompt (seen on a Sapphire Rapids VM). gcc's explicit -mno-* flags win over -march.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+BUILD = "noamx"  # names the cached wheel's folder: a wheel built with other flags is never reused
 
 
 def wheel_dir():
     home = os.environ.get("TALLOW_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "tallow")
-    return os.path.join(home, "wheels")
+    return os.path.join(home, "wheels", f"llama-cpp-{BUILD}")
+
+
+def cmake_args():
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return CMAKE_ARGS + f' "-DCMAKE_C_FLAGS={NO_AMX}" "-DCMAKE_CXX_FLAGS={NO_AMX}"'
+    return CMAKE_ARGS
 
 
 def _pip(*args, env=None):
@@ -39,9 +51,10 @@ def ensure_llama_cpp(build=True):
         os.makedirs(folder, exist_ok=True)
         print(f"building llama-cpp-python {VERSION} from source into {folder} "
               "(once; about 15 minutes on 2 cores)...", file=sys.stderr, flush=True)
-        env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+        env = dict(os.environ, CMAKE_ARGS=cmake_args(), CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+        # --no-cache-dir: pip's cache keys a built wheel on the sdist alone, not on CMAKE_ARGS
         done = _pip("wheel", f"llama-cpp-python=={VERSION}", "--no-deps", "--no-binary", "llama-cpp-python",
-                    "-w", folder, env=env)
+                    "--no-cache-dir", "-w", folder, env=env)
         if done.returncode:
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
             return f"building llama-cpp-python failed ({tail}); it needs cmake and a C++ compiler"
