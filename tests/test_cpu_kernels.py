@@ -116,18 +116,21 @@ def test_activation_quantisation_matches_gguf(bits):
 @pytest.mark.parametrize("q", FORMATS)
 def test_kernels_match_dequantised_numpy(q, monkeypatch):
     """Odd row counts, rows of several blocks (k a multiple of the block, not of 64 or 512),
-    one row (decode), a few rows (fused kernel) and many (tiled BLAS path), on 1 and 2 threads."""
+    one row (decode), a few rows (fused kernel) and many (tiled BLAS path: a short prompt's w x^T and
+    a long one's x w^T), on 1 and 2 threads."""
     rng = np.random.default_rng(FORMATS.index(q))
     bs = get_dtype(q).block_size
     for threads in (1, 2):
         _use_threads(threads, monkeypatch)
-        for n, k, m in ((1, bs, 1), (37, 3 * bs, 1), (21, 5 * bs, 3), (19, 3 * bs, cpu_matmul.FUSED_MAX_ROWS + 5)):
+        for n, k, m in ((1, bs, 1), (37, 3 * bs, 1), (21, 5 * bs, 3), (19, 3 * bs, cpu_matmul.FUSED_MAX_ROWS + 5),
+                        (19, 3 * bs, cpu_matmul.FEW_PROMPT_ROWS + 7)):
             _check(q, n, k, m, rng)
 
 
-def test_tiled_path_covers_ragged_last_tile(monkeypatch):
+@pytest.mark.parametrize("m", [20, cpu_matmul.FEW_PROMPT_ROWS + 3])
+def test_tiled_path_covers_ragged_last_tile(m, monkeypatch):
     monkeypatch.setattr(cpu_matmul, "TILE_ELEMENTS", 64 * 3)  # 3 rows a tile, 10 rows: a ragged last tile
-    _check("q8_0", 10, 64, 20, np.random.default_rng(5))
+    _check("q8_0", 10, 64, m, np.random.default_rng(5))
 
 
 @pytest.mark.parametrize("q", FORMATS)
