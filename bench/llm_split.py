@@ -53,10 +53,10 @@ def main(argv=None):
         setattr(module, name, wrapper)
         return real
 
-    def product(a):  # qmatmul_q's arguments: format, ..., out (m, n), ..., gated
+    def product(a):  # qmatmul_shared's arguments: format, ..., out (m, n), ..., gated
         return f"int-dot {fmt_names[a[0]]} {'gate+up ' if a[10] else ''}{a[3].size / 1e6:.2f} MB"
 
-    saved = [(ints, "qmatmul_q", timed(ints, "qmatmul_q", product)),
+    saved = [(ints, "qmatmul_shared", timed(ints, "qmatmul_shared", product)),
              (ints, "quantize_rows", timed(ints, "quantize_rows", lambda a: "activation quantisation"))]
     for name in ("add_rms_norm", "add_layer_norm", "rope_kv_write", "kv_write", "attention", "cache_attention"):
         if hasattr(dec, name):  # (older trees lack some)
