@@ -337,6 +337,75 @@ def _make_kernel(rows):
     return dot
 
 
+def _dequant_block(builder, code, raw_p, table_p, p, out_p):
+    """Store the block at raw + p as float32 at out_p (element pointer), value for value as
+    ggml's dequantize_row_* (dequant_numpy.py): the same float operations in the same order,
+    unfused, so the result is bit-identical. The quants come from _weight_block: each
+    16-value chunk is converted, scaled, and given its block's min (q4_1, q5_1, the K-quants) or,
+    for q4_0 / q5_0, its offset subtracted as an integer first ((q - 8) * d, as ggml)."""
+    f16 = _vec(_F32, 16)
+    values = {}  # chunk -> <16 x float>, stored once the block's terms are all in
+    for kind, scale, a, chunks in _weight_block(builder, code, raw_p, table_p, p):
+        if kind == "min":
+            if code in OFFSET:  # already applied to the integers below
+                continue
+            for c in (2 * a, 2 * a + 1):
+                values[c] = builder.fadd(values[c], _splat(builder, scale, 16))
+            continue
+        for quants, c in chunks:
+            if code in OFFSET:
+                quants = builder.sub(quants, _const_vec(_I16, [int(OFFSET[code])] * 16))
+            values[c] = builder.fmul(builder.sitofp(quants, f16), _splat(builder, scale, 16))
+    for c, v in values.items():
+        ptr = builder.bitcast(builder.gep(out_p, [ir.Constant(_I64, 16 * c)]), f16.as_pointer())
+        builder.store(v, ptr).align = 4
+
+
+@intrinsic
+def dequant_row(typingctx, fmt, raw, row_offset, blocks, block_bytes, table, out, out_offset):
+    """Dequantise the row of `blocks` blocks at byte row_offset of raw (uint8) into out (float32,
+    1-d, C) from element out_offset: a loop of vector IR per format (fmt a FORMATS code; callers
+    check it). table: the f16 values (float32)."""
+    arrays = (raw, table, out)
+    dtypes = (types.uint8, types.float32, types.float32)
+    if any(not isinstance(a, types.Array) or a.ndim != 1 or a.layout != "C" or a.dtype != d
+           for a, d in zip(arrays, dtypes)):
+        return None  # the IR reads and writes raw memory: only contiguous 1-d arrays of these dtypes
+    sig = types.void(fmt, raw, row_offset, blocks, block_bytes, table, out, out_offset)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        arys = {i: context.make_array(t[i])(context, builder, args[i]) for i in (1, 5, 6)}
+
+        def i64(i):
+            return context.cast(builder, args[i], t[i], types.int64)
+        raw_p = builder.bitcast(arys[1].data, _I8.as_pointer())
+        done = builder.append_basic_block("dequant_done")
+        cases = {code: builder.append_basic_block(f"dequant_{code}") for code in FORMATS}
+        switch = builder.switch(i64(0), cases[FORMATS[-1]])
+        for code, block in cases.items():
+            switch.add_case(ir.Constant(_I64, code), block)
+            builder.position_at_end(block)
+            per_block = ir.Constant(_I64, ACTIVATION_BLOCKS[code] * QK)
+            with cgutils.for_range(builder, i64(3)) as loop:
+                b = loop.index
+                p = builder.add(i64(2), builder.mul(b, i64(4)))
+                out_p = builder.gep(arys[6].data, [builder.add(i64(7), builder.mul(b, per_block))])
+                _dequant_block(builder, code, raw_p, arys[5].data, p, out_p)
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+def dequant_row_py(fmt, raw, row_offset, blocks, block_bytes, table, out, out_offset):
+    """dequant_row in numpy (dequant_numpy, bit-exact with ggml), for NUMBA_DISABLE_JIT=1."""
+    from .dequant_numpy import dequantize_numpy
+    n = blocks * ACTIVATION_BLOCKS[fmt] * QK
+    out[out_offset:out_offset + n] = dequantize_numpy(raw[row_offset:row_offset + blocks * block_bytes],
+                                                      NAMES[fmt], n)
+
+
 TILE_ROWS = 4  # activation rows per call of the many-row kernels (a prompt's tokens)
 NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 
@@ -357,3 +426,4 @@ tile_dot = _make_kernel(TILE_ROWS)
 if config.DISABLE_JIT:  # type: ignore[attr-defined]  # (set at import) IR cannot run as Python: numpy instead
     dot = functools.partial(dot_py, rows=1)
     tile_dot = functools.partial(dot_py, rows=TILE_ROWS)
+    dequant_row = dequant_row_py  # type: ignore[assignment]
