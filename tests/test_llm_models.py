@@ -338,6 +338,10 @@ def test_smollm2_greedy_matches_transformers_token_for_token(smollm2_gguf, monke
     from tallow.generation import chat_prompt_ids, generate_ids
     for prompt in SMOL_PROMPTS:
         ids = chat_prompt_ids(ours, [{"role": "user", "content": prompt}])
+        # Each prompt from an empty cache, as transformers runs it: reusing the previous prompt's
+        # cached template prefix rounds its keys differently (logits within 2e-3), and token 10 of
+        # the third prompt is a 1.5e-4 near-tie that such rounding flips (seen on an AVX-512 box).
+        ours.reset()
         got = list(generate_ids(ours, ids, max_tokens=32, stop_tokens=[]))
         with torch.no_grad():
             # An explicit mask: the prompt holds <|im_end|> (id 2 = pad), which transformers
