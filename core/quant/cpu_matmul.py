@@ -65,6 +65,8 @@ def kernels():
         _state["decode"] = KernelModule("cpu_decode_kernels")
         _state["step"] = KernelModule("cpu_step")
         _state["no_bias"] = np.empty(0, dtype=np.float32)
+        from . import native_kernels
+        native_kernels.load_all()  # before any weight is read: LLVM's page spike at low RSS (see there)
         set_threads(thread_count())
     return _state["module"]
 
@@ -213,6 +215,7 @@ def _int_product(x, x2, arr, d, fmt, n, k, bias=None, act=None, record=None):
     import numpy as np
     ints = _state["int"]
     m = x2.shape[0]
+    _tiles.buf = None  # decoding now: the prompt's 4 MB tile buffer goes (a new prompt faults it in again)
     if record is not None and not np.may_share_memory(x2, x):
         record.refuse("a copy of a quantised product's input")  # a replay would read the stale copy
     qx = np.empty((m, k), dtype=np.int16)

@@ -21,7 +21,6 @@ TALLOW_NATIVE_KERNELS=0 turns this off (numba's own cache then loads every kerne
 NUMBA_DISABLE_JIT=1, under which the kernels run as Python.
 """
 import glob
-import hashlib
 import json
 import os
 import sys
@@ -80,6 +79,27 @@ def kernel(name):
         return _state[name]
 
 
+def _digest(data=b""):
+    """A BLAKE2b hash object from CPython's own `_blake2` (hashlib's import loads OpenSSL's libcrypto:
+    +4 MB of every CPU process's RSS, measured), or hashlib's where that module is missing."""
+    try:
+        from _blake2 import blake2b
+    except ImportError:
+        from hashlib import blake2b
+    return blake2b(data)
+
+
+def load_all():
+    """Link every entry now (cpu_matmul.kernels() calls this once). Each link touches about 70 MB
+    of LLVM's library pages, handed back right after (llvm_pages.py) but counted in the peak RSS
+    of that moment: linked one by one as first used, the decode step's entries came after the
+    prompt had read the mapped weights, and their spike set the run's peak (a Qwen2.5-0.5B-shaped
+    Q4_K_M file: 535 MB, 1.33x file + KV cache; linked together before the weights are read,
+    the spike sits at the start, where RSS is low)."""
+    for name in ENTRIES:
+        kernel(name)
+
+
 def numba_kernel(name):
     """The numba dispatcher behind entry `name` (imports numba)."""
     module, function, _args, _ret = ENTRIES[name]
@@ -107,7 +127,7 @@ def _load_entry(name):
             manifest = json.load(f)
         with open(path + ".o", "rb") as f:
             code = f.read()
-        if hashlib.sha256(code).hexdigest() != manifest.get("sha256"):  # (LLVM aborts on a broken object)
+        if _digest(code).hexdigest() != manifest.get("blake2b"):  # (LLVM aborts on a broken object)
             raise ValueError(f"{path}.o is not the object its manifest describes (truncated or changed): "
                              "delete the folder to compile again")
         address = _link(name, code, manifest)
@@ -126,7 +146,7 @@ def _folder():
         import llvmlite.binding as ll
         ll.initialize_native_target()
         ll.initialize_native_asmprinter()
-        h = hashlib.sha256()
+        h = _digest()
         here = os.path.dirname(os.path.abspath(__file__))
         for module in SOURCES:
             with open(os.path.join(here, module + ".py"), "rb") as f:
@@ -268,7 +288,7 @@ def _compile(name, path):
     os.replace(tmp + ".o", path + ".o")  # the object first: a manifest always has its object
     with open(tmp + ".json", "w") as f:
         json.dump({"symbol": compiled.native_name, "external": external,
-                   "sha256": hashlib.sha256(code).hexdigest()}, f)
+                   "blake2b": _digest(code).hexdigest()}, f)
     os.replace(tmp + ".json", path + ".json")
 
 
