@@ -2,7 +2,6 @@
 cupy caches the binaries on disk) from the kernels tallow writes once for CUDA and Metal
 (tallow/backends/gpu_kernels/, in CUDA C's spelling), launched with numpy scalars."""
 import collections
-import hashlib
 import os
 
 from tallow.backends import gpu_kernels
@@ -86,6 +85,7 @@ class CupyDriver:
     # ---- kernels ----------------------------------------------------------------
     def load_source(self, name, source):
         """The module key of a user's CUDA C source (a tallow.CustomOp), compiled by NVRTC on first launch."""
+        import hashlib  # here, not at import: probing for the device loads this module (OpenSSL: +4 MB RSS)
         key = f"custom op {name} #{hashlib.sha256(source.encode()).hexdigest()[:12]}"
         if key not in self._modules:
             self._modules[key] = self.cp.RawModule(code=source, options=("--std=c++17",))

@@ -3,7 +3,6 @@ the CPU reads results in place, no blit), MSL compiled at run time per kernel mo
 (msl.h + common.h + the module, see kernel_source) with fast math off (NaN/inf must behave as in numpy),
 and dispatches recorded into one command buffer that is committed at sync points
 (a download), not after every op."""
-import hashlib
 import os
 import struct
 import sys
@@ -107,6 +106,7 @@ class MetalDriver:
 
     def load_source(self, name, source):
         """The module key of a user's MSL source (a tallow.CustomOp), compiled once."""
+        import hashlib  # here, not at import: probing for the device loads this module (OpenSSL: +4 MB RSS)
         key = f"custom op {name} #{hashlib.sha256(source.encode()).hexdigest()[:12]}"
         if key not in self._libraries:
             self._libraries[key] = self._compile(source, key)

@@ -69,6 +69,22 @@ def test_gelu_uses_the_numba_kernel_once_numba_is_loaded():
     assert cpu_gelu._kernel() is not None
 
 
+def test_gelu_gives_the_same_bits_with_and_without_numba():
+    """Whether numba is loaded in a process must not change a result (a transcript): the kernel
+    and the numpy passes do the same float32 operations in the same order, without fused
+    multiply-adds."""
+    pytest.importorskip("numba")
+    x = _wide_inputs()
+    kernel, in_place = cpu_gelu._kernel()
+    want = cpu_gelu._gelu_numpy(x)
+    got = np.empty_like(x)
+    kernel(x, got)
+    np.testing.assert_array_equal(got, want)
+    y = x.copy()
+    in_place(y)
+    np.testing.assert_array_equal(y, want)
+
+
 def test_gelu_alone_does_not_load_numba():
     import subprocess
     import sys

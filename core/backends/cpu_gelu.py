@@ -91,8 +91,11 @@ def _build_numba():
 
     # error_model="numpy": no Python ZeroDivisionError check in the loop, whose branch
     # kept LLVM from vectorising it (measured 18 ms -> 0.5 ms on 1500x1536).
-    # "contract" lets it use fused multiply-adds (no less exact).
-    @njit(inline="always", error_model="numpy", fastmath={"contract"})
+    # The same float32 operations in the same order as _gelu_numpy and no fused multiply-adds,
+    # so both give the same bits: whether numba happens to be loaded in a process must not
+    # change a transcript (a noise clip's words differed between a test process that had
+    # loaded numba and a fresh worker that had not).
+    @njit(inline="always", error_model="numpy")
     def gelu_one(v):
         # No branches: the clamps are selects that keep NaN (a comparison with NaN is false).
         z = v * s
@@ -101,9 +104,9 @@ def _build_numba():
         z2 = z * z
         p = ((((((p0 * z2 + p1) * z2 + p2) * z2 + p3) * z2 + p4) * z2 + p5) * z2 + p6) * z
         q = (((q0 * z2 + q1) * z2 + q2) * z2 + q3) * z2 + q4
-        return half * v * (one + p / q)
+        return ((p / q + one) * half) * v
 
-    @njit(cache=True, error_model="numpy", fastmath={"contract"})
+    @njit(cache=True, error_model="numpy")
     def gelu_kernel(x, out):
         for i in range(x.size):  # one flat loop: LLVM vectorises it
             out[i] = gelu_one(x[i])
@@ -111,7 +114,7 @@ def _build_numba():
     # In place gets its own loop over one array: with out and x the same memory, the loop
     # above fails LLVM's run-time overlap check and runs scalar (measured 7.3 ms vs 0.5 ms
     # on 1500x1536).
-    @njit(cache=True, error_model="numpy", fastmath={"contract"})
+    @njit(cache=True, error_model="numpy")
     def gelu_in_place(x):
         for i in range(x.size):
             x[i] = gelu_one(x[i])
