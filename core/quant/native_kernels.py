@@ -90,12 +90,12 @@ def _digest(data=b""):
 
 
 def load_all():
-    """Link every entry now (cpu_matmul.kernels() calls this once). Each link touches about 70 MB
-    of LLVM's library pages, handed back right after (llvm_pages.py) but counted in the peak RSS
-    of that moment: linked one by one as first used, the decode step's entries came after the
-    prompt had read the mapped weights, and their spike set the run's peak (a Qwen2.5-0.5B-shaped
-    Q4_K_M file: 535 MB, 1.33x file + KV cache; linked together before the weights are read,
-    the spike sits at the start, where RSS is low)."""
+    """Link every entry now (cpu_matmul.kernels() calls this once). Loading llvmlite (about 100 MB
+    of its library's pages at dlopen) and each link touch LLVM's pages, handed back right after
+    (llvm_pages.py) but counted in the peak RSS of that moment: linked one by one as first used,
+    the decode step's entries came after the prompt had read the mapped weights. A
+    Qwen2.5-0.5B-shaped Q4_K_M run peaked at 535 MB that way and at 527 MB with every entry
+    linked at the start, where RSS is low (measured)."""
     for name in ENTRIES:
         kernel(name)
 
