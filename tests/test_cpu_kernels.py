@@ -146,12 +146,30 @@ def test_embedding_rows_are_bit_exact(q):
         cpu_matmul.dequant_rows(raw, q, k, [n])
 
 
-def test_f16_matmul():
+def _f16_check(n, k, m, rng):
+    """cpu_matmul.f16_matmul against float64 numpy on the same f16 values (+ a bias)."""
+    w = rng.standard_normal((n, k)).astype(np.float16)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    bound = 3e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.astype(np.float64)).T) + 1e-6  # float32 sums
+    assert np.all(np.abs(cpu_matmul.f16_matmul(x, w.view(np.uint16)) - want) <= bound)
+    assert np.all(np.abs(cpu_matmul.f16_matmul(x, w.view(np.uint16), bias) - (want + bias)) <= bound + 1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_f16_matmul(threads):
+    """Odd row counts, k not a multiple of the 16-value vector (the tail), one and several rows of
+    x, a matrix large enough for the pool's threads to share."""
+    cpu_matmul.kernels()
+    cpu_matmul.set_threads(threads)
     rng = np.random.default_rng(3)
-    w = rng.standard_normal((13, 70)).astype(np.float16)
-    x = rng.standard_normal((2, 70)).astype(np.float32)
-    np.testing.assert_allclose(cpu_matmul.f16_matmul(x, w.view(np.uint16)), x @ w.astype(np.float32).T,
-                               rtol=1e-5, atol=1e-5)
+    for n, k, m in [(13, 70, 2), (1, 16, 1), (7, 5, 3), (1501, 384, 1), (513, 1536, 5)]:
+        _f16_check(n, k, m, rng)
+    with pytest.raises(ShapeError, match="expected last dim 70"):
+        cpu_matmul.f16_matmul(np.zeros((1, 69), np.float32), np.zeros((3, 70), np.uint16))
+    with pytest.raises(ShapeError, match="uint16 array of f16 bits"):
+        cpu_matmul.f16_matmul(np.zeros((1, 4), np.float32), np.zeros((3, 4), np.float16))
 
 
 def test_bad_shapes_raise_tallow_errors():
@@ -218,6 +236,9 @@ def test_kernels_run_as_plain_python():
         "for q in FORMATS:\n"
         "    bs = 256 if q.endswith('_k') else 32\n"
         "    _check(q, 3, bs, 1, rng); _check(q, 2, bs, cpu_matmul.FUSED_MAX_ROWS + 1, rng)\n"
+        "from test_cpu_kernels import _f16_check\n"
+        "cpu_matmul.kernels()\n"
+        "_f16_check(5, 37, 2, rng)\n"
         "print('ok')\n")
     env = dict(os.environ, NUMBA_DISABLE_JIT="1")
     out = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], capture_output=True, text=True,

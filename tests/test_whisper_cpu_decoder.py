@@ -58,6 +58,31 @@ def test_beams_reorders_and_continuations_match_transformers(checkpoint):
     assert state.length == len(seqs[0])
 
 
+def test_f16_exact_weights_take_the_f16_kernel_and_match_transformers(tmp_path):
+    """A checkpoint whose matrices are f16 values (as Whisper's are): with the CPU kernels the
+    decoder multiplies f16 copies (half the bytes), with the same logits as transformers."""
+    pytest.importorskip("numba")
+    from tallow.quant import cpu_matmul
+    if cpu_matmul.kernels() is None:
+        pytest.skip("TALLOW_CPU_KERNELS=0")
+    torch, ref = _random_checkpoint(tmp_path, 80, POSITIONS)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(p.half().float())
+    ref.save_pretrained(tmp_path, safe_serialization=True)
+    model = whisper.load(tmp_path, device="cpu")
+    feats = torch.randn(1, 80, 2 * POSITIONS)
+    state = model.start(model.encode(tallow.tensor(feats.tolist())))
+    decoder = model._cpu_decoder
+    assert decoder.head.f16 is not None and all(layer.fc1.f16 is not None for layer in decoder.layers)
+    seqs = [[1, 5, 7]]
+    assert abs(model.decode_step(seqs, state, positions=None).numpy() - _reference(torch, ref, feats, seqs)).max() <= 1e-4
+    state.reorder([0, 0])
+    seqs = [s + [t] for s, t in zip(seqs * 2, (11, 12))]
+    got = model.decode_step([[11], [12]], state).numpy()
+    assert abs(got - _reference(torch, ref, feats, seqs)[:, -1:]).max() <= 1e-4
+
+
 def test_generic_decoder_when_turned_off(checkpoint):
     path, _, _, feats = checkpoint
     model = whisper.load(path, device="cpu")

@@ -6,33 +6,28 @@ is the rational approximation Eigen and XNNPACK use for float32 (an odd
 polynomial over an even one on x clamped to [-4, 4], where erf rounds to +-1 in
 float32), a few float32 ulps from the true erf. GELU(x) = x/2 (1 + erf(x/sqrt 2)).
 
-`gelu(x)` runs a numba kernel when numba is already loaded (tallow's quantised-weight
-kernels load it) and $TALLOW_CPU_KERNELS is not "0", else the same polynomial as
-numpy array operations. Measured on Whisper tiny's (1500, 1536) fc1 output, one
-thread: scipy's erf 24 ms of CPU, the numpy polynomial 12 ms, the numba kernel
-0.4 ms. GELU alone does not load numba: importing it and loading the cached
-kernel took 0.9 s, more than the kernel saves a short transcription (4 calls per
-30 s window). Inputs other than float32 are left to the caller's float64 path
-(`gelu` returns None).
+`gelu(x)` runs a compiled kernel (quant/cpu_decode_kernels.py: the same float32
+operations in the same order, so the same bits) once the process uses the CPU
+kernels (a quantised model, Whisper on the CPU; not under TALLOW_CPU_KERNELS=0),
+else the polynomial as numpy array operations. Measured on Whisper tiny's
+(1500, 1536) fc1 output, one thread: scipy's erf 24 ms of CPU, the numpy
+polynomial 12 ms, the kernel 0.4 ms. GELU alone does not load the kernels.
+Inputs other than float32 are left to the caller's float64 path (`gelu` returns None).
 
 NaN stays NaN; +inf gives +inf and -inf NaN (inf * 0), as the float64 formula does.
 """
 import math
-import os
 import sys
 
 import numpy as np
 
 # erf(x) ~= x * P(x^2) / Q(x^2) on [-4, 4] (Eigen's generic_fast_erf_float).
-_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-      -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
-_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-      -1.42647390514189e-02)
-_INV_SQRT2 = 1.0 / math.sqrt(2.0)
-_CLAMP = 4.0
-
-_state: dict[str, object] = {}
-
+ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+         -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+         -1.42647390514189e-02)
+INV_SQRT2 = 1.0 / math.sqrt(2.0)
+GELU_CLAMP = 4.0
 
 CHUNK = 16384  # elements per numpy pass (64 KB each temporary: they stay in L2 between passes)
 
@@ -40,18 +35,18 @@ CHUNK = 16384  # elements per numpy pass (64 KB each temporary: they stay in L2 
 def _erf_numpy(z, t):
     """erf of the float32 chunk z (clamped here, in place) into t; uses z as scratch."""
     f = np.float32
-    np.clip(z, f(-_CLAMP), f(_CLAMP), out=z)  # np.clip keeps NaN
+    np.clip(z, f(-GELU_CLAMP), f(GELU_CLAMP), out=z)  # np.clip keeps NaN
     z2 = np.multiply(z, z)
-    t.fill(f(_P[0]))
-    for c in _P[1:]:
+    t.fill(f(ERF_P[0]))
+    for c in ERF_P[1:]:
         t *= z2
         t += f(c)
     t *= z
-    np.multiply(z2, f(_Q[0]), out=z)
-    for c in _Q[1:-1]:
+    np.multiply(z2, f(ERF_Q[0]), out=z)
+    for c in ERF_Q[1:-1]:
         z += f(c)
         z *= z2
-    z += f(_Q[-1])
+    z += f(ERF_Q[-1])
     t /= z
     return t
 
@@ -70,7 +65,7 @@ def _gelu_numpy(x, out=None):
             part = flat[i:i + CHUNK]
             n = part.size
             zc, tc = z[:n], t[:n]
-            np.multiply(part, f(_INV_SQRT2), out=zc)
+            np.multiply(part, f(INV_SQRT2), out=zc)
             _erf_numpy(zc, tc)
             tc += f(1.0)
             tc *= f(0.5)  # halve before multiplying by x: x * 2 overflows near float32's max
@@ -79,60 +74,13 @@ def _gelu_numpy(x, out=None):
     return res.reshape(x.shape)
 
 
-def _build_numba():
-    from ..quant.numba_setup import prepare
-    prepare()  # numba then does not import scipy's BLAS (numba_setup.py)
-    from numba import njit
-
-    f = np.float32
-    p0, p1, p2, p3, p4, p5, p6 = (f(c) for c in _P)
-    q0, q1, q2, q3, q4 = (f(c) for c in _Q)
-    s, lim, half, one = f(_INV_SQRT2), f(_CLAMP), f(0.5), f(1.0)
-
-    # error_model="numpy": no Python ZeroDivisionError check in the loop, whose branch
-    # kept LLVM from vectorising it (measured 18 ms -> 0.5 ms on 1500x1536).
-    # The same float32 operations in the same order as _gelu_numpy and no fused multiply-adds,
-    # so both give the same bits: whether numba happens to be loaded in a process must not
-    # change a transcript (a noise clip's words differed between a test process that had
-    # loaded numba and a fresh worker that had not).
-    @njit(inline="always", error_model="numpy")
-    def gelu_one(v):
-        # No branches: the clamps are selects that keep NaN (a comparison with NaN is false).
-        z = v * s
-        z = lim if z > lim else z
-        z = -lim if z < -lim else z
-        z2 = z * z
-        p = ((((((p0 * z2 + p1) * z2 + p2) * z2 + p3) * z2 + p4) * z2 + p5) * z2 + p6) * z
-        q = (((q0 * z2 + q1) * z2 + q2) * z2 + q3) * z2 + q4
-        return ((p / q + one) * half) * v
-
-    @njit(cache=True, error_model="numpy")
-    def gelu_kernel(x, out):
-        for i in range(x.size):  # one flat loop: LLVM vectorises it
-            out[i] = gelu_one(x[i])
-
-    # In place gets its own loop over one array: with out and x the same memory, the loop
-    # above fails LLVM's run-time overlap check and runs scalar (measured 7.3 ms vs 0.5 ms
-    # on 1500x1536).
-    @njit(cache=True, error_model="numpy")
-    def gelu_in_place(x):
-        for i in range(x.size):
-            x[i] = gelu_one(x[i])
-
-    return gelu_kernel, gelu_in_place
-
-
 def _kernel():
-    """The numba kernels (out of place, in place), or None: numba not loaded (see above), or
-    TALLOW_CPU_KERNELS=0."""
-    if os.environ.get("TALLOW_CPU_KERNELS", "1") == "0" or "numba" not in sys.modules:
-        return None
-    if "kernel" not in _state:
-        try:
-            _state["kernel"] = _build_numba()
-        except ImportError:
-            _state["kernel"] = None
-    return _state["kernel"]
+    """The compiled kernels (out of place, in place) once this process uses the CPU kernels
+    (quant/cpu_matmul.py: a quantised model, or Whisper on the CPU), else None. GELU alone
+    never loads them, and TALLOW_CPU_KERNELS=0 turns them off."""
+    matmul = sys.modules.get(__package__.rpartition(".")[0] + ".quant.cpu_matmul")
+    mod = None if matmul is None else matmul.decode_kernels()
+    return None if mod is None else (mod.gelu, mod.gelu_in_place)
 
 
 def gelu(x, out=None):

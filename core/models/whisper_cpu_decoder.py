@@ -21,7 +21,14 @@ Measured (jfk.wav, 27 tokens, busy shared 2-core box, best of 3): decoding went 
 CPU). What is left is reading memory: per token the 80 MB float32 output head (2.5 ms
 alone at best), 28 MB of layer weights and 18 MB of cross-attention keys and values.
 
-Weights are read-only views of the model's storage (no copies). q8_0 weights
+Where the compiled CPU kernels run (numba installed), the step also takes each norm with
+its residual add as one kernel call, GELU as one, and multiplies one to F16_MAX_ROWS rows by
+f16 copies of the matrices (made once, only when every value converts exactly: Whisper's
+checkpoints are stored in f16, so the products read the same values in half the bytes; +57 MB
+for tiny.en). Measured on jfk.wav's 27 tokens (2 threads, shared AVX-512 box, best of 6,
+interleaved): 13.7 -> 11.1 ms per token, the same tokens.
+
+Float32 weights are read-only views of the model's storage. q8_0 weights
 (`quantize="q8_0"`) take tallow.quant.cpu_matmul's integer-dot kernels for steps and
 its tiled path for the prompt. `CpuDecoder.supports(model)` says when this applies:
 the numpy backend, float32, every matrix float32 or a format those kernels handle.
@@ -35,6 +42,9 @@ from ..errors import IndexRangeError, ShapeError
 # (2 threads, AVX-512 box): 5 rows by the 51,864-row head 14.4 -> 10.6 ms, by fc1 0.35 -> 0.20 ms;
 # from about 64 rows on (a prompt, the encoder's 1,500 frames) x W^T is as fast or faster.
 FEW_ROWS = 32
+# Up to this many rows, a matrix stored exactly in f16 is multiplied by the f16 kernel
+# (cpu_matmul.f16_matmul): half the bytes of float32 read per step, each read once for all rows.
+F16_MAX_ROWS = 8
 
 
 def _array(t):
@@ -49,10 +59,12 @@ class _Linear:
         self.n, self.k = weight.shape
         self.bias = None if bias is None else _array(bias)
         self.blocks = weight.dtype.is_quantized
+        self.f16 = None
         if self.blocks:
             self.raw, self.qtype = weight._storage, weight.dtype
         else:
             self.w = _array(weight)
+            self.f16 = _exact_f16(self.w)  # where the kernels run: half the bytes per step
 
     def __call__(self, x):
         if self.blocks:
@@ -60,6 +72,9 @@ class _Linear:
             if x.shape[0] <= cpu_matmul.FUSED_MAX_ROWS and self.bias is not None:
                 return cpu_matmul.qmatmul_bias(x, self.raw, self.qtype, self.n, self.k, self.bias)
             y = cpu_matmul.qmatmul(x, self.raw, self.qtype, self.n, self.k)
+        elif self.f16 is not None and x.shape[0] <= F16_MAX_ROWS:
+            from ..quant import cpu_matmul
+            return cpu_matmul.f16_matmul(x, self.f16, self.bias)
         elif x.shape[0] == 1:  # one row: BLAS's matrix-vector product on W as stored
             y = np.matmul(self.w, x[0])[None]
         elif x.shape[0] <= FEW_ROWS:  # beams, a window's first tokens: W as stored, then the transpose
@@ -78,6 +93,16 @@ class _Linear:
         return cpu_matmul.supports(weight.dtype)
 
 
+def _exact_f16(w):
+    """w (float32) as f16 bit patterns when every value converts exactly (a checkpoint stored in
+    f16, as Whisper's are), else None; only where the compiled kernels run."""
+    from ..quant import cpu_matmul
+    if cpu_matmul.kernels() is None:
+        return None
+    h = w.astype(np.float16)
+    return h.view(np.uint16) if np.array_equal(h, w) else None
+
+
 def _layer_norm(x, norm):
     """LayerNorm over the last axis of x (rows, d), as the backend's (population variance)."""
     c = x - x.mean(axis=-1, keepdims=True)
@@ -88,6 +113,13 @@ def _layer_norm(x, norm):
     c *= norm.w
     c += norm.b
     return c
+
+
+def _add_norm(x, residual, norm):
+    """x += residual (unless None), in place; returns LayerNorm(x) as numpy passes."""
+    if residual is not None:
+        x += residual
+    return _layer_norm(x, norm)
 
 
 class _Norm:
@@ -144,6 +176,29 @@ class CpuDecoder:
         self.final = _Norm(dec.layer_norm)
         from ..backends.numpy_backend import _UNARY
         self.acts = {layer.act: _UNARY[layer.act] for layer in dec.layers}  # the backend's own functions
+        from ..quant import cpu_matmul
+        # The compiled CPU kernels where numba is installed (loaded once, ~60 ms): the norms with
+        # their residual add, attention and GELU as one call each instead of several numpy passes.
+        self.kernels = cpu_matmul.decode_kernels() if cpu_matmul.kernels() is not None else None
+
+    def add_norm(self, x, residual, norm):
+        """x += residual (unless None), in place; returns LayerNorm(x): one kernel call."""
+        out = np.empty_like(x)
+        self.kernels.add_layer_norm(x, np.zeros_like(x) if residual is None else residual, norm.w, norm.b,
+                                    norm.eps, x, out)
+        return out
+
+    @staticmethod
+    def attend(layer, q, kc, vc, keys, causal):
+        """softmax(q k^T / sqrt(head_dim)) v over the first `keys` rows of the caches kc, vc
+        (batch or 1, heads, capacity, head_dim); q (b, heads, t, head_dim) -> the same shape.
+        numpy's batched products (BLAS): a compiled loop over the keys was slower here (0.48 vs
+        0.5-0.6 ms for a cross-attention layer's 6 x 1,500 keys, read from L3 at ~10 GB/s)."""
+        s = np.matmul(q * np.float32(layer.head_dim ** -0.5), kc[:, :, :keys].transpose(0, 1, 3, 2))
+        if causal:  # query i (the cache's row keys - t + i) sees keys up to its own row
+            t = q.shape[2]
+            s[..., np.arange(keys)[None, :] > np.arange(keys - t, keys)[:, None]] = -np.inf
+        return np.matmul(_softmax_rows(s), vc[:, :, :keys])
 
     @staticmethod
     def supports(model):
@@ -238,28 +293,22 @@ class CpuDecoderState:
                              "(one audio for every row, or one per row)")
         x = d.embed_rows(ids.reshape(-1)) + np.tile(d.positions[start:start + t], (b, 1))
         end = start + t
-        causal = None
-        if t > 1:  # query i (position start + i) sees keys up to start + i
-            causal = np.arange(end)[None, :] > np.arange(start, end)[:, None]
+        norm = d.add_norm if d.kernels is not None else _add_norm
+        residual = None  # what the next norm adds to x first
         for layer, kc, vc, (ck, cv) in zip(d.layers, self.k, self.v, self.cross):
             hd = layer.heads * layer.head_dim
-            scale = np.float32(layer.head_dim ** -0.5)
-            qkv = layer.qkv(_layer_norm(x, layer.norm1))
-            q = layer.heads_of(qkv[:, :hd], b, t)
+            qkv = layer.qkv(norm(x, residual, layer.norm1))
             kc[:, :, start:end] = layer.heads_of(qkv[:, hd:2 * hd], b, t)
             vc[:, :, start:end] = layer.heads_of(qkv[:, 2 * hd:], b, t)
-            s = np.matmul(q * scale, kc[:, :, :end].transpose(0, 1, 3, 2))
-            if causal is not None:
-                s[..., causal] = -np.inf
-            x += layer.out(layer.merge(np.matmul(_softmax_rows(s), vc[:, :, :end]), b, t))
-            q = layer.heads_of(layer.cross_q(_layer_norm(x, layer.norm2)), b, t)
-            s = np.matmul(q * scale, ck.transpose(0, 1, 3, 2))
-            x += layer.cross_out(layer.merge(np.matmul(_softmax_rows(s), cv), b, t))
-            x += layer.fc2(d.acts[layer.act](layer.fc1(_layer_norm(x, layer.norm3))))
+            y = d.attend(layer, layer.heads_of(qkv[:, :hd], b, t), kc, vc, end, t > 1)
+            residual = layer.out(layer.merge(y, b, t))
+            q = layer.heads_of(layer.cross_q(norm(x, residual, layer.norm2)), b, t)
+            residual = layer.cross_out(layer.merge(d.attend(layer, q, ck, cv, ck.shape[2], False), b, t))
+            residual = layer.fc2(d.acts[layer.act](layer.fc1(norm(x, residual, layer.norm3))))
         self.length = end
-        x = x.reshape(b, t, -1)
+        h = norm(x, residual, d.final)
+        h = h.reshape(b, t, -1)
         if positions is not None:
-            x = x[:, [p % t for p in positions]]
-        keep = x.shape[1]
-        h = _layer_norm(np.ascontiguousarray(x).reshape(b * keep, -1), d.final)
-        return d.head(h).reshape(b, keep, -1)
+            h = h[:, [p % t for p in positions]]
+        keep = h.shape[1]
+        return d.head(np.ascontiguousarray(h).reshape(b * keep, -1)).reshape(b, keep, -1)

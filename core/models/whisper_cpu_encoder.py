@@ -162,6 +162,8 @@ class CpuEncoder:
         self.positions = _array(enc.embed_positions.weight)
         self.layers = [_Layer(layer) for layer in enc.layers]
         self.final = _Norm(enc.layer_norm)
+        from ..quant import cpu_matmul
+        cpu_matmul.kernels()  # where numba is installed: GELU's compiled kernel (cpu_gelu.py), 12 -> 0.4 ms a call
 
     @staticmethod
     def supports(model):

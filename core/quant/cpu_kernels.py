@@ -1,5 +1,6 @@
 """numba kernels that decode GGUF blocks to float32 on the CPU device: embedding rows,
-tiles of weight rows for the prompt path (then multiplied by BLAS), and the f16 matmul.
+tiles of weight rows for the prompt path (then multiplied by BLAS), and products with f16
+matrices (cpu_simd.f16_dot: each weight widened by the CPU's own instruction).
 Decoding steps use the integer dot products of cpu_int_kernels.py instead.
 
 Imported only by the numpy backend, and only when numba is installed
@@ -10,14 +11,13 @@ into float32 values, bit-identical to ggml's `dequantize_row_*` (see dequant_num
 as vector IR: the same quant unpacking as the integer-dot kernels. NUMBA_DISABLE_JIT=1
 runs dequant_numpy in its place.
 """
-import numpy as np
 
 from .numba_setup import prepare
 
 prepare()  # before any kernel loads: numba then does not import scipy's BLAS (numba_setup.py)
-from numba import njit, prange  # noqa: E402
+from numba import njit  # noqa: E402
 
-from . import cpu_simd  # noqa: E402
+from . import cpu_atomics, cpu_simd  # noqa: E402
 from .kernel_codes import F16_TABLE, FORMATS  # noqa: E402,F401 -- (callers read them here too)
 
 
@@ -34,14 +34,28 @@ def dequant_rows_blocks(fmt, block_size, block_bytes, raw, rows, k, table, out):
         cpu_simd.dequant_row(fmt, raw, rows[i] * row_bytes, blocks, block_bytes, table, flat, i * k)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def f16_matmul(w, x, table, out):
-    """out (m, n) = x (m, k) float32 times the transpose of w (n, k) given as f16 bit patterns (uint16)."""
-    n, k = w.shape
-    m = x.shape[0]
-    for r in prange(n):
-        for i in range(m):
-            s = np.float32(0.0)
-            for j in range(k):
-                s += table[w[r, j]] * x[i, j]
-            out[i, r] = s
+@njit(cache=True, nogil=True)
+def f16_matmul_shared(raw, x, out, bias, n_rows, chunks, state):
+    """out (m, n) = x (m, k) float32 times the transpose of the (n, k) f16 matrix in raw (its
+    bytes, uint8), plus bias (n,) unless empty: chunks of range(n_rows) that every thread calling
+    this takes from state[0] (cpu_threads.RowPool, as cpu_int_kernels.qmatmul_shared); True in
+    the thread that finished the last one. Each weight byte is read once per call."""
+    m, k = x.shape
+    row_bytes = 2 * k
+    last = False
+    while True:
+        c = cpu_atomics.fetch_add(state, 0, 1)
+        if c >= chunks:
+            return last
+        start, stop = n_rows * c // chunks, n_rows * (c + 1) // chunks
+        for r in range(start, stop, 2):
+            r2 = min(r + 1, stop - 1)  # (a last odd row twice)
+            for i in range(m):
+                y, y2 = cpu_simd.f16_dot(raw, r * row_bytes, r2 * row_bytes, k, x, i)
+                if bias.shape[0]:
+                    y += bias[r]
+                    y2 += bias[r2]
+                out[i, r] = y
+                out[i, r2] = y2
+        if cpu_atomics.fetch_add(state, 1, 1) == chunks - 1:
+            last = True

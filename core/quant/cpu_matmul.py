@@ -300,15 +300,25 @@ def threads():
     return _state.get("threads", 1)
 
 
-def f16_matmul(x, w_bits):
-    """x (..., k) float32 times the transpose of w (n, k), given as f16 bit patterns (uint16 array)."""
+def f16_matmul(x, w_bits, bias=None):
+    """x (..., k) float32 times the transpose of w (n, k) given as f16 bit patterns (uint16,
+    C-contiguous), plus bias (n,): cpu_kernels.f16_matmul_shared, whose products of at least
+    PARALLEL_MIN_BYTES the pool's threads share. Needs kernels()."""
     import numpy as np
-    mod = kernels()
     n, k = w_bits.shape
     x = np.asarray(x, dtype=np.float32)
     if x.shape[-1:] != (k,):
         raise ShapeError(f"f16 matmul: x has shape {x.shape}, expected last dim {k}")
+    if w_bits.dtype != np.uint16 or not w_bits.flags.c_contiguous:
+        raise ShapeError(f"f16 matmul: the weights must be a C-contiguous uint16 array of f16 bits, not {w_bits.dtype}")
     x2 = np.ascontiguousarray(x.reshape(-1, k))
     out = np.empty((x2.shape[0], n), dtype=np.float32)
-    mod.f16_matmul(np.ascontiguousarray(w_bits).view(np.uint16), x2, mod.F16_TABLE, out)
+    bias = _state["no_bias"] if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(n)
+    args = (w_bits.reshape(-1).view(np.uint8), x2, out, bias)
+    kernel = _state["module"].f16_matmul_shared
+    pool = _state["pool"]
+    if pool is not None and w_bits.nbytes >= PARALLEL_MIN_BYTES:
+        pool.run(kernel, args, n)
+    else:
+        kernel(*args, n, 1, np.zeros(2, dtype=np.int64))
     return out.reshape(x.shape[:-1] + (n,))

@@ -398,6 +398,76 @@ def dequant_row(typingctx, fmt, raw, row_offset, blocks, block_bytes, table, out
     return sig, codegen
 
 
+F16_LANES = 16  # f16 values per vector step of f16_dot
+F16_PREFETCH = 1024  # bytes ahead of a row's loads that f16_dot asks the cache for
+
+
+@intrinsic
+def f16_dot(typingctx, raw, oa, ob, k, x, i):
+    """(the f16 row at byte oa of raw times row i of x, then the row at ob times it): raw uint8
+    (1-d, C), x float32 (m, k, C). Each 16 weights are widened to float32 by the target's own
+    instruction (x86 F16C vcvtph2ps, arm64 fcvtl: exact) and multiplied into 16 float lanes,
+    summed once per row; a tail of k % 16 runs one value at a time."""
+    if not (isinstance(raw, types.Array) and raw.ndim == 1 and raw.layout == "C" and raw.dtype == types.uint8
+            and isinstance(x, types.Array) and x.ndim == 2 and x.layout == "C" and x.dtype == types.float32):
+        return None  # the IR reads raw memory: only contiguous arrays of these dtypes and ranks
+    sig = types.UniTuple(types.float32, 2)(raw, oa, ob, k, x, i)
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        raw_a = context.make_array(t[0])(context, builder, args[0])
+        x_a = context.make_array(t[4])(context, builder, args[4])
+
+        def i64(j):
+            return context.cast(builder, args[j], t[j], types.int64)
+        raw_p = builder.bitcast(raw_a.data, _I8.as_pointer())
+        k_ = i64(3)
+        x_row = builder.gep(x_a.data, [builder.mul(i64(5), k_)])
+        lanes = ir.Constant(_I64, F16_LANES)
+        vf = _vec(_F32, F16_LANES)
+        half_v = _vec(ir.HalfType(), F16_LANES)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf] * 3),
+                                             f"llvm.fmuladd.v{F16_LANES}f32")
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]), "llvm.prefetch.p0i8")
+        zero = ir.Constant(vf, [ir.Constant(_F32, 0.0)] * F16_LANES)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(2)]
+        tails = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(2)]
+        bases = (i64(1), i64(2))
+        with cgutils.for_range(builder, builder.udiv(k_, lanes)) as loop:
+            j = builder.mul(loop.index, lanes)
+            xp = builder.bitcast(builder.gep(x_row, [j]), vf.as_pointer())
+            xv = builder.load(xp)
+            xv.align = 4
+            for acc, base in zip(accs, bases):
+                at = builder.add(base, builder.mul(j, ir.Constant(_I64, 2)))
+                builder.call(prefetch, [builder.gep(raw_p, [builder.add(at, ir.Constant(_I64, F16_PREFETCH))]),
+                                        ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                w = _load(builder, raw_p, at, half_v)
+                builder.store(builder.call(fma, [builder.fpext(w, vf), xv, builder.load(acc)]), acc)
+        with cgutils.for_range(builder, builder.urem(k_, lanes)) as loop:  # the tail
+            j = builder.add(builder.mul(builder.udiv(k_, lanes), lanes), loop.index)
+            xj = builder.load(builder.gep(x_row, [j]))
+            for tail, base in zip(tails, bases):
+                w = _load(builder, raw_p, builder.add(base, builder.mul(j, ir.Constant(_I64, 2))), ir.HalfType())
+                builder.store(builder.fadd(builder.load(tail), builder.fmul(builder.fpext(w, _F32), xj)), tail)
+        sums = []
+        for acc, tail in zip(accs, tails):
+            v = builder.load(acc)
+            total = builder.extract_element(v, ir.Constant(_I32, 0))
+            for lane in range(1, F16_LANES):
+                total = builder.fadd(total, builder.extract_element(v, ir.Constant(_I32, lane)))
+            sums.append(builder.fadd(total, builder.load(tail)))
+        return context.make_tuple(builder, signature.return_type, sums)
+    return sig, codegen
+
+
+def f16_dot_py(raw, oa, ob, k, x, i):
+    """f16_dot in numpy, for NUMBA_DISABLE_JIT=1 and as the tests' reference."""
+    w = np.stack([raw[o:o + 2 * k].view(np.float16) for o in (oa, ob)]).astype(np.float64)
+    return tuple(np.float32(v) for v in w @ x[i].astype(np.float64))
+
+
 def dequant_row_py(fmt, raw, row_offset, blocks, block_bytes, table, out, out_offset):
     """dequant_row in numpy (dequant_numpy, bit-exact with ggml), for NUMBA_DISABLE_JIT=1."""
     from .dequant_numpy import dequantize_numpy
@@ -427,3 +497,4 @@ if config.DISABLE_JIT:  # type: ignore[attr-defined]  # (set at import) IR canno
     dot = functools.partial(dot_py, rows=1)
     tile_dot = functools.partial(dot_py, rows=TILE_ROWS)
     dequant_row = dequant_row_py  # type: ignore[assignment]
+    f16_dot = f16_dot_py  # type: ignore[assignment]

@@ -44,12 +44,16 @@ ENTRIES = {  # name: (module in tallow.quant, kernel, argument kinds, result kin
     "cache_attention": ("cpu_decode_kernels", "cache_attention",
                         ("f32[4]", "f32[4]", "f32[4]", "f32[2]", "f32[2]", "f32[4]", "f32[4]", "i64", "i64", "f32",
                          "bool", "f32[4]"), "void"),
+    "f16_matmul_shared": ("cpu_kernels", "f16_matmul_shared",
+                          ("u8[1]", "f32[2]", "f32[2]", "f32[1]", "i64", "i64", "i64[1]"), "bool"),
+    "gelu": ("cpu_decode_kernels", "gelu", ("f32[1]", "f32[1]"), "void"),
+    "gelu_in_place": ("cpu_decode_kernels", "gelu_in_place", ("f32[1]",), "void"),
     "poll": ("cpu_atomics", "_poll", ("i64[1]", "i64", "i64", "bool", "i64"), "bool"),
     "run_step": ("cpu_step", "run_step", ("i64[2]", "f64[1]", "f32[1]", "u32[1]", "i64[1]", "i64", "i64"), "i64"),
 }
-# every module whose source a kernel's machine code depends on (the key)
+# every module whose source a kernel's machine code depends on (the key), from tallow.quant
 SOURCES = ("cpu_atomics", "cpu_decode_kernels", "cpu_int_kernels", "cpu_kernels", "cpu_program", "cpu_simd",
-           "cpu_step", "kernel_codes", "native_kernels", "numba_setup")
+           "cpu_step", "kernel_codes", "native_kernels", "numba_setup", "../backends/cpu_gelu")
 DTYPES = {"f32": "float32", "f64": "float64", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
           "u32": "uint32"}
 
