@@ -80,7 +80,13 @@ def test_f16_exact_weights_take_the_f16_kernel_and_match_transformers(tmp_path):
     state.reorder([0, 0])
     seqs = [s + [t] for s, t in zip(seqs * 2, (11, 12))]
     got = model.decode_step([[11], [12]], state).numpy()
+    assert state.program is not None  # one-token steps ran as one step program (whisper_cpu_step.py)
     assert abs(got - _reference(torch, ref, feats, seqs)[:, -1:]).max() <= 1e-4
+    state.reorder([1, 0])  # the same batch: the caches rewritten in place, the program kept
+    program = state.program
+    seqs = [seqs[1] + [13], seqs[0] + [14]]
+    got = model.decode_step([[13], [14]], state).numpy()
+    assert state.program is program and abs(got - _reference(torch, ref, feats, seqs)[:, -1:]).max() <= 1e-4
 
 
 def test_generic_decoder_when_turned_off(checkpoint):
@@ -109,6 +115,7 @@ def test_q8_0_weights_match_the_generic_decoder(checkpoint):
         fast = model.decode_step(ids, fast_state).numpy()
         model.cpu_direct = False
         assert abs(fast - slow).max() <= 1e-4
+    assert fast_state.program is not None  # the one-token steps on blocks ran as a step program
 
 
 def test_bad_ids_and_lengths_are_clear_errors(checkpoint):

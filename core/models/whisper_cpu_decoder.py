@@ -243,6 +243,7 @@ class CpuDecoderState:
                       for layer in decoder.layers]
         self.k = self.v = None  # per layer (batch, heads, max_target_positions, head_dim)
         self.length = 0
+        self.program_key = self.program = None  # the one-token step program (_program)
 
     def _caches(self, batch):
         d = self.decoder
@@ -270,6 +271,15 @@ class CpuDecoderState:
         for c in self.k + self.v:
             c[:, :, :n] = c[rows, :, :n]  # fancy indexing copies first, so in place is safe
 
+    def _program(self, b):
+        """The one-token step program for these caches (built at the first such step; again when
+        beam search changes the batch, which makes new caches), or None where it cannot run."""
+        key = (b, id(self.k[0]))
+        if self.program_key != key:
+            from . import whisper_cpu_step
+            self.program_key, self.program = key, whisper_cpu_step.build(self.decoder, self, b)
+        return self.program
+
     def step(self, ids, positions):
         """ids (b, t) int array continuing the sequences -> logits (b, len(positions) or t, vocab)."""
         d = self.decoder
@@ -291,6 +301,12 @@ class CpuDecoderState:
         if self.cross[0][0].shape[0] not in (1, b):
             raise ShapeError(f"whisper decoder: {b} rows over audio features of batch {self.cross[0][0].shape[0]} "
                              "(one audio for every row, or one per row)")
+        if t == 1 and (positions is None or list(positions) in ([0], [-1])) and d.kernels is not None:
+            program = self._program(b)
+            if program is not None:  # the whole step as one compiled program (whisper_cpu_step.py)
+                logits = program.run(ids.reshape(-1), start)
+                self.length = start + 1
+                return logits.reshape(b, 1, -1)
         x = d.embed_rows(ids.reshape(-1)) + np.tile(d.positions[start:start + t], (b, 1))
         end = start + t
         norm = d.add_norm if d.kernels is not None else _add_norm

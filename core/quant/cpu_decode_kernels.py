@@ -2,7 +2,9 @@
 add_layer_norm, rope_kv_write, kv_write, attention of a few query rows over a KV cache, and
 cache_attention: the rotation, the cache write and that attention together): one compiled call
 each where the composed defaults make several numpy calls and temporaries. Also the float
-models' GELU (backends/cpu_gelu.py).
+models' GELU (backends/cpu_gelu.py), and Whisper's decoding-step pieces that a step program
+runs (models/whisper_cpu_step.py): the token rows plus their positions, and the
+cross-attention over the audio's keys a range of heads at a time.
 
 Imported only with numba installed, through quant/cpu_matmul.py's kernels(); the numpy
 backend uses them for float32 operands and keeps its numpy path for everything else.
@@ -18,6 +20,8 @@ from .numba_setup import prepare
 
 prepare()  # before any kernel loads: numba then does not import scipy's BLAS (numba_setup.py)
 from numba import njit  # noqa: E402
+
+from . import cpu_simd  # noqa: E402
 
 
 @njit(cache=True)
@@ -199,3 +203,63 @@ def gelu(x, out):
 def gelu_in_place(x):
     for i in range(x.size):
         x[i] = _gelu_one(x[i])
+
+
+@njit(cache=True)
+def token_rows(emb, ids, pos, position, out):
+    """out (m, d) = emb[ids[i]] + pos[position]: one token per row (a batch, or beams), each a
+    decoder's token embedding plus its learned position embedding (Whisper). The caller checks
+    ids and position against the tables."""
+    m, d = out.shape
+    for i in range(m):
+        for j in range(d):
+            out[i, j] = emb[ids[i], j] + pos[position, j]
+
+
+PREFETCH_KEYS = 16  # keys ahead whose rows cross_attention_rows asks the cache for (4-32 measured: 16 best)
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
+def cross_attention_rows(q, kc, vc, scale, out, lo, hi):
+    """Query heads lo ... hi - 1 of the b * h in q (b, h, t, d): out (b, h, t, dv) = softmax(q k^T
+    * scale) v over every key of kc (bk, h, tk, d) and vc (bk, h, tk, dv), unmasked; bk is b, or 1
+    for one audio every row attends to (Whisper's cross-attention). A range of heads at a time,
+    so the threads of a step program share them. Per query row: the scores (a vectorised dot
+    per key), their exponentials, then the value rows weighted by them (vectorised)."""
+    b, h, t, d = q.shape
+    bk, _h, tk, _d = kc.shape
+    dv = vc.shape[3]
+    kf = kc.reshape(-1)
+    vf = vc.reshape(-1)
+    scores = np.empty(tk, dtype=np.float32)
+    acc = np.empty(dv, dtype=np.float32)
+    for row in range(lo, hi):
+        bi, hi_ = row // h, row % h
+        head = (0 if bk == 1 else bi) * h + hi_
+        for i in range(t):
+            top = np.float32(-np.inf)
+            for j in range(tk):
+                o = (head * tk + j) * d
+                for c in range(0, d, 16):  # (one cache line of 16 floats at a time)
+                    cpu_simd.prefetch(kf, o + PREFETCH_KEYS * d + c)
+                s = np.float32(0.0)
+                for c in range(d):
+                    s += q[bi, hi_, i, c] * kf[o + c]
+                s *= scale
+                scores[j] = s
+                top = max(top, s)
+            total = np.float32(0.0)
+            for j in range(tk):
+                e = np.exp(scores[j] - top)
+                scores[j] = e
+                total += e
+            acc[:] = 0.0
+            for j in range(tk):
+                e = scores[j]
+                o = (head * tk + j) * dv
+                for c in range(0, dv, 16):
+                    cpu_simd.prefetch(vf, o + PREFETCH_KEYS * dv + c)
+                for c in range(dv):
+                    acc[c] += e * vf[o + c]
+            for c in range(dv):
+                out[bi, hi_, i, c] = acc[c] / total

@@ -35,27 +35,33 @@ def dequant_rows_blocks(fmt, block_size, block_bytes, raw, rows, k, table, out):
 
 
 @njit(cache=True, nogil=True)
-def f16_matmul_shared(raw, x, out, bias, n_rows, chunks, state):
-    """out (m, n) = x (m, k) float32 times the transpose of the (n, k) f16 matrix in raw (its
-    bytes, uint8), plus bias (n,) unless empty: chunks of range(n_rows) that every thread calling
-    this takes from state[0] (cpu_threads.RowPool, as cpu_int_kernels.qmatmul_shared); True in
-    the thread that finished the last one. Each weight byte is read once per call."""
+def f16_rows(raw, x, out, bias, start, stop):
+    """Columns start ... stop - 1 of out (m, n) = x (m, k) float32 times the transpose of the
+    (n, k) f16 matrix in raw (its bytes, uint8), plus bias (n,) unless empty. Each weight row is
+    read once for all m rows of x."""
     m, k = x.shape
     row_bytes = 2 * k
+    for r in range(start, stop, 2):
+        r2 = min(r + 1, stop - 1)  # (a last odd row twice)
+        for i in range(m):
+            y, y2 = cpu_simd.f16_dot(raw, r * row_bytes, r2 * row_bytes, k, x, i)
+            if bias.shape[0]:
+                y += bias[r]
+                y2 += bias[r2]
+            out[i, r] = y
+            out[i, r2] = y2
+
+
+@njit(cache=True, nogil=True)
+def f16_matmul_shared(raw, x, out, bias, n_rows, chunks, state):
+    """f16_rows over chunks of range(n_rows) that every thread calling this takes from state[0]
+    (cpu_threads.RowPool, as cpu_int_kernels.qmatmul_shared); True in the thread that finished
+    the last one."""
     last = False
     while True:
         c = cpu_atomics.fetch_add(state, 0, 1)
         if c >= chunks:
             return last
-        start, stop = n_rows * c // chunks, n_rows * (c + 1) // chunks
-        for r in range(start, stop, 2):
-            r2 = min(r + 1, stop - 1)  # (a last odd row twice)
-            for i in range(m):
-                y, y2 = cpu_simd.f16_dot(raw, r * row_bytes, r2 * row_bytes, k, x, i)
-                if bias.shape[0]:
-                    y += bias[r]
-                    y2 += bias[r2]
-                out[i, r] = y
-                out[i, r2] = y2
+        f16_rows(raw, x, out, bias, n_rows * c // chunks, n_rows * (c + 1) // chunks)
         if cpu_atomics.fetch_add(state, 1, 1) == chunks - 1:
             last = True

@@ -9,7 +9,9 @@ import numpy as np
 from .cpu_threads import CHUNKS_PER_THREAD
 
 OP_QUANTIZE, OP_PRODUCT, OP_RMS_NORM, OP_LAYER_NORM, OP_ATTENTION, OP_ROWS = range(1, 7)
+OP_F16_PRODUCT, OP_CROSS_ATTENTION, OP_GELU, OP_TOKEN_ROWS = range(7, 11)  # (Whisper's step: whisper_cpu_step.py)
 WIDTH = 24  # ints per program row
+SHARED_ROWS, SHARED_CHUNKS = 22, 23  # where a shared op's row count and chunk count sit in its row
 # A program's chunk costs one atomic add (no hand-off through Python, as cpu_matmul's
 # PARALLEL_MIN_BYTES pays for), so it shares smaller products too: SmolLM2's attention output
 # projections (186 KB, 30 a token) ran on thread 0 alone while the helper waited.
@@ -81,8 +83,8 @@ def build(entries):
         keep.append(a)
         return a.__array_interface__["data"][0]
 
-    def row(*values):
-        rows.append(list(values) + [0] * (WIDTH - len(values)))
+    def row(*values, shared=(0, 0)):
+        rows.append(list(values) + [0] * (SHARED_ROWS - len(values)) + list(shared))
 
     f32, i16, i32, u8, i64 = (np.dtype(t) for t in (np.float32, np.int16, np.int32, np.uint8, np.int64))
     try:
@@ -97,7 +99,8 @@ def build(entries):
                 m, k = qx.shape
                 chunks = min(n, threads * CHUNKS_PER_THREAD) if raw.size >= SHARE_MIN_BYTES and threads > 1 else 1
                 row(OP_PRODUCT, fmt, bs, bb, at(raw, u8), at(qx, i16), at(dx, f32), at(sx, i32), at(out, f32),
-                    at(bias, f32), int(gated), act, m, k, out.shape[1], n, chunks, bias.size, raw.size)
+                    at(bias, f32), int(gated), act, m, k, out.shape[1], n, chunks, bias.size, raw.size,
+                    shared=(n, chunks))
             elif fn is decode.add_rms_norm:
                 x, r, w, real, total, normed = args
                 m, d = x.shape

@@ -22,7 +22,8 @@ from numba import carray, njit, types
 from numba.extending import intrinsic
 
 from . import cpu_atomics, cpu_decode_kernels, cpu_int_kernels, cpu_kernels
-from .cpu_program import OP_ATTENTION, OP_LAYER_NORM, OP_PRODUCT, OP_QUANTIZE, OP_RMS_NORM, OP_ROWS
+from .cpu_program import (OP_ATTENTION, OP_CROSS_ATTENTION, OP_F16_PRODUCT, OP_GELU, OP_LAYER_NORM, OP_PRODUCT,
+                          OP_QUANTIZE, OP_RMS_NORM, OP_ROWS, OP_TOKEN_ROWS, SHARED_CHUNKS, SHARED_ROWS)
 
 WAIT_ROUNDS = 1 << 34  # polls before thread 0 gives up on a helper's chunk (minutes: a hang guard only)
 
@@ -66,8 +67,10 @@ def run_step(prog, reals, table, step, state, tid, helper_rounds):
     for j in range(n_ops):
         p = prog[j]
         code = p[0]
-        if code == OP_PRODUCT:  # rows in chunks; a large product's taken by every thread, a small one's by thread 0
-            shared = p[16] > 1
+        if code == OP_PRODUCT or code == OP_F16_PRODUCT or code == OP_CROSS_ATTENTION:
+            # rows in chunks; a large op's taken by every thread, a small one's by thread 0
+            n_rows, chunks = p[SHARED_ROWS], p[SHARED_CHUNKS]
+            shared = chunks > 1
             if shared:
                 shared_seen += 1
                 if tid == 0:
@@ -76,18 +79,17 @@ def run_step(prog, reals, table, step, state, tid, helper_rounds):
                     return 0  # thread 0 is slow (or gone): it does the rest itself
             elif tid != 0:
                 continue
-            m, k, n_out, n_rows, chunks = p[12], p[13], p[14], p[15], p[16]
-            qx = carray(_i16_at(p[5]), (m, k))
-            dx = carray(_f32_at(p[6]), (m, k // 32))
-            sx = carray(_i32_at(p[7]), (m, k // 32))
-            out = carray(_f32_at(p[8]), (m, n_out))
-            raw, bias = carray(_u8_at(p[4]), (p[18],)), carray(_f32_at(p[9]), (p[17],))
-            while True:  # (one call site of the product kernel: the step's machine code stays smaller)
+            while True:  # (one call site of each kernel: the step's machine code stays smaller)
                 c = cpu_atomics._fetch_add(state, 2 * j, 1)
                 if c >= chunks:
                     break
-                cpu_int_kernels.qmatmul_q(p[1], p[2], p[3], raw, qx, dx, sx, table, out, bias, p[10] != 0,
-                                          p[11], n_rows * c // chunks, n_rows * (c + 1) // chunks)
+                lo, hi = n_rows * c // chunks, n_rows * (c + 1) // chunks
+                if code == OP_PRODUCT:
+                    _product(p, table, lo, hi)
+                elif code == OP_F16_PRODUCT:
+                    _f16_product(p, lo, hi)
+                else:
+                    _cross_attention(p, reals[j], lo, hi)
                 cpu_atomics._fetch_add(state, 2 * j + 1, 1)
                 if tid != 0:
                     cpu_atomics._fetch_add(state, pub + 1, 1)
@@ -130,4 +132,37 @@ def run_step(prog, reals, table, step, state, tid, helper_rounds):
             cpu_kernels.dequant_rows_blocks(p[1], p[2], p[3], carray(_u8_at(p[4]), (p[9],)),
                                             carray(_i64_at(p[5]), (n_ids,)), k, table,
                                             carray(_f32_at(p[7]), (n_ids, k)))
+        elif code == OP_TOKEN_ROWS:
+            m, d = p[5], p[3]
+            cpu_decode_kernels.token_rows(carray(_f32_at(p[1]), (p[2], d)), carray(_i64_at(p[4]), (m,)),
+                                          carray(_f32_at(p[6]), (p[7], d)), np.int64(step[0]) + p[9],
+                                          carray(_f32_at(p[8]), (m, d)))
+        elif code == OP_GELU:
+            cpu_decode_kernels.gelu_in_place(carray(_f32_at(p[1]), (p[2],)))
     return 0
+
+
+@njit(cache=True)
+def _product(p, table, lo, hi):
+    m, k, n_out = p[12], p[13], p[14]
+    qx = carray(_i16_at(p[5]), (m, k))
+    dx = carray(_f32_at(p[6]), (m, k // 32))
+    sx = carray(_i32_at(p[7]), (m, k // 32))
+    out = carray(_f32_at(p[8]), (m, n_out))
+    raw, bias = carray(_u8_at(p[4]), (p[18],)), carray(_f32_at(p[9]), (p[17],))
+    cpu_int_kernels.qmatmul_q(p[1], p[2], p[3], raw, qx, dx, sx, table, out, bias, p[10] != 0, p[11], lo, hi)
+
+
+@njit(cache=True)
+def _f16_product(p, lo, hi):
+    m, k, n_out = p[5], p[6], p[7]
+    cpu_kernels.f16_rows(carray(_u8_at(p[1]), (p[8],)), carray(_f32_at(p[2]), (m, k)),
+                         carray(_f32_at(p[3]), (m, n_out)), carray(_f32_at(p[4]), (p[9],)), lo, hi)
+
+
+@njit(cache=True)
+def _cross_attention(p, scale, lo, hi):
+    b, h, t, d, dv, bk, tk = p[5], p[6], p[7], p[8], p[9], p[10], p[11]
+    cpu_decode_kernels.cross_attention_rows(carray(_f32_at(p[1]), (b, h, t, d)), carray(_f32_at(p[2]), (bk, h, tk, d)),
+                                            carray(_f32_at(p[3]), (bk, h, tk, dv)), np.float32(scale),
+                                            carray(_f32_at(p[4]), (b, h, t, dv)), lo, hi)
