@@ -128,9 +128,32 @@ def _sdpa(q, k, v, mask=None, causal=False):
     return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=m).numpy()
 
 
+def _softmax_paths():
+    out = ["numpy"]
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return out
+    return out + ["compiled"]
+
+
+@pytest.fixture(params=_softmax_paths())
+def softmax_path(request, monkeypatch):
+    """cpu_attention's softmax: numpy's passes, or the compiled kernel (once the CPU kernels load)."""
+    from tallow.backends import cpu_attention
+    if request.param == "numpy":
+        monkeypatch.setattr(cpu_attention, "_softmax_kernel", lambda: None)
+    else:
+        from tallow.quant import cpu_matmul
+        if cpu_matmul.kernels() is None:
+            pytest.skip("TALLOW_CPU_KERNELS=0")
+        assert cpu_attention._softmax_kernel() is not None
+    return request.param
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", ["plain", "mask", "causal", "one_kv_head", "short_last_block"])
-def test_blocked_attention_matches_torch(case, threads):
+def test_blocked_attention_matches_torch(case, threads, softmax_path):
     from tallow.backends import cpu_attention
     rng = np.random.default_rng(2)
     b, h, hk, tq, tk, d = 2, 3, 3, 300, 300, 16
@@ -150,6 +173,35 @@ def test_blocked_attention_matches_torch(case, threads):
     assert got.dtype == np.float32 and got.shape == (b, h, tq, 24)
     want = _sdpa(q * np.float32(0.25 / d ** -0.5), k, v, mask, case == "causal")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_softmax_rows_kernel_matches_numpy_and_keeps_its_nans():
+    """The compiled numerator (max, exp, sum in two vector passes) against numpy's passes, on row
+    lengths around the 16-lane vector, huge and tiny scores, and the rows numpy makes NaN."""
+    pytest.importorskip("numba")
+    from tallow.quant import cpu_matmul
+    if cpu_matmul.kernels() is None:
+        pytest.skip("TALLOW_CPU_KERNELS=0")
+    softmax_rows = cpu_matmul.decode_kernels().softmax_rows
+    rng = np.random.default_rng(5)
+    for n in (1, 15, 16, 17, 1500):
+        s = (rng.standard_normal((6, n)) * 30).astype(np.float32)
+        s[1, 0] = np.nan
+        s[2] = -np.inf
+        s[3, n // 2] = np.inf
+        s[4, 0] = -200.0  # e^(x - max) underflows to 0
+        want = s - s.max(axis=-1, keepdims=True)
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = np.exp(want.astype(np.float64))
+        totals = np.empty(6, np.float32)
+        got = s.copy()
+        softmax_rows(got, totals)
+        for i in range(6):
+            if np.isnan(want[i]).any():
+                assert np.isnan(got[i]).all() and np.isnan(totals[i]), (n, i)
+            else:
+                np.testing.assert_allclose(got[i], want[i], rtol=3e-7, atol=2e-38)  # (0 below e^-87.3)
+                assert abs(totals[i] - want[i].sum()) <= 2e-6 * want[i].sum()
 
 
 def test_backend_attention_takes_the_blocked_path_for_many_queries():

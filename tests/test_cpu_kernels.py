@@ -436,6 +436,16 @@ def test_decode_kernels_run_as_plain_python():
         "none = np.empty((0, 0), np.float32)\n"
         "K.cache_attention(q, k[:, :, 2:], v[:, :, 2:], none, none, kc, vc, 2, 0, 0.5, False, out)\n"
         "assert np.allclose(out[0, :, 0], p @ v[0, 0], atol=1e-5) and np.allclose(kc[:, :, :3], k)\n"
+        "q2 = np.ascontiguousarray(q, np.float32)\n"
+        "ck, cv = np.ascontiguousarray(k, np.float32).repeat(2, 1), np.ascontiguousarray(v, np.float32).repeat(2, 1)\n"
+        "K.cross_attention_rows(q2, ck, cv, np.float32(0.5), out, 0, 2)\n"
+        "assert np.allclose(out[0, :, 0], p @ v[0, 0], atol=1e-5)\n"
+        "s = (rng.standard_normal((3, 20)) * 5).astype(np.float32); e = np.exp(s - s.max(-1, keepdims=True))\n"
+        "tot = np.empty(3, np.float32); K.softmax_rows(s, tot)\n"
+        "assert np.allclose(s, e, rtol=1e-6) and np.allclose(tot, e.sum(-1), rtol=1e-6)\n"
+        "emb, pos, rows = rng.standard_normal((5, 4)), rng.standard_normal((9, 4)), np.empty((2, 4))\n"
+        "K.token_rows(emb, np.array([3, 1]), pos, 6, rows)\n"
+        "assert np.allclose(rows, emb[[3, 1]] + pos[6])\n"
         "print('ok')\n")
     env = dict(os.environ, NUMBA_DISABLE_JIT="1")
     out = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], capture_output=True, text=True,

@@ -3,9 +3,10 @@ head; an LLM's prompt prefill), blocked so the scores stay in cache.
 
 softmax(q k^T * scale + mask) v, one head and BLOCK queries at a time: the
 block's scores (BLOCK x tk float32: 768 KB for Whisper) are written by BLAS,
-then max, subtract, exp and sum run over them while they are still in L2, and
-the division by the row sums is done on the (BLOCK x d) output instead of the
-scores. Doing all heads at once (the plain formula) makes each of those passes a
+then max, subtract, exp and sum run over them while they are still in L2 (one
+compiled call where the CPU kernels are in use: cpu_decode_kernels.softmax_rows),
+and the division by the row sums is done on the (BLOCK x d) output instead of
+the scores. Doing all heads at once (the plain formula) makes each of those passes a
 trip through a 54 MB array for Whisper tiny.
 
 Threads: the heads are shared out between Python threads (numpy releases the GIL
@@ -20,6 +21,7 @@ models/decode_threads.py); otherwise one thread runs the heads with BLAS as it i
 Same broadcasting as np.matmul over the leading (batch, head) dimensions, so a
 single key/value head serves many query heads.
 """
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,11 +47,13 @@ def attention(q, k, v, mask, scale, causal):
     vs = np.broadcast_to(v, lead + v.shape[-2:])
     out = np.empty((heads, tq, dv), dtype)
     sc = np.asarray(scale, dtype)
+    kernel = _softmax_kernel()
 
     def one_head(h):
         at = np.unravel_index(h, lead) if lead else ()
         qh, kt, vh, mh = qs[at], ks[at].T, vs[at], None if mask is None else mask[at]
         scores = np.empty((min(BLOCK, tq), tk), dtype)
+        totals = np.empty((min(BLOCK, tq), 1), np.float32)
         for i0 in range(0, tq, BLOCK):
             i1 = min(i0 + BLOCK, tq)
             s = scores[: i1 - i0]
@@ -59,9 +63,13 @@ def attention(q, k, v, mask, scale, causal):
             if causal:
                 banned = np.arange(tk)[None, :] > np.arange(i0, i1)[:, None] + (tk - tq)
                 s[banned] = -np.inf
-            s -= np.max(s, axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            total = np.sum(s, axis=-1, keepdims=True)
+            if kernel is not None and dtype == np.float32:  # the max, exp and sum in one compiled call
+                total = totals[: i1 - i0]
+                kernel(s, total.reshape(-1))
+            else:
+                s -= np.max(s, axis=-1, keepdims=True)
+                np.exp(s, out=s)
+                total = np.sum(s, axis=-1, keepdims=True)
             o = out[h, i0:i1]
             np.matmul(s, vh, out=o)
             o /= total
@@ -77,6 +85,15 @@ def attention(q, k, v, mask, scale, causal):
 
 
 _state: dict[str, object] = {}
+
+
+def _softmax_kernel():
+    """cpu_decode_kernels.softmax_rows once this process uses the CPU kernels (Whisper on the CPU,
+    a quantised model: quant/cpu_matmul.py), else None: numpy's four passes over each block.
+    Measured on a 128 x 1,500 block: 390 -> 180 us; exp within 1e-7 of numpy's."""
+    matmul = sys.modules.get(__package__.rpartition(".")[0] + ".quant.cpu_matmul")
+    mod = None if matmul is None else matmul.decode_kernels()
+    return None if mod is None else mod.softmax_rows
 
 
 def blas_threads():

@@ -2,7 +2,8 @@
 add_layer_norm, rope_kv_write, kv_write, attention of a few query rows over a KV cache, and
 cache_attention: the rotation, the cache write and that attention together): one compiled call
 each where the composed defaults make several numpy calls and temporaries. Also the float
-models' GELU (backends/cpu_gelu.py), and Whisper's decoding-step pieces that a step program
+models' GELU (backends/cpu_gelu.py), a softmax's numerator over blocks of attention scores
+(backends/cpu_attention.py), and Whisper's decoding-step pieces that a step program
 runs (models/whisper_cpu_step.py): the token rows plus their positions, and the
 cross-attention over the audio's keys a range of heads at a time.
 
@@ -203,6 +204,18 @@ def gelu(x, out):
 def gelu_in_place(x):
     for i in range(x.size):
         x[i] = _gelu_one(x[i])
+
+
+@njit(cache=True, error_model="numpy")
+def softmax_rows(s, totals):
+    """Each row of s (m, n) -> e^(row - max(row)) in place, its sum in totals (m,): softmax but
+    for the division (which cpu_attention does on the smaller output). A row with a NaN, or no
+    finite max (all -inf: every key masked), becomes NaN, as numpy's passes make it."""
+    for i in range(s.shape[0]):
+        total = cpu_simd.softmax_numerator(s[i])
+        if total != total:
+            s[i, :] = np.nan
+        totals[i] = total
 
 
 @njit(cache=True)

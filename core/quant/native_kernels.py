@@ -46,6 +46,7 @@ ENTRIES = {  # name: (module in tallow.quant, kernel, argument kinds, result kin
                          "bool", "f32[4]"), "void"),
     "f16_matmul_shared": ("cpu_kernels", "f16_matmul_shared",
                           ("u8[1]", "f32[2]", "f32[2]", "f32[1]", "i64", "i64", "i64[1]"), "bool"),
+    "softmax_rows": ("cpu_decode_kernels", "softmax_rows", ("f32[2]", "f32[1]"), "void"),
     "gelu": ("cpu_decode_kernels", "gelu", ("f32[1]", "f32[1]"), "void"),
     "gelu_in_place": ("cpu_decode_kernels", "gelu_in_place", ("f32[1]",), "void"),
     "poll": ("cpu_atomics", "_poll", ("i64[1]", "i64", "i64", "bool", "i64"), "bool"),
