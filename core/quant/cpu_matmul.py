@@ -109,9 +109,9 @@ def set_threads(n):
 
 def decode_kernels():
     """The fused decode kernels (cpu_decode_kernels) once the kernels are in use, else None.
-    They never load numba themselves: a float model (Whisper tiny.en on jfk.wav) gained
-    nothing from them and would pay numba's import (+0.5 s, +60 MB peak RSS, measured);
-    a quantised model has loaded the kernels by its first product or embedding lookup."""
+    They never load the kernels themselves: a quantised model has loaded them by its first
+    product or embedding lookup, and float Whisper on the CPU loads them when it builds its
+    direct encoder and decoder (models/whisper_cpu_*.py); a float LLM does not."""
     if "module" not in _state:
         return None
     return _state["decode"] if kernels() is not None else None
