@@ -83,7 +83,7 @@ NEEDS_NUMPY = {"tallow.quant.cpu_kernels", "tallow.quant.cpu_int_kernels", "tall
                "tallow.quant.cpu_step", "tallow.quant.cpu_program", "tallow.quant.cpu_polls",
                "tallow.quant.kernel_codes", "tallow.backends.cpu_capture",
                "tallow.backends.cpu_gelu", "tallow.backends.cpu_attention",
-               "tallow.models.whisper_cpu_encoder", "tallow.models.whisper_cpu_decoder"}
+               "tallow.models.whisper_cpu_encoder", "tallow.models.whisper_cpu_decoder", "tallow.models.whisper_cpu_step"}
 
 
 def test_every_module_imports_inside_pyodide(pyodide_run, pyodide_runner):
