@@ -17,7 +17,7 @@ from .numba_setup import prepare
 prepare()  # before any kernel loads: numba then does not import scipy's BLAS (numba_setup.py)
 from numba import njit  # noqa: E402
 
-from . import cpu_atomics, cpu_simd  # noqa: E402
+from . import cpu_atomics, cpu_int_kernels, cpu_simd  # noqa: E402
 from .kernel_codes import F16_TABLE, FORMATS  # noqa: E402,F401 -- (callers read them here too)
 
 
@@ -45,11 +45,7 @@ def f16_rows(raw, x, out, bias, start, stop):
         r2 = min(r + 1, stop - 1)  # (a last odd row twice)
         for i in range(m):
             y, y2 = cpu_simd.f16_dot(raw, r * row_bytes, r2 * row_bytes, k, x, i)
-            if bias.shape[0]:
-                y += bias[r]
-                y2 += bias[r2]
-            out[i, r] = y
-            out[i, r2] = y2
+            cpu_int_kernels._store(out, i, r, r2, y, y2, bias, False, 0)
 
 
 @njit(cache=True, nogil=True)
