@@ -21,7 +21,6 @@ models/decode_threads.py); otherwise one thread runs the heads with BLAS as it i
 Same broadcasting as np.matmul over the leading (batch, head) dimensions, so a
 single key/value head serves many query heads.
 """
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -91,8 +90,8 @@ def _softmax_kernel():
     """cpu_decode_kernels.softmax_rows once this process uses the CPU kernels (Whisper on the CPU,
     a quantised model: quant/cpu_matmul.py), else None: numpy's four passes over each block.
     Measured on a 128 x 1,500 block: 390 -> 180 us; exp within 1e-7 of numpy's."""
-    matmul = sys.modules.get(__package__.rpartition(".")[0] + ".quant.cpu_matmul")
-    mod = None if matmul is None else matmul.decode_kernels()
+    from ..quant import cpu_matmul
+    mod = cpu_matmul.decode_kernels()
     return None if mod is None else mod.softmax_rows
 
 

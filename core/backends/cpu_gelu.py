@@ -17,7 +17,6 @@ Inputs other than float32 are left to the caller's float64 path (`gelu` returns 
 NaN stays NaN; +inf gives +inf and -inf NaN (inf * 0), as the float64 formula does.
 """
 import math
-import sys
 
 import numpy as np
 
@@ -78,8 +77,8 @@ def _kernel():
     """The compiled kernels (out of place, in place) once this process uses the CPU kernels
     (quant/cpu_matmul.py: a quantised model, or Whisper on the CPU), else None. GELU alone
     never loads them, and TALLOW_CPU_KERNELS=0 turns them off."""
-    matmul = sys.modules.get(__package__.rpartition(".")[0] + ".quant.cpu_matmul")
-    mod = None if matmul is None else matmul.decode_kernels()
+    from ..quant import cpu_matmul
+    mod = cpu_matmul.decode_kernels()
     return None if mod is None else (mod.gelu, mod.gelu_in_place)
 
 

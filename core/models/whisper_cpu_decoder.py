@@ -24,7 +24,7 @@ alone at best), 28 MB of layer weights and 18 MB of cross-attention keys and val
 Where the compiled CPU kernels run (numba installed), the step also takes each norm with
 its residual add as one kernel call, GELU as one, and multiplies one to F16_MAX_ROWS rows by
 f16 copies of the matrices (made once, only when every value converts exactly: Whisper's
-checkpoints are stored in f16, so the products read the same values in half the bytes; +57 MB
+checkpoints are stored in f16, so the products read the same values in half the bytes; 56 MB
 for tiny.en). Measured on jfk.wav's 27 tokens (2 threads, shared AVX-512 box, best of 6,
 interleaved): 13.7 -> 11.1 ms per token, the same tokens. A one-token step (greedy, sampling,
 beams) then runs as one compiled step program (whisper_cpu_step.py): jfk.wav's whole greedy
@@ -57,7 +57,9 @@ def _array(t):
 class _Linear:
     """y = x W^T + b for x (rows, k): BLAS on a float32 view, or the integer-dot kernels on blocks."""
 
-    def __init__(self, weight, bias):
+    def __init__(self, weight, bias, steps=True):
+        """steps: the layer multiplies decoding steps' few rows (False: only a window's frames,
+        which BLAS multiplies in float32, so no f16 copy)."""
         self.n, self.k = weight.shape
         self.bias = None if bias is None else _array(bias)
         self.blocks = weight.dtype.is_quantized
@@ -66,7 +68,7 @@ class _Linear:
             self.raw, self.qtype = weight._storage, weight.dtype
         else:
             self.w = _array(weight)
-            self.f16 = _exact_f16(self.w)  # where the kernels run: half the bytes per step
+            self.f16 = _exact_f16(self.w) if steps else None  # where the kernels run: half the bytes per step
 
     def __call__(self, x):
         if self.blocks:
@@ -146,8 +148,8 @@ class _Layer:
         self.qkv = _Linear(sa.qkv_proj.weight, sa.qkv_proj.bias)
         self.out = _Linear(sa.out_proj.weight, sa.out_proj.bias)
         self.cross_q = _Linear(ca.q_proj.weight, ca.q_proj.bias)
-        self.cross_k = _Linear(ca.k_proj.weight, ca.k_proj.bias)
-        self.cross_v = _Linear(ca.v_proj.weight, ca.v_proj.bias)
+        self.cross_k = _Linear(ca.k_proj.weight, ca.k_proj.bias, steps=False)
+        self.cross_v = _Linear(ca.v_proj.weight, ca.v_proj.bias, steps=False)
         self.cross_out = _Linear(ca.out_proj.weight, ca.out_proj.bias)
         self.fc1, self.fc2 = _Linear(layer.fc1.weight, layer.fc1.bias), _Linear(layer.fc2.weight, layer.fc2.bias)
         self.norm1, self.norm2 = _Norm(layer.self_attn_layer_norm), _Norm(layer.encoder_attn_layer_norm)

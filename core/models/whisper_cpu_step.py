@@ -13,9 +13,9 @@ the MLP with GELU; the final norm and the output head. Products run on f16 copie
 matrices (CpuDecoder makes them where every value converts exactly) or on GGUF blocks (q8_0:
 activations quantised to 16 bits first, as cpu_int_kernels does).
 
-`build(decoder, state)` returns None where a matrix is neither (the eager step then runs). The
-values are the eager step's up to float32 rounding: the same f16 and block kernels, but the
-norms sum in float64 and attention runs in compiled loops instead of BLAS.
+`build(decoder, state, b)` returns None where a matrix is neither (the eager step then runs). The
+values are the eager step's up to float32 rounding: the same f16 and block kernels and norms, but
+attention runs in compiled loops instead of BLAS.
 """
 import numpy as np
 
@@ -80,8 +80,9 @@ class _Builder:
         self.row(OP_LAYER_NORM, self.at(x), self.at(residual), self.at(norm.w), self.at(x), self.at(out),
                  x.shape[0], x.shape[1], self.at(norm.b), norm.w.size, norm.b.size, real=norm.eps)
 
-    def product(self, linear, x, out, lo=0, hi=None):
-        """out = x W[lo:hi]^T + b[lo:hi] (rows lo ... hi - 1 of the linear layer)."""
+    def product(self, linear, x, out, lo=0, hi=None, quantized=False):
+        """out = x W[lo:hi]^T + b[lo:hi] (rows lo ... hi - 1 of the linear layer); quantized: x's
+        values are the ones the last quantize(x) row read (blocks: no second OP_QUANTIZE)."""
         hi = linear.n if hi is None else hi
         bias = np.empty(0, np.float32) if linear.bias is None else linear.bias[lo:hi]
         m, k = x.shape
@@ -93,13 +94,14 @@ class _Builder:
         d = quant_dtype(linear.qtype)
         fmt = cpu_matmul.kernels().FORMATS[d.name]
         raw = cpu_matmul._blocks(linear.raw, d, linear.n, linear.k).reshape(linear.n, -1)[lo:hi].reshape(-1)
-        qx, dx, sx = self.quantize(x)
+        qx, dx, sx = self.quantized[id(x)] if quantized else self.quantize(x)
         self.row(OP_PRODUCT, fmt, d.block_size, d.block_bytes, self.at(raw), self.at(qx), self.at(dx),
-                 self.at(sx), self.at(out), self.at(bias), 0, 0, m, k, hi - lo, hi - lo, 0, bias.size, raw.size,
+                 self.at(sx), self.at(out), self.at(bias), 0, 0, m, k, hi - lo, bias.size, raw.size,
                  shared=(hi - lo, self.chunks(hi - lo, raw.nbytes)))
 
     def quantize(self, x):
-        """x's activations as 16-bit blocks (cpu_int_kernels.quantize_rows), once per x value."""
+        """A row quantising x's activations to 16-bit blocks (cpu_int_kernels.quantize_rows) into
+        buffers kept per x array."""
         if id(x) not in self.quantized:
             m, k = x.shape
             ints = cpu_matmul.int_kernels()
@@ -144,7 +146,7 @@ class _Builder:
             cap = kc.shape[2]
             self.norm(x, residual, layer.norm1, h)
             for out, lo in ((q, 0), (k, dm), (v, 2 * dm)):
-                self.product(layer.qkv, h, out, lo, lo + dm)
+                self.product(layer.qkv, h, out, lo, lo + dm, quantized=lo > 0)
             self.row(OP_ATTENTION, self.at(q), self.at(k), self.at(v), self.at(no_table), self.at(no_table), 0,
                      self.at(kc), self.at(vc), 0, 0, self.at(attn), b, heads, heads, 1, hd, hd, cap, 0, 0, real=scale)
             self.product(layer.out, attn, r)

@@ -99,8 +99,7 @@ def build(entries):
                 m, k = qx.shape
                 chunks = min(n, threads * CHUNKS_PER_THREAD) if raw.size >= SHARE_MIN_BYTES and threads > 1 else 1
                 row(OP_PRODUCT, fmt, bs, bb, at(raw, u8), at(qx, i16), at(dx, f32), at(sx, i32), at(out, f32),
-                    at(bias, f32), int(gated), act, m, k, out.shape[1], n, chunks, bias.size, raw.size,
-                    shared=(n, chunks))
+                    at(bias, f32), int(gated), act, m, k, out.shape[1], bias.size, raw.size, shared=(n, chunks))
             elif fn is decode.add_rms_norm:
                 x, r, w, real, total, normed = args
                 m, d = x.shape

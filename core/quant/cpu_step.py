@@ -149,7 +149,7 @@ def _product(p, table, lo, hi):
     dx = carray(_f32_at(p[6]), (m, k // 32))
     sx = carray(_i32_at(p[7]), (m, k // 32))
     out = carray(_f32_at(p[8]), (m, n_out))
-    raw, bias = carray(_u8_at(p[4]), (p[18],)), carray(_f32_at(p[9]), (p[17],))
+    raw, bias = carray(_u8_at(p[4]), (p[16],)), carray(_f32_at(p[9]), (p[15],))
     cpu_int_kernels.qmatmul_q(p[1], p[2], p[3], raw, qx, dx, sx, table, out, bias, p[10] != 0, p[11], lo, hi)
 
 
