@@ -77,7 +77,7 @@ def prefill(be, quick):
             def layer():
                 out = None
                 for n, k, w in weights:
-                    out, wb = be._out(m * n, D.f32), be._bind(w, "bench")
+                    out, wb = be._new(m * n, D.f32), be._bind(w, "bench")
                     if choice == "qmatvec":
                         be._qmatmul_piece(wb, x, out, m, n, k, q41.nbytes(k), 0, D.f32, q41, ("quant_common", "q4_1"))
                     else:
@@ -100,7 +100,7 @@ def prefill(be, quick):
         rates = {}
         for choice in tuning.CANDIDATES["matmul"]:
             def mm():
-                out = be._out(numel, D.f32)
+                out = be._new(numel, D.f32)
                 be._matmul_with(choice, a, b, out, words, D.f32)
                 be.to_bytes(out, Layout((1,)), D.f32)
             rates[choice] = rate(flops, mm)

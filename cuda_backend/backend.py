@@ -16,6 +16,7 @@ from .driver import CupyDriver
 
 class CudaBackend(KernelBackend):
     name = "cuda"
+    pool_bytes = 0  # CuPy's memory pool already reuses device memory: no second pool over it
 
     def __init__(self):
         super().__init__(CupyDriver())  # raises DeviceError saying what is missing

@@ -38,7 +38,7 @@ class MetalBackend(KernelBackend):
         m, k = la.shape[-2:]
         n = lb.shape[-1]
         count = numel_of(batch)
-        out = self._alloc(dtype, count * m * n)
+        out = self._new(count * m * n, dtype)
         if count * m * n == 0:
             return out
         if k == 0:

@@ -9,7 +9,6 @@ real device is also probed, and skips with the DeviceError's reason where absent
 on its own against tallow.Layout, numpy, ctypes and torch.
 """
 import ctypes
-import itertools
 import random
 import re
 
@@ -96,15 +95,6 @@ def test_grid_qmatvec_and_rows():
     grid, block = host.grid_qmatvec(577, 1)
     assert grid == (145, 1, 1)
     assert host.grid_rows(7) == ((7, 1, 1), (host.BLOCK, 1, 1))
-
-
-def test_conv_output_size_matches_torch():
-    torch = pytest.importorskip("torch")
-    for size, k, s, p, d in itertools.product([5, 11, 16], [1, 3], [1, 2], [0, 2], [1, 2]):
-        if size + 2 * p < d * (k - 1) + 1:
-            continue
-        ref = torch.nn.functional.conv1d(torch.zeros(1, 1, size), torch.zeros(1, 1, k), None, s, p, d).shape[-1]
-        assert host.conv_output_size(size, k, s, p, d) == ref
 
 
 # ---- dtypes and values ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The host constants and choices both GPU planners share (tallow/backends/gpu_plan.py): one
 definition each, which wgpu's planner and the CUDA/Metal kernel planner both use."""
+import itertools
 import struct
 
 import numpy as np
@@ -101,3 +102,12 @@ def _bound(device, request):
     name = DEVICES[device][0]
     request.addfinalizer(lambda: restore_backend(name))
     return use_backend(name, emulated(device))
+
+
+def test_conv_output_size_matches_torch():
+    torch = pytest.importorskip("torch")
+    for size, k, s, p, d in itertools.product([5, 11, 16], [1, 3], [1, 2], [0, 2], [1, 2]):
+        if size + 2 * p < d * (k - 1) + 1:
+            continue
+        ref = torch.nn.functional.conv1d(torch.zeros(1, 1, size), torch.zeros(1, 1, k), None, s, p, d).shape[-1]
+        assert gpu_plan.conv_output_size(size, k, s, p, d) == ref

@@ -16,20 +16,17 @@ WGSL launch form (tallow/backends/driver_protocol.py).
 """
 import struct
 import sys
-import weakref
 from array import array
 
-from tallow.backends.base import Backend
+from tallow.backends.gpu_backend import GpuBackend
 from tallow.backends.gpu_plan import IN_KERNEL_QUANTS, MAX_DIMS, f32_bits, in_kernel_quant, runs_matvec
 from tallow.backends.reduce_plan import plan_reduce
 from tallow.backends.step_buffer import STEP_BYTES
-from tallow.backends.step_recording import StepCapture
-from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u32
+from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u8, u32
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, coalesce_dims, contiguous_strides, kernel_meta, numel_of
 
 from . import split, tuning, wgsl
-from .pool import BufferPool
 from .recording import STEP_CAPTURED, STEP_EAGER, entry_signature
 
 # Up to this many rows of x (decoding, short prefills) quantised matmuls run
@@ -224,8 +221,9 @@ def _convert_expr(src, dst):
     return f"bitcast<{cd}>(v)"
 
 
-class WgpuBackend(StepCapture, Backend):
+class WgpuBackend(GpuBackend):
     name = "wgpu"
+    source_language = "wgsl"
 
     def __init__(self, driver=None, max_binding=None):
         """max_binding: assume storage bindings of at most this many bytes (default: the adapter's
@@ -237,18 +235,14 @@ class WgpuBackend(StepCapture, Backend):
             else:
                 from .driver_native import NativeDriver
                 driver = NativeDriver()
-        self.driver = driver
+        super().__init__(driver)
         self.has_f16 = driver.has_f16
         self.limits = dict(driver.limits)
         align = self.limits.setdefault("storage_align", 256)
         self.limits["max_storage_binding"] = split.binding_limit(self.limits["max_storage_binding"], align,
                                                                  max_binding)
-        self.pool = BufferPool(driver)
         self._pipelines = {}
         self.tuning = tuning.Tuner(self)  # which matmul kernels serve more than one row here
-        # The StepRecording each thread is capturing (tallow.capture): another thread's ops on this
-        # device run eagerly and stay out of it.
-        self._captures = {}
 
     def features(self):
         return {
@@ -271,14 +265,9 @@ class WgpuBackend(StepCapture, Backend):
             raise UnsupportedError(f"wgpu: a {nbytes}-byte tensor exceeds this adapter's maxBufferSize "
                                    f"({self.limits['max_buffer']} bytes)")
         buf, cap = self.pool.acquire(nbytes)
-        st = WgpuStorage(buf, cap, nbytes)
-        # The finalizer (not a __del__) gives the buffer back: it holds the
-        # buffer strongly, so when the storage dies inside a garbage cycle the
-        # buffer is not finalised (its GPU handle released) along with it.
-        weakref.finalize(st, self.pool.release, buf, cap)
-        return st
+        return self._pooled(WgpuStorage(buf, cap, nbytes), buf, cap, u8)
 
-    def _out(self, numel, dtype):
+    def _new(self, numel, dtype):
         return self._alloc(numel * self._esize(dtype))
 
     def _bind(self, st, what):
@@ -317,11 +306,12 @@ class WgpuBackend(StepCapture, Backend):
         self._launch(pipe, binds, _pack(words), grid, storages)
 
     def _launch(self, pipe, binds, params, grid, storages):
-        """One dispatch, also recorded while a step is being captured."""
-        cap = self._capture()
-        if cap is not None:
-            cap.add((pipe, binds, params, grid), [s for s in storages if isinstance(s, WgpuStorage)])
-        self.driver.dispatch(pipe, binds, params, grid)
+        """One dispatch (GpuBackend._submit records it while a step is captured); the entry holds
+        bare buffers, so it keeps the storages it binds alive."""
+        self._submit((pipe, binds, params, grid), [s for s in storages if isinstance(s, WgpuStorage)])
+
+    def _issue(self, entry):
+        self.driver.dispatch(*entry)
 
     # ---- capture and replay (tallow.capture): StepCapture, with these two pieces -----
     entry_signature = staticmethod(entry_signature)
@@ -385,7 +375,7 @@ class WgpuBackend(StepCapture, Backend):
         return st
 
     def _widen(self, raw, numel, dtype, expr):
-        out = self._out(numel, dtype)
+        out = self._new(numel, dtype)
         if numel:
             self._run("unpack", {"Y": dtype}, [raw, out], self._params([numel], []), (numel + 255) // 256,
                       {"EXPR": expr}, label=f"unpack {dtype.name}")
@@ -579,7 +569,7 @@ class WgpuBackend(StepCapture, Backend):
         return self._fill(numel, start, step, dtype)
 
     def _fill(self, numel, start, step, dtype):
-        out = self._out(numel, dtype)
+        out = self._new(numel, dtype)
         if numel == 0:
             return out
         if dtype.is_float:
@@ -608,7 +598,7 @@ class WgpuBackend(StepCapture, Backend):
                  None, ld.shape)
 
     def _map(self, label, st, layout, src, dst, expr, extras=(), prelude=""):
-        out = self._out(layout.numel(), dst)
+        out = self._new(layout.numel(), dst)
         self._ew("unary", label, {"X": src, "Y": dst}, [(st, layout.offset, layout.strides)], out, layout.shape,
                  extras, {"OP": expr}, prelude)
         return out
@@ -661,7 +651,7 @@ class WgpuBackend(StepCapture, Backend):
         return self._binary(op, expr, a, la, b, lb, dtype, dtype, prelude)
 
     def _binary(self, label, expr, a, la, b, lb, dtype, out_dtype, prelude=""):
-        out = self._out(la.numel(), out_dtype)
+        out = self._new(la.numel(), out_dtype)
         self._ew("binary", label, {"X": dtype, "Y": out_dtype},
                  [(a, la.offset, la.strides), (b, lb.offset, lb.strides)], out, la.shape, (), {"OP": expr}, prelude)
         return out
@@ -673,7 +663,7 @@ class WgpuBackend(StepCapture, Backend):
         return self._binary(op, f"select(0u, 1u, {sym})", a, la, b, lb, dtype, bool_)
 
     def where(self, cond, lc, a, la, b, lb, dtype):
-        out = self._out(la.numel(), dtype)
+        out = self._new(la.numel(), dtype)
         cdtype = bool_
         self._ew("where", "where", {"C": cdtype, "X": dtype},
                  [(cond, lc.offset, lc.strides), (a, la.offset, la.strides), (b, lb.offset, lb.strides)],
@@ -687,7 +677,7 @@ class WgpuBackend(StepCapture, Backend):
         if out_dtype is i64 and not arg and (dtype.itemsize >= 4 or op == "prod" or r_count >= _SMALL_INT_SUMS):
             return self._exact_i64(f"reduce {op}", perm.shape[:len(perm.shape) - len(dims)],
                                    lambda host, up: host.reduce(op, *up(storage, layout, dtype), dtype, dims))
-        out = self._out(outputs, out_dtype)
+        out = self._new(outputs, out_dtype)
         if outputs == 0:
             return out
         ca = wgsl.compute_type(dtype)
@@ -716,7 +706,7 @@ class WgpuBackend(StepCapture, Backend):
         if out_dtype is i64 and (dtype.itemsize >= 4 or layout.shape[dim] >= _SMALL_INT_SUMS):
             return self._exact_i64("cumsum", layout.shape,
                                    lambda host, up: host.cumsum(*up(storage, layout, dtype), dtype, dim))
-        out = self._out(numel, out_dtype)
+        out = self._new(numel, out_dtype)
         if numel == 0:
             return out
         order, perm = layout.moved_last((dim,))
@@ -748,7 +738,7 @@ class WgpuBackend(StepCapture, Backend):
         m, k = la.shape[-2:]
         n = lb.shape[-1]
         batch = numel_of(la.shape[:-2])
-        out = self._out(batch * m * n, dtype)
+        out = self._new(batch * m * n, dtype)
         if batch * m * n == 0:
             return out
         if batch > self.limits["max_workgroups_per_dim"]:
@@ -808,10 +798,6 @@ class WgpuBackend(StepCapture, Backend):
         self._run("matmul_tiled", {"X": dtype}, [a_st, b_st, out], words, grid, tuning.tile_subs(choice), (loads,),
                   f"matmul {choice}")
 
-    def capturing(self):
-        """Whether a step is being captured (no first-use measurement then)."""
-        return bool(self._captures)
-
     def _matmul_column_pieces(self, out, a_st, a_words, b_st, b_off, b_bs, b_rs, b_cs, m, n, k, batch, dtype):
         """a . b with b larger than one binding: b's columns (a Linear weight's rows, when b = w^T)
         in pieces that each fit a binding, each piece's output columns copied into place."""
@@ -832,7 +818,7 @@ class WgpuBackend(StepCapture, Backend):
             first = b_off + j0 * b_cs  # element where this piece starts
             start = first * esize // align * align
             end = (first + (cols - 1) * b_cs + (k - 1) * b_rs + 1) * esize
-            y = self._out(batch * m * cols, dtype)
+            y = self._new(batch * m * cols, dtype)
             words = [m, cols, k, batch, *a_words, first - start // esize, 0, b_rs, b_cs]
             self._matmul_dispatch(a_st, self._bind_range(b_st, start, end - start), y, words, dtype)
             self._place_columns(y, out, batch * m, cols, n, j0, dtype)
@@ -851,7 +837,7 @@ class WgpuBackend(StepCapture, Backend):
         extra = self._quant_kernel(wdtype, "quantised matmul")
         if k % 32:
             raise ShapeError(f"wgpu quantised matmul: k = {k} is not a multiple of 32")
-        out = self._out(m * n, dtype)
+        out = self._new(m * n, dtype)
         if m * n == 0:
             return out
         xs, xoff = self._contiguous(x, lx, dtype)
@@ -862,7 +848,7 @@ class WgpuBackend(StepCapture, Backend):
             # One piece of w's rows is one slice of y's columns; a split weight computes each
             # slice into its own buffer and copies it into place.
             cols = r1 - r0
-            y = out if len(pieces) == 1 else self._out(m * cols, dtype)
+            y = out if len(pieces) == 1 else self._new(m * cols, dtype)
             wb = self._bind_range(w, r0 * row_bytes, cols * row_bytes)
             self._qmatmul_piece(wb, xs, y, m, cols, k, row_bytes, xoff, dtype, wdtype, extra)
             if y is not out:
@@ -925,7 +911,7 @@ class WgpuBackend(StepCapture, Backend):
         extra = self._quant_kernel(wdtype, "dequantize")
         if per_row % 32:
             raise ShapeError(f"wgpu dequantize {wdtype.name}: rows of {per_row} elements are not whole blocks")
-        out = self._out(rows * per_row, dtype)
+        out = self._new(rows * per_row, dtype)
         if rows * per_row == 0:
             return out
         row_bytes = wdtype.nbytes(per_row)
@@ -954,7 +940,7 @@ class WgpuBackend(StepCapture, Backend):
             layout, dtype = Layout((rows, k)), f32
         shape = list(layout.shape)
         shape[dim] = count
-        out = self._out(numel_of(shape), dtype)
+        out = self._new(numel_of(shape), dtype)
         ids_strides = [0] * len(shape)
         ids_strides[dim] = lids.strides[0] if lids.shape else 0
         self._ew("index", "index_select", {"X": dtype, "I": self._ids_dtype},
@@ -969,14 +955,14 @@ class WgpuBackend(StepCapture, Backend):
     _ids_dtype = i32
 
     def gather(self, storage, layout, dtype, ids, lids, dim):
-        out = self._out(lids.numel(), dtype)
+        out = self._new(lids.numel(), dtype)
         self._ew("index", "gather", {"X": dtype, "I": self._ids_dtype},
                  [(storage, layout.offset, layout.strides), (ids, lids.offset, lids.strides)], out, lids.shape,
                  [dim, layout.shape[dim]], coalesce=False)
         return out
 
     def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
-        out = self._out(ld.numel(), dtype)
+        out = self._new(ld.numel(), dtype)
         ids_shape = list(lids.shape) + [0] * (MAX_DIMS - len(lids.shape))
         self._ew("scatter_add", "scatter_add", {"X": dtype, "I": self._ids_dtype},
                  [(dst, ld.offset, ld.strides), (ids, lids.offset, lids.strides), (src, ls.offset, ls.strides)],
@@ -984,30 +970,16 @@ class WgpuBackend(StepCapture, Backend):
         return out
 
     # ---- convolution ------------------------------------------------------------------------
-    def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
-        b, cin, length = lx.shape
-        cout, cin_g, kl = lw.shape
-        return self._conv(x, Layout((b, cin, 1, length), (lx.strides[0], lx.strides[1], 0, lx.strides[2]), lx.offset),
-                          w, Layout((cout, cin_g, 1, kl), (lw.strides[0], lw.strides[1], 0, lw.strides[2]), lw.offset),
-                          dtype, (1, stride), (0, padding), (1, dilation), groups)
-
     def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
-        return self._conv(x, lx, w, lw, dtype, tuple(stride), tuple(padding), tuple(dilation), groups)
-
-    def _conv(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+        stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
         b, cin, h, wd = lx.shape
         cout, cin_g, kh, kw = lw.shape
-        oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-        ow = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-        if cin != cin_g * groups or cout % groups:
-            raise ShapeError(f"wgpu conv: {cin} input / {cout} output channels do not split into {groups} groups "
-                             f"with {cin_g} inputs per group")
-        numel = b * cout * max(oh, 0) * max(ow, 0)
-        out = self._out(numel, dtype)
+        oh, ow = self._conv_output(lx, lw, stride, padding, dilation, groups)
+        numel = b * cout * oh * ow
+        out = self._new(numel, dtype)
         if numel == 0:
             return out
-        xs = x if lx.is_contiguous() and not lx.offset else self.copy(x, lx, dtype)
-        ws = w if lw.is_contiguous() and not lw.offset else self.copy(w, lw, dtype)
+        xs, ws = self._packed(x, lx, dtype), self._packed(w, lw, dtype)
         words = [numel, b, cin, h, wd, cout, cin_g, kh, kw, oh, ow, *stride, *padding, *dilation, cout // groups]
         taps = cin_g * kh * kw
         col_numel = b * cin * kh * kw * oh * ow
@@ -1015,7 +987,7 @@ class WgpuBackend(StepCapture, Backend):
             # The unfolded input would not fit one binding: direct convolution.
             self._run("conv", {"X": dtype}, [xs, ws, out], words, (numel + 255) // 256, label="conv")
             return out
-        col = self._out(col_numel, dtype)
+        col = self._new(col_numel, dtype)
         self._run("im2col", {"X": dtype}, [xs, col], [col_numel] + words[1:], (col_numel + 255) // 256,
                   label="im2col")
         cg = cout // groups
@@ -1029,7 +1001,7 @@ class WgpuBackend(StepCapture, Backend):
 
     def _softmax(self, storage, layout, dtype, log=False, scale=1.0, mask=None, lmask=None, causal=False):
         numel = layout.numel()
-        out = self._out(numel, dtype)
+        out = self._new(numel, dtype)
         d = layout.shape[-1] if layout.shape else 1
         if numel == 0:
             return out
@@ -1051,7 +1023,7 @@ class WgpuBackend(StepCapture, Backend):
 
     def _norm(self, x, lx, w, lw, b, lb, dtype, eps, center):
         numel = lx.numel()
-        out = self._out(numel, dtype)
+        out = self._new(numel, dtype)
         if numel == 0:
             return out
         d = lx.shape[-1]
@@ -1072,7 +1044,7 @@ class WgpuBackend(StepCapture, Backend):
     def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
         *lead, d = lx.shape
         h = d // 2
-        out = self._out(lx.numel(), dtype)
+        out = self._new(lx.numel(), dtype)
         if lx.numel() == 0:
             return out
         sd = lx.strides[-1]
@@ -1115,15 +1087,10 @@ class WgpuBackend(StepCapture, Backend):
         rows = b * h * tq
         if tk == 0 and rows * dv:  # no keys: a sum of nothing, as the three-dispatch path gives
             return self._fill(rows * dv, 0.0, 0, dtype)
-        out = self._out(rows * dv, dtype)
+        out = self._new(rows * dv, dtype)
         if rows * dv == 0:
             return out
-        cap = self._capture()
-        # Over a KV cache this captured step wrote, from its start: the key count comes from the
-        # step buffer (position + tokens), so the recorded launch serves every position.
-        over_cache = (cap is not None and mask is None and id(k.buf) in cap.cache_bufs
-                      and id(v.buf) in cap.cache_bufs and lk.offset == lv.offset == 0
-                      and tk == cap.position + cap.tokens)
+        over_cache = self._reads_whole_cache(k, lk, v, lv, mask)
         words = [rows, h, tq, 0 if over_cache else tk, d, dv, f32_bits(scale), int(causal), int(mask is not None)]
         for lay in (lq, lk, lv, lmask if mask is not None else lq):
             words += [lay.offset, *lay.strides]
@@ -1147,7 +1114,7 @@ class WgpuBackend(StepCapture, Backend):
         b, h, _, d = lq.shape
         hk, capacity, dv = lk.shape[1], lkc.shape[2], lv.shape[3]
         rows = b * h
-        out = self._out(rows * dv, dtype)
+        out = self._new(rows * dv, dtype)
         if rows * dv == 0:
             return out
         cap = self._capture()
@@ -1166,7 +1133,7 @@ class WgpuBackend(StepCapture, Backend):
             words += [lay.offset, *lay.strides]
         for lay in (lcos, lsin):
             words += [0, 0, 0] if lay is None else [lay.offset - pos * lay.strides[0], *lay.strides]
-        dest = out if splits == 1 else self._out(rows * splits * (dv + 2), f32)
+        dest = out if splits == 1 else self._new(rows * splits * (dv + 2), f32)
         tables = [cos, sin] if cos is not None else [q, q]
         prelude, binds = self._step_variant([q, k, v, *tables, kc, vc, dest], from_step)
         self._run("cache_attend", {"X": dtype, "Y": dtype if splits == 1 else f32}, binds, words,
@@ -1177,16 +1144,10 @@ class WgpuBackend(StepCapture, Backend):
                       label="attention_combine")
         return out
 
-    def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
-        return self._add_norm(x, lx, r, lr, w, lw, None, None, dtype, eps, False)
-
-    def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
-        return self._add_norm(x, lx, r, lr, w, lw, b, lb, dtype, eps, True)
-
     def _add_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps, center):
         """One dispatch of kernels/add_norm.wgsl: (x + r, norm(x + r) * w + b)."""
         numel = lx.numel()
-        total, out = self._out(numel, dtype), self._out(numel, dtype)
+        total, out = self._new(numel, dtype), self._new(numel, dtype)
         if numel == 0:
             return total, out
         d = lx.shape[-1]
@@ -1206,7 +1167,7 @@ class WgpuBackend(StepCapture, Backend):
         words = [m, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], lb.offset, 0, lb.strides[0], lb.strides[1]]
         if not self._rows_matvec(words) or (b.nbytes + 3) // 4 * 4 > self.limits["max_storage_binding"]:
             return super().matmul_bias(a, la, b, lb, bias, lbias, dtype)
-        out = self._out(n, dtype)
+        out = self._new(n, dtype)
         if n:
             self._matmul_dispatch(a, b, out, words, dtype, (bias, lbias.offset, lbias.strides[0]))
         return out
@@ -1216,7 +1177,7 @@ class WgpuBackend(StepCapture, Backend):
         if (w.dequantized or not runs_matvec(m, QMATVEC_MAX_ROWS, wdtype) or k % 32
                 or wdtype.nbytes(n * k) > self.limits["max_storage_binding"]):
             return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
-        out = self._out(m * n, dtype)
+        out = self._new(m * n, dtype)
         if m * n:
             xs, xoff = self._contiguous(x, lx, dtype)
             self._qmatmul_piece(w, xs, out, m, n, k, wdtype.nbytes(k), xoff, dtype, wdtype,
@@ -1230,7 +1191,7 @@ class WgpuBackend(StepCapture, Backend):
         if (m != 1 or act not in _FLOAT_UNARY or b_rs != 1 or k % 4 or b_off % 4 or b_cs % 4
                 or (b.nbytes + 3) // 4 * 4 > self.limits["max_storage_binding"]):
             return super().gated_matmul(a, la, b, lb, dtype, act)
-        out = self._out(n, dtype)
+        out = self._new(n, dtype)
         if n == 0:
             return out
         words = [1, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], b_off, 0, b_rs, b_cs]
@@ -1243,7 +1204,7 @@ class WgpuBackend(StepCapture, Backend):
         if (w.dequantized or not runs_matvec(m, QMATVEC_MAX_ROWS, wdtype) or k % 32
                 or act not in _FLOAT_UNARY or wdtype.nbytes(2 * n * k) > self.limits["max_storage_binding"]):
             return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
-        out = self._out(m * n, dtype)
+        out = self._new(m * n, dtype)
         if m * n == 0:
             return out
         xs, xoff = self._contiguous(x, lx, dtype)
@@ -1273,7 +1234,7 @@ class WgpuBackend(StepCapture, Backend):
         rs, roff = self._contiguous(r, lr, dtype) if r is not None else (xs, 0)
         # hidden is always bound (written only with a residual): a fresh buffer, as a writable
         # binding may not alias the read-only ones.
-        total, out = self._out(k, dtype), self._out(n, dtype)
+        total, out = self._new(k, dtype), self._new(n, dtype)
         norm_words = [int(r is not None), int(center), f32_bits(eps), int(nw is not None), int(nb is not None),
                       xoff, roff]
         for lay in (lnw, lnb):
@@ -1304,66 +1265,41 @@ class WgpuBackend(StepCapture, Backend):
         nk, nv = lk.numel(), lv.numel()
         if nk + nv == 0:
             return
-        cap = self._capture()
-        # While capturing, as in rope_kv_write: the slots' offsets are held relative to the step's
-        # position, which the kernel adds from the step buffer (Whisper's decoder writes its cache so).
-        pos = 0 if cap is None else cap.position
-        if cap is not None:
-            cap.cache_bufs.update((id(kc.buf), id(vc.buf)))
+        pos = self._cache_write_position(kc, vc)
         words = [nk, nv, *lk.shape, *lv.shape]
         for lay in (lk, lv):
-            words += [lay.offset, *lay.strides]
+            words += self._slot_words(lay, 0, 2)
         for lay in (lkc, lvc):
-            words += [lay.offset - pos * lay.strides[2], *lay.strides]
-        prelude, binds = self._step_variant([k, v, kc, vc], cap is not None)
+            words += self._slot_words(lay, pos, 2)
+        prelude, binds = self._step_variant([k, v, kc, vc], self._capture() is not None)
         self._run("kv_write", {"X": dtype}, binds, words, (nk + nv + 255) // 256, label="kv_write", prelude=prelude)
 
     def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
         b, hq, t, d = lq.shape
         hk = lk.shape[1]
-        out = self._out(lq.numel(), dtype)
+        out = self._new(lq.numel(), dtype)
         pairs = b * (hq + 2 * hk) * t * (d // 2)
         if pairs == 0:
             return out
-        cap = self._capture()
-        # While capturing, the cache slots and rotary rows are those of the step's position: the
-        # parameters hold them relative to it and the kernel adds the position from the step buffer.
-        pos = 0 if cap is None else cap.position
-        if cap is not None:
-            cap.cache_bufs.update((id(kc.buf), id(vc.buf)))
+        pos = self._cache_write_position(kc, vc)
         words = [pairs, b, hq, hk, t, d // 2, int(interleaved)]
         for lay in (lq, lk, lv):
-            words += [lay.offset, *lay.strides]
+            words += self._slot_words(lay, 0, 2)
         for lay in (lkc, lvc):
-            words += [lay.offset - pos * lay.strides[2], *lay.strides]
+            words += self._slot_words(lay, pos, 2)
         for lay in (lcos, lsin):
-            words += [lay.offset - pos * lay.strides[0], *lay.strides]
-        prelude, binds = self._step_variant([q, k, v, cos, sin, kc, vc, out], cap is not None)
+            words += self._slot_words(lay, pos, 0)
+        prelude, binds = self._step_variant([q, k, v, cos, sin, kc, vc, out], self._capture() is not None)
         self._run("rope_kv", {"X": dtype}, binds, words, (pairs + 255) // 256, label="rope_kv_write",
                   prelude=prelude)
         return out
 
-    # ---- user-defined ops ---------------------------------------------------------
-    def custom(self, op, inputs, out_shape, out_dtype):
-        """Run a tallow.CustomOp's WGSL kernel: binding 0 is the uniform {numel}, then the
-        contiguous f32 inputs, then the f32 output; @workgroup_size(64) over the output."""
-        if not op.wgsl:
-            raise UnsupportedError(f"custom op {op.name!r} has no implementation for the wgpu backend (no wgsl source)")
-        if out_dtype is not f32 or any(dt is not f32 for _, _, dt in inputs):
-            raise UnsupportedError(f"custom op {op.name!r}: WGSL custom kernels take and return f32 tensors")
-        numel = 1
-        for d in out_shape:
-            numel *= d
-        binds, kept = [], []
-        for st, lay, dt in inputs:
-            cst, off = self._contiguous(st, lay, dt)
-            if off:
-                cst = self.copy(st, lay, dt)
-            binds.append(self._bind(cst, op.name))
-            kept.append(cst)
-        out = self._out(numel, out_dtype)
-        if numel:
-            pipe = self.driver.pipeline(op.wgsl, f"custom op {op.name}")
-            self._launch(pipe, binds + [self._bind(out, op.name)], _pack([numel]),
-                         self._grid((numel + 63) // 64, op.name), kept + [out])
-        return out
+    # ---- user-defined ops (tallow.custom_op: GpuBackend.custom checks, this launches) -----
+    def custom_source(self, op):
+        return op.wgsl
+
+    def _custom_launch(self, op, source, args, out, numel):
+        """Binding 0 is the uniform {numel}, then the inputs, then the output; @workgroup_size(64)."""
+        pipe = self.driver.pipeline(source, f"custom op {op.name}")
+        self._launch(pipe, [self._bind(st, op.name) for st in args + [out]], _pack([numel]),
+                     self._grid((numel + 63) // 64, op.name), args + [out])

@@ -273,7 +273,7 @@ def runner(backend, family, shape):
     if kind == "qmatmul":
         assert m > QMATVEC_MAX_ROWS, "qmatmul's candidates serve prefills longer than the qmatvec threshold"
         wdtype = dtypes.get_dtype(what)
-        x, y = backend.from_bytes(bytes(4 * m * k), dtypes.f32), backend._out(m * n, dtypes.f32)
+        x, y = backend.from_bytes(bytes(4 * m * k), dtypes.f32), backend._new(m * n, dtypes.f32)
         w = backend.from_bytes(bytes(wdtype.nbytes(n * k)), wdtype)
 
         def launch(name):
@@ -282,7 +282,7 @@ def runner(backend, family, shape):
         dtype = dtypes.get_dtype(what)
         esize = backend._esize(dtype)
         a, b = backend.from_bytes(bytes(esize * m * k), dtype), backend.from_bytes(bytes(esize * n * k), dtype)
-        y = backend._out(m * n, dtype)
+        y = backend._new(m * n, dtype)
         words = [m, n, k, 1, 0, 0, k, 1, 0, 0, 1, k]  # x (m, k) . w^T, w (n, k): a Linear layer
 
         def launch(name):

@@ -27,6 +27,11 @@ def runs_matvec(m, max_rows, wdtype=None):
     return m <= max_rows and (wdtype is None or in_kernel_quant(wdtype))
 
 
+def conv_output_size(size, kernel, stride, padding, dilation):
+    """A convolution's output length along one dim (as torch computes it)."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
 def f32_bits(value):
     """The IEEE bits of value as an f32, a kernel parameter word (OverflowError beyond f32)."""
     return struct.unpack("<I", struct.pack("<f", float(value)))[0]

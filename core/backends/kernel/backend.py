@@ -1,23 +1,25 @@
-"""KernelBackend: tallow's backend contract on top of a kernel *driver* (the protocol's kernel
-form, tallow/backends/driver_protocol.py). It decides what to launch; the
-CUDA (CuPy) and Metal (PyObjC) drivers and their CPU emulators only move bytes and launch.
-The backend subclass provides matmul and custom_source(op). Storage is a DeviceStorage.
+"""KernelBackend: the CUDA C / MSL kernel table on the one GPU backend core
+(tallow/backends/gpu_backend.py: buffer pool, launch recording, capture rules), over a kernel
+*driver* (the protocol's kernel form, tallow/backends/driver_protocol.py). It decides what to
+launch and packs each kernel's ordered arguments; the CUDA (CuPy) and Metal (PyObjC) drivers
+and their CPU emulators only move bytes and launch. The backend subclass provides matmul and
+custom_source(op). Storage is a DeviceStorage.
 """
 import struct
 
-from tallow.backends.base import Backend
 from tallow.dtypes import bool_, f16, f32, f64, i32, i64
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, contiguous_strides, inverse_permutation, numel_of
 
 from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, REDUCE_CODES,
-                   SCATTER_WORK_DTYPES, U32, U64, UNARY_CODES, Meta, conv_output_size, f16_bits, grid_1d, grid_qmatvec,
+                   SCATTER_WORK_DTYPES, U32, U64, UNARY_CODES, Meta, f16_bits, grid_1d, grid_qmatvec,
                    kernel_name, pack_meta, pack_values, rows_of, scalar_bits, staging_dtype, unpack_values,
                    width_kernel, GATED_MATVEC_DTYPES)
+from ..driver_protocol import nbytes_of
+from ..gpu_backend import GpuBackend
 from ..gpu_plan import in_kernel_quant, runs_matvec
 from ..reduce_plan import plan_reduce
 from ..step_buffer import STEP_BYTES
-from ..step_recording import StepCapture
 from .recording import entry_signature
 
 QMATVEC_MAX_ROWS = 8  # above this many rows of x, dequantise once and use the dense matmul (gpu_plan.runs_matvec)
@@ -26,9 +28,10 @@ ATTENTION_ROWS, ATTENTION_ROWS_HEAD_DIM = 8, 128  # the decode kernel's query ro
 
 
 class DeviceStorage:
-    """One tensor's device memory: `buf` (a cupy array or an MTLBuffer), its dtype and element
-    count (for block dtypes, the byte count)."""
-    __slots__ = ("buf", "dtype", "numel")
+    """One tensor's device memory: `buf` (a cupy array, an MTLBuffer, an emulator's byte array),
+    its dtype and element count (for block dtypes, the byte count). A pooled buffer may be
+    larger than that."""
+    __slots__ = ("buf", "dtype", "numel", "__weakref__")
 
     def __init__(self, buf, dtype, numel):
         self.buf, self.dtype, self.numel = buf, dtype, numel
@@ -41,31 +44,34 @@ class DeviceStorage:
         return f"DeviceStorage({self.dtype.name}, {self.numel})"
 
 
-class KernelBackend(StepCapture, Backend):
+class KernelBackend(GpuBackend):
     name = "kernel"
 
     def __init__(self, driver):
-        self.driver = driver
-        # The StepRecording each thread is capturing (tallow.capture): another thread's ops on
-        # this backend meanwhile are not part of the step.
-        self._captures = {}
+        super().__init__(driver)
         self._zero_step = None  # the step buffer eager launches of step kernels read: all zeros
 
-    # ---- launching, and recording while a step is captured ---------------------------
+    # ---- memory and launching (the pool and the recording are GpuBackend's) -----------------
+    def _new(self, numel, dtype):
+        if not self.pool.max_cached:
+            return self.driver.alloc(dtype, numel)
+        held, cap = self.pool.acquire(nbytes_of(dtype, numel), dtype)
+        return self._pooled(DeviceStorage(held.buf, dtype, numel), held, cap, dtype)
+
     def _launch(self, module, kernel, grid, block, args):
-        cap = self._capture()
-        if cap is not None:
-            cap.add(("launch", module, kernel, tuple(grid), tuple(block), list(args)))
-        self.driver.launch(module, kernel, grid, block, args)
+        self._submit(("launch", module, kernel, tuple(grid), tuple(block), list(args)))
 
     def _host_call(self, fn, signature):
         """Run a host-side op that writes into storages it was given (cuBLAS, numpy on the
         emulators); recorded while capturing, so a replay runs it again. signature: what a
         recording compares it by (shapes, strides, dtype)."""
-        cap = self._capture()
-        if cap is not None:
-            cap.add(("call", fn, signature))
-        fn()
+        self._submit(("call", fn, signature))
+
+    def _issue(self, entry):
+        if entry[0] == "launch":
+            self.driver.launch(*entry[1:])
+        else:
+            entry[1]()
 
     def _step_buffer(self):
         """The step buffer the position-dependent kernels read: the capture's, else zeros."""
@@ -93,24 +99,15 @@ class KernelBackend(StepCapture, Backend):
         if dtype is f64 and not self.driver.has_f64:
             raise UnsupportedError(f"the {self.name} backend has no f64 ({op}); convert to f32 first")
 
-    def _alloc(self, dtype, numel):
-        return self.driver.alloc(dtype, numel)
-
     def _run(self, module, kernel, n, args):
         """A 1-D launch over n elements (the kernels loop over a capped grid)."""
         blocks = grid_1d(n)
         if blocks:
             self._launch(module, kernel, (blocks, 1, 1), (BLOCK, 1, 1), args)
 
-    def _contiguous(self, st, layout, dtype):
-        """Storage holding the layout's elements contiguously from offset 0 (no copy when it already does)."""
-        if layout.offset == 0 and layout.is_contiguous():
-            return st
-        return self.copy(st, layout, dtype)
-
     def _as(self, st, layout, src, dst):
         """Contiguous storage of the layout's elements in dtype dst."""
-        return self._contiguous(st, layout, src) if src is dst else self.cast(st, layout, src, dst)
+        return self._packed(st, layout, src) if src is dst else self.cast(st, layout, src, dst)
 
     def _ids64(self, ids, lids):
         return self._as(ids, lids, ids.dtype, i64)
@@ -144,7 +141,7 @@ class KernelBackend(StepCapture, Backend):
 
     def full(self, numel, value, dtype):
         self._check(dtype, "full")
-        out = self._alloc(dtype, numel)
+        out = self._new(numel, dtype)
         self._run("elementwise", width_kernel("fill", dtype), numel, [out, U64(scalar_bits(value, dtype)), I64(numel)])
         return out
 
@@ -158,12 +155,12 @@ class KernelBackend(StepCapture, Backend):
     # ---- element-wise ---------------------------------------------------------------
     def copy(self, st, layout, dtype):
         if dtype.is_quantized:  # blocks are copied whole, byte by byte
-            out = self._alloc(dtype, st.nbytes)
+            out = self._new(st.nbytes, dtype)
             self._run("elementwise", "copy_w1", st.nbytes,
                       [st, out, pack_meta((st.nbytes,), [(0, (1,))]), I64(st.nbytes)])
             return out
         n = layout.numel()
-        out = self._alloc(dtype, n)
+        out = self._new(n, dtype)
         self._run("elementwise", width_kernel("copy", dtype), n,
                   [st, out, pack_meta(layout.shape, [layout], "copy"), I64(n)])
         return out
@@ -179,7 +176,7 @@ class KernelBackend(StepCapture, Backend):
         if src_dtype is dst_dtype:
             return self.copy(st, layout, src_dtype)
         n = layout.numel()
-        out = self._alloc(dst_dtype, n)
+        out = self._new(n, dst_dtype)
         kernel = f"cast_{src_dtype.name}_{dst_dtype.name}"
         self._run("elementwise", kernel, n, [st, out, pack_meta(layout.shape, [layout], "cast"), I64(n)])
         return out
@@ -201,7 +198,7 @@ class KernelBackend(StepCapture, Backend):
         elif op == "affine":
             a0, a1 = float(arg[0]), float(arg[1])
         n = layout.numel()
-        out = self._alloc(dtype, n)
+        out = self._new(n, dtype)
         self._run("elementwise", kernel_name("unary", dtype), n,
                   [st, out, pack_meta(layout.shape, [layout], op), I64(n), I32(UNARY_CODES[op]), F64(a0), F64(a1)])
         return out
@@ -209,7 +206,7 @@ class KernelBackend(StepCapture, Backend):
     def binary(self, op, a, la, b, lb, dtype):
         self._check(dtype, op)
         n = la.numel()
-        out = self._alloc(dtype, n)
+        out = self._new(n, dtype)
         self._run("elementwise", kernel_name("binary", dtype), n,
                   [a, b, out, pack_meta(la.shape, [la, lb], op), I64(n), I32(BINARY_CODES[op])])
         return out
@@ -217,7 +214,7 @@ class KernelBackend(StepCapture, Backend):
     def compare(self, op, a, la, b, lb, dtype):
         self._check(dtype, op)
         n = la.numel()
-        out = self._alloc(bool_, n)
+        out = self._new(n, bool_)
         self._run("elementwise", kernel_name("compare", dtype), n,
                   [a, b, out, pack_meta(la.shape, [la, lb], op), I64(n), I32(COMPARE_CODES[op])])
         return out
@@ -227,7 +224,7 @@ class KernelBackend(StepCapture, Backend):
         if cond.dtype is not bool_:
             cond, lc = self.cast(cond, lc, cond.dtype, bool_), Layout(lc.shape)
         n = la.numel()
-        out = self._alloc(dtype, n)
+        out = self._new(n, dtype)
         self._run("elementwise", kernel_name("where", dtype), n,
                   [cond, a, b, out, pack_meta(la.shape, [lc, la, lb], "where"), I64(n)])
         return out
@@ -237,22 +234,22 @@ class KernelBackend(StepCapture, Backend):
         self._check(dtype, op)
         out_dtype, rows, length, pl = plan_reduce(self.name, op, layout, dtype, dims)
         if rows == 0:
-            return self._alloc(out_dtype, 0)
+            return self._new(0, out_dtype)
         if length == 0:  # a sum or product of nothing (plan_reduce refused the others)
             return self.full(rows, 0 if op == "sum" else 1, out_dtype)
-        x = self._contiguous(st, pl, dtype)
+        x = self._packed(st, pl, dtype)
         grid, block = (rows, 1, 1), (BLOCK, 1, 1)
         if op in ("argmax", "argmin"):
-            out = self._alloc(i64, rows)
+            out = self._new(rows, i64)
             self._launch("reduce", kernel_name("argreduce", dtype), grid, block,
                          [x, out, I64(length), I32(op == "argmax")])
             return out
         if dtype.is_float:
-            out = self._alloc(dtype, rows)
+            out = self._new(rows, dtype)
             self._launch("reduce", kernel_name("reduce", dtype), grid, block,
                          [x, out, I64(length), I32(REDUCE_CODES[op])])
             return out
-        wide = self._alloc(i64, rows)  # integer reductions accumulate in i64
+        wide = self._new(rows, i64)  # integer reductions accumulate in i64
         self._launch("reduce", kernel_name("reduce", dtype), grid, block,
                      [x, wide, I64(length), I32(REDUCE_CODES[op])])
         return wide if out_dtype is i64 else self.cast(wide, Layout((rows,)), i64, out_dtype)
@@ -264,9 +261,9 @@ class KernelBackend(StepCapture, Backend):
         rows, length = rows_of(pl.shape, 1)
         n = rows * length
         if n == 0:
-            return self._alloc(out_dtype, 0)
-        x = self._contiguous(st, pl, dtype)
-        scanned = self._alloc(out_dtype, n)
+            return self._new(0, out_dtype)
+        x = self._packed(st, pl, dtype)
+        scanned = self._new(n, out_dtype)
         self._run("reduce", kernel_name("cumsum", dtype), rows, [x, scanned, I64(rows), I64(length)])
         if perm == sorted(perm):
             return scanned
@@ -279,9 +276,9 @@ class KernelBackend(StepCapture, Backend):
         m = lx.numel() // k if k else 0
         xf = self._as(x, lx, dtype, f32)
         if m == 0 or n == 0:
-            return self._alloc(dtype, m * n)
+            return self._new(m * n, dtype)
         if runs_matvec(m, QMATVEC_MAX_ROWS, wdtype):
-            out = self._alloc(f32, m * n)
+            out = self._new(m * n, f32)
             grid, block = grid_qmatvec(n, m)
             self._launch("quant", f"qmatvec_{wdtype.name}", grid, block, [w, xf, out, I32(n), I32(k), I32(m)])
         else:  # a prompt (many rows): dequantise once, then the dense matmul
@@ -292,7 +289,7 @@ class KernelBackend(StepCapture, Backend):
     def dequantize(self, w, wdtype, numel, dtype):
         self._check(dtype, "dequantize")
         if in_kernel_quant(wdtype):
-            out = self._alloc(f32, numel)
+            out = self._new(numel, f32)
             # Rows of one block each: no row length beyond int32.
             self._run("quant", f"dequant_{wdtype.name}", numel, [w, w, out, I64(numel), I32(wdtype.block_size), I32(0)])
         else:
@@ -318,7 +315,7 @@ class KernelBackend(StepCapture, Backend):
             k = layout.shape[1]
             if not in_kernel_quant(dtype):
                 return self._host_dequantize(st, dtype, count * k, k, ids64)
-            out = self._alloc(f32, count * k)
+            out = self._new(count * k, f32)
             self._run("quant", f"dequant_{dtype.name}", count * k, [st, ids64, out, I64(count * k), I32(k), I32(1)])
             return out
         shape = list(layout.shape)
@@ -326,7 +323,7 @@ class KernelBackend(StepCapture, Backend):
         strides = list(layout.strides)
         dim_stride, strides[dim] = strides[dim], 0
         n = numel_of(shape)
-        out = self._alloc(dtype, n)
+        out = self._new(n, dtype)
         inner = numel_of(shape[dim + 1:])
         meta = pack_meta(shape, [(layout.offset, strides)], "index_select")
         self._run("index", width_kernel("index_select", dtype), n,
@@ -338,7 +335,7 @@ class KernelBackend(StepCapture, Backend):
         strides = list(layout.strides)
         dim_stride, strides[dim] = strides[dim], 0
         n = lids.numel()
-        out = self._alloc(dtype, n)
+        out = self._new(n, dtype)
         meta = pack_meta(lids.shape, [(layout.offset, strides)], "gather")
         self._run("index", width_kernel("gather", dtype), n,
                   [st, ids64, out, meta, I64(n), I64(dim_stride), I64(layout.shape[dim])])
@@ -361,12 +358,6 @@ class KernelBackend(StepCapture, Backend):
                   [out, ids64, values, meta, I64(n), I64(dim_stride), I64(ld.shape[dim])])
         return out if work is dtype else self.cast(out, Layout(ld.shape), work, dtype)
 
-    def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
-        # A 1-D convolution is a 2-D one over a height of 1.
-        lx2 = Layout(lx.shape[:2] + (1,) + lx.shape[2:], lx.strides[:2] + (0,) + lx.strides[2:], lx.offset)
-        lw2 = Layout(lw.shape[:2] + (1,) + lw.shape[2:], lw.strides[:2] + (0,) + lw.strides[2:], lw.offset)
-        return self.conv2d(x, lx2, w, lw2, dtype, (1, stride), (0, padding), (1, dilation), groups)
-
     def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
         """im2col on the device, then one batched matmul (cuBLAS on CUDA)."""
         if not dtype.is_float:
@@ -374,15 +365,12 @@ class KernelBackend(StepCapture, Backend):
         self._check(dtype, "conv")
         b, cin, h, wd = lx.shape
         cout, cin_g, kh, kw = lw.shape
-        oh = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
-        ow = conv_output_size(wd, kw, stride[1], padding[1], dilation[1])
-        if oh <= 0 or ow <= 0:
-            raise ShapeError(f"conv: input {lx.shape} is smaller than the dilated kernel {lw.shape}")
-        xs = self._contiguous(x, lx, dtype)
-        ws = self._contiguous(w, lw, dtype)
+        oh, ow = self._conv_output(lx, lw, stride, padding, dilation, groups)
+        xs = self._packed(x, lx, dtype)
+        ws = self._packed(w, lw, dtype)
         kk, p, cout_g = cin_g * kh * kw, oh * ow, cout // groups
         n = b * cin * kh * kw * p
-        cols = self._alloc(dtype, n)
+        cols = self._new(n, dtype)
         self._run("index", kernel_name("im2col", dtype), n,
                   [xs, cols, I64(n), I32(cin), I32(h), I32(wd), I32(kh), I32(kw), I32(oh), I32(ow), I32(stride[0]),
                    I32(stride[1]), I32(padding[0]), I32(padding[1]), I32(dilation[0]), I32(dilation[1])])
@@ -397,11 +385,11 @@ class KernelBackend(StepCapture, Backend):
         if not dtype.is_float:
             self._missing(f"{family} on {dtype.name}")
         rows, length = rows_of(layout.shape, 1)
-        out = self._alloc(dtype, rows * length)
+        out = self._new(rows * length, dtype)
         if rows * length == 0:
             return out
-        x = self._contiguous(st, layout, dtype)
-        inputs = [x] + [x if s is None else self._contiguous(s, ls, dtype) for s, ls in extra_inputs]
+        x = self._packed(st, layout, dtype)
+        inputs = [x] + [x if s is None else self._packed(s, ls, dtype) for s, ls in extra_inputs]
         self._launch("reduce", kernel_name(family, dtype), (rows, 1, 1), (BLOCK, 1, 1),
                      inputs + [out, I64(length)] + scalars)
         return out
@@ -420,10 +408,10 @@ class KernelBackend(StepCapture, Backend):
         self._check(dtype, "rope")
         b, h, t, d = lx.shape
         n = lx.numel()
-        out = self._alloc(dtype, n)
+        out = self._new(n, dtype)
         if n == 0:
             return out
-        cs, sn = self._contiguous(cos, lcos, dtype), self._contiguous(sin, lsin, dtype)
+        cs, sn = self._packed(cos, lcos, dtype), self._packed(sin, lsin, dtype)
         self._run("index", kernel_name("rope", dtype), n // 2,
                   [x, cs, sn, out, pack_meta(lx.shape, [lx], "rope"), I64(b * h), I64(t), I64(d),
                    I32(bool(interleaved))])
@@ -435,16 +423,12 @@ class KernelBackend(StepCapture, Backend):
         tk, dv = lk.shape[2], lv.shape[3]
         if d > ATTENTION_MAX_HEAD_DIM or dv > ATTENTION_MAX_HEAD_DIM:
             raise UnsupportedError(f"{self.name} attention: head dim {max(d, dv)} > {ATTENTION_MAX_HEAD_DIM}")
-        out = self._alloc(dtype, b * h * tq * dv)
+        out = self._new(b * h * tq * dv, dtype)
         if b * h * tq * dv == 0:
             return out
         lm = lmask if mask is not None else Layout((b, h, tq, tk), (0, 0, 0, 0))
         ameta = Meta([lq.offset, lk.offset, lv.offset, lm.offset, *lq.strides, *lk.strides, *lv.strides, *lm.strides])
-        cap = self._capture()
-        # Over the whole KV cache this captured step wrote (keys 0 .. position + tokens): the key
-        # count comes from the step buffer, so the recorded launch serves every position.
-        over_cache = (cap is not None and mask is None and id(k) in cap.cache_bufs and id(v) in cap.cache_bufs
-                      and lk.offset == lv.offset == 0 and tk == cap.position + cap.tokens)
+        over_cache = self._reads_whole_cache(k, lk, v, lv, mask)
         keys = I32(0 if over_cache else tk)
         if mask is None and tq <= ATTENTION_ROWS and max(d, dv) <= ATTENTION_ROWS_HEAD_DIM:
             # A decode step: one block per (batch, KV head) reads each key and value row once for
@@ -458,7 +442,7 @@ class KernelBackend(StepCapture, Backend):
                 I32(d), I32(dv), F64(scale), I32(mask is not None), I32(bool(causal))]
         if over_cache:
             self._launch("attention", kernel_name("attention_step", dtype), (b * h * tq, 1, 1), (BLOCK, 1, 1),
-                         args + [cap.step])
+                         args + [self._step_buffer()])
         else:
             self._launch("attention", kernel_name("attention", dtype), (b * h * tq, 1, 1), (BLOCK, 1, 1), args)
         return out
@@ -468,48 +452,28 @@ class KernelBackend(StepCapture, Backend):
         """(x + r, norm(x + r) * w + b) in one launch of reduce's add_norm kernel."""
         self._check(dtype, "add_norm")
         rows, length = rows_of(lx.shape, 1)
-        total, out = self._alloc(dtype, rows * length), self._alloc(dtype, rows * length)
+        total, out = self._new(rows * length, dtype), self._new(rows * length, dtype)
         if rows * length == 0:
             return total, out
-        xs, rs = self._contiguous(x, lx, dtype), self._contiguous(r, lr, dtype)
-        ws = xs if w is None else self._contiguous(w, lw, dtype)
-        bs = xs if b is None else self._contiguous(b, lb, dtype)
+        xs, rs = self._packed(x, lx, dtype), self._packed(r, lr, dtype)
+        ws = xs if w is None else self._packed(w, lw, dtype)
+        bs = xs if b is None else self._packed(b, lb, dtype)
         self._launch("reduce", kernel_name("add_norm", dtype), (rows, 1, 1), (BLOCK, 1, 1),
                      [xs, rs, ws, bs, total, out, I64(length), F64(eps), I32(w is not None), I32(b is not None),
                       I32(center)])
         return total, out
 
-    def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
-        return self._add_norm(x, lx, r, lr, w, lw, None, None, dtype, eps, False)
-
-    def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
-        return self._add_norm(x, lx, r, lr, w, lw, b, lb, dtype, eps, True)
-
-    @staticmethod
-    def _slot_words(layout, position, dim):
-        """(offset, strides) of a cache slot or rotary rows, the offset relative to the step's position
-        along dim (the kernels add step[0] rows back); int32, as the kernels read them."""
-        words = [layout.offset - position * layout.strides[dim], *layout.strides]
-        if any(not -2 ** 31 <= w < 2 ** 31 for w in words):
-            raise UnsupportedError(f"a KV cache or rotary table beyond int32 element offsets ({words})")
-        return words
-
     def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
         self._check(dtype, "rope_kv_write")
         b, hq, t, d = lq.shape
         hk = lk.shape[1]
-        out = self._alloc(dtype, lq.numel())
+        out = self._new(lq.numel(), dtype)
         if lq.numel() + lk.numel() == 0:
             return out
         if lv.shape != lk.shape:  # the kernel pairs v's elements with k's
             return super().rope_kv_write(q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype,
                                          interleaved)
-        cap = self._capture()
-        # While capturing, the cache slots and rotary rows are those of the step's position:
-        # packed relative to it, found again through the step buffer.
-        pos = 0 if cap is None else cap.position
-        if cap is not None:
-            cap.cache_bufs.update((id(kc), id(vc)))
+        pos = self._cache_write_position(kc, vc)
         words = []
         for lay in (lq, lk, lv):
             words += self._slot_words(lay, 0, 2)
@@ -527,10 +491,7 @@ class KernelBackend(StepCapture, Backend):
         nk, nv = lk.numel(), lv.numel()
         if nk + nv == 0:
             return
-        cap = self._capture()
-        pos = 0 if cap is None else cap.position  # as in rope_kv_write
-        if cap is not None:
-            cap.cache_bufs.update((id(kc), id(vc)))
+        pos = self._cache_write_position(kc, vc)
         words = [*lk.shape, *lv.shape]
         for lay in (lk, lv):
             words += self._slot_words(lay, 0, 2)
@@ -549,10 +510,10 @@ class KernelBackend(StepCapture, Backend):
         (m, k), n = la.shape, lb.shape[1]
         if not runs_matvec(m, QMATVEC_MAX_ROWS) or m * n * k == 0:
             return None
-        out = self._alloc(dtype, m * n)
+        out = self._new(m * n, dtype)
         grid, block = grid_qmatvec(n, m)
         self._launch("quant", kernel_name("matvec", dtype), grid, block,
-                     [self._contiguous(a, la, dtype), b, b if bias is None else bias, out, I64(lb.offset),
+                     [self._packed(a, la, dtype), b, b if bias is None else bias, out, I64(lb.offset),
                       I64(lb.strides[0]), I64(lb.strides[1]), I64(0 if bias is None else lbias.offset),
                       I64(0 if bias is None else lbias.strides[0]), I32(n), I32(k), I32(m), I32(bias is not None)])
         return out
@@ -567,10 +528,10 @@ class KernelBackend(StepCapture, Backend):
         if (dtype not in GATED_MATVEC_DTYPES or act not in UNARY_CODES or not runs_matvec(m, QMATVEC_MAX_ROWS)
                 or m * n * k == 0 or lb.strides[0] != 1):  # as _rows_matvec: k contiguous
             return super().gated_matmul(a, la, b, lb, dtype, act)
-        out = self._alloc(dtype, m * n)
+        out = self._new(m * n, dtype)
         grid, block = grid_qmatvec(n, m)
         self._launch("quant", kernel_name("gated_matvec", dtype), grid, block,
-                     [self._contiguous(a, la, dtype), b, out, I64(lb.offset), I64(lb.strides[0]), I64(lb.strides[1]),
+                     [self._packed(a, la, dtype), b, out, I64(lb.offset), I64(lb.strides[0]), I64(lb.strides[1]),
                       I32(n), I32(k), I32(m), I32(UNARY_CODES[act])])
         return out
 
@@ -581,37 +542,16 @@ class KernelBackend(StepCapture, Backend):
             return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
         self._check(dtype, "gated_qmatmul")
         xf = self._as(x, lx, dtype, f32)
-        out = self._alloc(f32, m * n)
+        out = self._new(m * n, f32)
         grid, block = grid_qmatvec(n, m)
         self._launch("quant", f"gated_qmatvec_{wdtype.name}", grid, block,
                      [w, xf, out, I32(n), I32(k), I32(m), I32(UNARY_CODES[act])])
         return out if dtype is f32 else self.cast(out, Layout((m * n,)), f32, dtype)
 
-    # ---- user-defined ops (tallow.custom_op) --------------------------------------------
-    source_language = "kernel"  # the CustomOp attribute custom_source reads, for messages
-
-    def custom_source(self, op):
-        """The CustomOp's kernel source for this backend's compiler (op.cuda, op.msl), or None."""
-        return None
-
-    def custom(self, op, inputs, out_shape, out_dtype):
-        """Compile the op's kernel source (once) and launch `main_kernel` with the contiguous f32
-        inputs, the f32 output and numel (unsigned 32-bit): one thread per output element, in
-        blocks of BLOCK threads (the kernel checks i < numel). See tallow.custom_op."""
-        source = self.custom_source(op)
-        if not source:
-            raise UnsupportedError(f"custom op {op.name!r} has no implementation for the {self.name} backend "
-                                   f"(no {self.source_language} source)")
-        if out_dtype is not f32 or any(dt is not f32 for _, _, dt in inputs):
-            raise UnsupportedError(f"custom op {op.name!r}: {self.source_language} custom kernels "
-                                   f"take and return f32 tensors")
-        numel = numel_of(out_shape)
-        if numel > 0xFFFFFFFF:
-            raise UnsupportedError(f"custom op {op.name!r}: {numel} elements exceed the kernel's 32-bit numel")
-        args = [self._contiguous(st, lay, dt) for st, lay, dt in inputs]
-        out = self._alloc(f32, numel)
-        if numel:
-            module = self.driver.load_source(op.name, source)
-            self._launch(module, "main_kernel", ((numel + BLOCK - 1) // BLOCK, 1, 1), (BLOCK, 1, 1),
-                               args + [out, U32(numel)])
-        return out
+    # ---- user-defined ops (tallow.custom_op: GpuBackend.custom checks, this launches) -----
+    def _custom_launch(self, op, source, args, out, numel):
+        """`main_kernel` of the op's source, compiled once: the inputs, the output and numel (U32),
+        one thread per output element in blocks of BLOCK threads (the kernel checks i < numel)."""
+        module = self.driver.load_source(op.name, source)
+        self._launch(module, "main_kernel", ((numel + BLOCK - 1) // BLOCK, 1, 1), (BLOCK, 1, 1),
+                     args + [out, U32(numel)])

@@ -123,10 +123,6 @@ def grid_qmatvec(n, m, warps_per_block=4, warp=32):
     return ((n + warps_per_block - 1) // warps_per_block, m, 1), (warps_per_block * warp, 1, 1)
 
 
-def conv_output_size(size, kernel, stride, padding, dilation):
-    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
-
-
 # ---- values ---------------------------------------------------------------------------
 def bf16_bits(value):
     """Round-to-nearest-even bf16 bits of a Python float (as the kernels and the numpy backend)."""
