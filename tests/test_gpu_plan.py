@@ -47,10 +47,10 @@ def test_f32_bits_match_numpy():
 
 
 def test_both_planners_plan_reductions_the_one_way():
-    from tallow.backends import reduce_plan
-    from tallow.backends.kernel import backend as kernel_backend
-    from tallow_wgpu import backend as wgpu_backend
-    assert kernel_backend.plan_reduce is wgpu_backend.plan_reduce is reduce_plan.plan_reduce
+    from tallow.backends.gpu_backend import GpuBackend
+    from tallow.backends.kernel.backend import KernelBackend
+    from tallow_wgpu.backend import WgpuBackend
+    assert KernelBackend.reduce is WgpuBackend.reduce is GpuBackend.reduce  # plan_reduce, then each one's kernel
 
 
 @pytest.mark.parametrize("shape, dims", [((3, 4), (1,)), ((2, 3, 4), (0, 2)), ((2, 3, 4), (2, 0)), ((5,), ()),

@@ -20,7 +20,6 @@ from array import array
 
 from tallow.backends.gpu_backend import GpuBackend
 from tallow.backends.gpu_plan import IN_KERNEL_QUANTS, MAX_DIMS, f32_bits, in_kernel_quant, runs_matvec
-from tallow.backends.reduce_plan import plan_reduce
 from tallow.backends.step_buffer import STEP_BYTES
 from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u8, u32
 from tallow.errors import ShapeError, UnsupportedError
@@ -671,15 +670,13 @@ class WgpuBackend(GpuBackend):
         return out
 
     # ---- reductions -----------------------------------------------------------------
-    def reduce(self, op, storage, layout, dtype, dims):
-        out_dtype, outputs, r_count, perm = plan_reduce("wgpu", op, layout, dtype, dims)
+    def _reduce_kernel(self, op, storage, layout, dtype, dims, plan):
+        out_dtype, outputs, r_count, perm = plan
         arg = op in ("argmax", "argmin")
         if out_dtype is i64 and not arg and (dtype.itemsize >= 4 or op == "prod" or r_count >= _SMALL_INT_SUMS):
             return self._exact_i64(f"reduce {op}", perm.shape[:len(perm.shape) - len(dims)],
                                    lambda host, up: host.reduce(op, *up(storage, layout, dtype), dtype, dims))
         out = self._new(outputs, out_dtype)
-        if outputs == 0:
-            return out
         ca = wgsl.compute_type(dtype)
         big = {"f32": "f32_inf()", "i32": "2147483647", "u32": "0xffffffffu"}[ca]
         small = {"f32": "-f32_inf()", "i32": "i32(-2147483647 - 1)", "u32": "0u"}[ca]
@@ -754,15 +751,15 @@ class WgpuBackend(GpuBackend):
         return out
 
     @staticmethod
-    def _rows_matvec(words):
+    def _takes_matvec_rows(words):
         """Whether matvec_rows.wgsl takes this matmul: one row times w^T whose rows read as vec4s."""
         m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs = words
         return m == 1 and b_rs == 1 and k % 4 == 0 and b_off % 4 == 0 and b_bs % 4 == 0 and b_cs % 4 == 0
 
     def _matmul_dispatch(self, a_st, b_st, out, words, dtype, bias=None):
-        """bias: (storage, offset, stride) added to each column, only where _rows_matvec(words)."""
+        """bias: (storage, offset, stride) added to each column, only where _takes_matvec_rows(words)."""
         m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs = words
-        if self._rows_matvec(words):
+        if self._takes_matvec_rows(words):
             # Decoding through a Linear layer (b = w^T): rows of w read as vec4s.
             bias_st, bias_words = (a_st, [0, 0, 0]) if bias is None else (bias[0], [1, bias[1], bias[2]])
             self._run("matvec_rows", {"X": dtype}, [b_st, a_st, out, bias_st], words + bias_words,
@@ -970,30 +967,22 @@ class WgpuBackend(GpuBackend):
         return out
 
     # ---- convolution ------------------------------------------------------------------------
-    def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
-        stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
-        b, cin, h, wd = lx.shape
-        cout, cin_g, kh, kw = lw.shape
-        oh, ow = self._conv_output(lx, lw, stride, padding, dilation, groups)
-        numel = b * cout * oh * ow
-        out = self._new(numel, dtype)
-        if numel == 0:
-            return out
-        xs, ws = self._packed(x, lx, dtype), self._packed(w, lw, dtype)
-        words = [numel, b, cin, h, wd, cout, cin_g, kh, kw, oh, ow, *stride, *padding, *dilation, cout // groups]
-        taps = cin_g * kh * kw
-        col_numel = b * cin * kh * kw * oh * ow
-        if col_numel * self._esize(dtype) > self.limits["max_storage_binding"]:
-            # The unfolded input would not fit one binding: direct convolution.
-            self._run("conv", {"X": dtype}, [xs, ws, out], words, (numel + 255) // 256, label="conv")
-            return out
-        col = self._new(col_numel, dtype)
-        self._run("im2col", {"X": dtype}, [xs, col], [col_numel] + words[1:], (col_numel + 255) // 256,
+    @staticmethod
+    def _conv_words(numel, g):
+        """conv.wgsl's and im2col.wgsl's words: the elements they write, then the geometry."""
+        return [numel, g.b, g.cin, g.h, g.w, g.cout, g.cin_g, g.kh, g.kw, g.oh, g.ow, g.stride_h, g.stride_w,
+                g.pad_h, g.pad_w, g.dilation_h, g.dilation_w, g.cout // g.groups]
+
+    def _im2col_fits(self, col_numel, dtype):
+        return col_numel * self._esize(dtype) <= self.limits["max_storage_binding"]
+
+    def _im2col_kernel(self, xs, cols, col_numel, g, dtype):
+        self._run("im2col", {"X": dtype}, [xs, cols], self._conv_words(col_numel, g), (col_numel + 255) // 256,
                   label="im2col")
-        cg = cout // groups
-        lw_mat = Layout((b, groups, cg, taps), (0, cg * taps, taps, 1))
-        l_col = Layout((b, groups, taps, oh * ow))
-        return self.matmul(ws, lw_mat, col, l_col, dtype)
+
+    def _direct_conv_kernel(self, xs, ws, out, numel, g, dtype):
+        """The unfolded input would not fit one binding: a direct convolution."""
+        self._run("conv", {"X": dtype}, [xs, ws, out], self._conv_words(numel, g), (numel + 255) // 256, label="conv")
 
     # ---- fused ----------------------------------------------------------------------------------
     def softmax(self, storage, layout, dtype, log=False):
@@ -1060,11 +1049,19 @@ class WgpuBackend(GpuBackend):
                   label="rope")
         return out
 
-    def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
-        if len(lq.shape) == 4 and lq.shape[2] <= ATTEND_MAX_ROWS and self._attend_fits(lk, lv):
-            return self._attend(q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal)
-        # Three dispatches: scores = q k^T (strided matmul, or matvec when
-        # decoding), a fused scale + mask + causal softmax, then p v.
+    def _attention_fits(self, lq, lk, lv):
+        """attend.wgsl: a few query rows (longer prompts share loads in the matmuls), keys and
+        values as rows of contiguous features read as vec4s."""
+        return lq.shape[2] <= ATTEND_MAX_ROWS and self._attend_fits(lk, lv)
+
+    @staticmethod
+    def _attend_fits(lk, lv):
+        return all(lay.shape[3] <= 256 and lay.shape[3] % 4 == 0 and lay.strides[3] == 1 and lay.offset % 4 == 0
+                   and all(st % 4 == 0 for st in lay.strides[:3]) for lay in (lk, lv))
+
+    def _attention_unfused(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        """Three dispatches: scores = q k^T (strided matmul, or matvec when decoding), a fused
+        scale + mask + causal softmax, then p v."""
         *batch, tq, _ = lq.shape
         tk = lk.shape[-2]
         nd = len(lk.shape)
@@ -1074,30 +1071,17 @@ class WgpuBackend(GpuBackend):
         probs = self._softmax(scores, sl, dtype, False, scale, mask, lmask, causal)
         return self.matmul(probs, sl, v, lv, dtype)
 
-    @staticmethod
-    def _attend_fits(lk, lv):
-        """Whether attend.wgsl reads these keys and values: rows of contiguous features as vec4s."""
-        return all(lay.shape[3] <= 256 and lay.shape[3] % 4 == 0 and lay.strides[3] == 1 and lay.offset % 4 == 0
-                   and all(st % 4 == 0 for st in lay.strides[:3]) for lay in (lk, lv))
-
-    def _attend(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+    def _attention_kernel(self, q, lq, k, lk, v, lv, mask, lmask, out, scale, causal, over_cache, dtype):
         """One dispatch: kernels/attend.wgsl, one workgroup per query row."""
         b, h, tq, d = lq.shape
         tk, dv = lk.shape[2], lv.shape[3]
         rows = b * h * tq
-        if tk == 0 and rows * dv:  # no keys: a sum of nothing, as the three-dispatch path gives
-            return self._fill(rows * dv, 0.0, 0, dtype)
-        out = self._new(rows * dv, dtype)
-        if rows * dv == 0:
-            return out
-        over_cache = self._reads_whole_cache(k, lk, v, lv, mask)
         words = [rows, h, tq, 0 if over_cache else tk, d, dv, f32_bits(scale), int(causal), int(mask is not None)]
         for lay in (lq, lk, lv, lmask if mask is not None else lq):
             words += [lay.offset, *lay.strides]
         prelude, binds = self._step_variant([q, k, v, mask if mask is not None else q, out], over_cache)
         self._run("attend", {"X": dtype}, binds, words, self._grid(rows, "attention"), label="attention",
                   prelude=prelude, extra=("workgroup_max_sum",))
-        return out
 
     def cache_attention(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask, dtype,
                         position, key_start, scale, interleaved):
@@ -1144,14 +1128,10 @@ class WgpuBackend(GpuBackend):
                       label="attention_combine")
         return out
 
-    def _add_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps, center):
-        """One dispatch of kernels/add_norm.wgsl: (x + r, norm(x + r) * w + b)."""
-        numel = lx.numel()
-        total, out = self._new(numel, dtype), self._new(numel, dtype)
-        if numel == 0:
-            return total, out
+    def _add_norm_kernel(self, x, lx, r, lr, w, lw, b, lb, total, out, dtype, eps, center):
+        """kernels/add_norm.wgsl, one workgroup per row, reading x, r, w and b strided."""
         d = lx.shape[-1]
-        rows = numel // d
+        rows = lx.numel() // d
         words = _layout_words(lx.shape, [(lx.offset, lx.strides), (lr.offset, lr.strides)], True, "add_norm")
         extras = [d, int(w is not None), f32_bits(eps), rows, int(center), int(b is not None)]
         for lay in (lw, lb):
@@ -1159,58 +1139,58 @@ class WgpuBackend(GpuBackend):
         label = "add_layer_norm" if center else "add_rms_norm"
         self._run("add_norm", {"X": dtype}, [x, r, w if w is not None else x, b if b is not None else x, total, out],
                   self._params(words, extras), rows, extra=("row_sum",), label=label)
-        return total, out
 
-    def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
-        m, k = la.shape
-        n = lb.shape[1]
+    # The decode matvecs (GpuBackend plans matmul_bias, gated_matmul, gated_qmatmul).
+    matvec_max_rows = 1  # matvec_rows.wgsl: one row of x times w^T
+    qmatvec_max_rows = QMATVEC_MAX_ROWS
+    activations = _FLOAT_UNARY
+
+    def _fits_binding(self, st):
+        return (st.nbytes + 3) // 4 * 4 <= self.limits["max_storage_binding"]
+
+    def _matvec_fits(self, b, lb, k, dtype):
+        """matvec_rows.wgsl: w's rows (b's columns) read as vec4s, from one binding."""
+        b_off, (b_rs, b_cs) = lb.offset, lb.strides
+        return b_rs == 1 and k % 4 == 0 and b_off % 4 == 0 and b_cs % 4 == 0 and self._fits_binding(b)
+
+    def _reads_blocks(self, w, wdtype, rows, k):
+        """The blocks are on the GPU (not dequantised on upload), in whole blocks per row, in one binding."""
+        return (not w.dequantized and in_kernel_quant(wdtype) and k % 32 == 0
+                and wdtype.nbytes(rows * k) <= self.limits["max_storage_binding"])
+
+    def _matvec_kernel(self, a, la, b, lb, dtype, bias, lbias):
+        (m, k), n = la.shape, lb.shape[1]
         words = [m, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], lb.offset, 0, lb.strides[0], lb.strides[1]]
-        if not self._rows_matvec(words) or (b.nbytes + 3) // 4 * 4 > self.limits["max_storage_binding"]:
-            return super().matmul_bias(a, la, b, lb, bias, lbias, dtype)
         out = self._new(n, dtype)
-        if n:
-            self._matmul_dispatch(a, b, out, words, dtype, (bias, lbias.offset, lbias.strides[0]))
+        self._matmul_dispatch(a, b, out, words, dtype, (bias, lbias.offset, lbias.strides[0]))
+        return out
+
+    def _gated_matvec_kernel(self, a, la, b, lb, dtype, act):
+        k, n = la.shape[1], lb.shape[1] // 2
+        out = self._new(n, dtype)
+        words = [1, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], lb.offset, 0, lb.strides[0], lb.strides[1]]
+        self._run("matvec_rows_glu", {"X": dtype}, [b, a, out], words, ((n + 255) // 256, 1, 1),
+                  {"ACT": _FLOAT_UNARY[act]}, ("input_strided",), label=f"gated matvec {act}", prelude=_MATH)
+        return out
+
+    def _gated_qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, act):
+        m = lx.numel() // k
+        out = self._new(m * n, dtype)
+        xs, xoff = self._contiguous(x, lx, dtype)
+        self._run("qmatvec_glu", {"X": dtype}, [w, xs, out], _qmatvec_words(m, n, k, wdtype.nbytes(k), xoff),
+                  self._grid((n + 255) // 256, "gated qmatvec"), {"ACT": _FLOAT_UNARY[act]},
+                  ("quant_common", wdtype.name) + _QMATVEC_INPUT, f"gated qmatvec {wdtype.name} {act}", _MATH)
         return out
 
     def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
         m = lx.numel() // k if k else 0
-        if (w.dequantized or not runs_matvec(m, QMATVEC_MAX_ROWS, wdtype) or k % 32
-                or wdtype.nbytes(n * k) > self.limits["max_storage_binding"]):
+        if not (runs_matvec(m, QMATVEC_MAX_ROWS, wdtype) and self._reads_blocks(w, wdtype, n, k)):
             return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
         out = self._new(m * n, dtype)
         if m * n:
             xs, xoff = self._contiguous(x, lx, dtype)
             self._qmatmul_piece(w, xs, out, m, n, k, wdtype.nbytes(k), xoff, dtype, wdtype,
                                 self._quant_kernel(wdtype, "quantised matmul"), (bias, lbias.offset, lbias.strides[0]))
-        return out
-
-    def gated_matmul(self, a, la, b, lb, dtype, act):
-        m, k = la.shape
-        n = lb.shape[1] // 2
-        b_off, (b_rs, b_cs) = lb.offset, lb.strides
-        if (m != 1 or act not in _FLOAT_UNARY or b_rs != 1 or k % 4 or b_off % 4 or b_cs % 4
-                or (b.nbytes + 3) // 4 * 4 > self.limits["max_storage_binding"]):
-            return super().gated_matmul(a, la, b, lb, dtype, act)
-        out = self._new(n, dtype)
-        if n == 0:
-            return out
-        words = [1, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], b_off, 0, b_rs, b_cs]
-        self._run("matvec_rows_glu", {"X": dtype}, [b, a, out], words, ((n + 255) // 256, 1, 1),
-                  {"ACT": _FLOAT_UNARY[act]}, ("input_strided",), label=f"gated matvec {act}", prelude=_MATH)
-        return out
-
-    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
-        m = lx.numel() // k if k else 0
-        if (w.dequantized or not runs_matvec(m, QMATVEC_MAX_ROWS, wdtype) or k % 32
-                or act not in _FLOAT_UNARY or wdtype.nbytes(2 * n * k) > self.limits["max_storage_binding"]):
-            return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
-        out = self._new(m * n, dtype)
-        if m * n == 0:
-            return out
-        xs, xoff = self._contiguous(x, lx, dtype)
-        self._run("qmatvec_glu", {"X": dtype}, [w, xs, out], _qmatvec_words(m, n, k, wdtype.nbytes(k), xoff),
-                  self._grid((n + 255) // 256, "gated qmatvec"), {"ACT": _FLOAT_UNARY[act]},
-                  ("quant_common", wdtype.name) + _QMATVEC_INPUT, f"gated qmatvec {wdtype.name} {act}", _MATH)
         return out
 
     def add_norm_linear(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center, act,
@@ -1222,11 +1202,9 @@ class WgpuBackend(GpuBackend):
         rows = lw.shape[0]
         n = rows // 2 if gated else rows
         if wdtype.is_quantized:
-            fits = (not w.dequantized and in_kernel_quant(wdtype) and k % 32 == 0
-                    and wdtype.nbytes(rows * k) <= self.limits["max_storage_binding"])
-        else:
-            fits = (lw.strides[1] == 1 and k % 4 == 0 and lw.offset % 4 == 0 and lw.strides[0] % 4 == 0
-                    and (w.nbytes + 3) // 4 * 4 <= self.limits["max_storage_binding"])
+            fits = self._reads_blocks(w, wdtype, rows, k)
+        else:  # w (rows, k) read as b = w^T (k, rows)
+            fits = self._matvec_fits(w, Layout((k, rows), lw.strides[::-1], lw.offset), k, dtype)
         if not (fits and m == 1 and n and 0 < k <= NORM_INPUT_MAX_K and (act is None or act in _FLOAT_UNARY)):
             return super().add_norm_linear(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
                                            center, act, gated)
@@ -1261,38 +1239,15 @@ class WgpuBackend(GpuBackend):
                   prelude=_MATH if act else "")
         return (total if r is not None else None), out
 
-    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
-        nk, nv = lk.numel(), lv.numel()
-        if nk + nv == 0:
-            return
-        pos = self._cache_write_position(kc, vc)
-        words = [nk, nv, *lk.shape, *lv.shape]
-        for lay in (lk, lv):
-            words += self._slot_words(lay, 0, 2)
-        for lay in (lkc, lvc):
-            words += self._slot_words(lay, pos, 2)
+    def _kv_write_kernel(self, k, v, kc, vc, words, nk, nv, dtype):
         prelude, binds = self._step_variant([k, v, kc, vc], self._capture() is not None)
-        self._run("kv_write", {"X": dtype}, binds, words, (nk + nv + 255) // 256, label="kv_write", prelude=prelude)
-
-    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
-        b, hq, t, d = lq.shape
-        hk = lk.shape[1]
-        out = self._new(lq.numel(), dtype)
-        pairs = b * (hq + 2 * hk) * t * (d // 2)
-        if pairs == 0:
-            return out
-        pos = self._cache_write_position(kc, vc)
-        words = [pairs, b, hq, hk, t, d // 2, int(interleaved)]
-        for lay in (lq, lk, lv):
-            words += self._slot_words(lay, 0, 2)
-        for lay in (lkc, lvc):
-            words += self._slot_words(lay, pos, 2)
-        for lay in (lcos, lsin):
-            words += self._slot_words(lay, pos, 0)
-        prelude, binds = self._step_variant([q, k, v, cos, sin, kc, vc, out], self._capture() is not None)
-        self._run("rope_kv", {"X": dtype}, binds, words, (pairs + 255) // 256, label="rope_kv_write",
+        self._run("kv_write", {"X": dtype}, binds, [nk, nv] + words, (nk + nv + 255) // 256, label="kv_write",
                   prelude=prelude)
-        return out
+
+    def _rope_kv_write_kernel(self, q, k, v, cos, sin, kc, vc, out, words, pairs, dims, interleaved, dtype):
+        prelude, binds = self._step_variant([q, k, v, cos, sin, kc, vc, out], self._capture() is not None)
+        self._run("rope_kv", {"X": dtype}, binds, [pairs, *dims, int(interleaved)] + words, (pairs + 255) // 256,
+                  label="rope_kv_write", prelude=prelude)
 
     # ---- user-defined ops (tallow.custom_op: GpuBackend.custom checks, this launches) -----
     def custom_source(self, op):

@@ -18,6 +18,7 @@ packed (bindings plus a parameter uniform in WGSL; ordered arguments in CUDA C /
 storage is bound, and what each kernel set cannot do (f64, i64, in-kernel block formats).
 """
 import weakref
+from typing import Container, NamedTuple
 
 from tallow.dtypes import f32
 from tallow.errors import ShapeError, UnsupportedError
@@ -25,10 +26,32 @@ from tallow.layout import Layout, numel_of
 
 from .base import Backend
 from .buffer_pool import MIB, BufferPool
-from .gpu_plan import conv_output_size
+from .gpu_plan import conv_output_size, in_kernel_quant, runs_matvec
+from .reduce_plan import plan_reduce
 from .step_recording import StepCapture
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+class ConvGeometry(NamedTuple):
+    """A 2-D convolution's sizes, as the im2col and direct-convolution kernels take them."""
+    b: int
+    cin: int
+    h: int
+    w: int
+    cout: int
+    cin_g: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride_h: int
+    stride_w: int
+    pad_h: int
+    pad_w: int
+    dilation_h: int
+    dilation_w: int
+    groups: int
 
 
 class GpuBackend(StepCapture, Backend):
@@ -94,7 +117,19 @@ class GpuBackend(StepCapture, Backend):
             raise UnsupportedError(f"a KV cache or rotary table beyond int32 element offsets ({words})")
         return words
 
-    # ---- shared plans ---------------------------------------------------------------------
+    # ---- shared plans: each op planned once, its kernel launched by the subclass's `_*_kernel` ----
+    def _check(self, dtype, op):
+        """Refuse a dtype this kernel set cannot compute (f64 on Metal); nothing by default."""
+
+    def reduce(self, op, st, layout, dtype, dims):
+        self._check(dtype, op)
+        plan = plan_reduce(self.name, op, layout, dtype, dims)
+        if plan.rows == 0:
+            return self._new(0, plan.out_dtype)
+        if plan.length == 0:  # a sum or product of nothing (plan_reduce refused the others)
+            return self.full(plan.rows, 0 if op == "sum" else 1, plan.out_dtype)
+        return self._reduce_kernel(op, st, layout, dtype, dims, plan)
+
     def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
         return self._add_norm(x, lx, r, lr, w, lw, None, None, dtype, eps, False)
 
@@ -102,14 +137,139 @@ class GpuBackend(StepCapture, Backend):
         return self._add_norm(x, lx, r, lr, w, lw, b, lb, dtype, eps, True)
 
     def _add_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps, center):
-        """(x + r, norm(x + r) * w + b) in one launch: the subclass's kernel."""
-        raise NotImplementedError
+        """(x + r, norm(x + r) * w + b) in one launch (centred: a layer norm, else RMS)."""
+        self._check(dtype, "add_norm")
+        numel = lx.numel()
+        total, out = self._new(numel, dtype), self._new(numel, dtype)
+        if numel:
+            self._add_norm_kernel(x, lx, r, lr, w, lw, b, lb, total, out, dtype, eps, center)
+        return total, out
+
+    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
+        """k and v into their cache slots in one launch. Words: k's and v's shapes, then the
+        (offset, strides) of k, v and both cache slots (_slot_words; the slots relative to a
+        captured step's position, which the kernel adds back from the step buffer)."""
+        self._check(dtype, "kv_write")
+        nk, nv = lk.numel(), lv.numel()
+        if nk + nv == 0:
+            return
+        pos = self._cache_write_position(kc, vc)
+        words = [*lk.shape, *lv.shape]
+        for lay, at in ((lk, 0), (lv, 0), (lkc, pos), (lvc, pos)):
+            words += self._slot_words(lay, at, 2)
+        self._kv_write_kernel(k, v, kc, vc, words, nk, nv, dtype)
+
+    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
+        """Rotate q and k, write k and v into their cache slots, in one launch over the rotated
+        pairs of q, k and v (v's pairs are copied). Words: the (offset, strides) of q, k, v, both
+        cache slots and the cos and sin rows, the last four relative to a captured step's position."""
+        self._check(dtype, "rope_kv_write")
+        b, hq, t, d = lq.shape
+        hk = lk.shape[1]
+        if lv.shape != lk.shape:  # the kernels pair v's elements with k's
+            return super().rope_kv_write(q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype,
+                                         interleaved)
+        out = self._new(lq.numel(), dtype)
+        pairs = b * (hq + 2 * hk) * t * (d // 2)
+        if pairs == 0:
+            return out
+        pos = self._cache_write_position(kc, vc)
+        words = []
+        for lay, at, dim in ((lq, 0, 2), (lk, 0, 2), (lv, 0, 2), (lkc, pos, 2), (lvc, pos, 2), (lcos, pos, 0),
+                             (lsin, pos, 0)):
+            words += self._slot_words(lay, at, dim)
+        self._rope_kv_write_kernel(q, k, v, cos, sin, kc, vc, out, words, pairs, (b, hq, hk, t, d // 2),
+                                   interleaved, dtype)
+        return out
+
+    def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        """softmax(q k^T * scale + mask) v in one launch where the kernel takes these operands
+        (_attention_fits), else the subclass's _attention_unfused. Over the whole KV cache a
+        captured step wrote, the kernel's key count comes from the step buffer."""
+        self._check(dtype, "attention")
+        if not self._attention_fits(lq, lk, lv):
+            return self._attention_unfused(q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal)
+        b, h, tq, _ = lq.shape
+        numel = b * h * tq * lv.shape[3]
+        if numel == 0:
+            return self._new(0, dtype)
+        if lk.shape[2] == 0:  # no keys: a weighted sum of nothing
+            return self.full(numel, 0.0, dtype)
+        out = self._new(numel, dtype)
+        self._attention_kernel(q, lq, k, lk, v, lv, mask, lmask, out, scale, causal,
+                               self._reads_whole_cache(k, lk, v, lv, mask), dtype)
+        return out
+
+    # The decode matvecs: the planner chooses one fused launch or the composed default (base.py);
+    # the subclass says which rows, activations and operands its kernels take.
+    matvec_max_rows = 1    # rows of x the float matvec kernels take (gpu_plan.runs_matvec)
+    qmatvec_max_rows = 1   # rows of x the quantised matvec kernels take
+    activations: Container[str] = ()  # the unary ops a gated kernel applies to its gate
+
+    def _matvec_fits(self, b, lb, k, dtype):
+        """Whether the float matvec kernels read b (k, n), a Linear's transposed weight, as it lies."""
+        return False
+
+    def _reads_blocks(self, w, wdtype, rows, k):
+        """Whether the quantised matvec kernels read `rows` rows of k of w's blocks in place."""
+        return in_kernel_quant(wdtype)
+
+    def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
+        m, k = la.shape
+        n = lb.shape[1]
+        if not (m * n * k and runs_matvec(m, self.matvec_max_rows) and self._matvec_fits(b, lb, k, dtype)):
+            return super().matmul_bias(a, la, b, lb, bias, lbias, dtype)
+        return self._matvec_kernel(a, la, b, lb, dtype, bias, lbias)
+
+    def gated_matmul(self, a, la, b, lb, dtype, act):
+        m, k = la.shape
+        n = lb.shape[1] // 2
+        if not (m * n * k and act in self.activations and runs_matvec(m, self.matvec_max_rows)
+                and self._matvec_fits(b, lb, k, dtype)):
+            return super().gated_matmul(a, la, b, lb, dtype, act)
+        return self._gated_matvec_kernel(a, la, b, lb, dtype, act)
+
+    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
+        m = lx.numel() // k if k else 0
+        if not (m * n and dtype.is_float and act in self.activations and runs_matvec(m, self.qmatvec_max_rows, wdtype)
+                and self._reads_blocks(w, wdtype, 2 * n, k)):
+            return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
+        self._check(dtype, "gated_qmatmul")
+        return self._gated_qmatvec_kernel(x, lx, dtype, w, wdtype, n, k, act)
 
     def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
         # A 1-D convolution is a 2-D one over a height of 1.
         lx2 = Layout(lx.shape[:2] + (1,) + lx.shape[2:], lx.strides[:2] + (0,) + lx.strides[2:], lx.offset)
         lw2 = Layout(lw.shape[:2] + (1,) + lw.shape[2:], lw.strides[:2] + (0,) + lw.strides[2:], lw.offset)
         return self.conv2d(x, lx2, w, lw2, dtype, (1, stride), (0, padding), (1, dilation), groups)
+
+    def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+        """im2col on the device, then one batched matmul of the grouped weights by the columns;
+        where the columns would not fit (_im2col_fits), a direct convolution kernel."""
+        self._check(dtype, "conv")
+        b, cin, h, wd = lx.shape
+        cout, cin_g, kh, kw = lw.shape
+        oh, ow = self._conv_output(lx, lw, stride, padding, dilation, groups)
+        g = ConvGeometry(b, cin, h, wd, cout, cin_g, kh, kw, oh, ow, *stride, *padding, *dilation, groups)
+        numel = b * cout * oh * ow
+        if numel == 0:
+            return self._new(0, dtype)
+        xs, ws = self._packed(x, lx, dtype), self._packed(w, lw, dtype)
+        taps, cout_g = cin_g * kh * kw, cout // groups
+        col_numel = b * cin * kh * kw * oh * ow
+        if not self._im2col_fits(col_numel, dtype):
+            out = self._new(numel, dtype)
+            self._direct_conv_kernel(xs, ws, out, numel, g, dtype)
+            return out
+        cols = self._new(col_numel, dtype)
+        self._im2col_kernel(xs, cols, col_numel, g, dtype)
+        # (b, groups, cout_g, taps) @ (b, groups, taps, oh * ow): the weight is shared across the batch (stride 0).
+        return self.matmul(ws, Layout((b, groups, cout_g, taps), (0, cout_g * taps, taps, 1)), cols,
+                           Layout((b, groups, taps, oh * ow)), dtype)
+
+    def _im2col_fits(self, col_numel, dtype):
+        """Whether im2col's columns fit where the matmul can read them (wgpu: one binding)."""
+        return True
 
     def _conv_output(self, lx, lw, stride, padding, dilation, groups):
         """(oh, ow) of a 2-D convolution; ShapeError for channels that do not split into groups

@@ -18,7 +18,6 @@ from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, REDUCE_COD
 from ..driver_protocol import nbytes_of
 from ..gpu_backend import GpuBackend
 from ..gpu_plan import in_kernel_quant, runs_matvec
-from ..reduce_plan import plan_reduce
 from ..step_buffer import STEP_BYTES
 from .recording import entry_signature
 
@@ -230,13 +229,8 @@ class KernelBackend(GpuBackend):
         return out
 
     # ---- reductions and scans ---------------------------------------------------------
-    def reduce(self, op, st, layout, dtype, dims):
-        self._check(dtype, op)
-        out_dtype, rows, length, pl = plan_reduce(self.name, op, layout, dtype, dims)
-        if rows == 0:
-            return self._new(0, out_dtype)
-        if length == 0:  # a sum or product of nothing (plan_reduce refused the others)
-            return self.full(rows, 0 if op == "sum" else 1, out_dtype)
+    def _reduce_kernel(self, op, st, layout, dtype, dims, plan):
+        out_dtype, rows, length, pl = plan
         x = self._packed(st, pl, dtype)
         grid, block = (rows, 1, 1), (BLOCK, 1, 1)
         if op in ("argmax", "argmin"):
@@ -359,25 +353,15 @@ class KernelBackend(GpuBackend):
         return out if work is dtype else self.cast(out, Layout(ld.shape), work, dtype)
 
     def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
-        """im2col on the device, then one batched matmul (cuBLAS on CUDA)."""
         if not dtype.is_float:
             self._missing(f"conv on {dtype.name}")
-        self._check(dtype, "conv")
-        b, cin, h, wd = lx.shape
-        cout, cin_g, kh, kw = lw.shape
-        oh, ow = self._conv_output(lx, lw, stride, padding, dilation, groups)
-        xs = self._packed(x, lx, dtype)
-        ws = self._packed(w, lw, dtype)
-        kk, p, cout_g = cin_g * kh * kw, oh * ow, cout // groups
-        n = b * cin * kh * kw * p
-        cols = self._new(n, dtype)
+        return super().conv2d(x, lx, w, lw, dtype, stride, padding, dilation, groups)
+
+    def _im2col_kernel(self, xs, cols, n, g, dtype):
         self._run("index", kernel_name("im2col", dtype), n,
-                  [xs, cols, I64(n), I32(cin), I32(h), I32(wd), I32(kh), I32(kw), I32(oh), I32(ow), I32(stride[0]),
-                   I32(stride[1]), I32(padding[0]), I32(padding[1]), I32(dilation[0]), I32(dilation[1])])
-        # (b, groups, cout_g, kk) @ (b, groups, kk, p): the weight is shared across the batch (stride 0).
-        lwm = Layout((b, groups, cout_g, kk), (0, cout_g * kk, kk, 1))
-        lc = Layout((b, groups, kk, p))
-        return self.matmul(ws, lwm, cols, lc, dtype)
+                  [xs, cols, I64(n), I32(g.cin), I32(g.h), I32(g.w), I32(g.kh), I32(g.kw), I32(g.oh), I32(g.ow),
+                   I32(g.stride_h), I32(g.stride_w), I32(g.pad_h), I32(g.pad_w), I32(g.dilation_h),
+                   I32(g.dilation_w)])
 
     # ---- fused ------------------------------------------------------------------------
     def _rows_kernel(self, family, st, layout, dtype, extra_inputs, scalars):
@@ -417,18 +401,18 @@ class KernelBackend(GpuBackend):
                    I32(bool(interleaved))])
         return out
 
-    def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
-        self._check(dtype, "attention")
+    def _attention_fits(self, lq, lk, lv):
+        return max(lq.shape[3], lv.shape[3]) <= ATTENTION_MAX_HEAD_DIM  # q and the output row in shared memory
+
+    def _attention_unfused(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        d = max(lq.shape[3], lv.shape[3])
+        raise UnsupportedError(f"{self.name} attention: head dim {d} > {ATTENTION_MAX_HEAD_DIM}")
+
+    def _attention_kernel(self, q, lq, k, lk, v, lv, mask, lmask, out, scale, causal, over_cache, dtype):
         b, h, tq, d = lq.shape
         tk, dv = lk.shape[2], lv.shape[3]
-        if d > ATTENTION_MAX_HEAD_DIM or dv > ATTENTION_MAX_HEAD_DIM:
-            raise UnsupportedError(f"{self.name} attention: head dim {max(d, dv)} > {ATTENTION_MAX_HEAD_DIM}")
-        out = self._new(b * h * tq * dv, dtype)
-        if b * h * tq * dv == 0:
-            return out
         lm = lmask if mask is not None else Layout((b, h, tq, tk), (0, 0, 0, 0))
         ameta = Meta([lq.offset, lk.offset, lv.offset, lm.offset, *lq.strides, *lk.strides, *lv.strides, *lm.strides])
-        over_cache = self._reads_whole_cache(k, lk, v, lv, mask)
         keys = I32(0 if over_cache else tk)
         if mask is None and tq <= ATTENTION_ROWS and max(d, dv) <= ATTENTION_ROWS_HEAD_DIM:
             # A decode step: one block per (batch, KV head) reads each key and value row once for
@@ -437,7 +421,7 @@ class KernelBackend(GpuBackend):
             self._launch("attention", kernel_name(family, dtype), (b * h, 1, 1), (BLOCK, 1, 1),
                          [q, k, v, out, ameta, I32(h), I32(tq), keys, I32(d), I32(dv), F64(scale), I32(bool(causal)),
                           self._step_buffer()])
-            return out
+            return
         args = [q, k, v, mask if mask is not None else q, out, ameta, I32(h), I32(tq), keys,
                 I32(d), I32(dv), F64(scale), I32(mask is not None), I32(bool(causal))]
         if over_cache:
@@ -445,71 +429,49 @@ class KernelBackend(GpuBackend):
                          args + [self._step_buffer()])
         else:
             self._launch("attention", kernel_name("attention", dtype), (b * h * tq, 1, 1), (BLOCK, 1, 1), args)
-        return out
 
     # ---- fused decode ops: one launch each (base.py composes them from the primitives) ----
-    def _add_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps, center):
-        """(x + r, norm(x + r) * w + b) in one launch of reduce's add_norm kernel."""
-        self._check(dtype, "add_norm")
+    def _add_norm_kernel(self, x, lx, r, lr, w, lw, b, lb, total, out, dtype, eps, center):
+        """reduce's add_norm kernel, one block per row of contiguous x and r."""
         rows, length = rows_of(lx.shape, 1)
-        total, out = self._new(rows * length, dtype), self._new(rows * length, dtype)
-        if rows * length == 0:
-            return total, out
         xs, rs = self._packed(x, lx, dtype), self._packed(r, lr, dtype)
         ws = xs if w is None else self._packed(w, lw, dtype)
         bs = xs if b is None else self._packed(b, lb, dtype)
         self._launch("reduce", kernel_name("add_norm", dtype), (rows, 1, 1), (BLOCK, 1, 1),
                      [xs, rs, ws, bs, total, out, I64(length), F64(eps), I32(w is not None), I32(b is not None),
                       I32(center)])
-        return total, out
 
-    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
-        self._check(dtype, "rope_kv_write")
-        b, hq, t, d = lq.shape
-        hk = lk.shape[1]
-        out = self._new(lq.numel(), dtype)
-        if lq.numel() + lk.numel() == 0:
-            return out
-        if lv.shape != lk.shape:  # the kernel pairs v's elements with k's
-            return super().rope_kv_write(q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype,
-                                         interleaved)
-        pos = self._cache_write_position(kc, vc)
-        words = []
-        for lay in (lq, lk, lv):
-            words += self._slot_words(lay, 0, 2)
-        for lay in (lkc, lvc):
-            words += self._slot_words(lay, pos, 2)
-        for lay in (lcos, lsin):
-            words += self._slot_words(lay, pos, 0)
-        self._run("index", kernel_name("rope_kv_write", dtype), b * (hq + 2 * hk) * t * (d // 2),
-                  [q, k, v, cos, sin, kc, vc, out, Meta(words), self._step_buffer(), I64(b), I64(hq), I64(hk), I64(t),
-                   I64(d // 2), I32(bool(interleaved))])
-        return out
+    def _rope_kv_write_kernel(self, q, k, v, cos, sin, kc, vc, out, words, pairs, dims, interleaved, dtype):
+        self._run("index", kernel_name("rope_kv_write", dtype), pairs,
+                  [q, k, v, cos, sin, kc, vc, out, Meta(words), self._step_buffer(), *map(I64, dims),
+                   I32(bool(interleaved))])
 
-    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
-        self._check(dtype, "kv_write")
-        nk, nv = lk.numel(), lv.numel()
-        if nk + nv == 0:
-            return
-        pos = self._cache_write_position(kc, vc)
-        words = [*lk.shape, *lv.shape]
-        for lay in (lk, lv):
-            words += self._slot_words(lay, 0, 2)
-        for lay in (lkc, lvc):
-            words += self._slot_words(lay, pos, 2)
+    def _kv_write_kernel(self, k, v, kc, vc, words, nk, nv, dtype):
         self._run("index", kernel_name("kv_write", dtype), nk + nv,
                   [k, v, kc, vc, Meta(words), self._step_buffer(), I64(nk), I64(nv)])
 
-    def _rows_matvec(self, a, la, b, lb, dtype, bias=None, lbias=None):
-        """a (m, k) . b (k, n) (+ bias (n,)) for a few rows m (a decode step's projections) in one
-        launch of the float matvec kernel; None where it does not apply (batched, many rows, other
-        dtypes, b without k contiguous): the caller multiplies with its dense matmul. b must be k
-        contiguous (a Linear's transposed weight), which a warp's lanes read together."""
-        if len(la.shape) != 2 or len(lb.shape) != 2 or dtype not in GATED_MATVEC_DTYPES or lb.strides[0] != 1:
+    # The decode matvecs (GpuBackend plans matmul_bias, gated_matmul, gated_qmatmul): one warp per
+    # output column, up to QMATVEC_MAX_ROWS rows of x.
+    matvec_max_rows = qmatvec_max_rows = QMATVEC_MAX_ROWS
+    activations = UNARY_CODES
+
+    def _matvec_fits(self, b, lb, k, dtype):
+        # b k contiguous (a Linear's transposed weight): a warp's lanes read it together; f32 sums.
+        return dtype in GATED_MATVEC_DTYPES and lb.strides[0] == 1
+
+    def _rows_matvec(self, a, la, b, lb, dtype):
+        """a (m, k) . b (k, n) for a few rows m (a decode step's projections) in one launch of the
+        float matvec kernel; None where it does not apply (batched, many rows, other dtypes, b
+        without k contiguous): the caller multiplies with its dense matmul."""
+        if len(la.shape) != 2 or len(lb.shape) != 2:
             return None
         (m, k), n = la.shape, lb.shape[1]
-        if not runs_matvec(m, QMATVEC_MAX_ROWS) or m * n * k == 0:
+        if not (m * n * k and runs_matvec(m, self.matvec_max_rows) and self._matvec_fits(b, lb, k, dtype)):
             return None
+        return self._matvec_kernel(a, la, b, lb, dtype, None, None)
+
+    def _matvec_kernel(self, a, la, b, lb, dtype, bias, lbias):
+        (m, k), n = la.shape, lb.shape[1]
         out = self._new(m * n, dtype)
         grid, block = grid_qmatvec(n, m)
         self._launch("quant", kernel_name("matvec", dtype), grid, block,
@@ -518,16 +480,8 @@ class KernelBackend(GpuBackend):
                       I64(0 if bias is None else lbias.strides[0]), I32(n), I32(k), I32(m), I32(bias is not None)])
         return out
 
-    def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
-        out = self._rows_matvec(a, la, b, lb, dtype, bias, lbias)
-        return super().matmul_bias(a, la, b, lb, bias, lbias, dtype) if out is None else out
-
-    def gated_matmul(self, a, la, b, lb, dtype, act):
-        m, k = la.shape
-        n = lb.shape[1] // 2
-        if (dtype not in GATED_MATVEC_DTYPES or act not in UNARY_CODES or not runs_matvec(m, QMATVEC_MAX_ROWS)
-                or m * n * k == 0 or lb.strides[0] != 1):  # as _rows_matvec: k contiguous
-            return super().gated_matmul(a, la, b, lb, dtype, act)
+    def _gated_matvec_kernel(self, a, la, b, lb, dtype, act):
+        (m, k), n = la.shape, lb.shape[1] // 2
         out = self._new(m * n, dtype)
         grid, block = grid_qmatvec(n, m)
         self._launch("quant", kernel_name("gated_matvec", dtype), grid, block,
@@ -535,14 +489,10 @@ class KernelBackend(GpuBackend):
                       I32(n), I32(k), I32(m), I32(UNARY_CODES[act])])
         return out
 
-    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
-        m = lx.numel() // k if k else 0
-        if (not runs_matvec(m, QMATVEC_MAX_ROWS, wdtype) or act not in UNARY_CODES
-                or m * n == 0 or not dtype.is_float):
-            return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
-        self._check(dtype, "gated_qmatmul")
+    def _gated_qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, act):
+        m = lx.numel() // k
         xf = self._as(x, lx, dtype, f32)
-        out = self._new(m * n, f32)
+        out = self._new(m * n, f32)  # the quantised matvecs write f32
         grid, block = grid_qmatvec(n, m)
         self._launch("quant", f"gated_qmatvec_{wdtype.name}", grid, block,
                      [w, xf, out, I32(n), I32(k), I32(m), I32(UNARY_CODES[act])])

@@ -1,0 +1,99 @@
+"""The one GPU backend core (tallow/backends/gpu_backend.py) under WgpuBackend and KernelBackend:
+its buffer pool (buffer_pool.py) and the plans both planners take from it. The promise a pool
+rests on (a new storage is written before it is read) is tests/conformance/test_fresh_buffers.py."""
+import gc
+
+import pytest
+
+from tallow import dtypes
+from tallow.backends.buffer_pool import MIB, BufferPool, size_class
+from tallow.backends.gpu_backend import GpuBackend
+from tallow.backends.kernel.backend import KernelBackend
+from tallow.backends.kernel.null_driver import NullKernelDriver
+from tallow.errors import UnsupportedError
+from tallow.layout import Layout
+
+
+class CountingDriver:
+    def __init__(self):
+        self.allocs = []
+
+    def alloc(self, dtype, numel):
+        self.allocs.append((dtype.name, numel))
+        return object()
+
+
+def test_size_classes_round_up_to_powers_of_two_then_whole_mebibytes():
+    assert [size_class(n) for n in (0, 1, 8, 9, 100, MIB - 1)] == [8, 8, 8, 16, 128, MIB]
+    assert size_class(MIB + 1) == 2 * MIB and size_class(3 * MIB) == 3 * MIB
+
+
+def test_the_pool_reuses_a_buffer_of_the_same_class_and_dtype_only():
+    driver = CountingDriver()
+    pool = BufferPool(driver)
+    buf, cap = pool.acquire(100, dtypes.f32)
+    assert cap == 128 and driver.allocs == [("f32", 32)]  # elements of the class, as alloc counts them
+    pool.release(buf, cap, dtypes.f32)
+    assert pool.acquire(120, dtypes.f32) == (buf, 128) and pool.hits == 1
+    pool.release(buf, cap, dtypes.f32)
+    other, _ = pool.acquire(120, dtypes.i32)  # another dtype: a buffer of its own
+    assert other is not buf and driver.allocs[-1] == ("i32", 32)
+    pool.acquire(34, dtypes.get_dtype("q8_0"))
+    assert driver.allocs[-1] == ("q8_0", 64)  # block dtypes count bytes
+
+
+def test_the_pool_keeps_at_most_max_cached_bytes_idle():
+    pool = BufferPool(CountingDriver(), max_cached=256)
+    bufs = [pool.acquire(128) for _ in range(3)]
+    for buf, cap in bufs:
+        pool.release(buf, cap)
+    assert pool.cached == 256  # the third was dropped
+    pool.clear()
+    assert pool.cached == 0 and pool.acquire(128)[0] not in [b for b, _ in bufs]
+
+
+def test_a_pool_of_no_bytes_allocates_exactly_and_keeps_nothing():
+    """The CUDA backend's: CuPy's memory pool already reuses device memory."""
+    from tallow_cuda.backend import CudaBackend
+    assert CudaBackend.pool_bytes == 0
+    driver = CountingDriver()
+    pool = BufferPool(driver, max_cached=0)
+    buf, cap = pool.acquire(100, dtypes.f32)
+    assert cap == 100 and driver.allocs == [("f32", 25)]
+    pool.release(buf, cap, dtypes.f32)
+    assert pool.cached == 0 and pool.acquire(100, dtypes.f32)[0] is not buf
+
+
+@pytest.fixture(params=["wgpu", "kernel"])
+def null_backend(request):
+    """A GPU backend over its do-nothing driver: the pool's effect is visible in the driver's allocs."""
+    if request.param == "wgpu":
+        from tallow_wgpu.backend import WgpuBackend
+        from tallow_wgpu.driver_null import NullDriver
+        return WgpuBackend(NullDriver())
+    return KernelBackend(NullKernelDriver())
+
+
+def test_a_dead_storage_gives_its_buffer_back_on_every_gpu_backend(null_backend):
+    be = null_backend
+    assert isinstance(be, GpuBackend)
+    st = be.full(1000, 1.0, dtypes.f32)
+    misses = be.pool.misses
+    del st
+    gc.collect()
+    st = be.full(900, 2.0, dtypes.f32)  # the same size class
+    assert be.pool.misses == misses and be.pool.hits >= 1
+    assert be.to_bytes(st, Layout((900,)), dtypes.f32) is not None
+
+
+def test_both_planners_take_the_shared_plans():
+    from tallow_wgpu.backend import WgpuBackend
+    for op in ("reduce", "add_rms_norm", "add_layer_norm", "kv_write", "rope_kv_write", "conv1d", "custom",
+               "_add_norm", "_submit", "_cache_write_position", "_reads_whole_cache", "_slot_words"):
+        assert getattr(WgpuBackend, op) is getattr(KernelBackend, op) is getattr(GpuBackend, op), op
+
+
+def test_cache_offsets_beyond_int32_are_refused():
+    with pytest.raises(UnsupportedError, match="int32"):
+        GpuBackend._slot_words(Layout((1, 2, 4, 8), (1 << 32, 32, 8, 1)), 0, 2)
+    assert GpuBackend._slot_words(Layout((1, 2, 4, 8), (64, 32, 8, 1), 40), 5, 2) == [0, 64, 32, 8, 1]
