@@ -697,15 +697,12 @@ class WgpuBackend(GpuBackend):
                   outputs, subs, label=f"reduce {op}")
         return out
 
-    def cumsum(self, storage, layout, dtype, dim):
-        out_dtype = dtype if dtype.is_float else i64
+    def _cumsum_kernel(self, storage, layout, dtype, dim, out_dtype):
         numel = layout.numel()
         if out_dtype is i64 and (dtype.itemsize >= 4 or layout.shape[dim] >= _SMALL_INT_SUMS):
             return self._exact_i64("cumsum", layout.shape,
                                    lambda host, up: host.cumsum(*up(storage, layout, dtype), dtype, dim))
         out = self._new(numel, out_dtype)
-        if numel == 0:
-            return out
         order, perm = layout.moved_last((dim,))
         out_strides = _contig_strides(layout.shape)
         words = _layout_words(perm.shape, [perm, (0, [out_strides[d] for d in order])],
@@ -985,15 +982,11 @@ class WgpuBackend(GpuBackend):
         self._run("conv", {"X": dtype}, [xs, ws, out], self._conv_words(numel, g), (numel + 255) // 256, label="conv")
 
     # ---- fused ----------------------------------------------------------------------------------
-    def softmax(self, storage, layout, dtype, log=False):
-        return self._softmax(storage, layout, dtype, log=log)
-
-    def _softmax(self, storage, layout, dtype, log=False, scale=1.0, mask=None, lmask=None, causal=False):
+    def _softmax_kernel(self, storage, layout, out, log, dtype, scale=1.0, mask=None, lmask=None, causal=False):
+        """kernels/softmax.wgsl, one workgroup per row, strided; scale, mask and the causal limit
+        fused in for the unfused attention."""
         numel = layout.numel()
-        out = self._new(numel, dtype)
         d = layout.shape[-1] if layout.shape else 1
-        if numel == 0:
-            return out
         rows = numel // d
         tq = layout.shape[-2] if len(layout.shape) >= 2 else 1
         ops = [(storage, layout.offset, layout.strides)]
@@ -1002,21 +995,11 @@ class WgpuBackend(GpuBackend):
         extras = [d, f32_bits(scale), int(mask is not None), int(causal), d - tq, int(log), tq, rows]
         self._run("softmax", {"X": dtype}, [s for s, _, _ in ops] + [out], self._params(words, extras), rows,
                   label="softmax")
-        return out
 
-    def layer_norm(self, x, lx, w, lw, b, lb, dtype, eps):
-        return self._norm(x, lx, w, lw, b, lb, dtype, eps, True)
-
-    def rms_norm(self, x, lx, w, lw, dtype, eps):
-        return self._norm(x, lx, w, lw, None, None, dtype, eps, False)
-
-    def _norm(self, x, lx, w, lw, b, lb, dtype, eps, center):
-        numel = lx.numel()
-        out = self._new(numel, dtype)
-        if numel == 0:
-            return out
+    def _norm_kernel(self, x, lx, w, lw, b, lb, out, dtype, eps, center):
+        """kernels/norm.wgsl, one workgroup per row; x, w and b strided (w and b broadcast)."""
         d = lx.shape[-1]
-        rows = numel // d
+        rows = lx.numel() // d
         ops = [(x, lx.offset, lx.strides)]
         for st, lay in ((w, lw), (b, lb)):
             if st is None:
@@ -1028,14 +1011,10 @@ class WgpuBackend(GpuBackend):
         extras = [d, int(center), f32_bits(eps), int(w is not None), int(b is not None), rows]
         self._run("norm", {"X": dtype}, [s for s, _, _ in ops] + [out], self._params(words, extras), rows,
                   extra=("row_sum",), label="layer_norm" if center else "rms_norm")
-        return out
 
-    def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
+    def _rope_kernel(self, x, lx, cos, lcos, sin, lsin, out, interleaved, dtype):
         *lead, d = lx.shape
         h = d // 2
-        out = self._new(lx.numel(), dtype)
-        if lx.numel() == 0:
-            return out
         sd = lx.strides[-1]
         pair_shape = tuple(lead) + (h,)
         x_strides = list(lx.strides[:-1]) + [2 * sd if interleaved else sd]
@@ -1047,7 +1026,6 @@ class WgpuBackend(GpuBackend):
         extras = [partner, int(interleaved), h]
         self._run("rope", {"X": dtype}, [x, cos, sin, out], self._params(words, extras), (words[0] + 255) // 256,
                   label="rope")
-        return out
 
     def _attention_fits(self, lq, lk, lv):
         """attend.wgsl: a few query rows (longer prompts share loads in the matmuls), keys and
@@ -1068,7 +1046,9 @@ class WgpuBackend(GpuBackend):
         kt = lk.permute(list(range(nd - 2)) + [nd - 1, nd - 2])
         scores = self.matmul(q, lq, k, kt, dtype)
         sl = Layout(tuple(batch) + (tq, tk))
-        probs = self._softmax(scores, sl, dtype, False, scale, mask, lmask, causal)
+        probs = self._new(sl.numel(), dtype)
+        if sl.numel():
+            self._softmax_kernel(scores, sl, probs, False, dtype, scale, mask, lmask, causal)
         return self.matmul(probs, sl, v, lv, dtype)
 
     def _attention_kernel(self, q, lq, k, lk, v, lv, mask, lmask, out, scale, causal, over_cache, dtype):

@@ -20,7 +20,7 @@ storage is bound, and what each kernel set cannot do (f64, i64, in-kernel block 
 import weakref
 from typing import Container, NamedTuple
 
-from tallow.dtypes import f32
+from tallow.dtypes import f32, i64
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, numel_of
 
@@ -129,6 +129,45 @@ class GpuBackend(StepCapture, Backend):
         if plan.length == 0:  # a sum or product of nothing (plan_reduce refused the others)
             return self.full(plan.rows, 0 if op == "sum" else 1, plan.out_dtype)
         return self._reduce_kernel(op, st, layout, dtype, dims, plan)
+
+    def cumsum(self, st, layout, dtype, dim):
+        self._check(dtype, "cumsum")
+        out_dtype = dtype if dtype.is_float else i64  # integer sums accumulate in i64, as numpy's
+        if layout.numel() == 0:
+            return self._new(0, out_dtype)
+        return self._cumsum_kernel(st, layout, dtype, dim, out_dtype)
+
+    def softmax(self, st, layout, dtype, log=False):
+        out = self._row_output("softmax", layout, dtype)
+        if layout.numel():
+            self._softmax_kernel(st, layout, out, log, dtype)
+        return out
+
+    def layer_norm(self, x, lx, w, lw, b, lb, dtype, eps):
+        return self._norm(x, lx, w, lw, b, lb, dtype, eps, True)
+
+    def rms_norm(self, x, lx, w, lw, dtype, eps):
+        return self._norm(x, lx, w, lw, None, None, dtype, eps, False)
+
+    def _norm(self, x, lx, w, lw, b, lb, dtype, eps, center):
+        out = self._row_output("layer_norm" if center else "rms_norm", lx, dtype)
+        if lx.numel():
+            self._norm_kernel(x, lx, w, lw, b, lb, out, dtype, eps, center)
+        return out
+
+    def _row_output(self, op, layout, dtype):
+        """The output of an op over rows (softmax, a norm), which float dtypes alone have."""
+        self._check(dtype, op)
+        if not dtype.is_float:
+            self._missing(f"{op} on {dtype.name}")
+        return self._new(layout.numel(), dtype)
+
+    def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
+        self._check(dtype, "rope")
+        out = self._new(lx.numel(), dtype)
+        if lx.numel():
+            self._rope_kernel(x, lx, cos, lcos, sin, lsin, out, interleaved, dtype)
+        return out
 
     def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
         return self._add_norm(x, lx, r, lr, w, lw, None, None, dtype, eps, False)

@@ -248,14 +248,10 @@ class KernelBackend(GpuBackend):
                      [x, wide, I64(length), I32(REDUCE_CODES[op])])
         return wide if out_dtype is i64 else self.cast(wide, Layout((rows,)), i64, out_dtype)
 
-    def cumsum(self, st, layout, dtype, dim):
-        self._check(dtype, "cumsum")
-        out_dtype = dtype if dtype.is_float else i64
+    def _cumsum_kernel(self, st, layout, dtype, dim, out_dtype):
         perm, pl = layout.moved_last((dim,))
         rows, length = rows_of(pl.shape, 1)
         n = rows * length
-        if n == 0:
-            return self._new(0, out_dtype)
         x = self._packed(st, pl, dtype)
         scanned = self._new(n, out_dtype)
         self._run("reduce", kernel_name("cumsum", dtype), rows, [x, scanned, I64(rows), I64(length)])
@@ -364,42 +360,30 @@ class KernelBackend(GpuBackend):
                    I32(g.dilation_w)])
 
     # ---- fused ------------------------------------------------------------------------
-    def _rows_kernel(self, family, st, layout, dtype, extra_inputs, scalars):
-        self._check(dtype, family)
-        if not dtype.is_float:
-            self._missing(f"{family} on {dtype.name}")
+    def _rows_kernel(self, family, x, layout, out, extra_inputs, scalars, dtype):
+        """reduce's row kernels: one block per row of contiguous x (and contiguous extra inputs)."""
         rows, length = rows_of(layout.shape, 1)
-        out = self._new(rows * length, dtype)
-        if rows * length == 0:
-            return out
-        x = self._packed(st, layout, dtype)
-        inputs = [x] + [x if s is None else self._packed(s, ls, dtype) for s, ls in extra_inputs]
+        xs = self._packed(x, layout, dtype)
+        inputs = [xs] + [xs if s is None else self._packed(s, ls, dtype) for s, ls in extra_inputs]
         self._launch("reduce", kernel_name(family, dtype), (rows, 1, 1), (BLOCK, 1, 1),
                      inputs + [out, I64(length)] + scalars)
-        return out
 
-    def softmax(self, st, layout, dtype, log=False):
-        return self._rows_kernel("softmax", st, layout, dtype, [], [I32(bool(log))])
+    def _softmax_kernel(self, st, layout, out, log, dtype):
+        self._rows_kernel("softmax", st, layout, out, [], [I32(bool(log))], dtype)
 
-    def layer_norm(self, x, lx, w, lw, b, lb, dtype, eps):
-        return self._rows_kernel("layer_norm", x, lx, dtype, [(w, lw), (b, lb)],
-                                 [F64(eps), I32(w is not None), I32(b is not None)])
+    def _norm_kernel(self, x, lx, w, lw, b, lb, out, dtype, eps, center):
+        if center:
+            self._rows_kernel("layer_norm", x, lx, out, [(w, lw), (b, lb)],
+                              [F64(eps), I32(w is not None), I32(b is not None)], dtype)
+        else:
+            self._rows_kernel("rms_norm", x, lx, out, [(w, lw)], [F64(eps), I32(w is not None)], dtype)
 
-    def rms_norm(self, x, lx, w, lw, dtype, eps):
-        return self._rows_kernel("rms_norm", x, lx, dtype, [(w, lw)], [F64(eps), I32(w is not None)])
-
-    def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
-        self._check(dtype, "rope")
+    def _rope_kernel(self, x, lx, cos, lcos, sin, lsin, out, interleaved, dtype):
         b, h, t, d = lx.shape
-        n = lx.numel()
-        out = self._new(n, dtype)
-        if n == 0:
-            return out
         cs, sn = self._packed(cos, lcos, dtype), self._packed(sin, lsin, dtype)
-        self._run("index", kernel_name("rope", dtype), n // 2,
+        self._run("index", kernel_name("rope", dtype), lx.numel() // 2,
                   [x, cs, sn, out, pack_meta(lx.shape, [lx], "rope"), I64(b * h), I64(t), I64(d),
                    I32(bool(interleaved))])
-        return out
 
     def _attention_fits(self, lq, lk, lv):
         return max(lq.shape[3], lv.shape[3]) <= ATTENTION_MAX_HEAD_DIM  # q and the output row in shared memory
