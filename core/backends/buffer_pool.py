@@ -42,7 +42,7 @@ class BufferPool:
         if not self.max_cached:
             self.misses += 1
             return self.driver.alloc(dtype, nbytes if dtype.is_quantized else nbytes // dtype.itemsize), nbytes
-        cap = size_class(nbytes)
+        cap = 1 << (nbytes - 1).bit_length() if 8 < nbytes < MIB else size_class(nbytes)  # size_class, inlined
         free = self._free.get((dtype, cap))
         if free:
             self.hits += 1

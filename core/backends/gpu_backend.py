@@ -10,12 +10,17 @@ KernelBackend (CUDA C / MSL, tallow.backends.kernel) -- over the one driver prot
   capture      which KV caches a captured step wrote, the position their slot offsets are held
                relative to, whether an attention reads such a cache whole (its key count then
                comes from the step buffer): the same rules on every GPU
-  shared plans a 1-D convolution as a 2-D one of height 1, the convolution's output size and
-               group check, the residual-add + norm pair, a custom op's checks
+  planning     each op whose plan does not depend on the kernel language is planned here once:
+               reductions, scans, softmax, the norms, rope, attention, convolution, the fused
+               decode ops (residual add + norm, KV-cache writes, biased and gated matvecs), a
+               custom op's checks. A plan ends in a call of the subclass's `_<op>_kernel`
 
-What stays in a subclass is its kernel table: which kernel serves an op, how its arguments are
-packed (bindings plus a parameter uniform in WGSL; ordered arguments in CUDA C / MSL), how a
-storage is bound, and what each kernel set cannot do (f64, i64, in-kernel block formats).
+What stays in a subclass is its kernel table: those `_*_kernel` launches, which operands its
+kernels take (`_attention_fits`, `_matvec_fits`, `_reads_blocks`, the matvec row limits, the
+gate activations, `_check` for dtypes it lacks), how a storage is made and bound, and the ops
+whose kernels differ in kind between the languages: memory and transfers, element-wise ops (WGSL
+builds an op's expression into the shader; CUDA C / MSL pick it by an op code), indexing, the
+dense and quantised products.
 """
 import weakref
 from typing import Container, NamedTuple
@@ -82,9 +87,6 @@ class GpuBackend(StepCapture, Backend):
             cap.add(entry, keep)
         self._issue(entry)
 
-    def _issue(self, entry):
-        raise NotImplementedError
-
     def capturing(self):
         """Whether a step is being captured (no first-use measurement then)."""
         return bool(self._captures)
@@ -113,7 +115,7 @@ class GpuBackend(StepCapture, Backend):
         """(offset, strides) of a cache slot or rotary rows, the offset relative to `position`
         along dim (the kernels add the step's position back); int32, as every kernel reads them."""
         words = [layout.offset - position * layout.strides[dim], *layout.strides]
-        if any(not INT32_MIN <= w <= INT32_MAX for w in words):
+        if min(words) < INT32_MIN or max(words) > INT32_MAX:
             raise UnsupportedError(f"a KV cache or rotary table beyond int32 element offsets ({words})")
         return words
 
@@ -355,8 +357,70 @@ class GpuBackend(StepCapture, Backend):
             return st
         return self.copy(st, layout, dtype)
 
+    # ---- the kernel table: what a subclass provides for the plans above ---------------------
+    # Each launches its kernel into the output the plan made, or, where its docstring says so,
+    # makes and returns the result itself; operands arrive as storages with their layouts.
     def _new(self, numel, dtype):
-        """A new storage of numel elements of dtype."""
+        """A new storage of numel elements of dtype (from the pool)."""
+        raise NotImplementedError
+
+    def _issue(self, entry):
+        """Hand one recorded-form entry to the driver."""
+        raise NotImplementedError
+
+    def _reduce_kernel(self, op, st, layout, dtype, dims, plan):
+        """The reduction's result storage (plan: reduce_plan.ReducePlan, rows and length > 0)."""
+        raise NotImplementedError
+
+    def _cumsum_kernel(self, st, layout, dtype, dim, out_dtype):
+        """The scan's result storage, in layout's dim order."""
+        raise NotImplementedError
+
+    def _softmax_kernel(self, st, layout, out, log, dtype):
+        raise NotImplementedError
+
+    def _norm_kernel(self, x, lx, w, lw, b, lb, out, dtype, eps, center):
+        raise NotImplementedError
+
+    def _rope_kernel(self, x, lx, cos, lcos, sin, lsin, out, interleaved, dtype):
+        raise NotImplementedError
+
+    def _attention_fits(self, lq, lk, lv):
+        raise NotImplementedError
+
+    def _attention_unfused(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+        """Attention where the kernel does not fit: composed, or a refusal naming the limit."""
+        raise NotImplementedError
+
+    def _attention_kernel(self, q, lq, k, lk, v, lv, mask, lmask, out, scale, causal, over_cache, dtype):
+        raise NotImplementedError
+
+    def _add_norm_kernel(self, x, lx, r, lr, w, lw, b, lb, total, out, dtype, eps, center):
+        raise NotImplementedError
+
+    def _kv_write_kernel(self, k, v, kc, vc, words, nk, nv, dtype):
+        raise NotImplementedError
+
+    def _rope_kv_write_kernel(self, q, k, v, cos, sin, kc, vc, out, words, pairs, dims, interleaved, dtype):
+        """dims: (batch, q heads, kv heads, tokens, pairs per head)."""
+        raise NotImplementedError
+
+    def _matvec_kernel(self, a, la, b, lb, dtype, bias, lbias):
+        """a (m, k) . b (k, n) + bias: the result storage."""
+        raise NotImplementedError
+
+    def _gated_matvec_kernel(self, a, la, b, lb, dtype, act):
+        """act(a . gate) * (a . up), b's columns the gate then the up rows: the result storage."""
+        raise NotImplementedError
+
+    def _gated_qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, act):
+        raise NotImplementedError
+
+    def _im2col_kernel(self, xs, cols, col_numel, g, dtype):
+        raise NotImplementedError
+
+    def _direct_conv_kernel(self, xs, ws, out, numel, g, dtype):
+        """Only where _im2col_fits says no."""
         raise NotImplementedError
 
     def _custom_launch(self, op, source, args, out, numel):

@@ -28,8 +28,7 @@ ATTENTION_ROWS, ATTENTION_ROWS_HEAD_DIM = 8, 128  # the decode kernel's query ro
 
 class DeviceStorage:
     """One tensor's device memory: `buf` (a cupy array, an MTLBuffer, an emulator's byte array),
-    its dtype and element count (for block dtypes, the byte count). A pooled buffer may be
-    larger than that."""
+    its dtype and element count (for block dtypes, the byte count)."""
     __slots__ = ("buf", "dtype", "numel", "__weakref__")
 
     def __init__(self, buf, dtype, numel):
@@ -41,6 +40,23 @@ class DeviceStorage:
 
     def __repr__(self):
         return f"DeviceStorage({self.dtype.name}, {self.numel})"
+
+
+class PooledStorage(DeviceStorage):
+    """A DeviceStorage over a buffer of the backend's pool (`held`, cap bytes, maybe larger than
+    the tensor), given back when the storage dies. By __del__, not a weakref.finalize: a
+    finalizer costs 2-3 us a tensor, which eager decoding pays hundreds of times a token, and the
+    kernel drivers' buffers (MTLBuffers, the emulators' arrays) release nothing in a finalizer
+    of their own that a give-back during garbage collection could race (wgpu's buffers do:
+    its backend keeps weakref.finalize)."""
+    __slots__ = ("_pool", "_held", "_cap")
+
+    def __init__(self, buf, dtype, numel, pool, held, cap):
+        self.buf, self.dtype, self.numel = buf, dtype, numel
+        self._pool, self._held, self._cap = pool, held, cap
+
+    def __del__(self):
+        self._pool.release(self._held, self._cap, self.dtype)
 
 
 class KernelBackend(GpuBackend):
@@ -55,10 +71,11 @@ class KernelBackend(GpuBackend):
         if not self.pool.max_cached:
             return self.driver.alloc(dtype, numel)
         held, cap = self.pool.acquire(nbytes_of(dtype, numel), dtype)
-        return self._pooled(DeviceStorage(held.buf, dtype, numel), held, cap, dtype)
+        return PooledStorage(held.buf, dtype, numel, self.pool, held, cap)
 
     def _launch(self, module, kernel, grid, block, args):
-        self._submit(("launch", module, kernel, tuple(grid), tuple(block), list(args)))
+        """grid and block are tuples, args a list the caller made for this launch alone."""
+        self._submit(("launch", module, kernel, grid, block, args))
 
     def _host_call(self, fn, signature):
         """Run a host-side op that writes into storages it was given (cuBLAS, numpy on the
