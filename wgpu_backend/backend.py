@@ -25,6 +25,7 @@ from tallow.dtypes import bf16, bool_, f16, f32, i32, i64, u8, u32
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, coalesce_dims, contiguous_strides, kernel_meta, numel_of
 
+from . import expressions as ex
 from . import split, tuning, wgsl
 from .recording import STEP_CAPTURED, STEP_EAGER, entry_signature
 
@@ -89,110 +90,6 @@ def _contig_strides(shape):
     return list(contiguous_strides(tuple(shape)))
 
 
-# ---- op expressions (compute values: p, q for binary; v for unary) -------------
-def _nan(x):
-    """WGSL: is the f32 x a NaN? By its bits: WGSL's min/max/clamp/sign leave NaN unspecified, and
-    drivers may fold `x != x` away. Ops below keep NaN where numpy does."""
-    return f"((bitcast<u32>({x}) & 0x7fffffffu) > 0x7f800000u)"
-
-
-_FLOAT_UNARY = {
-    "neg": "-v", "abs": "abs(v)", "exp": "exp(v)", "expm1": "expm1_(v)", "log": "log(v)", "sqrt": "sqrt(v)",
-    "rsqrt": "1.0 / sqrt(v)", "sin": "sin(v)", "cos": "cos(v)",
-    "tanh": f"select(tanh(clamp(v, -15.0, 15.0)), v, {_nan('v')})", "sigmoid": "1.0 / (1.0 + exp(-v))",
-    "relu": f"select(max(v, 0.0), v, {_nan('v')})", "gelu": "0.5 * v * erfc_(-v * 0.70710678118654752)",
-    "gelu_tanh": "0.5 * v * (1.0 + tanh(clamp(0.79788456080286536 * (v + 0.044715 * v * v * v), -15.0, 15.0)))",
-    "silu": "v / (1.0 + exp(-v))", "square": "v * v", "reciprocal": "1.0 / v", "floor": "floor(v)",
-    "ceil": "ceil(v)", "round": "round(v)", "sign": f"select(sign(v), v, {_nan('v')})",
-    "logical_not": "select(0u, 1u, v == 0.0)",
-    "clamp_lo": f"select(max(v, PF(37u)), v, {_nan('v')})", "clamp_hi": f"select(min(v, PF(38u)), v, {_nan('v')})",
-    "clamp": f"select(min(max(v, PF(37u)), PF(38u)), v, {_nan('v')})",
-    "pow_scalar": "powf(v, PF(37u))", "affine": "v * PF(37u) + PF(38u)", "identity": "v",
-}
-_INT_UNARY = {
-    "neg": "CX(0) - v", "abs": "abs(v)", "relu": "max(v, CX(0))", "square": "v * v", "floor": "v", "ceil": "v",
-    "round": "v", "sign": "select(select(CX(0), CX(1), v > CX(0)), CX(-1), v < CX(0))",
-    "logical_not": "select(0u, 1u, v == CX(0))", "identity": "v",
-    "clamp_lo": "max(v, CX(PI(37u)))", "clamp_hi": "min(v, CX(PI(38u)))",
-    "clamp": "min(max(v, CX(PI(37u))), CX(PI(38u)))", "pow_scalar": "ipow(v, CX(PI(37u)))",
-    "affine": "v * CX(PI(37u)) + CX(PI(38u))",
-}
-_FLOAT_BINARY = {"add": "p + q", "sub": "p - q", "mul": "p * q", "div": "p / q", "pow": "powf(p, q)",
-                 "maximum": f"select(max(p, q), p + q, {_nan('p')} || {_nan('q')})",
-                 "minimum": f"select(min(p, q), p + q, {_nan('p')} || {_nan('q')})"}
-_INT_BINARY = {"add": "p + q", "sub": "p - q", "mul": "p * q", "div": "p / q", "pow": "ipow(p, q)",
-               "maximum": "max(p, q)", "minimum": "min(p, q)"}
-# i64 is kept as i32 on the GPU: these ops can carry an i64 result past the i32 range, so they run
-# exactly on the host (WgpuBackend._exact_i64), as do integer sums/cumsums of 32-bit inputs (their
-# result is i64) and integer products. Sums of fewer than _SMALL_INT_SUMS 8/16-bit values always fit.
-_I64_MAY_OVERFLOW = frozenset({"neg", "abs", "square", "pow_scalar", "affine", "add", "sub", "mul", "div", "pow"})
-_SMALL_INT_SUMS = 1 << 23
-# ne as !(p == q): true for a NaN operand on every driver (lavapipe's p != q is the ordered compare).
-_COMPARE = {"eq": "p == q", "ne": "!(p == q)", "lt": "p < q", "le": "p <= q", "gt": "p > q", "ge": "p >= q"}
-
-# Helpers some ops need, prepended to the kernel when used.
-_MATH = """
-// erfc with fractional error < 1.2e-7 everywhere (Numerical Recipes' erfcc),
-// so gelu stays accurate in its far negative tail; WGSL has no erf.
-fn erfc_(x: f32) -> f32 {
-    let z = abs(x);
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
-            t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
-            t * (-0.82215223 + t * 0.17087277)))))))));
-    return select(2.0 - r, r, x >= 0.0);
-}
-// expm1: a Taylor polynomial below |v| = 0.5, where exp(v) - 1 loses digits (f32 error < 1 ulp;
-// not Kahan's um1 * v / log(u): adapters' log near 1 is too coarse for it).
-fn expm1_(v: f32) -> f32 {
-    if (abs(v) < 0.5) {
-        return v * (1.0 + v * (0.5 + v * (1.0 / 6.0 + v * (1.0 / 24.0 + v * (1.0 / 120.0 + v * (1.0 / 720.0
-               + v * (1.0 / 5040.0 + v * (1.0 / 40320.0 + v / 362880.0))))))));
-    }
-    return exp(v) - 1.0;
-}
-// pow as numpy: negative bases only with integral exponents.
-fn powf(a: f32, b: f32) -> f32 {
-    if (b == 0.0 || a == 1.0) { return 1.0; }
-    if ((bitcast<u32>(a) & 0x7fffffffu) > 0x7f800000u || (bitcast<u32>(b) & 0x7fffffffu) > 0x7f800000u) {
-        return f32_nan();
-    }
-    if (a > 0.0) { return pow(a, b); }
-    if (a == 0.0) { return select(f32_inf(), 0.0, b > 0.0); }
-    if (floor(b) != b) { return f32_nan(); }
-    let r = pow(-a, b);
-    return select(r, -r, fract(b * 0.5) != 0.0);
-}
-"""
-# The f16 bits of v, which holds an f16 value exactly (f16 lives as f32 on an adapter without
-# shader-f16). Not pack2x16float: SwiftShader (Chrome without a GPU) makes inf a NaN there.
-_F16_BITS = """
-fn f16_bits(v: f32) -> u32 {
-    let u = bitcast<u32>(v);
-    let sign = (u >> 16u) & 0x8000u;
-    let a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) { return sign | 0x7e00u; }  // NaN
-    if (a >= 0x47800000u) { return sign | 0x7c00u; }  // beyond f16: infinity
-    if (a < 0x38800000u) { return sign | u32(bitcast<f32>(a) * 16777216.0); }  // subnormal: a multiple of 2**-24
-    return sign | (((a >> 23u) - 112u) << 10u) | ((a >> 13u) & 0x3ffu);
-}
-"""
-_IPOW = """
-fn ipow(a: CX, e: CX) -> CX {
-    var r = CX(1);
-    var base = a;
-    var k = e;
-    if (k < CX(0)) { return CX(0); }
-    loop {
-        if (k == CX(0)) { break; }
-        if ((k & CX(1)) == CX(1)) { r = r * base; }
-        base = base * base;
-        k = k >> 1u;
-    }
-    return r;
-}
-"""
-
 # The matvec kernels' output activation when there is none.
 _NO_ACT = {"ACT": "v"}
 # qmatvec*.wgsl read x through input_strided.wgsl, a block at a time (qmatvec_block.wgsl).
@@ -202,22 +99,6 @@ _QMATVEC_INPUT = ("input_strided", "qmatvec_block")
 def _qmatvec_words(m, n, k, row_bytes, xoff):
     """Words 0..11 of qmatvec*.wgsl: m rows of x, contiguous from xoff, times n rows of k of w."""
     return [m, n, k, row_bytes, xoff, 0, k, 1, 0, 0, 0, 0]
-
-
-def _convert_expr(src, dst):
-    """WGSL turning a compute value v of dtype src into dst's compute type."""
-    if dst is bool_:
-        return "select(0u, 1u, v != CX(0))"
-    cs, cd = wgsl.compute_type(src), wgsl.compute_type(dst)
-    if cs == cd:
-        return "v"
-    if cs == "f32":
-        if cd == "i32":
-            return "i32(trunc(v))"
-        return "select(u32(trunc(v)), bitcast<u32>(i32(trunc(v))), v < 0.0)"  # negative -> two's complement
-    if cd == "f32":
-        return "f32(v)"
-    return f"bitcast<{cd}>(v)"
 
 
 class WgpuBackend(GpuBackend):
@@ -517,7 +398,7 @@ class WgpuBackend(GpuBackend):
         nwords = (numel + per_word - 1) // per_word
         prelude = ""
         if dtype is f16:
-            expr, prelude = "f16_bits(item(2u * j)) | (f16_bits(item(2u * j + 1u)) << 16u)", _F16_BITS
+            expr, prelude = "f16_bits(item(2u * j)) | (f16_bits(item(2u * j + 1u)) << 16u)", ex.F16_BITS
         elif dtype is bf16:
             expr = "(bitcast<u32>(item(2u * j)) >> 16u) | (bitcast<u32>(item(2u * j + 1u)) & 0xffff0000u)"
         else:
@@ -609,7 +490,7 @@ class WgpuBackend(GpuBackend):
             return self._exact_i64(f"cast {src_dtype.name} -> i64", layout.shape,
                                    lambda host, up: host.cast(*up(st, layout, src_dtype), src_dtype, i64))
         return self._map(f"cast {src_dtype.name}->{dst_dtype.name}", st, layout, src_dtype, dst_dtype,
-                         _convert_expr(src_dtype, dst_dtype))
+                         ex.convert_expr(src_dtype, dst_dtype))
 
     def unary(self, op, storage, layout, dtype, arg=None):
         extras = []
@@ -619,15 +500,15 @@ class WgpuBackend(GpuBackend):
                 if hi is not None else "identity"
             arg = (lo if lo is not None else 0, hi if hi is not None else 0)
         if dtype.is_float:
-            table, conv, prelude = _FLOAT_UNARY, f32_bits, _MATH
+            table, conv, prelude = ex.FLOAT_UNARY, f32_bits, ex.MATH
         else:
-            table, conv, prelude = _INT_UNARY, int, _IPOW
+            table, conv, prelude = ex.INT_UNARY, int, ex.IPOW
         expr = table.get(op)
         if op == "sign" and dtype.kind in "ub":  # no -1 in an unsigned type
             expr = "select(CX(0), CX(1), v > CX(0))"
         if expr is None:
             raise UnsupportedError(f"the wgpu backend has no unary {op} for {dtype.name}")
-        if dtype is i64 and op in _I64_MAY_OVERFLOW:
+        if dtype is i64 and op in ex.I64_MAY_OVERFLOW:
             return self._exact_i64(f"unary {op}", layout.shape,
                                    lambda host, up: host.unary(op, *up(storage, layout, dtype), dtype, arg))
         if op in ("clamp", "clamp_lo", "clamp_hi", "affine"):
@@ -640,11 +521,11 @@ class WgpuBackend(GpuBackend):
         return self._map(op, storage, layout, dtype, out_dtype, expr, extras, prelude)
 
     def binary(self, op, a, la, b, lb, dtype):
-        table, prelude = (_FLOAT_BINARY, _MATH) if dtype.is_float else (_INT_BINARY, _IPOW)
+        table, prelude = (ex.FLOAT_BINARY, ex.MATH) if dtype.is_float else (ex.INT_BINARY, ex.IPOW)
         expr = table.get(op)
         if expr is None:
             raise UnsupportedError(f"the wgpu backend has no binary {op}")
-        if dtype is i64 and op in _I64_MAY_OVERFLOW:
+        if dtype is i64 and op in ex.I64_MAY_OVERFLOW:
             return self._exact_i64(f"binary {op}", la.shape,
                                    lambda host, up: host.binary(op, *up(a, la, dtype), *up(b, lb, dtype), dtype))
         return self._binary(op, expr, a, la, b, lb, dtype, dtype, prelude)
@@ -656,7 +537,7 @@ class WgpuBackend(GpuBackend):
         return out
 
     def compare(self, op, a, la, b, lb, dtype):
-        sym = _COMPARE.get(op)
+        sym = ex.COMPARE.get(op)
         if sym is None:
             raise UnsupportedError(f"the wgpu backend has no compare {op}")
         return self._binary(op, f"select(0u, 1u, {sym})", a, la, b, lb, dtype, bool_)
@@ -673,7 +554,7 @@ class WgpuBackend(GpuBackend):
     def _reduce_kernel(self, op, storage, layout, dtype, dims, plan):
         out_dtype, outputs, r_count, perm = plan
         arg = op in ("argmax", "argmin")
-        if out_dtype is i64 and not arg and (dtype.itemsize >= 4 or op == "prod" or r_count >= _SMALL_INT_SUMS):
+        if out_dtype is i64 and not arg and (dtype.itemsize >= 4 or op == "prod" or r_count >= ex.SMALL_INT_SUMS):
             return self._exact_i64(f"reduce {op}", perm.shape[:len(perm.shape) - len(dims)],
                                    lambda host, up: host.reduce(op, *up(storage, layout, dtype), dtype, dims))
         out = self._new(outputs, out_dtype)
@@ -685,7 +566,7 @@ class WgpuBackend(GpuBackend):
         cmp = "<" if op == "argmin" else ">"
         better = f"v2 {cmp} v || (v2 == v && i2 < i)"
         if dtype.is_float:  # as numpy: max/min are NaN when a NaN is reduced; argmax/argmin pick the first NaN
-            nan_acc, nan_v, nan_v2 = _nan("acc"), _nan("v"), _nan("v2")
+            nan_acc, nan_v, nan_v2 = ex.is_nan("acc"), ex.is_nan("v"), ex.is_nan("v2")
             if op in ("max", "min"):
                 combine = f"select({combine}, acc + v, {nan_acc} || {nan_v})"
             better = f"({nan_v2} && (!{nan_v} || i2 < i)) || (!{nan_v} && !{nan_v2} && ({better}))"
@@ -699,7 +580,7 @@ class WgpuBackend(GpuBackend):
 
     def _cumsum_kernel(self, storage, layout, dtype, dim, out_dtype):
         numel = layout.numel()
-        if out_dtype is i64 and (dtype.itemsize >= 4 or layout.shape[dim] >= _SMALL_INT_SUMS):
+        if out_dtype is i64 and (dtype.itemsize >= 4 or layout.shape[dim] >= ex.SMALL_INT_SUMS):
             return self._exact_i64("cumsum", layout.shape,
                                    lambda host, up: host.cumsum(*up(storage, layout, dtype), dtype, dim))
         out = self._new(numel, out_dtype)
@@ -1123,7 +1004,7 @@ class WgpuBackend(GpuBackend):
     # The decode matvecs (GpuBackend plans matmul_bias, gated_matmul, gated_qmatmul).
     matvec_max_rows = 1  # matvec_rows.wgsl: one row of x times w^T
     qmatvec_max_rows = QMATVEC_MAX_ROWS
-    activations = _FLOAT_UNARY
+    activations = ex.FLOAT_UNARY
 
     def _fits_binding(self, st):
         return (st.nbytes + 3) // 4 * 4 <= self.limits["max_storage_binding"]
@@ -1150,7 +1031,7 @@ class WgpuBackend(GpuBackend):
         out = self._new(n, dtype)
         words = [1, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], lb.offset, 0, lb.strides[0], lb.strides[1]]
         self._run("matvec_rows_glu", {"X": dtype}, [b, a, out], words, ((n + 255) // 256, 1, 1),
-                  {"ACT": _FLOAT_UNARY[act]}, ("input_strided",), label=f"gated matvec {act}", prelude=_MATH)
+                  {"ACT": ex.FLOAT_UNARY[act]}, ("input_strided",), label=f"gated matvec {act}", prelude=ex.MATH)
         return out
 
     def _gated_qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, act):
@@ -1158,8 +1039,8 @@ class WgpuBackend(GpuBackend):
         out = self._new(m * n, dtype)
         xs, xoff = self._contiguous(x, lx, dtype)
         self._run("qmatvec_glu", {"X": dtype}, [w, xs, out], _qmatvec_words(m, n, k, wdtype.nbytes(k), xoff),
-                  self._grid((n + 255) // 256, "gated qmatvec"), {"ACT": _FLOAT_UNARY[act]},
-                  ("quant_common", wdtype.name) + _QMATVEC_INPUT, f"gated qmatvec {wdtype.name} {act}", _MATH)
+                  self._grid((n + 255) // 256, "gated qmatvec"), {"ACT": ex.FLOAT_UNARY[act]},
+                  ("quant_common", wdtype.name) + _QMATVEC_INPUT, f"gated qmatvec {wdtype.name} {act}", ex.MATH)
         return out
 
     def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
@@ -1185,7 +1066,7 @@ class WgpuBackend(GpuBackend):
             fits = self._reads_blocks(w, wdtype, rows, k)
         else:  # w (rows, k) read as b = w^T (k, rows)
             fits = self._matvec_fits(w, Layout((k, rows), lw.strides[::-1], lw.offset), k, dtype)
-        if not (fits and m == 1 and n and 0 < k <= NORM_INPUT_MAX_K and (act is None or act in _FLOAT_UNARY)):
+        if not (fits and m == 1 and n and 0 < k <= NORM_INPUT_MAX_K and (act is None or act in ex.FLOAT_UNARY)):
             return super().add_norm_linear(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
                                            center, act, gated)
         xs, xoff = self._contiguous(x, lx, dtype)
@@ -1199,7 +1080,7 @@ class WgpuBackend(GpuBackend):
             norm_words += [0, 0] if lay is None else [lay.offset, lay.strides[0]]
         norm = [rs, nw if nw is not None else xs, nb if nb is not None else xs, total]
         first = 4 if gated else 5  # the bindings after the kernel's own (the GLU kernels have no bias)
-        subs = {"ACT": _FLOAT_UNARY[act] if act else "v", "K": str(k),
+        subs = {"ACT": ex.FLOAT_UNARY[act] if act else "v", "K": str(k),
                 **{f"NB{i}": str(first + i) for i in range(4)}}
         bias_st, bias_words = (xs, [0, 0, 0]) if bias is None else (bias, [1, lbias.offset, lbias.strides[0]])
         label = f"{'layer' if center else 'rms'}_norm {'gated ' if gated else ''}"
@@ -1216,7 +1097,7 @@ class WgpuBackend(GpuBackend):
         words = words + ([] if gated else bias_words)
         self._run(kernel, {"X": dtype}, own + norm, words + [0] * (48 - len(words)) + norm_words, grid, subs,
                   extra + ("row_sum", "norm_input"), label=label + (f" {act}" if act else ""),
-                  prelude=_MATH if act else "")
+                  prelude=ex.MATH if act else "")
         return (total if r is not None else None), out
 
     def _kv_write_kernel(self, k, v, kc, vc, words, nk, nv, dtype):
