@@ -82,9 +82,10 @@ class GpuBackend(StepCapture, Backend):
     def _submit(self, entry, keep=()):
         """Issue one launch (an entry of the driver's recorded form), also recorded while this
         thread captures a step; keep: storages the entry binds that it does not hold itself."""
-        cap = self._capture()
-        if cap is not None:
-            cap.add(entry, keep)
+        if self._captures:  # a dict lookup only while some thread captures
+            cap = self._capture()
+            if cap is not None:
+                cap.add(entry, keep)
         self._issue(entry)
 
     def capturing(self):
