@@ -97,3 +97,20 @@ def test_cache_offsets_beyond_int32_are_refused():
     with pytest.raises(UnsupportedError, match="int32"):
         GpuBackend._slot_words(Layout((1, 2, 4, 8), (1 << 32, 32, 8, 1)), 0, 2)
     assert GpuBackend._slot_words(Layout((1, 2, 4, 8), (64, 32, 8, 1), 40), 5, 2) == [0, 64, 32, 8, 1]
+
+
+def test_each_gpu_backend_fills_the_whole_kernel_table():
+    """Every hook the core's plans call (a GpuBackend method that only raises NotImplementedError)
+    is implemented by both backends, so a missing one fails here, not on a device."""
+    import inspect
+
+    from tallow_wgpu.backend import WgpuBackend
+    hooks = [name for name, fn in vars(GpuBackend).items() if inspect.isfunction(fn)
+             and inspect.getsource(fn).rstrip().endswith("raise NotImplementedError")]
+    assert len(hooks) >= 19 and "_attention_kernel" in hooks and "_new" in hooks
+    for backend in (WgpuBackend, KernelBackend):
+        missing = [h for h in hooks if getattr(backend, h) is getattr(GpuBackend, h)]
+        if backend is KernelBackend:  # its im2col columns always fit (_im2col_fits): no direct convolution
+            assert KernelBackend._im2col_fits is GpuBackend._im2col_fits
+            missing.remove("_direct_conv_kernel")
+        assert missing == [], f"{backend.__name__} lacks {missing}"
