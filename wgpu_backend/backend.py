@@ -704,17 +704,24 @@ class WgpuBackend(GpuBackend):
             raise UnsupportedError(f"wgpu {what}: no in-kernel decoder for {wdtype.name}")
         return ("quant_common", wdtype.name)
 
-    def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
-        numel = lx.numel()
-        m = numel // k if k else 0
+    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k):
+        m = lx.numel() // k
+        out = self._new(m * n, dtype)
+        xs, xoff = self._contiguous(x, lx, dtype)
+        self._qmatmul_piece(w, xs, out, m, n, k, wdtype.nbytes(k), xoff, dtype, wdtype,
+                            self._quant_kernel(wdtype, "quantised matmul"))
+        return out
+
+    def _qmatmul_kernel(self, x, lx, dtype, w, wdtype, n, k):
+        """Many rows (qmatmul.wgsl or the tiled kernel tuning.py picked), a weight bound in pieces
+        (each piece's matvec or matmul into its columns), or blocks dequantised on upload."""
+        m = lx.numel() // k
         if w.dequantized:
             return self._qmatmul_dequantized(x, lx, dtype, w, n, k, m)
         extra = self._quant_kernel(wdtype, "quantised matmul")
         if k % 32:
             raise ShapeError(f"wgpu quantised matmul: k = {k} is not a multiple of 32")
         out = self._new(m * n, dtype)
-        if m * n == 0:
-            return out
         xs, xoff = self._contiguous(x, lx, dtype)
         row_bytes = wdtype.nbytes(k)
         pieces = split.row_pieces(n, row_bytes, self.limits["max_storage_binding"], self.limits["storage_align"],
@@ -804,24 +811,21 @@ class WgpuBackend(GpuBackend):
         return out
 
     # ---- indexing -------------------------------------------------------------------------
-    def index_select(self, storage, layout, dtype, ids, lids, dim):
+    def _quantized_rows(self, storage, layout, dtype, ids, lids, dim):
+        rows, k = layout.shape
+        if storage.dequantized:  # a format without in-kernel decoding: dequantised on upload
+            return self.index_select(storage, Layout((rows, k)), f32, ids, lids, dim)
         count = lids.numel()
-        if dtype.is_quantized:
-            rows, k = layout.shape
-            if not storage.dequantized:
-                if not lids.is_contiguous() or lids.offset:
-                    ids, lids = self.copy(ids, lids, self._ids_dtype), Layout((count,))
-                return self._dequant_rows(storage, dtype, ids, count, k, rows, f32, self._ids_dtype)
-            layout, dtype = Layout((rows, k)), f32
-        shape = list(layout.shape)
-        shape[dim] = count
-        out = self._new(numel_of(shape), dtype)
+        if not lids.is_contiguous() or lids.offset:
+            ids, lids = self.copy(ids, lids, self._ids_dtype), Layout((count,))
+        return self._dequant_rows(storage, dtype, ids, count, k, rows, f32, self._ids_dtype)
+
+    def _index_select_kernel(self, storage, layout, dtype, ids, lids, dim, shape, out):
         ids_strides = [0] * len(shape)
         ids_strides[dim] = lids.strides[0] if lids.shape else 0
         self._ew("index", "index_select", {"X": dtype, "I": self._ids_dtype},
                  [(storage, layout.offset, layout.strides), (ids, lids.offset, ids_strides)], out, shape,
                  [dim, layout.shape[dim]], coalesce=False)
-        return out
 
     # The contract passes index tensors without their dtype; integer ids are
     # i32 on the GPU for every signed dtype (i64/i32/i8) and u32 for unsigned
@@ -829,12 +833,10 @@ class WgpuBackend(GpuBackend):
     # for both.
     _ids_dtype = i32
 
-    def gather(self, storage, layout, dtype, ids, lids, dim):
-        out = self._new(lids.numel(), dtype)
+    def _gather_kernel(self, storage, layout, dtype, ids, lids, dim, out):
         self._ew("index", "gather", {"X": dtype, "I": self._ids_dtype},
                  [(storage, layout.offset, layout.strides), (ids, lids.offset, lids.strides)], out, lids.shape,
                  [dim, layout.shape[dim]], coalesce=False)
-        return out
 
     def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
         out = self._new(ld.numel(), dtype)

@@ -11,16 +11,17 @@ KernelBackend (CUDA C / MSL, tallow.backends.kernel) -- over the one driver prot
                relative to, whether an attention reads such a cache whole (its key count then
                comes from the step buffer): the same rules on every GPU
   planning     each op whose plan does not depend on the kernel language is planned here once:
-               reductions, scans, softmax, the norms, rope, attention, convolution, the fused
-               decode ops (residual add + norm, KV-cache writes, biased and gated matvecs), a
-               custom op's checks. A plan ends in a call of the subclass's `_<op>_kernel`
+               reductions, scans, softmax, the norms, rope, row lookups, the quantised product
+               (matvec or many-row path), attention, convolution, the fused decode ops (residual
+               add + norm, KV-cache writes, biased and gated matvecs), a custom op's checks. A
+               plan ends in a call of the subclass's `_<op>_kernel`
 
 What stays in a subclass is its kernel table: those `_*_kernel` launches, which operands its
 kernels take (`_attention_fits`, `_matvec_fits`, `_reads_blocks`, the matvec row limits, the
 gate activations, `_check` for dtypes it lacks), how a storage is made and bound, and the ops
 whose kernels differ in kind between the languages: memory and transfers, element-wise ops (WGSL
-builds an op's expression into the shader; CUDA C / MSL pick it by an op code), indexing, the
-dense and quantised products.
+builds an op's expression into the shader; CUDA C / MSL pick it by an op code), scatter_add,
+the dense product.
 """
 import weakref
 from typing import Container, NamedTuple
@@ -172,6 +173,22 @@ class GpuBackend(StepCapture, Backend):
             self._rope_kernel(x, lx, cos, lcos, sin, lsin, out, interleaved, dtype)
         return out
 
+    def index_select(self, st, layout, dtype, ids, lids, dim):
+        if dtype.is_quantized:  # rows of a block-format embedding table, dequantised to f32
+            return self._quantized_rows(st, layout, dtype, ids, lids, dim)
+        shape = list(layout.shape)
+        shape[dim] = lids.numel()
+        out = self._new(numel_of(shape), dtype)
+        if numel_of(shape):
+            self._index_select_kernel(st, layout, dtype, ids, lids, dim, shape, out)
+        return out
+
+    def gather(self, st, layout, dtype, ids, lids, dim):
+        out = self._new(lids.numel(), dtype)
+        if lids.numel():
+            self._gather_kernel(st, layout, dtype, ids, lids, dim, out)
+        return out
+
     def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
         return self._add_norm(x, lx, r, lr, w, lw, None, None, dtype, eps, False)
 
@@ -255,6 +272,18 @@ class GpuBackend(StepCapture, Backend):
     def _reads_blocks(self, w, wdtype, rows, k):
         """Whether the quantised matvec kernels read `rows` rows of k of w's blocks in place."""
         return in_kernel_quant(wdtype)
+
+    def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
+        """x (m, k) . w^T for w (n, k) in a block format: the quantised matvec where x has a few
+        rows (a decode step, a short prompt; gpu_plan.runs_matvec) and the kernel reads w's blocks
+        where they lie, else the subclass's many-row product."""
+        self._check(dtype, "qmatmul")
+        m = lx.numel() // k if k else 0
+        if m * n == 0:
+            return self._new(m * n, dtype)
+        if runs_matvec(m, self.qmatvec_max_rows, wdtype) and self._reads_blocks(w, wdtype, n, k):
+            return self._qmatvec_kernel(x, lx, dtype, w, wdtype, n, k)
+        return self._qmatmul_kernel(x, lx, dtype, w, wdtype, n, k)
 
     def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
         m, k = la.shape
@@ -396,6 +425,17 @@ class GpuBackend(StepCapture, Backend):
     def _attention_kernel(self, q, lq, k, lk, v, lv, mask, lmask, out, scale, causal, over_cache, dtype):
         raise NotImplementedError
 
+    def _index_select_kernel(self, st, layout, dtype, ids, lids, dim, shape, out):
+        """ids: the index tensor's storage in whatever integer dtype it has (the contract passes none)."""
+        raise NotImplementedError
+
+    def _quantized_rows(self, st, layout, dtype, ids, lids, dim):
+        """The f32 rows `ids` of a (rows, k) block-format table: the result storage."""
+        raise NotImplementedError
+
+    def _gather_kernel(self, st, layout, dtype, ids, lids, dim, out):
+        raise NotImplementedError
+
     def _add_norm_kernel(self, x, lx, r, lr, w, lw, b, lb, total, out, dtype, eps, center):
         raise NotImplementedError
 
@@ -404,6 +444,14 @@ class GpuBackend(StepCapture, Backend):
 
     def _rope_kv_write_kernel(self, q, k, v, cos, sin, kc, vc, out, words, pairs, dims, interleaved, dtype):
         """dims: (batch, q heads, kv heads, tokens, pairs per head)."""
+        raise NotImplementedError
+
+    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k):
+        """x . w^T by the quantised matvec: the result storage."""
+        raise NotImplementedError
+
+    def _qmatmul_kernel(self, x, lx, dtype, w, wdtype, n, k):
+        """x . w^T where the quantised matvec does not serve: the result storage."""
         raise NotImplementedError
 
     def _matvec_kernel(self, a, la, b, lb, dtype, bias, lbias):

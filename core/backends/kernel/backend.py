@@ -278,19 +278,20 @@ class KernelBackend(GpuBackend):
         return self.copy(scanned, back, out_dtype)
 
     # ---- linear algebra and indexing ---------------------------------------------------
-    def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
-        self._check(dtype, "qmatmul")
-        m = lx.numel() // k if k else 0
+    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k):
+        m = lx.numel() // k
         xf = self._as(x, lx, dtype, f32)
-        if m == 0 or n == 0:
-            return self._new(m * n, dtype)
-        if runs_matvec(m, QMATVEC_MAX_ROWS, wdtype):
-            out = self._new(m * n, f32)
-            grid, block = grid_qmatvec(n, m)
-            self._launch("quant", f"qmatvec_{wdtype.name}", grid, block, [w, xf, out, I32(n), I32(k), I32(m)])
-        else:  # a prompt (many rows): dequantise once, then the dense matmul
-            wf = self.dequantize(w, wdtype, n * k, f32)
-            out = self.matmul(xf, Layout((m, k)), wf, Layout((k, n), (1, k)), f32)
+        out = self._new(m * n, f32)  # the quantised kernels write f32
+        grid, block = grid_qmatvec(n, m)
+        self._launch("quant", f"qmatvec_{wdtype.name}", grid, block, [w, xf, out, I32(n), I32(k), I32(m)])
+        return out if dtype is f32 else self.cast(out, Layout((m * n,)), f32, dtype)
+
+    def _qmatmul_kernel(self, x, lx, dtype, w, wdtype, n, k):
+        """A prompt (many rows), or a format no kernel reads: dequantise once, then the dense matmul."""
+        m = lx.numel() // k
+        xf = self._as(x, lx, dtype, f32)
+        wf = self.dequantize(w, wdtype, n * k, f32)
+        out = self.matmul(xf, Layout((m, k)), wf, Layout((k, n), (1, k)), f32)
         return out if dtype is f32 else self.cast(out, Layout((m * n,)), f32, dtype)
 
     def dequantize(self, w, wdtype, numel, dtype):
@@ -315,38 +316,34 @@ class KernelBackend(GpuBackend):
             cap.computed_on_host(f"{wdtype.name} rows looked up on the host")
         return self.driver.upload(dequantize_rows_on_host(raw, wdtype, k, picked), f32)
 
-    def index_select(self, st, layout, dtype, ids, lids, dim):
+    def _quantized_rows(self, st, layout, dtype, ids, lids, dim):
         ids64 = self._ids64(ids, lids)
-        count = lids.numel()
-        if dtype.is_quantized:
-            k = layout.shape[1]
-            if not in_kernel_quant(dtype):
-                return self._host_dequantize(st, dtype, count * k, k, ids64)
-            out = self._new(count * k, f32)
-            self._run("quant", f"dequant_{dtype.name}", count * k, [st, ids64, out, I64(count * k), I32(k), I32(1)])
-            return out
-        shape = list(layout.shape)
-        shape[dim] = count
+        count, k = lids.numel(), layout.shape[1]
+        if not in_kernel_quant(dtype):
+            return self._host_dequantize(st, dtype, count * k, k, ids64)
+        out = self._new(count * k, f32)
+        self._run("quant", f"dequant_{dtype.name}", count * k, [st, ids64, out, I64(count * k), I32(k), I32(1)])
+        return out
+
+    def _index_select_kernel(self, st, layout, dtype, ids, lids, dim, shape, out):
+        ids64 = self._ids64(ids, lids)
         strides = list(layout.strides)
         dim_stride, strides[dim] = strides[dim], 0
         n = numel_of(shape)
-        out = self._new(n, dtype)
         inner = numel_of(shape[dim + 1:])
         meta = pack_meta(shape, [(layout.offset, strides)], "index_select")
         self._run("index", width_kernel("index_select", dtype), n,
-                  [st, ids64, out, meta, I64(n), I64(inner), I64(count), I64(dim_stride), I64(layout.shape[dim])])
-        return out
+                  [st, ids64, out, meta, I64(n), I64(inner), I64(lids.numel()), I64(dim_stride),
+                   I64(layout.shape[dim])])
 
-    def gather(self, st, layout, dtype, ids, lids, dim):
+    def _gather_kernel(self, st, layout, dtype, ids, lids, dim, out):
         ids64 = self._ids64(ids, lids)
         strides = list(layout.strides)
         dim_stride, strides[dim] = strides[dim], 0
         n = lids.numel()
-        out = self._new(n, dtype)
         meta = pack_meta(lids.shape, [(layout.offset, strides)], "gather")
         self._run("index", width_kernel("gather", dtype), n,
                   [st, ids64, out, meta, I64(n), I64(dim_stride), I64(layout.shape[dim])])
-        return out
 
     def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
         work = SCATTER_WORK_DTYPES[dtype.name]
