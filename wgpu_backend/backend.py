@@ -621,7 +621,7 @@ class WgpuBackend(GpuBackend):
                                    f"({self.limits['max_workgroups_per_dim']})")
         a_st, a_off, a_bs, a_rs, a_cs = self._batched(a, la, dtype)
         b_st, b_off, b_bs, b_rs, b_cs = self._batched(b, lb, dtype)
-        if (b_st.nbytes + 3) // 4 * 4 > self.limits["max_storage_binding"]:
+        if not self._fits_binding(b_st):
             return self._matmul_column_pieces(out, a_st, [a_off, a_bs, a_rs, a_cs], b_st, b_off, b_bs, b_rs, b_cs,
                                               m, n, k, batch, dtype)
         words = [m, n, k, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs]
@@ -1047,7 +1047,7 @@ class WgpuBackend(GpuBackend):
 
     def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
         m = lx.numel() // k if k else 0
-        if not (runs_matvec(m, QMATVEC_MAX_ROWS, wdtype) and self._reads_blocks(w, wdtype, n, k)):
+        if not (runs_matvec(m, self.qmatvec_max_rows, wdtype) and self._reads_blocks(w, wdtype, n, k)):
             return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
         out = self._new(m * n, dtype)
         if m * n:

@@ -29,7 +29,7 @@ ATTENTION_ROWS, ATTENTION_ROWS_HEAD_DIM = 8, 128  # the decode kernel's query ro
 class DeviceStorage:
     """One tensor's device memory: `buf` (a cupy array, an MTLBuffer, an emulator's byte array),
     its dtype and element count (for block dtypes, the byte count)."""
-    __slots__ = ("buf", "dtype", "numel", "__weakref__")
+    __slots__ = ("buf", "dtype", "numel")
 
     def __init__(self, buf, dtype, numel):
         self.buf, self.dtype, self.numel = buf, dtype, numel
