@@ -94,3 +94,59 @@ def test_malformed_paths_are_400_without_a_traceback(server, path, capfd):
 def test_nothing_outside_dist_is_reachable(server, path):
     status, _, body = request(server, path)
     assert status == 404 and b"outside dist" not in body
+
+
+@pytest.mark.parametrize("spec,status,body", [
+    ("bytes=999999999999999999999999999999-", 416, b""),  # past the end, however long the number
+    ("bytes=" + "9" * 5000 + "-", 416, b""),  # past Python's 4,300-digit int() limit
+    ("bytes=0-999999999999999999999999999999", 206, DATA),  # to the end
+    ("bytes=-99999999999999999999999999999", 206, DATA),  # a suffix longer than the file: all of it (RFC 9110)
+])
+def test_ranges_with_huge_numbers_are_answered(server, spec, status, body):
+    got, _, data = request(server, MODEL, headers={"Range": spec})
+    assert (got, data) == (status, body)
+
+
+def _site(tmp_path):
+    (tmp_path / "index.html").write_text("<p>demo</p>")
+    return tmp_path
+
+
+def test_idle_half_sent_requests_are_dropped_and_logged_in_one_line(tmp_path, capfd):
+    import socket
+    module = _serve_module()
+    module._Handler.timeout = 0.5  # the module's own copy: IDLE_SECONDS for this server only
+    with module.StaticServer(_site(tmp_path), quiet=False) as s:
+        socks = [socket.create_connection(("127.0.0.1", s.port), timeout=30) for _ in range(5)]
+        for sock in socks:
+            sock.sendall(b"GET /index.html HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        for sock in socks:
+            assert sock.recv(1024) == b""  # the server hung up (the 30 s socket timeout only guards a hang)
+            sock.close()
+        status, _, body = request(s, "/")  # and still serves
+        assert status == 200 and body == b"<p>demo</p>"
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and err.count("Request timed out") == 5
+
+
+def test_connections_over_the_cap_get_503_not_a_thread(tmp_path):
+    import socket
+    module = _serve_module()
+    module.MAX_CONNECTIONS = 3
+    with module.StaticServer(_site(tmp_path)) as s:
+        held = [socket.create_connection(("127.0.0.1", s.port), timeout=30) for _ in range(3)]
+        for sock in held:
+            sock.sendall(b"GET /")  # a request line begun, so each holds a serving thread
+        extra = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        extra.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        reply = b""
+        while chunk := extra.recv(1024):
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 503")
+        for sock in held + [extra]:
+            sock.close()
+        for _ in range(100):  # the slots come back once the held connections close
+            status, _, _ = request(s, "/")
+            if status == 200:
+                break
+        assert status == 200

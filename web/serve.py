@@ -12,6 +12,10 @@ range (`Range: bytes=a-b`) is answered 206, so an interrupted model download
 resumes; an unsatisfiable one 416. A path with a null byte or undecodable
 escapes is a 400, not a traceback; `..` components are dropped (nothing outside
 dist is reachable except through links the build put there).
+
+Bounded: a connection that sends nothing for IDLE_SECONDS (a half-sent request, an
+idle keep-alive) is closed; at most MAX_CONNECTIONS are served at once (the next is
+answered 503 and closed); a request that fails is one log line, never a traceback.
 """
 import argparse
 import email.utils
@@ -25,6 +29,9 @@ import threading
 import urllib.parse
 from http import HTTPStatus
 
+IDLE_SECONDS = 20  # a client that sends nothing for this long is dropped (it holds a thread)
+MAX_CONNECTIONS = 64  # a page loads ~15 files at once; far more is a flood, not a browser
+
 MIME = {
     ".wasm": "application/wasm", ".mjs": "text/javascript", ".js": "text/javascript",
     ".json": "application/json", ".html": "text/html; charset=utf-8", ".css": "text/css",
@@ -36,6 +43,7 @@ MIME = {
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
     extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, **MIME}
+    timeout = IDLE_SECONDS  # socket timeout: bounds reading the request line, headers and idle keep-alives
 
     def __init__(self, *args, log=None, quiet=True, **kwargs):
         self._request_log, self._quiet = log, quiet
@@ -147,6 +155,11 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
 UNSATISFIABLE = "unsatisfiable"
 _RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$")
+_MAX_DIGITS = 18  # any longer number is past every file's end (and int() of 4,300+ digits raises)
+
+
+def _position(digits):
+    return int(digits) if len(digits.lstrip("0")) <= _MAX_DIGITS else 1 << 62
 
 
 def parse_range(header, size):
@@ -156,15 +169,53 @@ def parse_range(header, size):
     m = _RANGE.match(header or "")
     if not m or not (m[1] or m[2]):
         return None
-    if not m[1]:  # bytes=-N: the last N bytes
-        n = int(m[2])
+    if not m[1]:  # bytes=-N: the last N bytes (all of them when N is longer than the file, RFC 9110 14.1.3)
+        n = _position(m[2])
         return UNSATISFIABLE if n == 0 or size == 0 else (max(0, size - n), size - 1)
-    first = int(m[1])
-    if m[2] and int(m[2]) < first:
+    first = _position(m[1])
+    if m[2] and _position(m[2]) < first:
         return None  # malformed
     if first >= size:
         return UNSATISFIABLE
-    return first, min(int(m[2]) if m[2] else size - 1, size - 1)
+    return first, min(_position(m[2]) if m[2] else size - 1, size - 1)
+
+
+class _BoundedServer(http.server.ThreadingHTTPServer):
+    """ThreadingHTTPServer with a cap on concurrent connections and one-line error logs."""
+    daemon_threads = True
+    request_queue_size = MAX_CONNECTIONS
+
+    def __init__(self, *args, quiet=True, **kwargs):
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._quiet = quiet
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            try:  # over the cap: a short answer, then close; no thread is started for it
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                b"Retry-After: 1\r\nConnection: close\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address):
+        """One line for a request that failed (a client that went away mid-download, a timeout)."""
+        kind, error = sys.exc_info()[:2]
+        if not self._quiet and kind is not None:
+            sys.stderr.write(f"serve: {client_address[0]}: request failed: {kind.__name__}: {error}\n")
 
 
 class StaticServer:
@@ -173,8 +224,7 @@ class StaticServer:
     def __init__(self, dist, port=0, quiet=True):
         self.requests = []
         handler = functools.partial(_Handler, directory=os.fspath(dist), log=self.requests, quiet=quiet)
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _BoundedServer(("127.0.0.1", port), handler, quiet=quiet)
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/"
         self._thread = None

@@ -27,12 +27,15 @@ def add_arguments(parser):
 
 
 def web_dir():
-    """The checkout's web/ folder, next to the tallow package folder (core/)."""
-    here = os.path.dirname(os.path.realpath(__file__))  # through links such as a worktree shim
-    web = os.path.join(os.path.dirname(here), "web")
-    if not os.path.exists(os.path.join(web, "build.py")):
-        raise Error("tallow web needs a source checkout (its web/ folder is not part of the wheel): "
-                    "git clone the repository and `pip install -e .` there")
+    """The checkout's web/ folder: beside the folder the `tallow` package is imported from
+    (core/ in a checkout), whatever depth this module sits at inside the package."""
+    import tallow  # the package's real folder, through links such as a worktree shim
+    package = os.path.dirname(os.path.realpath(tallow.__file__))
+    web = os.path.join(os.path.dirname(package), "web")
+    if not os.path.isfile(os.path.join(web, "build.py")):
+        raise Error(f"tallow web needs a source checkout: the web/ folder is not part of the wheel "
+                    f"(tallow is installed at {package}). Run it from a clone instead: "
+                    f"git clone <the tallow repository> && cd tallow && pip install -e . && tallow web serve")
     return web
 
 
