@@ -166,3 +166,15 @@ def test_gpu_tune_then_show(tmp_path):
     assert "matmul f32" in ok(run_cli("gpu", "tune", "--family", "matmul f32", cwd=tmp_path, env=env)).stdout
     shown = json.loads(ok(run_cli("gpu", "show", "--json", cwd=tmp_path, env=env)).stdout)
     assert shown["families"]["matmul f32"]["choice"] in shown["families"]["matmul f32"]["seconds"]
+
+
+def test_web_finds_the_checkout_from_the_package_folder_or_says_what_to_do(tmp_path, monkeypatch):
+    import tallow
+    from tallow.cli import web
+    from tallow.errors import Error
+    assert Path(web.web_dir()) == REPO / "web"  # the checkout this tallow is imported from
+    installed = tmp_path / "site-packages" / "tallow"  # a wheel install: no web/ beside the package
+    installed.mkdir(parents=True)
+    monkeypatch.setattr(tallow, "__file__", str(installed / "__init__.py"))
+    with pytest.raises(Error, match=r"needs a source checkout.*git clone .*pip install -e \."):
+        web.web_dir()
