@@ -123,11 +123,12 @@ def _write_hf_folder(src, out, tokenizer, ct2_config, progress):
     _say(progress, f"converting {src / 'model.bin'} (CTranslate2) to Hugging Face layout")
     with load_ctranslate2(src / "model.bin") as ct2:
         state = whisper_state_dict(ct2)  # views into the mapped file: written before it closes
-        config = whisper_config(ct2, tokenizer, ct2_config)
+        config = whisper_config(ct2, tokenizer, ct2_config, src / "tokenizer.json", src / "config.json")
         write_safetensors(out / "model.safetensors", state, metadata={"format": "pt"})
         del state
     _write_json(out / "config.json", config)
-    _write_json(out / "generation_config.json", whisper_generation_config(config, tokenizer, ct2_config))
+    _write_json(out / "generation_config.json", whisper_generation_config(
+        config, tokenizer, ct2_config, src / "tokenizer.json", src / "config.json"))
     preprocessor = src / "preprocessor_config.json"
     if preprocessor.is_file():  # large-v3's says 128 mel bins: keep the model's own
         _copy(preprocessor, out / "preprocessor_config.json")
