@@ -11,6 +11,8 @@ PARAMS_BYTES) go into a slice of one uniform "arena" buffer. The slices are
 collected in Python and the arena is written once, just before the submit that
 uses it; queue writes are ordered before that submit, so this is safe.
 """
+import os
+
 from tallow.backends.driver_protocol import nbytes_of
 from tallow.errors import DeviceError
 
@@ -26,6 +28,31 @@ def _load_wgpu():
     return wgpu
 
 
+def _request_adapter(wgpu):
+    """wgpu's high-performance adapter. Probing its drivers, the Vulkan loader's window-system layer
+    (libwayland) prints "error: XDG_RUNTIME_DIR is invalid or not set in the environment." twice
+    when that variable is unset or not an absolute path (a server, a container, sudo), though no
+    window is wanted: for the probe it names a new private empty folder, then is restored. Nothing
+    else is silenced: a real driver error still reaches stderr."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and runtime.startswith("/"):
+        return wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="tallow-xdg-")  # mode 0700: no one else's socket can be found there
+    os.environ["XDG_RUNTIME_DIR"] = folder
+    try:
+        return wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    finally:
+        if runtime is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = runtime
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+
+
 class NativeDriver:
     name = "native"
     can_replay = True
@@ -35,7 +62,7 @@ class NativeDriver:
         wgpu = _load_wgpu()
         self._wgpu = wgpu
         try:
-            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+            adapter = _request_adapter(wgpu)
         except Exception as e:  # wgpu raises plain RuntimeErrors when Vulkan/Metal/DX12 is missing
             raise DeviceError(f"wgpu device is not available: no WebGPU adapter ({e}); on Linux without a GPU "
                               "install a Vulkan driver: apt-get install mesa-vulkan-drivers") from None
