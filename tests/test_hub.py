@@ -249,3 +249,34 @@ def test_unusable_tallow_home_is_named(tmp_path, monkeypatch, make):
     monkeypatch.setenv("TALLOW_HOME", str(home))
     with pytest.raises(Error, match=r"\$TALLOW_HOME.*(is a file|not writable)"):
         hub.fetch("jfk.wav", progress=False)
+
+
+@pytest.mark.parametrize("tamper", ["absolute", "dotdot", "symlink", "files"])
+def test_marker_pointing_outside_the_cache_is_refused(cache, monkeypatch, capsys, tmp_path, tamper):
+    fake = FakeRegistry()
+    monkeypatch.setattr(subprocess, "run", fake)
+    path = hub.fetch("smollm2-135m-instruct", progress=False)
+    folder = path.parent
+    outside = tmp_path / "outside.gguf"  # the same bytes, so a size check alone would pass it
+    outside.write_bytes(path.read_bytes())
+    marker = json.loads((folder / hub.MARKER).read_text())
+    if tamper == "absolute":
+        marker["result"] = str(outside)
+    elif tamper == "dotdot":
+        marker["result"] = "../../outside.gguf"
+    elif tamper == "symlink":  # the marker is intact; the file it names is now a link out of the cache
+        path.unlink()
+        path.symlink_to(outside)
+    else:
+        marker["files"]["../../outside.gguf"] = marker["files"][path.name]
+    (folder / hub.MARKER).write_text(json.dumps(marker))
+    for attempt in (lambda: hub.fetch("smollm2-135m-instruct", progress=False),
+                    lambda: hub.verify("smollm2-135m-instruct")):
+        with pytest.raises(Error, match=r"outside the cache folder .*delete .*tallow fetch --refresh smollm2"):
+            attempt()
+    assert cli_main(["fetch", "smollm2-135m-instruct"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and "outside the cache folder" in err, err
+    assert len(fake.calls) == 1  # refused, not silently fetched again
+    assert hub.fetch("smollm2-135m-instruct", progress=False, refresh=True) == path  # the fix the message gives
+    assert not path.is_symlink() and hub.verify("smollm2-135m-instruct") == 1 and outside.exists()

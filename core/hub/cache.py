@@ -69,7 +69,24 @@ def _read_marker(folder):
 
 def _completed(folder):
     marker = _read_marker(folder)
-    return None if marker is None else folder / marker["result"]
+    return None if marker is None else _inside(folder, marker)
+
+
+def _inside(folder, marker):
+    """The marker's result path, after checking that it and every recorded file resolve
+    (symlinks followed) inside `folder`: a damaged or edited marker must not make tallow
+    return, stat or hash a path elsewhere (`"result": "/etc/hostname"`, `"../../x"`)."""
+    root = os.path.realpath(folder)
+    for rel in (marker["result"], *(marker.get("files") or {})):
+        try:
+            target = os.path.realpath(folder / rel)
+            inside = os.path.commonpath([root, target]) == root
+        except (ValueError, OSError):  # a NUL byte, another drive: nothing tallow wrote
+            target, inside = rel, False
+        if not inside:
+            raise Error(f"{folder / MARKER} points at {target}, outside the cache folder {root} (the cache entry "
+                        f"is damaged or was edited): delete {folder} or run `tallow fetch --refresh {folder.name}`")
+    return folder / marker["result"]
 
 
 def _sha256(path):
@@ -107,6 +124,7 @@ def verify(name):
     marker = _read_marker(folder)
     if marker is None:
         raise Error(f"{name} is not fetched (no {folder / MARKER}); run `tallow fetch {name}`")
+    _inside(folder, marker)  # before any recorded file is opened
     files = marker.get("files")
     if not files:
         raise Error(f"{folder} was fetched by an older tallow that recorded no checksums; "
@@ -178,9 +196,10 @@ def _fetch_known(name, progress, refresh=False):
     folder = home() / name
     marker = _read_marker(folder)
     if marker is not None and not refresh:
+        result = _inside(folder, marker)  # before any recorded file is looked at
         problem = _size_problem(folder, marker)
         if problem is None:
-            return folder / marker["result"]
+            return result
         print(f"tallow: {problem}: fetching {name} again", file=sys.stderr, flush=True)
     recipe = KNOWN[name]
     needs = {need: fetch(need, progress) for need in recipe.needs}
