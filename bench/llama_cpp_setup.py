@@ -10,7 +10,7 @@ import platform
 import subprocess
 import sys
 
-VERSION = "0.3.36"  # the version measured in the README
+VERSION = "0.3.36"  # the version measured in docs/performance.md
 CMAKE_ARGS = ("-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
               "-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF")
 # x86: no AMX. -march=native turns it on where cpuid lists it, but a virtual machine may list AMX
