@@ -181,6 +181,27 @@ def test_beam_search_jfk(tiny):
     assert result.text.strip() == SENTENCE
 
 
+@pytest.mark.parametrize("option", [dict(beam_size=100_000), dict(beam_size=17), dict(beam_size=0),
+                                    dict(beam_size=2.5), dict(best_of=17, temperature=0.5),
+                                    dict(beam_size=5, patience=float("inf")), dict(beam_size=5, patience=0)])
+def test_search_width_is_bounded_before_any_work(tiny, monkeypatch, option):
+    """--beam-size 100000 asked numpy for 64 GiB; 3000 grew to 16 GB: refused before the audio is read."""
+    from tallow.models import whisper_transcribe as wt
+    monkeypatch.setattr(wt, "_Mel", lambda *a: pytest.fail("the audio was read"))
+    name = "patience" if "patience" in option else next(iter(option))
+    with pytest.raises(tallow.Error, match=f"whisper: {name} must be"):
+        tiny.transcribe(str(JFK), **option)
+    with pytest.raises(tallow.Error, match=f"whisper: {name} must be"):
+        DecodingOptions(**option)
+
+
+def test_the_widest_beam_allowed_decodes(tiny, jfk_features):
+    from tallow.models.whisper_decoding import MAX_BEAM_SIZE
+    _, features = jfk_features
+    result = decode(tiny, features, DecodingOptions(beam_size=MAX_BEAM_SIZE, sample_len=6, without_timestamps=True))
+    assert SENTENCE.startswith(result.text.strip()) and result.text.strip()
+
+
 def test_audio_as_samples_and_bad_input(tiny, tmp_path):
     with pytest.raises(tallow.Error, match="English-only"):
         tiny.transcribe(array("f", [0.0] * 16000), language="de")

@@ -30,6 +30,13 @@ probability = _checked(float, lambda v: 0 < v <= 1, "must be in (0, 1]")    # to
 fraction = _checked(float, lambda v: 0 <= v <= 1, "must be in [0, 1]")      # min-p
 non_negative_int = _checked(int, lambda v: v >= 0, "must be >= 0")          # top-k
 positive_int = _checked(int, lambda v: v >= 1, "must be >= 1")              # max tokens, beam size, workers
+
+
+def bounded_int(low, high, why):
+    """A `type=` function for a whole number from low to high; `why` says why the bound."""
+    return _checked(int, lambda v: low <= v <= high, f"must be from {low} to {high} ({why})")
+
+
 port = _checked(int, lambda v: 0 <= v <= 65535, "is not a TCP port (0 to 65535; 0 picks a free one)")
 # 100 MB: GitHub Pages refuses bigger files (web/build.py's MAX_FILE_BYTES)
 part_mb = _checked(float, lambda v: 0 < v <= 100,

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from .args import non_negative_float, positive_int
+from .args import bounded_int, non_negative_float
 from ..errors import Error
 from ..io.atomic_output import atomic_output, check_output_path
 
@@ -28,7 +28,10 @@ def add_arguments(parser):
     parser.add_argument("--timestamps", action="store_true",
                         help="decode with timestamp tokens: segments at the model's own timestamps "
                              "(always on for --format srt/vtt; otherwise one segment per 30 s window)")
-    parser.add_argument("--beam-size", type=positive_int, default=None, help="beam search width (default: greedy)")
+    from ..models.whisper_decoding import MAX_BEAM_SIZE
+    parser.add_argument("--beam-size", type=bounded_int(1, MAX_BEAM_SIZE, "beams: each decodes its own copy of "
+                                                        "the text; 5 is the usual choice"),
+                        default=None, help=f"beam search width, 1 to {MAX_BEAM_SIZE} (default: greedy; 5 is usual)")
     parser.add_argument("--temperature", type=non_negative_float, default=None,
                         help="a single sampling temperature (default: 0 with fallback 0.2 ... 1.0)")
     parser.add_argument("--format", default="txt", choices=("txt", "srt", "vtt", "json"))

@@ -30,6 +30,17 @@ def is_batch(args):
     return bool(many or args.output_dir or args.manifest or args.workers or args.ray is not None)
 
 
+def check_local_workers(workers):
+    """Each local worker is a process holding its own copy of the model, and more of them
+    than cores fight over the cores (core/batch/local.py: one per core is fastest): at most
+    two per usable CPU. Unbounded, `-j 1000` on many files started 1000 model loads at once."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if workers > 2 * cpus:
+        raise Error(f"--workers {workers}: this machine has {cpus} usable CPUs, and each worker process loads "
+                    f"its own copy of the model and wants a core: use at most {2 * cpus} ({cpus} is fastest; "
+                    "--ray spreads over a cluster)")
+
+
 def run_batch(args, options):
     """options: the decoding options (transcribe.decoding_options) for every input."""
     from ..batch.inputs import expand_inputs, plan_jobs, wav_seconds
@@ -45,6 +56,8 @@ def run_batch(args, options):
         raise Error("many inputs need --output-dir (one transcript file per input is written there)")
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise Error(f"--output-dir {args.output_dir}: is a file, not a folder")
+    if args.ray is None and args.workers:
+        check_local_workers(args.workers)
     inputs = expand_inputs(args.audio, args.manifest)
     if not inputs:
         raise Error("no input: give audio files, globs, folders or --manifest FILE")

@@ -12,6 +12,26 @@ from .decode_threads import one_thread
 from .whisper_logits import logit_rows
 
 CHUNK_LENGTH = 30  # seconds a window covers
+# The most beams (beam_size) or samples (best_of) one window decodes at once. Each keeps
+# its own self-attention cache (large-v3: about 150 MB each at full length) and
+# multiplies every step's work; openai-whisper's and faster-whisper's default is 5, and
+# quality stops improving well before 16. Unbounded, --beam-size 100000 asked numpy
+# for 64 GiB, and 3000 grew to 16 GB.
+MAX_BEAM_SIZE = 16
+
+
+def check_search_width(beam_size=None, best_of=None, patience=None):
+    """Raise an Error unless beam_size / best_of are whole numbers 1..MAX_BEAM_SIZE (or None)
+    and patience a finite number > 0 (or None)."""
+    for name, value in (("beam_size", beam_size), ("best_of", best_of)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BEAM_SIZE:
+            raise Error(f"whisper: {name} must be a whole number from 1 to {MAX_BEAM_SIZE}, got {value!r} "
+                        f"(each one decodes its own copy of the text; 5 is the usual choice)")
+    if patience is not None and not (isinstance(patience, (int, float)) and math.isfinite(patience)
+                                     and patience > 0):
+        raise Error(f"whisper: patience must be a finite number > 0, got {patience!r}")
 
 
 class DecodingOptions:
@@ -32,8 +52,7 @@ class DecodingOptions:
             raise Error("whisper: patience requires beam_size")
         if length_penalty is not None and not 0 <= length_penalty <= 1:
             raise Error("whisper: length_penalty must be between 0 and 1")
-        if beam_size is not None and beam_size < 1 or best_of is not None and best_of < 1:
-            raise Error("whisper: beam_size and best_of must be at least 1")
+        check_search_width(beam_size, best_of, patience)
         self.task, self.language, self.temperature = task, language, temperature
         self.sample_len, self.best_of, self.beam_size, self.patience = sample_len, best_of, beam_size, patience
         self.length_penalty, self.prompt, self.prefix = length_penalty, prompt, prefix

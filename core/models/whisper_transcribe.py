@@ -14,7 +14,7 @@ from ..audio.mel_windows import MelWindows
 from ..audio.stream import check_samples
 from ..creation import from_buffer
 from ..errors import Error
-from .whisper_decoding import DecodingOptions, decode, detect_language_from_features
+from .whisper_decoding import DecodingOptions, check_search_width, decode, detect_language_from_features
 
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -171,6 +171,7 @@ def transcribe(model, audio, language=None, task="transcribe", beam_size=None, b
     Returns a TranscriptionResult: .text, .segments (.start, .end, .text), .language.
     """
     tok = model.tokens
+    check_search_width(beam_size, best_of, patience)  # before any audio is read
     mel = _Mel(audio, model.config.num_mel_bins, model.mel_filters)
     if not model.is_multilingual:
         if language not in (None, "en", "english", "English"):
