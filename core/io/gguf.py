@@ -217,6 +217,26 @@ class GGUFFile(LazyFile):
                 self._fail("duplicate tensor name", name)
             self.infos[name] = self._tensor_info(name, dims, type_id, offset)
         self._check_extents(self.data_start, self.size)
+        self._check_accounted(self.data_start, self.size)
+
+    def _check_accounted(self, start, end):
+        """The tensors account for the whole data section: from its start, each tensor runs up
+        to the next one's offset (the last to the end of the file) with only alignment padding
+        between. A tensor declared with a type or shape smaller than the bytes stored for it
+        (Q4_0 over Q8_0 data, F16 over F32, a K-quant relabelled) would otherwise load and
+        compute garbage from the wrong bytes; one declared larger already overlaps its neighbour."""
+        spans = sorted((i.offset, i.nbytes, i.name) for i in self.infos.values())
+        if spans and spans[0][0] - start >= self.alignment:
+            self._fail(f"{spans[0][0] - start} bytes at the start of the data section belong to no tensor "
+                       "(the first tensor should start there)", spans[0][2])
+        for k, (lo, nbytes, name) in enumerate(spans):
+            following = spans[k + 1][0] if k + 1 < len(spans) else end
+            if following - (lo + nbytes) >= self.alignment:
+                info = self.infos[name]
+                where = f"before tensor {spans[k + 1][2]!r}" if k + 1 < len(spans) else "before the end of the file"
+                self._fail(f"declared {info.file_dtype} {list(info.shape)}, which is {nbytes} bytes, but "
+                           f"{following - lo} bytes are stored for it ({where}; only padding to the "
+                           f"{self.alignment}-byte alignment may follow a tensor): its type or shape is wrong", name)
 
     def _tensor_info(self, name, dims, type_id, offset):
         if type_id not in GGML_TYPES:
