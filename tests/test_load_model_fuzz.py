@@ -333,3 +333,44 @@ def test_tokenizer_json_nested_too_deep(tmp_path):
     p.write_text('{"model": ' + "[" * 5000 + "]" * 5000 + "}")
     with pytest.raises(FormatError, match=r"tokenizer\.json: JSON nested too deeply"):
         Tokenizer.from_file(p)
+
+
+def _cut_vocabulary(parts, keep):
+    """The trimmed SmolLM2 with its vocabulary cut to the first `keep` tokens (and the merges
+    among them), a tokenizer that still loads and encodes."""
+    meta, types, tensors = parts
+    tokens = meta["tokenizer.ggml.tokens"][:keep]
+    known = set(tokens)
+    merges = [m for m in meta["tokenizer.ggml.merges"] if "".join(m.split(" ")) in known
+              and all(p in known for p in m.split(" "))]
+    return ({**meta, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": meta["tokenizer.ggml.token_type"][:keep],
+             "tokenizer.ggml.merges": merges}, types, tensors)
+
+
+def test_gguf_vocabulary_shorter_than_the_embedding_is_refused_at_load(tmp_path, smollm2_parts):
+    """The model could produce ids the vocabulary cannot decode: refused when loading, naming the
+    file, instead of "token id 8318 is outside the vocabulary" mid-generation."""
+    path = _write_gguf(tmp_path / "short.gguf", _cut_vocabulary(smollm2_parts, 500))
+    with pytest.raises(FormatError, match=rf"{path}: tokenizer\.ggml\.tokens holds 500 tokens but token_embd\.weight "
+                                          rf"has {EMBD_ROWS} rows"):
+        tallow.load_model(path, device="cpu")
+    from tallow.tokenizer import Tokenizer
+    assert Tokenizer.from_gguf(tio.open(str(path))).encode("hello") != []  # the refusal is the check's, not the tokenizer's
+    # as long as the embedding (and no output head): loads
+    model = tallow.load_model(_write_gguf(tmp_path / "even.gguf", _cut_vocabulary(smollm2_parts, EMBD_ROWS)),
+                              device="cpu")
+    assert model.config.vocab_size == EMBD_ROWS
+
+
+def test_gguf_output_head_longer_than_the_vocabulary_is_refused_at_load(tmp_path, smollm2_parts, capsys):
+    meta, types, tensors = _cut_vocabulary(smollm2_parts, EMBD_ROWS)
+    dtype, shape, raw = tensors["token_embd.weight"]
+    head = (dtype, (2 * EMBD_ROWS,) + shape[1:], raw * 2)  # an untied output head with twice the rows
+    path = _write_gguf(tmp_path / "head.gguf", (meta, types, {**tensors, "output.weight": head}))
+    with pytest.raises(FormatError, match=rf"{path}: tokenizer\.ggml\.tokens holds {EMBD_ROWS} tokens but "
+                                          rf"output\.weight has {2 * EMBD_ROWS} rows"):
+        tallow.load_model(path, device="cpu")
+    from tallow.cli import main as cli_main
+    assert cli_main(["generate", "--model", str(path), "--max-tokens", "2", "Hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(path) in err and "output.weight has 2048 rows" in err

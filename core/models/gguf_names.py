@@ -75,6 +75,7 @@ def config_from_gguf(reader):
     if len(embd_shape) != 2 or embd_shape[1] != hidden:
         raise FormatError(f"{path}: token_embd.weight has shape {embd_shape}, expected (vocab, {arch}.embedding_length "
                           f"= {hidden})")
+    _check_vocabulary_covers(reader, path, hidden)
     tok = Fields(meta, path, prefix="tokenizer.ggml.")  # bos/eos must be rows of token_embd
     cfg = {
         "model_type": model_type,
@@ -103,6 +104,26 @@ def config_from_gguf(reader):
         cfg.update(registered.gguf_config(g, cfg))
     cfg["rope_scaling"] = _rope_scaling(reader, g, path, cfg)
     return registered, cfg
+
+
+def _check_vocabulary_covers(reader, path, hidden):
+    """Every id the model can take or produce (a row of token_embd.weight, or of output.weight,
+    whose rows are the logits) is a token of the file's vocabulary. A vocabulary cut shorter
+    would load, then fail mid-generation on the first id past its end ("token id 8318 is
+    outside the vocabulary") without naming the file. A longer one is harmless for generation."""
+    tokens = reader.metadata.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        return  # no vocabulary, or a malformed one: the tokenizer names what is wrong with it
+    for name in ("token_embd.weight", "output.weight"):
+        if name not in reader:
+            continue
+        shape = reader.info(name).shape
+        if len(shape) != 2 or shape[1] != hidden:
+            raise FormatError(f"{path}: {name} has shape {shape}, expected (vocab, embedding_length = {hidden})")
+        if shape[0] > len(tokens):
+            raise FormatError(f"{path}: tokenizer.ggml.tokens holds {len(tokens)} tokens but {name} has {shape[0]} "
+                              f"rows: the model could produce ids past the vocabulary; the vocabulary or the "
+                              f"tensor was cut (or is from another model)")
 
 
 def _end_ids(tok, vocab_size):
