@@ -1,11 +1,18 @@
 """Batch transcription (tallow transcribe over many inputs): inputs and output names,
-resume, bad files, and local worker processes surviving a killed worker.
+resume, bad files, local worker processes and Ray actors surviving a killed worker (each
+killed process one the test started), and what fails every file alike (a bad model, an
+unwritable output folder, a Ray address that does not answer) refused before the first file.
 
 20 clips of 1-3 s cut from jfk.wav, plus silence, plus a corrupt WAV. The reference
 is the sequential run (one in-process Transcriber); every other mode must write the
 same bytes, each output once."""
+import importlib.util
+import json
 import os
+import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +25,7 @@ import pytest
 import tallow
 from tallow.batch.inputs import expand_inputs, plan_jobs
 from tallow.batch.local import run_local
-from tallow.batch.worker import Settings
+from tallow.batch.worker import ModelError, Settings
 from tallow.errors import Error
 
 JFK = Path(__file__).parent / "data" / "jfk.wav"
@@ -160,61 +167,193 @@ def test_inputs_globs_folders_and_manifests(tmp_path):
         expand_inputs([], [str(tmp_path / "bad.txt")])
 
 
-# ---- Ray: a local cluster started by the test ------------------------------------------------
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tallow[ray]')")
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = cli_env()["PYTHONPATH"]  # the workers import this tree's tallow
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    if saved is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = saved
+# ---- Ray: a local cluster started by a child process --------------------------------------------
+RAY_DRIVER = Path(__file__).parent / "ray_batch_driver.py"
 
 
-def actor_pids():
-    """The processes of the transcription actors (Ray titles them ray::_Actor...)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if f.read().startswith(b"ray::_Actor"):
-                    pids.append(int(entry))
-        except (OSError, ValueError):
-            continue
-    return pids
+def run_child(cmd, timeout, **kwargs):
+    """(returncode, stdout, stderr) of cmd, run in its own session; past `timeout` (a hang guard)
+    that session, which this test started, is killed and the test fails."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kwargs)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{cmd[:4]} did not end within {timeout} s: {stderr[-2000:]}")
+    return proc.returncode, stdout, stderr
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the actor processes through /proc (Linux)")
-def test_ray_actor_pool_survives_a_killed_worker_and_matches_the_sequential_run(ray_cluster, clips, reference,
-                                                                               tmp_path):
-    import threading
-
-    from tallow.batch.ray import run_ray
-
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="the child checks an actor's ancestry through /proc (Linux)")
+def test_ray_actor_pool_survives_a_killed_worker_and_ends_on_a_model_error(clips, reference, tmp_path):
+    """tests/ray_batch_driver.py, in a child process: its own cluster, the CLI joining it by address,
+    one of that cluster's actors killed mid-run; then actors without a model."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'tallow[ray]')")
     out = tmp_path / "out"
-    jobs = plan_jobs(expand_inputs([str(clips)]), str(out), "txt")
-    result = {}
-    runner = threading.Thread(target=lambda: result.update(outcomes=run_ray(jobs, Settings(), workers=2)))
-    runner.start()
-    killed, deadline = None, time.monotonic() + 150
-    while runner.is_alive() and time.monotonic() < deadline:
-        if killed is None and out.is_dir() and any(out.rglob("*.txt")) and actor_pids():
-            killed = actor_pids()[0]
-            os.kill(killed, signal.SIGKILL)  # Ray restarts the actor and retries its job
-        time.sleep(0.05)
-    runner.join(timeout=60)
-    assert killed is not None and "outcomes" in result
-    outcomes = result["outcomes"]
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"not a model")
+    returncode, stdout, stderr = run_child([sys.executable, str(RAY_DRIVER), str(clips), str(out), str(bad)],
+                                           timeout=900, env=cli_env())
+    assert returncode == 0, stderr[-4000:]
+    result = json.loads(stdout.strip().splitlines()[-1])
+
+    kill = result["kill"]
+    assert kill["killed"] is not None and kill["restarts"] >= 1, kill
+    assert kill["returncode"] == 1, kill["stderr"]  # 1: the corrupt file failed; the batch went on
     assert outputs(out) == reference[0]
-    assert sorted(o.source for o in outcomes) == sorted(j.source for j in jobs)  # each job reported once
-    done = [o for o in outcomes if o.status == "done"]
-    skipped = [o for o in outcomes if o.status == "skipped"]
+    summary = re.search(r"(\d+) files: (\d+) transcribed, (\d+) skipped \(output exists\), (\d+) failed",
+                        kill["stderr"])
+    files, done, skipped, failed = map(int, summary.groups())
     # A job whose output was renamed into place just before the kill is skipped on retry, never rewritten.
-    assert len(done) + len(skipped) == N_CLIPS and len(skipped) <= 1
-    failed = [o for o in outcomes if o.status == "failed"]
-    assert len(failed) == 1 and failed[0].source.endswith("corrupt.wav") and "corrupt.wav" in failed[0].error
+    assert (files, done + skipped, failed) == (N_CLIPS + 1, N_CLIPS, 1) and skipped <= 1, kill["stderr"]
+    assert "corrupt.wav" in kill["stderr"]
     assert not list(out.rglob(".*.tmp"))
+
+    bad_model = result["bad_model"]
+    assert bad_model["error"].startswith("cannot load the model: ") and str(bad) in bad_model["error"]
+    # ended at the first result: no file reported or written, no actor restarted
+    assert (bad_model["reported"], bad_model["written"], bad_model["restarts"]) == (0, [], 0), bad_model
+    assert bad_model["actors"] == 2
+
+
+# ---- what fails every file alike is one line and exit status 2, before the first file -----------
+def tallow_cli(*args, timeout=120, prefix=(), **kwargs):
+    return run_child([*prefix, sys.executable, "-m", "tallow", "transcribe", *map(str, args)], timeout,
+                     env=cli_env(), **kwargs)
+
+
+def error_line(stderr):
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("tallow transcribe: error: "), stderr
+    return lines[0]
+
+
+def test_a_bad_model_ends_the_batch_at_once(clips, tmp_path):
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"not a model")
+    out = tmp_path / "out"
+    modes = [["-j", "2"]] + ([["--ray"]] if importlib.util.find_spec("ray") else [])
+    for mode in modes:  # checked in the driver: no worker, actor or cluster starts
+        returncode, _, stderr = tallow_cli(clips, "-d", out, "--model", bad, *mode)
+        assert returncode == 2 and f"cannot load the model: {bad}: expected a Whisper model" in error_line(stderr)
+        assert not any(out.iterdir())
+
+
+def test_worker_processes_that_cannot_load_the_model_end_the_batch(clips, tmp_path, monkeypatch):
+    """The driver's check skipped (as if the model went bad after it): the first worker's ModelError
+    ends the batch; no file is reported, where each used to fail after its worker "died" twice."""
+    import tallow.batch.local as local
+
+    monkeypatch.setattr(local, "check_model", lambda settings: None)  # the spawned workers still load
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"not a model")
+    reported = []
+    jobs = plan_jobs(expand_inputs([str(clips)]), str(tmp_path / "out"), "txt")
+    with pytest.raises(ModelError, match=f"cannot load the model: {re.escape(str(bad))}: expected a Whisper"):
+        run_local(jobs, Settings(model=str(bad)), workers=2, on_outcome=reported.append)
+    assert reported == [] and not list((tmp_path / "out").rglob("*"))
+
+
+def test_an_unwritable_output_folder_is_refused_before_the_first_file(clips, tmp_path):
+    """Checked before the model loads (the model here is junk: its error would come first otherwise)."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    prefix = ()
+    if os.geteuid() == 0:  # root writes anywhere: drop the capability that lets it
+        if not shutil.which("setpriv"):
+            pytest.skip("running as root and setpriv (util-linux) is missing to drop CAP_DAC_OVERRIDE")
+        prefix = ("setpriv", "--bounding-set", "-dac_override", "--")
+    try:
+        returncode, _, stderr = tallow_cli(clips, "-d", folder, "--model", tmp_path / "junk", prefix=prefix)
+    finally:
+        folder.chmod(0o755)
+    assert returncode == 2
+    assert f"--output-dir {folder}: cannot write there (Permission denied)" in error_line(stderr)
+    assert not any(folder.iterdir())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
+def test_ray_address_where_nothing_listens_is_one_line_at_once(clips, tmp_path):
+    """A port bound but not listening refuses connections: the probe says so before the model loads
+    (the model is junk), where Ray retried for minutes."""
+    with socket.socket() as reserved:
+        reserved.bind(("127.0.0.1", 0))
+        port = reserved.getsockname()[1]
+        returncode, _, stderr = tallow_cli(clips, "-d", tmp_path / "out", "--model", tmp_path / "junk",
+                                           "--ray", f"127.0.0.1:{port}")
+    assert returncode == 2
+    assert f"--ray 127.0.0.1:{port}: no Ray cluster at 127.0.0.1:{port} (Connection refused)" in error_line(stderr)
+
+
+class SilentServer:
+    """Accepts TCP connections on every interface (Ray dials the node's address, not 127.0.0.1)
+    and never answers: a port where something listens that is not a Ray cluster."""
+
+    def __init__(self):
+        import threading
+        self.sock = socket.socket()
+        self.sock.bind(("", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                self.accepted.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self):
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+@pytest.fixture
+def silent_server():
+    server = SilentServer()
+    yield server
+    server.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
+def test_ray_cluster_that_does_not_answer_times_out_with_one_error(clips, tmp_path, silent_server,
+                                                                   whisper_tiny_dir):
+    returncode, _, stderr = tallow_cli(clips, "-d", tmp_path / "out", "--ray", f"127.0.0.1:{silent_server.port}",
+                                       "--ray-timeout", "3")
+    assert returncode == 2, stderr
+    # Ray's own C++ client may log its connect warnings first; tallow's error is the last line.
+    last = stderr.strip().splitlines()[-1]
+    assert last == (f"tallow transcribe: error: --ray 127.0.0.1:{silent_server.port}: the Ray cluster did not "
+                    "answer within 3 s; check the address (`ray status` on its head node), or wait longer "
+                    "with --ray-timeout"), stderr
+    assert "Traceback" not in stderr and not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
+@pytest.mark.parametrize("sig, returncode", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
+def test_ray_connect_ends_on_sigterm_and_sigint(clips, tmp_path, silent_server, whisper_tiny_dir, sig, returncode):
+    """While Ray waits for a cluster that does not answer (after the probe's connection, Ray's own
+    arrives), the signal ends the driver, where it used to be ignored for minutes."""
+    proc = subprocess.Popen([sys.executable, "-m", "tallow", "transcribe", str(clips), "-d", str(tmp_path / "out"),
+                             "--ray", f"127.0.0.1:{silent_server.port}", "--ray-timeout", "300"],
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120  # hang guards only
+        while len(silent_server.accepted) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(silent_server.accepted) >= 2 and proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == returncode, stderr
+    assert "Traceback" not in stderr

@@ -5,27 +5,31 @@ At most N jobs are in flight, so when a worker process dies (killed, out of
 memory) the jobs that were running then are known: a fresh pool is started and
 they run again, each alone (so an innocent file is not blamed for its neighbour).
 A job whose worker died MAX_CRASHES times is reported as failed, so a file that
-kills its worker cannot stop the batch."""
+kills its worker cannot stop the batch. The model is checked once here before the
+workers start, and a worker that cannot load it ends the batch with a ModelError:
+no file could run anyway."""
 import concurrent.futures as cf
 import contextlib
 import multiprocessing
 import os
 
 from ..io.atomic_output import remove_abandoned
-from .worker import Outcome, Transcriber
+from .worker import ModelError, Outcome, check_model, load_or_error, load_transcriber
 
 MAX_CRASHES = 2
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
-_transcriber = None  # the model of this worker process
+_transcriber = None  # the model of this worker process, or the ModelError loading it raised
 
 
 def _init_worker(settings):
     global _transcriber
-    _transcriber = Transcriber(settings)
+    _transcriber = load_or_error(settings)
 
 
 def _run_job(source, output):
+    if isinstance(_transcriber, ModelError):
+        raise ModelError(str(_transcriber))  # the driver ends the batch with it
     return _transcriber.run(source, output)
 
 
@@ -38,12 +42,15 @@ def run_local(jobs, settings, workers=1, on_outcome=None):
         outcomes.append(outcome)
         report(outcome)
 
+    if not jobs:
+        return outcomes
     if workers == 1:
-        transcriber = Transcriber(settings)
+        transcriber = load_transcriber(settings)
         for job in jobs:
             finish(transcriber.run(job.source, job.output))
         return outcomes
 
+    check_model(settings)
     crashes = {}
     pending = list(jobs)
     with _threads_per_worker(max(1, (os.cpu_count() or 1) // workers)):

@@ -33,6 +33,35 @@ class Outcome:
                 f"{', ' + self.error if self.error else ''})")
 
 
+class ModelError(Error):
+    """The model cannot be loaded, so no file can be transcribed: the batch ends with this line."""
+
+
+def check_model(settings):
+    """Load the model once in the driver, before any worker starts, and let it go: a bad name,
+    file or device is then one error at once, not a crash per worker retried file after file
+    (and a known model is fetched once, not by every worker at the same time)."""
+    load_transcriber(settings)
+
+
+def load_or_error(settings):
+    """A worker's Transcriber, or the ModelError loading it raised (returned, not raised: a worker
+    process's initializer or a Ray actor's constructor that fails reads as a crash and is retried)."""
+    try:
+        return load_transcriber(settings)
+    except ModelError as e:
+        return e
+
+
+def load_transcriber(settings):
+    """A Transcriber; any failure to load the model is a one-line ModelError."""
+    try:
+        return Transcriber(settings)
+    except Exception as e:  # a damaged file's KeyError or no memory also leaves nothing to run
+        message = str(e) if isinstance(e, Error) else f"{settings.model}: {type(e).__name__}: {e}"
+        raise ModelError(_one_line(f"cannot load the model: {message}")) from None
+
+
 class Transcriber:
     def __init__(self, settings):
         from ..models import whisper

@@ -2,10 +2,13 @@
 progress bar and summary on stderr, resume (inputs whose output exists are
 skipped), bad files reported and skipped. --workers N runs N processes here;
 --ray [ADDRESS] runs a Ray actor pool on a cluster. Exit status 0 when every file
-was transcribed or skipped, 1 when some failed (listed in the summary)."""
+was transcribed or skipped, 1 when some failed (listed in the summary); 2 with one
+line for what fails every file alike (an unwritable --output-dir, a model that does
+not load, a cluster that does not answer), found before the first file runs."""
 import os
+import tempfile
 
-from .args import positive_int
+from .args import positive_float, positive_int
 from ..errors import Error
 
 
@@ -22,6 +25,8 @@ def add_batch_arguments(parser):
                         help="batch: run on a Ray cluster (pip install 'tallow[ray]'): ADDRESS is 'auto' (the "
                              "cluster started on this node with `ray start`), host:6379 or ray://host:10001; "
                              "without it, $RAY_ADDRESS or a new local cluster")
+    parser.add_argument("--ray-timeout", type=positive_float, default=None, metavar="SECONDS",
+                        help="batch: how long to wait for the --ray cluster to answer (default 30)")
 
 
 def is_batch(args):
@@ -62,7 +67,7 @@ def run_batch(args, options):
     if not inputs:
         raise Error("no input: give audio files, globs, folders or --manifest FILE")
     jobs = plan_jobs(inputs, args.output_dir, args.format)
-    os.makedirs(args.output_dir, exist_ok=True)
+    check_output_dir(args.output_dir)
     settings = Settings(args.model, args.device, args.format, options, quantize=args.quantize)
     # Resume: a complete output exists (outputs are written atomically), so the job is done.
     todo = [job for job in jobs if not os.path.exists(job.output)]
@@ -72,10 +77,24 @@ def run_batch(args, options):
         if job not in todo:
             progress.skipped += 1
     if args.ray is not None:
-        from ..batch.ray import run_ray
-        run_ray(todo, settings, args.workers, args.ray or None, on_outcome=progress.add)
+        from ..batch.ray import CONNECT_TIMEOUT_S, run_ray
+        run_ray(todo, settings, args.workers, args.ray or None, on_outcome=progress.add,
+                timeout=args.ray_timeout or CONNECT_TIMEOUT_S)
     else:
         from ..batch.local import run_local
         run_local(todo, settings, args.workers or 1, on_outcome=progress.add)
     progress.summary()
     return 1 if progress.failed else 0
+
+
+def check_output_dir(folder):
+    """Create --output-dir and write (and remove) a probe file in it, before any model loads: a
+    folder that cannot be written would otherwise fail every file after transcribing it."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".tallow-probe-", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise Error(f"--output-dir {folder}: cannot write there ({e.strerror or e}); "
+                    "choose a folder you can write to") from None
+    os.close(fd)
+    os.unlink(probe)
