@@ -455,7 +455,40 @@ def test_nan_and_inf_samples_are_a_format_error(tmp_path, use_numpy):
     with pytest.raises(FormatError) as e:
         A.load_audio(path, use_numpy=use_numpy)
     msg = str(e.value)
-    assert "broken.wav" in msg and "3 of 20000 samples are NaN or infinite" in msg and "sample 1234" in msg, msg
+    assert "broken.wav" in msg and "3 of 20000 samples are NaN, infinite or larger than 100 in magnitude" in msg and "sample 1234" in msg, msg
+
+
+@pytest.mark.parametrize("use_numpy", PATHS)
+@pytest.mark.parametrize("bits, huge", [(32, 1e20), (32, 3e38), (32, -101.0), (64, 1e300), (64, 32767.0)])
+def test_huge_finite_samples_are_a_format_error(tmp_path, use_numpy, bits, huge):
+    """1e20 overflowed the float32 power spectrum to NaN and 1 s transcribed as "!!!!..." (exit 0);
+    float64's 1e300 becomes inf in float32; 32767 is an int16 value stored as a float."""
+    x = np.zeros(20000, f"<f{bits // 8}")
+    x[700], x[19000] = huge, 100.0  # 100 is the largest magnitude allowed
+    path = tmp_path / "loud.wav"
+    path.write_bytes(make_wav(x.tobytes(), code=3, bits=bits, rate=22050))
+    with pytest.raises(FormatError) as e:
+        A.load_audio(path, use_numpy=use_numpy)
+    msg = str(e.value)
+    assert "loud.wav: 1 of 20000 samples are NaN, infinite or larger than 100 in magnitude" in msg, msg
+    assert "the first at sample 700, 0.03 s" in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("use_numpy", PATHS)
+def test_log_mel_refuses_samples_that_overflow_and_is_exact_at_the_limit(use_numpy):
+    jfk = np.frombuffer(A.load_audio(JFK), np.float32)[:8000]
+    loudest = jfk * np.float32(100 / np.abs(jfk).max())  # peaks at exactly the limit
+    mel = np.array([list(r) for r in A.log_mel_spectrogram(loudest, use_numpy=use_numpy)], np.float32)
+    quiet = np.array([list(r) for r in A.log_mel_spectrogram(loudest / 100, use_numpy=use_numpy)], np.float32)
+    assert np.isfinite(mel).all()
+    np.testing.assert_allclose(mel, quiet + 1.0, atol=1e-4)  # log10 of 100^2 = 4, and (x + 4) / 4
+    for bad in (np.full(8000, 1e20, np.float32), np.array([0.0] * 500 + [-32768] * 10, np.int16)):
+        with pytest.raises(Error, match=r"log_mel_spectrogram: \d+ of \d+ samples are NaN, infinite or larger"):
+            A.log_mel_spectrogram(bad, use_numpy=use_numpy)
+    x = np.zeros((A.N_FRAMES - 1) * A.HOP_LENGTH + A.N_FFT, np.float32)
+    x[-1] = 3e38
+    with pytest.raises(Error, match="log_mel_frames: 1 of"):
+        A.mel.log_mel_frames(x, A.N_FRAMES, use_numpy=use_numpy)
 
 
 def test_mel_windows_equal_the_whole_audio_log_mel():

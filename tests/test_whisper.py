@@ -268,9 +268,39 @@ def test_nan_wav_is_a_clear_cli_error(tiny, tmp_path, capsys):
     code = main(["transcribe", str(path), "--model", str(tiny.name), "--device", "cpu"])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
-    assert "nan.wav: 10 of 16000 samples are NaN or infinite (the first at sample 100" in err, err
-    with pytest.raises(tallow.Error, match="NaN or infinite"):
+    assert "nan.wav: 10 of 16000 samples are NaN, infinite or larger than 100 in magnitude (the first at sample 100" \
+        in err, err
+    with pytest.raises(tallow.Error, match="NaN, infinite or larger"):
         tiny.transcribe(x)  # samples in memory too
+
+
+def _float_wav(path, x):
+    import struct
+    fmt = struct.pack("<HHIIHH", 3, 1, 16000, 64000, 4, 32)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", x.nbytes) + x.tobytes()
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+
+
+@pytest.mark.parametrize("huge", [1e20, 3e38])
+def test_huge_samples_are_a_clear_cli_error_in_any_window(tiny, tmp_path, capsys, huge):
+    """1 s of 1e20 overflowed the log-mel to NaN: "!!!!..." and exit 0. Refused in the first window,
+    and in a later one (tallow transcribe reads long files window by window)."""
+    np = pytest.importorskip("numpy")
+    from tallow.cli import main
+    short = np.random.default_rng(0).uniform(-1, 1, 16000).astype("<f4") * np.float32(huge)
+    long = np.zeros(45 * 16000, "<f4")
+    long[40 * 16000 + 5] = huge  # read only when the second 30 s window is due
+    for name, x, first in (("short.wav", short, "the first at sample 0, 0.00 s"),
+                           ("long.wav", long, "1 of 720000 samples are NaN, infinite or larger than 100 in magnitude "
+                                              "(the first at sample 640005, 40.00 s")):
+        _float_wav(tmp_path / name, x)
+        code = main(["transcribe", str(tmp_path / name), "--model", str(tiny.name), "--device", "cpu"])
+        out, err = capsys.readouterr()
+        lines = err.splitlines()
+        assert code == 2 and len(lines) == 1 and f"{name}: " in lines[0] and first in lines[0], err
+        assert "larger than 100 in magnitude" in lines[0] and "!" not in out
+    with pytest.raises(tallow.Error, match=r"whisper: audio samples: 16000 of 16000 .* larger than 100"):
+        tiny.transcribe(short)
 
 
 def test_two_threads_transcribe_like_one(tiny):

@@ -17,7 +17,7 @@ def load_audio(source, sr=16000, use_numpy=None):
 
     source: a path (str / os.PathLike) or the file's bytes. WAV in any common
     PCM/float layout is decoded natively and resampled with a band-limited
-    polyphase filter; other formats need the ffmpeg binary. NaN or infinite
+    polyphase filter; other formats need the ffmpeg binary. NaN, infinite or huge
     samples are a FormatError.
     """
     out = array("f")

@@ -15,6 +15,7 @@ from operator import mul
 from ..errors import Error
 from .fft import rfft_power
 from .filters import mel_filters
+from .stream import check_samples
 from .wav import numpy_or_none
 
 SAMPLE_RATE = 16000
@@ -52,6 +53,7 @@ def log_mel_spectrogram(samples, n_mels=80, padding=0, filters=None, use_numpy=N
     if n <= N_FFT // 2:
         raise Error(f"log_mel_spectrogram: need more than {N_FFT // 2} samples (with padding) "
                     f"for the reflect padding, got {n}")
+    check_samples(samples, "log_mel_spectrogram")  # huge samples overflow the float32 power spectrum to NaN
     np = numpy_or_none(use_numpy)
     bank = mel_filters(n_mels, filters)
     if np is not None:
@@ -66,6 +68,7 @@ def log_mel_frames(x, n_frames, n_mels=80, filters=None, use_numpy=None):
     if len(x) < (n_frames - 1) * HOP_LENGTH + N_FFT:
         raise Error(f"log_mel_frames: {n_frames} frames need {(n_frames - 1) * HOP_LENGTH + N_FFT} samples, "
                     f"got {len(x)}")
+    check_samples(x, "log_mel_frames")  # the transcriber's streams are checked already: this is for other callers
     np = numpy_or_none(use_numpy)
     bank = mel_filters(n_mels, filters)
     if np is not None:

@@ -1,7 +1,7 @@
 """stream_audio: any audio file or bytes as chunks of mono float32 samples at 16 kHz,
 read, decoded and resampled a chunk at a time, so memory does not grow with the
 length of the audio. WAV is read from the file incrementally; other formats
-stream out of ffmpeg. NaN or infinite samples are a FormatError."""
+stream out of ffmpeg. NaN, infinite or absurdly large samples are a FormatError."""
 import io
 import math
 import os
@@ -12,6 +12,14 @@ from .resample import Resampler
 from .wav import is_wav, open_wav, read_blocks
 
 CHUNK_SECONDS = 10
+# The largest sample magnitude accepted. Float audio's full scale is +-1; a mix may run a
+# few dB over, and 100 is +40 dB, more than any recording. Past it the audio is corrupt
+# or wrongly scaled (integer values stored as floats): Whisper's log-mel leaves the range
+# it was trained on (jfk.wav scaled to a peak of 100 loses words, to 400 transcribes as
+# nothing), and from about 9e16 the float32 power spectrum overflows to NaN, which
+# transcribed 1 s of 1e20 samples as "!!!!..." in 10-18 s.
+MAX_SAMPLE_MAGNITUDE = 100.0
+_RULE = f"NaN, infinite or larger than {MAX_SAMPLE_MAGNITUDE:g} in magnitude"
 
 
 def stream_audio(source, sr=16000, chunk_seconds=CHUNK_SECONDS, use_numpy=None):
@@ -58,41 +66,44 @@ def _wav_chunks(fh, name, sr, chunk_seconds, use_numpy):
 
 
 def finite_chunks(chunks, name, sr):
-    """The chunks, checked: at the first NaN or infinite sample, the rest is only
-    counted, and a FormatError says how many there are and where the first is."""
+    """The chunks, checked: at the first NaN, infinite or out-of-range sample
+    (MAX_SAMPLE_MAGNITUDE) the rest is only counted, and a FormatError says how many
+    there are and where the first is."""
     seen = 0
     chunks = iter(chunks)
     for chunk in chunks:
-        bad, first = count_non_finite(chunk)
+        bad, first = count_unusable(chunk)
         if bad:
             where, total = seen + first, seen + len(chunk)
             for rest in chunks:
-                bad += count_non_finite(rest)[0]
+                bad += count_unusable(rest)[0]
                 total += len(rest)
             raise FormatError(
-                f"{name}: {bad} of {total} samples are NaN or infinite (the first at sample {where}, "
-                f"{where / sr:.2f} s): the audio is corrupt; re-export it from its source")
+                f"{name}: {bad} of {total} samples are {_RULE} (the first at sample {where}, {where / sr:.2f} s; "
+                "float audio's full scale is -1 to 1): the audio is corrupt; re-export it from its source")
         seen += len(chunk)
         yield chunk
 
 
-def count_non_finite(chunk):
-    """(how many samples are NaN or +-inf, index of the first one or None)."""
+def count_unusable(chunk):
+    """(how many samples are NaN, +-inf or beyond MAX_SAMPLE_MAGNITUDE, index of the first or None)."""
+    limit = MAX_SAMPLE_MAGNITUDE
     if hasattr(chunk, "__array_interface__"):
         import numpy as np
 
-        ok = np.isfinite(chunk)
+        ok = (chunk >= -limit) & (chunk <= limit)  # False for NaN; no abs(), which wraps int16's -32768
         if ok.all():
             return 0, None
         return int(ok.size - np.count_nonzero(ok)), int(np.argmin(ok))
-    if all(map(math.isfinite, chunk)):
+    if len(chunk) == 0 or all(map(math.isfinite, chunk)) and -limit <= min(chunk) and max(chunk) <= limit:
         return 0, None
-    bad = [i for i, v in enumerate(chunk) if not math.isfinite(v)]
+    bad = [i for i, v in enumerate(chunk) if not -limit <= v <= limit]
     return len(bad), bad[0]
 
 
 def check_samples(samples, name="audio samples"):
-    """Raise an Error if an in-memory signal has NaN or infinite samples."""
-    bad, first = count_non_finite(samples)
+    """Raise an Error if an in-memory signal has NaN, infinite or out-of-range samples."""
+    bad, first = count_unusable(samples)
     if bad:
-        raise Error(f"{name}: {bad} of {len(samples)} samples are NaN or infinite (the first at index {first})")
+        raise Error(f"{name}: {bad} of {len(samples)} samples are {_RULE} (the first at index {first}): float "
+                    "audio's full scale is -1 to 1 (integer samples? divide int16 ones by 32768)")
