@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from array import array
 from pathlib import Path
 
@@ -185,13 +186,37 @@ def test_transcribing_silence_says_no_speech(worker):
                                        on_progress=lambda j: windows.append(json.loads(j))))
     assert out["no_speech"] is True and out["duration"] == 2.0
     assert all(s["no_speech_prob"] > worker.NO_SPEECH_THRESHOLD for s in out["segments"])
-    assert len(windows) == 1 and windows[0]["done_s"] == 2.0 and windows[0]["left_s"] == 0
+    done = [w for w in windows if w["stage"] == "window"]
+    assert len(done) == 1 and done[0]["done_s"] == 2.0 and done[0]["left_s"] == 0
+
+
+def test_progress_inside_a_window_names_the_stage_and_counts_the_tokens(worker):
+    """The page shows progress inside a 30 s window (a minute or more on a slow device): the audio's
+    duration first (the page's estimate), then the encoder, then every decoded token."""
+    pytest.importorskip("numpy")
+    _whisper(worker)
+    wav = (REPO_ROOT / "tests" / "data" / "jfk.wav").read_bytes()
+    segments, progress = [], []
+    out = json.loads(worker.transcribe("whisper", _JsBytes(wav), False, segments.append, timestamps=False,
+                                       on_progress=lambda j: progress.append(json.loads(j))))
+    assert out["text"] == ("And so my fellow Americans ask not what your country can do for you, "
+                           "ask what you can do for your country.")
+    stages = [p["stage"] for p in progress]
+    assert stages[:2] == ["audio", "encoding"] and stages[-1] == "window", stages
+    assert progress[0]["duration"] == 11.0 and progress[0]["done_s"] == 0 and progress[0]["left_s"] is None
+    decoding = [p for p in progress if p["stage"] == "decoding"]
+    # one message per decoder call: the prompt's, then one per token up to <|endoftext|>
+    assert [p["tokens"] for p in decoding] == list(range(1, len(decoding) + 1))
+    tokens = worker.state["models"]["whisper"].tokenizer.encode(" " + out["text"], add_special_tokens=False)
+    assert len(decoding) >= len(tokens)
+    assert all(p["done_s"] == 0 for p in decoding) and progress[-1]["done_s"] == 11.0
+    assert not {"encode", "start", "decode_step"} & set(vars(worker.state["models"]["whisper"]))  # unwrapped
 
 
 def test_window_progress_estimates_the_time_left_from_the_time_per_second_so_far(worker, monkeypatch):
     from tallow.models import whisper_transcribe
-    worker.state["models"]["stub"] = object()
-    clock = iter([100.0, 106.0, 107.0, 108.0])  # start, after window 1 (6 s), after window 2, the end
+    worker.state["models"]["stub"] = types.SimpleNamespace(encode=None, start=None, decode_step=None)
+    clock = iter([100.0, 100.0, 106.0, 107.0, 108.0])  # start, audio read, after window 1 (6 s), after window 2, the end
     monkeypatch.setattr(worker.time, "perf_counter", lambda: next(clock))
 
     def fake_transcribe(model, samples, on_window, **kw):
@@ -203,8 +228,9 @@ def test_window_progress_estimates_the_time_left_from_the_time_per_second_so_far
     windows = []
     out = json.loads(worker.transcribe("stub", _JsBytes(array("f", [0.0] * 16000 * 35).tobytes()), True, print,
                                        on_progress=lambda j: windows.append(json.loads(j))))
-    assert windows == [{"done_s": 30.0, "duration": 35.0, "elapsed_s": 6.0, "left_s": 1.0},
-                       {"done_s": 35.0, "duration": 35.0, "elapsed_s": 7.0, "left_s": 0.0}]
+    assert windows == [{"stage": "audio", "done_s": 0.0, "duration": 35.0, "elapsed_s": 0.0, "left_s": None, "tokens": 0},
+                       {"stage": "window", "done_s": 30.0, "duration": 35.0, "elapsed_s": 6.0, "left_s": 1.0, "tokens": 0},
+                       {"stage": "window", "done_s": 35.0, "duration": 35.0, "elapsed_s": 7.0, "left_s": 0.0, "tokens": 0}]
     assert out["no_speech"] is True and out["seconds"] == 8.0
 
 

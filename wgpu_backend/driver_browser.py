@@ -61,9 +61,11 @@ async def request_device():
         raise DeviceError("wgpu device is not available: this browser has no WebGPU (navigator.gpu is missing); "
                           "Chrome/Edge 113+ or a browser with WebGPU enabled is needed")
     adapter = await gpu.requestAdapter()
-    if adapter is None:
-        raise DeviceError("wgpu device is not available: navigator.gpu.requestAdapter() found no adapter "
-                          "(WebGPU is disabled or blocklisted for this GPU)")
+    # No adapter resolves to JS null, which reaches Python as pyodide.ffi.jsnull (not None) in
+    # Pyodide 0.28+: Chrome on Linux without a GPU driver has navigator.gpu yet no adapter.
+    if adapter is None or adapter is getattr(ffi, "jsnull", None):
+        raise DeviceError("wgpu device is not available: no WebGPU adapter (navigator.gpu.requestAdapter() found "
+                          "none: WebGPU is disabled here, or the GPU or its driver is missing or blocklisted)")
     features = ["shader-f16"] if adapter.features.has("shader-f16") else []
     limits = {name: getattr(adapter.limits, name) for name in _LIMITS}
     device = await adapter.requestDevice(_to_js(ffi, js, {"requiredFeatures": features, "requiredLimits": limits}))

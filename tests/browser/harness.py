@@ -28,6 +28,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-
                  # a fake microphone (a beep) without a permission prompt, and audio that starts unprompted
                  "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
                  "--autoplay-policy=no-user-gesture-required"]
+AXE = os.path.join(WEB, "node_modules", "axe-core", "axe.min.js")
 # Messages Chromium itself prints for a headless, GPU-less machine; they are not page errors.
 BENIGN_CONSOLE = ("Failed to create WebGPU Context Provider",)
 
@@ -38,6 +39,8 @@ def missing_requirements():
         return f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or set $TALLOW_CHROMIUM)"
     if not os.path.exists(os.path.join(WEB, "node_modules", "pyodide", "pyodide.mjs")):
         return f"no Pyodide npm package in {WEB}/node_modules (run `npm ci` in web/)"
+    if not os.path.exists(AXE):
+        return f"no axe-core in {WEB}/node_modules (run `npm ci` in web/)"
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -185,12 +188,22 @@ class DemoBrowser:
             page.screenshot(path=os.path.join(self.artifacts, f"{name}.png"), full_page=True)
 
     def wait_for_text(self, page, selector, timeout_s):
-        """Wait until `selector` has text or the error box shows; returns (text, error text)."""
+        """Wait until `selector` exists with text or the error box shows; returns (text, error text)."""
         page.wait_for_function(
-            """(sel) => document.querySelector(sel).textContent.trim() ||
+            """(sel) => (document.querySelector(sel) && document.querySelector(sel).textContent.trim()) ||
                         !document.getElementById('error').hidden""", arg=selector, timeout=timeout_s * 1000)
         error = page.inner_text("#error") if page.is_visible("#error") else ""
-        return page.inner_text(selector).strip(), error
+        text = page.evaluate("(sel) => document.querySelector(sel) ? document.querySelector(sel).innerText : ''", selector)
+        return text.strip(), error
+
+    @staticmethod
+    def axe_violations(page, impacts=("serious", "critical")):
+        """axe-core's accessibility rules on the page as it is now (web/node_modules/axe-core, a dev
+        dependency): [(rule id, impact, help, [selectors])] of the violations of these impacts."""
+        page.add_script_tag(path=AXE)
+        found = page.evaluate("""async () => (await axe.run(document)).violations.map(
+            (v) => [v.id, v.impact, v.help, v.nodes.map((n) => n.target.join(' '))])""")
+        return [tuple(v) for v in found if v[1] in impacts]
 
     def dismiss_error(self, page):
         page.evaluate("document.getElementById('error').hidden = true")

@@ -13,6 +13,7 @@ const worker = new Worker(workerUrl, { type: "module" });
 let nextId = 1;
 const pending = new Map(); // id -> {resolve, reject, onEvent, status}
 const loaded = new Map(); // model key -> load info
+const progressOf = new Map(); // model key -> {state, storage}: the table's cells while it loads
 let manifest = { models: {} };
 let site = {};
 let info = null;
@@ -49,6 +50,11 @@ function mb(bytes) {
   return `${(bytes / 1e6).toFixed(1)} MB`;
 }
 
+// Where a model runs, in plain words (the worker says wgpu, cpu or python).
+function deviceName(device) {
+  return device === "wgpu" ? "WebGPU" : device === "cpu" ? "the CPU (numpy)" : "the CPU (pure Python)";
+}
+
 function duration(seconds) {
   if (seconds < 90) return `${Math.max(1, Math.round(seconds))} s`;
   if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
@@ -66,8 +72,16 @@ function showProgress(msg, panel) {
   const text = msg.total ? `${msg.stage}: ${mb(msg.loaded)} of ${mb(msg.total)}${file}` : `${msg.stage}…`;
   setStatus(text, panel);
   if (msg.model) {
-    const cell = document.querySelector(`#models tr[data-model="${msg.model}"] .state`);
-    if (cell) cell.textContent = msg.total ? `${mb(msg.loaded)} of ${mb(msg.total)}` : msg.stage;
+    // the table follows the load: its state, and the storage column while files download
+    const live = { state: msg.total ? `${mb(msg.loaded)} of ${mb(msg.total)}` : msg.stage,
+                   storage: msg.stage.startsWith("Downloading") ? `downloading (${mb(msg.loaded)} of ${mb(msg.total)})` : null };
+    progressOf.set(msg.model, live);
+    const row = document.querySelector(`#models tr[data-model="${msg.model}"]`);
+    if (row) {
+      row.querySelector(".state").textContent = live.state;
+      if (live.storage) row.querySelector(".storage").textContent = live.storage;
+    }
+    refreshCacheSoon();
   }
   const bar = panel === "speech" ? $("speech-progress") : panel === "models" ? $("progress") : null;
   if (bar) {
@@ -179,7 +193,8 @@ function showDevice() {
   const note = $("cpu-note");
   const warnings = [cpuWarning("whisper"), cpuWarning("llm")].filter(Boolean);
   note.hidden = !warnings.length;
-  note.textContent = warnings.length ? `Without WebGPU this page computes in pure Python. ${warnings.join(" ")} ` +
+  note.textContent = warnings.length ? `Without WebGPU this page computes in pure Python. ` +
+    `${warnings.map((w) => w.replace(/^No WebGPU: on/, "On")).join(" ")} ` +
     "Use Chrome or Edge with WebGPU for usable speed." : "";
 }
 
@@ -197,18 +212,24 @@ function showModels() {
     const tr = document.createElement("tr");
     tr.dataset.model = key;
     const l = loaded.get(key);
-    const state = l ? `loaded on ${l.device} in ${l.seconds.toFixed(1)} s` : m.missing || "not loaded";
-    tr.innerHTML = `<td></td><td>${m.bytes ? mb(m.bytes) : "—"}</td><td class="storage"></td><td class="state"></td><td class="actions"></td>`;
-    tr.cells[0].textContent = m.title;
-    tr.cells[2].textContent = key.startsWith("local-") ? "from disk" : storageText(key, m);
-    tr.cells[3].textContent = state;
+    // the load time is the one the status line gave: from the request to the model being ready
+    const live = !l && progressOf.get(key);
+    const state = l ? `loaded on ${deviceName(l.device)} in ${l.load_s.toFixed(1)} s` : live ? live.state : m.missing || "not loaded";
+    tr.innerHTML = '<td><span class="title"></span><span class="size"></span></td><td class="storage"></td>' +
+      '<td><span class="state"></span><span class="actions"></span></td>';
+    tr.querySelector(".title").textContent = m.title;
+    tr.querySelector(".size").textContent = m.bytes ? mb(m.bytes) : "size unknown";
+    tr.querySelector(".storage").textContent = key.startsWith("local-") ? "from disk" :
+      (live && live.storage) || storageText(key, m);
+    tr.querySelector(".state").textContent = state;
+    const actions = tr.querySelector(".actions");
     if (!m.missing && !l) {
       const b = document.createElement("button");
       b.textContent = "Load";
       b.setAttribute("aria-label", `Load ${m.title}`);
       b.disabled = !info;
       b.onclick = () => ensureModel(key, "models").catch((e) => fail(e, "models"));
-      tr.cells[4].append(b);
+      actions.append(b);
     }
     const c = cacheState.models[key];
     if (c && c.bytes) {
@@ -216,10 +237,19 @@ function showModels() {
       d.textContent = "Delete";
       d.setAttribute("aria-label", `Delete the cached files of ${m.title}`);
       d.onclick = () => deleteCached(key).catch((e) => fail(e, "models"));
-      tr.cells[4].append(d);
+      actions.append(d);
     }
     body.append(tr);
   }
+}
+
+// At most one cache-list a second while a download reports progress (each finished part shows).
+let refreshTimer = null;
+function refreshCacheSoon() {
+  if (refreshTimer) return;
+  refreshTimer = setTimeout(() => {
+    refreshCache().catch(() => {}).finally(() => (refreshTimer = null));
+  }, 1000);
 }
 
 async function refreshCache() {
@@ -241,17 +271,22 @@ const loading = new Map();
 function ensureModel(key, panel) {
   if (!loading.has(key)) {
     const p = request("load", { model: key }, null, [], panel).then((v) => {
+      progressOf.delete(key);
       loaded.set(key, v);
       showModels();
       showChatModels();
-      setStatus(`${manifest.models[key].title} loaded on ${v.device} in ${v.load_s.toFixed(1)} s` +
+      setStatus(`${manifest.models[key].title} loaded on ${deviceName(v.device)} in ${v.load_s.toFixed(1)} s` +
         `${v.from_cache === v.bytes ? " (files from browser storage)" : ` (${mb(v.bytes - v.from_cache)} downloaded)`}.`, panel);
       $("progress").hidden = true;
       showLanguageChoice();
       refreshCache().catch(() => {});
       return v;
     });
-    p.catch(() => loading.delete(key));
+    p.catch(() => {
+      loading.delete(key);
+      progressOf.delete(key);
+      showModels();
+    });
     loading.set(key, p);
   }
   return loading.get(key);
@@ -286,34 +321,65 @@ function showLanguageChoice() {
 
 let lastTranscript = null;
 let speechBusy = 0;
+const secondsPerWindow = new Map(); // device -> the last transcription's seconds per 30 s window there
+
+// Seconds a transcription of this much audio should take: the last run on this device when there
+// was one (30 s windows cost about the same whatever they hold), else the CPU measured at boot.
+function speechEstimate(audioSeconds, device) {
+  const windows = Math.max(1, Math.ceil(audioSeconds / 30));
+  if (secondsPerWindow.has(device)) return secondsPerWindow.get(device) * windows;
+  return device === "wgpu" ? null : estimateSeconds("whisper", audioSeconds);
+}
 
 async function transcribe(fields, transfer, label) {
   const key = modelOfKind("whisper");
   if (!key) throw new Error("no speech model on this site: run `tallow fetch whisper-tiny.en` and rebuild");
   speechBusy += 1;
+  const shown = $("transcript");
   $("segments").innerHTML = "";
-  $("transcript").textContent = "";
+  $("timings").hidden = true;
+  shown.textContent = "";
+  delete shown.dataset.done;
   $("speech-stats").textContent = "";
   $("export").hidden = true;
   try {
     if (!loaded.has(key)) await ensureModel(key, "speech");
-    const audioSeconds = fields.samples ? fields.audio.length / 16000 : null;
-    const estimate = audioSeconds !== null ? estimateSeconds("whisper", audioSeconds) : null;
-    setStatus(`Transcribing ${label}…${estimate ? ` (no WebGPU: about ${duration(estimate)})` : ""}`, "speech");
+    const device = loaded.get(key).device;
+    let estimate = null;
+    setStatus(`Transcribing ${label}…`, "speech");
     const bar = $("speech-progress");
     bar.hidden = false;
-    bar.removeAttribute("value"); // indeterminate until the first window is done
+    bar.removeAttribute("value"); // indeterminate until the worker has read the audio
     const onEvent = (msg) => {
       if (msg.type === "segment") {
+        // the text grows as each part is decoded; the times go to the list under it
+        shown.textContent += msg.segment.text;
         const li = document.createElement("li");
         li.textContent = `[${msg.segment.start.toFixed(2)} → ${msg.segment.end.toFixed(2)}] ${msg.segment.text.trim()}`;
         $("segments").append(li);
       } else if (msg.type === "window") {
-        bar.value = msg.done_s / msg.duration;
-        const left = msg.left_s !== null && msg.done_s < msg.duration ? `, about ${duration(msg.left_s)} left` : "";
-        setStatus(`Transcribing ${label}: ${msg.done_s.toFixed(0)} of ${msg.duration.toFixed(0)} s of audio done${left}.`, "speech");
-      } else if (msg.type === "started") {
-        setStatus(`Transcribing ${label}…${estimate ? ` (no WebGPU: about ${duration(estimate)})` : ""}`, "speech");
+        if (msg.stage === "audio") estimate = speechEstimate(msg.duration, device);
+        const left = msg.left_s !== null ? msg.left_s : estimate !== null ? Math.max(0, estimate - msg.elapsed_s) : null;
+        const leftText = left !== null && msg.done_s < msg.duration ? `, about ${duration(left)} left` : "";
+        const done = `${msg.done_s.toFixed(0)} of ${msg.duration.toFixed(0)} s of audio done${leftText}`;
+        // Inside a window: the encoder hears up to 30 s, then the decoder writes its text token by
+        // token. Speech runs 3-4 tokens a second: a guess that keeps the bar moving (the line
+        // gives the true count).
+        const windowSeconds = Math.min(30, msg.duration - msg.done_s);
+        const within = msg.stage === "decoding" ? Math.min(0.9, msg.tokens / Math.max(8, 4 * windowSeconds)) : 0;
+        bar.value = Math.min(1, (msg.done_s + within * windowSeconds) / msg.duration);
+        if (msg.stage === "audio") {
+          setStatus(`Transcribing ${label} (${duration(msg.duration)} of audio)` +
+            `${estimate !== null ? `: about ${duration(estimate)} on ${deviceName(device)}` : ""}…`, "speech");
+        } else if (msg.stage === "encoding") {
+          setStatus(`Transcribing ${label}: ${done}; listening to the next ${duration(windowSeconds)}…`, "speech");
+        } else if (msg.stage === "decoding") {
+          setStatus(`Transcribing ${label}: ${done}; writing it down, ${msg.tokens} word piece${msg.tokens === 1 ? "" : "s"} so far…`, "speech");
+        } else {
+          setStatus(`Transcribing ${label}: ${done}.`, "speech");
+        }
+      } else if (msg.type === "started") {  // after "Queued…": it runs now
+        setStatus(`Transcribing ${label}…`, "speech");
       }
     };
     const language = $("multilingual").hidden ? null : $("language").value || null;
@@ -322,12 +388,17 @@ async function transcribe(fields, transfer, label) {
       onEvent, transfer, "speech");
     bar.hidden = true;
     lastTranscript = r;
-    $("transcript").textContent = r.no_speech ? (r.text ? `No speech detected (the model rates it as probably not speech; ` +
+    secondsPerWindow.set(device, r.seconds / Math.max(1, Math.ceil(r.duration / 30)));
+    shown.textContent = r.no_speech ? (r.text ? `No speech detected (the model rates it as probably not speech; ` +
       `its guess was “${r.text}”).` : "No speech detected.") : r.text;
-    $("transcript").dataset.noSpeech = r.no_speech ? "1" : "";
+    shown.dataset.noSpeech = r.no_speech ? "1" : "";
+    shown.dataset.done = "1";
     $("export").hidden = r.no_speech;
     if (r.no_speech) $("segments").innerHTML = ""; // the guesses streamed in while it ran
-    $("speech-stats").textContent = `${r.duration.toFixed(1)} s of audio in ${r.seconds.toFixed(1)} s: real-time factor ${r.rtf.toFixed(2)} (on ${loaded.get(key).device})`;
+    $("timings").hidden = r.no_speech || !$("segments").children.length;
+    const ratio = r.rtf >= 1 ? `it took ${r.rtf.toFixed(1)}x as long as the audio lasts` :
+      `${(1 / r.rtf).toFixed(1)}x quicker than the audio lasts`;
+    $("speech-stats").textContent = `${r.duration.toFixed(1)} s of audio in ${r.seconds.toFixed(1)} s on ${deviceName(device)}: ${ratio}.`;
     setStatus(r.no_speech ? `No speech detected in ${label}.` : `Transcribed ${label}: ${r.segments.length} segment${r.segments.length === 1 ? "" : "s"}.`, "speech");
     return r;
   } finally {
@@ -453,7 +524,10 @@ $("chat-form").onsubmit = guarded(async (ev) => {
     const maxTokens = Number($("max-tokens").value) || 64;
     const onEvent = (msg) => {
       if (msg.type === "prefill") {
-        const rate = lastPrefillRate || (info.cpu_speed ? info.cpu_speed.flops_per_s / manifest.models[key].cost.flops_per_token : null);
+        // prompt tokens/s: the last reply's, else (no WebGPU) the CPU measured at boot; a model
+        // opened from disk has no cost in the manifest, so its first prompt has no estimate
+        const cost = manifest.models[key].cost;
+        const rate = lastPrefillRate || (info.cpu_speed && cost ? info.cpu_speed.flops_per_s / cost.flops_per_token : null);
         setStatus(`Reading your ${msg.prompt_tokens}-token prompt${rate ? ` (about ${duration(msg.prompt_tokens / rate)})` : ""}…`, "chat");
       } else if (msg.type === "token") {
         reply.textContent += msg.text;
@@ -468,7 +542,7 @@ $("chat-form").onsubmit = guarded(async (ev) => {
     reply.dataset.done = "1";
     if (r.prefill_tokens_per_s) lastPrefillRate = r.prefill_tokens_per_s;
     $("chat-stats").textContent = `${r.token_ids.length} tokens, ${r.tokens_per_s.toFixed(2)} tokens/s after a ${r.prompt_tokens}-token prompt ` +
-      `(${r.prefill_tokens_per_s.toFixed(1)} tokens/s), ${r.finish_reason} (on ${loaded.get(key).device})`;
+      `(${r.prefill_tokens_per_s.toFixed(1)} tokens/s), ${r.finish_reason} (on ${deviceName(loaded.get(key).device)})`;
     setStatus(r.stopped ? "Stopped." : "Done.", "chat");
   } catch (e) {
     history.pop();
@@ -524,7 +598,7 @@ async function openFromDisk(files, title) {
   showChatModels();
   showLanguageChoice();
   if (v.kind === "llm") $("chat-model").value = key;
-  setStatus(`${title} loaded on ${v.device} in ${v.load_s.toFixed(1)} s.`);
+  setStatus(`${title} loaded on ${deviceName(v.device)} in ${v.load_s.toFixed(1)} s.`);
   return v;
 }
 

@@ -9,7 +9,9 @@
 //                                    Face folder's files); weights are read in slices, never whole
 //   transcribe {model, audio, samples, timestamps, language, task}
 //                                    Float32Array at 16 kHz (samples) or WAV bytes; streams
-//                                    "segment" and "window" (progress, time left) messages
+//                                    "segment" and "window" messages: {stage: "audio" (its duration
+//                                    is known), "encoding", "decoding" (tokens so far) or "window"
+//                                    (one more 30 s window done, time left), done_s, duration}
 //   chat {model, messages, maxTokens} streams "prefill" then "token" messages
 //   cache-list / cache-delete {model} what the Cache API holds per model; drop a model's files
 //   run {code}                       test builds only (site.json lists test_hooks.py): evaluate
@@ -92,7 +94,7 @@ async function boot() {
     if (site.python.includes("test_hooks.py")) testHooks = py.pyimport("tallow_web_test_hooks");
     manifest = await (await fetch("models/manifest.json")).json();
     const wantGpu = !params.has("cpu");
-    progress("Probing WebGPU", 0, 0, { boot: true });
+    progress("Checking for WebGPU", 0, 0, { boot: true });
     // (a JS null would reach Python as JsNull, not None: pass the option only when it is set)
     const info = JSON.parse(await api.boot(wantGpu, ...(MAX_BINDING_MB === null ? [] : [Number(MAX_BINDING_MB)])));
     if (info.device !== "wgpu") {
@@ -270,7 +272,8 @@ async function loadFromManifest(msg) {
     if (isWeights(f.name)) weights = { name: f.name, file: new SlicedFile(blob) };
     else py.FS.writeFile(`${dir}/${f.name}`, new Uint8Array(await blob.arrayBuffer()));
   }
-  progress(`Loading ${msg.model} into tallow`, total, total, { model: msg.model });
+  const what = entry.kind === "whisper" ? "the speech model" : entry.kind === "llm" ? "the chat model" : entry.title;
+  progress(`Loading ${what}`, 0, 0, { model: msg.model });
   const info = JSON.parse(await api.load_model_from_js.callPromising(msg.model, dir, weights.name, weights.file, msg.device || "auto"));
   return { ...info, ...sliceStats([weights.file]), bytes: total, from_cache: fromCache,
            load_s: (performance.now() - started) / 1000, heap_bytes: heapBytes() };

@@ -39,7 +39,9 @@ async def boot(want_gpu=True, max_binding_mb=None):
                            "adapter_max_storage_binding": driver.limits["max_storage_binding"],
                            "max_buffer": limits["max_buffer"]}
             state["device"] = dev
-        except Exception as e:  # no WebGPU, no adapter, or a driver failure: say so and fall back
+        except tallow.errors.Error as e:  # no WebGPU or no adapter: say why in plain words and fall back
+            state["gpu_error"] = str(e).removeprefix("wgpu device is not available: ")
+        except Exception as e:  # a driver failure: name it, and fall back
             state["gpu_error"] = f"{type(e).__name__}: {e}"
     if state["device"] is None:
         state["device"] = tallow.Device("cpu" if info["numpy"] else "python")
@@ -169,12 +171,55 @@ def _model(key):
     return model
 
 
+class _WindowStages:
+    """Progress inside a 30 s window, which takes a minute or more on a slow device: tallow's
+    transcribe() reports whole windows only, so for one call the model's encode and decode_step
+    are wrapped (instance attributes over the methods, removed afterwards) to report "encoding"
+    when the encoder starts and "decoding" with the tokens decoded so far (a fallback retry at a
+    higher temperature starts the count again)."""
+
+    NAMES = ("encode", "start", "decode_step")
+
+    def __init__(self, model, report):
+        self.model, self.report, self.tokens = model, report, 0
+
+    def __enter__(self):
+        model = self.model
+        encode, start, decode_step = model.encode, model.start, model.decode_step
+
+        def encoding(mel):
+            self.report("encoding", 0)
+            return encode(mel)
+
+        def starting(features):
+            self.tokens = 0
+            return start(features)
+
+        def decoding(ids, state, positions=(-1,)):
+            logits = decode_step(ids, state, positions)
+            self.tokens += 1
+            self.report("decoding", self.tokens)
+            return logits
+
+        self.own = {name: vars(model)[name] for name in self.NAMES if name in vars(model)}
+        model.encode, model.start, model.decode_step = encoding, starting, decoding
+        return self
+
+    def __exit__(self, *exc):
+        for name in self.NAMES:  # back to the methods (or what the instance held before)
+            if name in self.own:
+                setattr(self.model, name, self.own[name])
+            else:
+                delattr(self.model, name)
+
+
 def transcribe(key, audio, is_samples, on_segment, timestamps=True, on_progress=None, language=None, task="transcribe"):
     """audio: a Float32Array of 16 kHz mono samples (is_samples) or the bytes of a WAV file.
     timestamps=False decodes without timestamp tokens: one segment per 30 s window.
-    on_progress gets JSON {done_s, duration, elapsed_s, left_s} after each 30 s window: left_s
-    extrapolates the time per second of audio so far. language/task: for multilingual models
-    (None: detect the language)."""
+    on_progress gets JSON {stage, done_s, duration, elapsed_s, left_s, tokens}: stage "audio" once the
+    audio is read (its duration: the page's estimate), "encoding" and "decoding" (tokens so far)
+    inside each window, "window" after each 30 s window: left_s extrapolates the time per second of
+    audio so far. language/task: for multilingual models (None: detect the language)."""
     from tallow.models.whisper_transcribe import transcribe as run
 
     model = _model(key)
@@ -191,16 +236,24 @@ def transcribe(key, audio, is_samples, on_segment, timestamps=True, on_progress=
     def segment(seg):
         on_segment(_json({"start": seg.start, "end": seg.end, "text": seg.text}))
 
-    def window(done_s):
+    done = [0.0]  # seconds of audio done: where the current window starts
+
+    def report(stage, tokens=0):
         if on_progress is None:
             return
-        done_s = min(done_s, duration)
         elapsed = time.perf_counter() - started
-        left = elapsed / done_s * (duration - done_s) if done_s > 0 else None
-        on_progress(_json({"done_s": done_s, "duration": duration, "elapsed_s": elapsed, "left_s": left}))
+        left = elapsed / done[0] * (duration - done[0]) if done[0] > 0 else None
+        on_progress(_json({"stage": stage, "done_s": done[0], "duration": duration, "elapsed_s": elapsed,
+                           "left_s": left, "tokens": tokens}))
 
-    result = run(model, samples, timestamps=timestamps, on_segment=segment, on_window=window,
-                 language=language or None, task=task or "transcribe")
+    def window(done_s):
+        done[0] = min(done_s, duration)
+        report("window")
+
+    report("audio")
+    with _WindowStages(model, report):
+        result = run(model, samples, timestamps=timestamps, on_segment=segment, on_window=window,
+                     language=language or None, task=task or "transcribe")
     seconds = time.perf_counter() - started
     segments = [{"start": s.start, "end": s.end, "text": s.text, "no_speech_prob": s.no_speech_prob}
                 for s in result.segments if s.text.strip()]
