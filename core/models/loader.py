@@ -67,10 +67,12 @@ def load_directory(path, device=None, dtype=None, weights=None):
 def load_gguf(path, device=None, dtype=None):
     """A decoder from a llama.cpp GGUF file; the tokenizer comes from its metadata."""
     from .. import io
+    from ..quant.cpu_matmul import load_ahead
     from .gguf_names import GGUFWeights, config_from_gguf
     reader = io.open(path, format="gguf")
     arch, raw = config_from_gguf(reader)
     cfg = DecoderConfig(raw, source=path)
+    load_ahead(default_device() if device is None else Device(device))  # (a cold CPU compiles here, saying so)
     model = _build(arch.model_class, GGUFWeights(reader, raw, arch), cfg, device, dtype)
     if "tokenizer.ggml.model" in reader.metadata:
         from ..tokenizer import Tokenizer

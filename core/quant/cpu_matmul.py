@@ -71,6 +71,21 @@ def kernels():
     return _state["module"]
 
 
+def load_ahead(device):
+    """Called as a model that runs the kernels on this device starts loading (a GGUF decoder,
+    Whisper): on the CPU, link the kernels' machine code now, compiling it first where this
+    machine has none yet, which says so on stderr at once (native_kernels.py) rather than
+    seconds later at the first product, after a silent wait. Nothing else changes: kernels()
+    still puts them to use where it did."""
+    if str(device) != "cpu" or os.environ.get("TALLOW_CPU_KERNELS", "1") == "0" or "module" in _state:
+        return
+    import importlib.util
+    if importlib.util.find_spec("numba") is None:
+        return
+    from . import native_kernels
+    native_kernels.load_all()
+
+
 def kernel_status():
     """Which quantised kernels this process runs, in words (for `tallow devices`); loads nothing."""
     import importlib.util

@@ -19,12 +19,18 @@ libm); an object that needs another one, or any failure here, leaves that kernel
 
 TALLOW_NATIVE_KERNELS=0 turns this off (numba's own cache then loads every kernel); so does
 NUMBA_DISABLE_JIT=1, under which the kernels run as Python.
+
+Compiling all entries takes about half a minute, once per machine (and again after an upgrade
+of tallow or numba changes the key): a process that must compile says so on stderr before it
+starts, with a count as each entry is done (silence looked like a hang), and `tallow warmup`
+(`warm()`) compiles them ahead, as `make setup` does. A warm process prints nothing.
 """
 import glob
 import json
 import os
 import sys
 import threading
+import time
 
 ENTRIES = {  # name: (module in tallow.quant, kernel, argument kinds, result kind)
     "quantize_rows": ("cpu_int_kernels", "quantize_rows", ("f32[2]", "i64", "i16[2]", "f32[2]", "i32[2]"), "void"),
@@ -58,8 +64,11 @@ SOURCES = ("cpu_atomics", "cpu_decode_kernels", "cpu_int_kernels", "cpu_kernels"
 DTYPES = {"f32": "float32", "f64": "float64", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
           "u32": "uint32"}
 
+# About what one entry takes to compile: the 14 took 29 s on the 2-core x86 box (0.1-9 s each, measured)
+COMPILE_SECONDS = 2
+
 _lock = threading.RLock()
-_state: dict = {}  # "folder", "engine", "resolvable", "errors"; per entry name: its wrapper or None
+_state: dict = {}  # "folder", "engine", "resolvable", "errors", "notice"; per entry name: its wrapper or None
 
 
 def enabled():
@@ -103,6 +112,35 @@ def load_all():
     linked at the start, where RSS is low (measured)."""
     for name in ENTRIES:
         kernel(name)
+    _finish_notice()
+
+
+def missing():
+    """The entries whose machine code is not in the cache for this machine yet (what a first run
+    would compile). Imports llvmlite (the key names the host CPU), not numba."""
+    folder = _folder()
+    return [name for name in ENTRIES if not os.path.exists(os.path.join(folder, name + ".json"))]
+
+
+def warm():
+    """Compile every entry missing from the cache and link them all, as a cold process's first
+    use would, even where TALLOW_NATIVE_KERNELS=0 keeps this process on numba (`tallow warmup`).
+    Returns the names it compiled; errors() says which failed. numba's own cache (cache=True, in
+    $NUMBA_CACHE_DIR, else __pycache__ beside the kernel sources when writable, else the user's
+    cache folder) gets the kernels it compiled on the way."""
+    compiled = missing()
+    with _lock:
+        _state["ahead"] = True  # (the notice need not suggest `tallow warmup` to itself)
+        for name in ENTRIES:
+            if _state.get(name) is None:
+                _state[name] = _load_entry(name)
+    _finish_notice()
+    return compiled
+
+
+def cache_folder():
+    """Where this machine's entries are cached: $TALLOW_HOME/cpu_kernels/<key>."""
+    return _folder()
 
 
 def numba_kernel(name):
@@ -127,7 +165,11 @@ def _load_entry(name):
         folder = _folder()
         path = os.path.join(folder, name)
         if not os.path.exists(path + ".json"):
-            _compile(name, path)
+            _announce(folder)
+            try:
+                _compile(name, path)
+            finally:
+                _progress()
         with open(path + ".json") as f:
             manifest = json.load(f)
         with open(path + ".o", "rb") as f:
@@ -236,6 +278,51 @@ def _link(name, code, manifest):
 
 
 # ---- compiling (once per key, with numba) --------------------------------------------------------
+
+def _say(text, end="\n"):
+    err = sys.stderr
+    if err is not None:
+        err.write(text + end)
+        err.flush()
+
+
+def _announce(folder):
+    """Once per process, before the first compile (before numba's import): what is happening and
+    for about how long. Counts what is missing now, so a run that finds half the cache compiles half."""
+    if "notice" in _state and not _state["notice"]["finished"]:
+        return
+    todo = sum(not os.path.exists(os.path.join(folder, name + ".json")) for name in ENTRIES)
+    tty = bool(getattr(sys.stderr, "isatty", None) and sys.stderr.isatty())
+    _state["notice"] = {"done": 0, "todo": todo, "start": time.perf_counter(), "tty": tty,
+                        "finished": False}
+    hint = "" if _state.get("ahead") else "; `tallow warmup` does this ahead"
+    _say(f"tallow: compiling the CPU kernels for this machine, once ({todo} kernels, about "
+         f"{COMPILE_SECONDS * todo} s{hint})...")
+    if tty:
+        _say(f"tallow: 0/{todo} CPU kernels compiled", end="")
+
+
+def _progress():
+    notice = _state["notice"]
+    notice["done"] += 1
+    line = f"tallow: {notice['done']}/{notice['todo']} CPU kernels compiled"
+    if notice["tty"]:  # one line, rewritten
+        _say("\r" + line, end="")
+    else:
+        _say(line)
+    if notice["done"] >= notice["todo"]:
+        _finish_notice()
+
+
+def _finish_notice():
+    notice = _state.get("notice")
+    if notice is None or notice["finished"]:
+        return
+    notice["finished"] = True
+    seconds = time.perf_counter() - notice["start"]
+    _say(f"{chr(13) if notice['tty'] else ''}tallow: {notice['done']} CPU kernels compiled in {seconds:.1f} s, "
+         f"cached in {_state['folder']}")
+
 
 def _kinds(name):
     _module, _function, args, ret = ENTRIES[name]
