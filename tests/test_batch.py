@@ -357,3 +357,54 @@ def test_ray_connect_ends_on_sigterm_and_sigint(clips, tmp_path, silent_server, 
             proc.communicate()
     assert proc.returncode == returncode, stderr
     assert "Traceback" not in stderr
+
+
+class _FakeRay:
+    """Just enough of Ray for run_ray's scheduling: actors run their job when asked for it."""
+
+    class exceptions:
+        RayError = RuntimeError
+
+    def __init__(self, cpus):
+        self.cpus, self.actors = cpus, 0
+
+    def cluster_resources(self):
+        return {"CPU": float(self.cpus)}
+
+    def remote(self, **options):
+        fake = self
+
+        def make(cls):
+            class Handle:
+                def __init__(self, settings):
+                    fake.actors += 1
+                    self.run = self
+
+                def remote(self, source, output):
+                    return ("done", source, output)
+            return type("ActorClass", (), {"remote": staticmethod(Handle)})
+        return make
+
+    def wait(self, refs, num_returns=1):
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref):
+        from tallow.batch.worker import Outcome
+        return Outcome(ref[1], ref[2], ref[0])
+
+    def kill(self, actor):
+        pass
+
+
+def test_ray_workers_are_capped_at_the_clusters_cpus(monkeypatch, capsys):
+    """An actor holds its CPU until the batch ends, so one more than the cluster can place never runs its files."""
+    from tallow.batch import ray as batch_ray
+    from tallow.batch.inputs import Job
+    fake = _FakeRay(cpus=2)
+    monkeypatch.setattr(batch_ray, "import_ray", lambda: type("R", (), {"is_initialized": staticmethod(lambda: True)}))
+    monkeypatch.setattr(batch_ray, "check_model", lambda settings: None)
+    monkeypatch.setattr(batch_ray, "connect", lambda address, timeout: fake)
+    jobs = [Job(f"in/{i}.wav", f"out/{i}.txt") for i in range(6)]
+    outcomes = batch_ray.run_ray(jobs, settings=None, workers=8)
+    assert fake.actors == 2 and sorted(o.source for o in outcomes) == sorted(j.source for j in jobs)
+    assert "has 2 CPUs: using 2 workers, not 8" in capsys.readouterr().err

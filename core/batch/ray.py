@@ -15,6 +15,7 @@ thread meanwhile, so Ctrl-C and SIGTERM end the driver at once."""
 import logging
 import os
 import socket
+import sys
 import threading
 
 from .worker import ModelError, Outcome, check_model, load_or_error
@@ -133,9 +134,11 @@ def run_ray(jobs, settings, workers=None, address=None, on_outcome=None, timeout
         probe(address)  # a dead address is refused before the model loads
     check_model(settings)
     ray = connect(address, timeout)
-    if workers is None:
-        workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    workers = min(workers, len(jobs))
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    if workers is not None and workers > cpus:
+        # Each actor holds a CPU until the batch ends: one that cannot be placed would never run its files.
+        print(f"tallow: the Ray cluster has {cpus} CPUs: using {cpus} workers, not {workers}", file=sys.stderr)
+    workers = min(workers or cpus, cpus, len(jobs))
     actor_class = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=TASK_RETRIES)(_Actor)
     actors = [actor_class.remote(settings) for _ in range(workers)]
     idle = list(range(workers))
