@@ -231,11 +231,13 @@ def _as_stop_ids(model, stop_tokens):
 
 
 def check_prompt_fits(model, n_prompt):
-    """A prompt must leave the context window room for at least one new token."""
+    """A prompt must leave the context window room for at least one new token.
+    n_prompt None: the tokenizer stopped counting past window - 1 (Tokenizer.encode's limit)."""
     window = model.context_window
-    if n_prompt >= window:
+    if n_prompt is None or n_prompt >= window:
+        size = f"more than {window - 1}" if n_prompt is None else n_prompt
         raise ContextWindowError(
-            f"the prompt is {n_prompt} tokens but {model.config.source} has a context window of {window} "
+            f"the prompt is {size} tokens but {model.config.source} has a context window of {window} "
             f"positions, and the reply needs at least one more: shorten the prompt, or in a chat drop the "
             f"oldest turns (chat(..., history_policy='drop_oldest'); `tallow chat --drop-oldest-turns`)")
 
@@ -310,10 +312,13 @@ def _decode(model, ids, max_tokens, sampler, stop_ids, cache, stats):
 
 
 def _prompt_ids(model, prompt, add_special_tokens=True):
+    """The prompt's ids; None for a text with more tokens than the window holds (the tokenizer
+    stops counting there rather than tokenizing a huge prompt to the end)."""
     if isinstance(prompt, str):
         if model.tokenizer is None:
             raise Error("this model has no tokenizer; pass token ids instead of text")
-        return model.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        return model.tokenizer.encode(prompt, add_special_tokens=add_special_tokens,
+                                      limit=max(model.context_window - 1, 0))
     return prompt  # token ids: checked by generate_ids
 
 
@@ -328,7 +333,7 @@ def stream(model, prompt, max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, m
         manual_seed(seed)
     sampler = Sampler(temperature, top_k, top_p, min_p, repetition_penalty)
     ids = _prompt_ids(model, prompt, add_special_tokens)
-    check_prompt_fits(model, len(ids))  # now, not at the first next()
+    check_prompt_fits(model, None if ids is None else len(ids))  # now, not at the first next()
     out = TextStream(None)
 
     def pieces():
@@ -376,7 +381,8 @@ def chat(model, messages, stream=False, history_policy="error", **options):
     if history_policy == "drop_oldest":
         messages, ids = fit_history(model, messages, options.get("max_tokens", 256))
     else:
-        ids = chat_prompt_ids(model, messages)
+        ids = chat_prompt_ids(model, messages, limit=max(model.context_window - 1, 0))
+        check_prompt_fits(model, None if ids is None else len(ids))
     s = _stream(model, ids, **options)
     s.messages = list(messages)
     return s if stream else s.text()

@@ -37,9 +37,10 @@ class AddedTokenMatcher:
         self.regex = re.compile("|".join(re.escape(c) for c in contents)) if contents else None
 
     def split(self, text):
+        """(piece, id or None) in order, lazily (a long prompt holds no list of pieces)."""
         if self.regex is None or not text:
-            return [(text, None)]
-        out = []
+            yield (text, None)
+            return
         offset = 0
         for m in self.regex.finditer(text):
             start, stop = m.span()
@@ -58,9 +59,8 @@ class AddedTokenMatcher:
                 while stop < len(text) and is_white_space(text[stop]):
                     stop += 1
             if offset < start:
-                out.append((text[offset:start], None))
-            out.append((text[start:stop], tok.id))
+                yield (text[offset:start], None)
+            yield (text[start:stop], tok.id)
             offset = stop
         if offset < len(text):
-            out.append((text[offset:], None))
-        return out
+            yield (text[offset:], None)

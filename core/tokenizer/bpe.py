@@ -5,6 +5,7 @@ lowest-ranked merge, leftmost first (a heap of (rank, position)). Results are
 cached per word, so a chat prompt with repeated words costs one dict lookup
 per repeat.
 """
+import array
 import heapq
 
 from ..errors import FormatError
@@ -36,6 +37,19 @@ class BPE:
                 raise FormatError(f"BPE merge {left!r} {right!r} uses a token missing from the vocabulary: "
                                   f"{e}") from None
         self._cache = {}
+        # A token covers at most as many characters of a word as its string has.
+        self.max_token_chars = max(map(len, vocab), default=1)
+
+    def min_tokens(self, word):
+        """A lower bound on len(self.tokenize(word)) found without tokenizing it: each character
+        that is itself in the vocabulary becomes a symbol, and a token holds at most
+        max_token_chars of them (0 with a subword prefix or suffix, which change the lookups)."""
+        if self.prefix or self.suffix:
+            return 0
+        vocab = self.vocab
+        if all(ch in vocab for ch in set(word)):
+            return len(word) // self.max_token_chars
+        return sum(1 for ch in word if ch in vocab) // self.max_token_chars
 
     @staticmethod
     def parse_merges(raw):
@@ -104,31 +118,36 @@ class BPE:
         return ids
 
     def _merge(self, ids):
+        """Apply merges lowest rank first, leftmost on ties. The links are arrays and a heap
+        entry is one int (rank << 32 | position), so a 10 MB word takes ~60 bytes a
+        character rather than ~200 (a list of tuples)."""
         n = len(ids)
         if n < 2:
             return ids
         merges = self.merges
-        nxt = list(range(1, n + 1))
-        prv = list(range(-1, n - 1))
-        alive = [True] * n
+        nxt = array.array("q", range(1, n + 1))
+        prv = array.array("q", range(-1, n - 1))
+        alive = bytearray(b"\x01") * n
         heap = []
         for i in range(n - 1):
             m = merges.get((ids[i], ids[i + 1]))
             if m is not None:
-                heap.append((m[0], i, m[1]))
+                heap.append(m[0] << 32 | i)
         heapq.heapify(heap)
         while heap:
-            rank, pos, new_id = heapq.heappop(heap)
+            key = heapq.heappop(heap)
+            rank, pos = key >> 32, key & 0xFFFFFFFF
             if not alive[pos]:
                 continue
             right = nxt[pos]
             if right >= n:
                 continue
             m = merges.get((ids[pos], ids[right]))
-            if m is None or m[1] != new_id:
+            if m is None or m[0] != rank:
                 continue  # a stale entry: one side has merged since
+            new_id = m[1]
             ids[pos] = new_id
-            alive[right] = False
+            alive[right] = 0
             after = nxt[right]
             nxt[pos] = after
             if after < n:
@@ -137,9 +156,9 @@ class BPE:
             if before >= 0:
                 m = merges.get((ids[before], new_id))
                 if m is not None:
-                    heapq.heappush(heap, (m[0], before, m[1]))
+                    heapq.heappush(heap, m[0] << 32 | before)
             if after < n:
                 m = merges.get((new_id, ids[after]))
                 if m is not None:
-                    heapq.heappush(heap, (m[0], pos, m[1]))
+                    heapq.heappush(heap, m[0] << 32 | pos)
         return [t for t, a in zip(ids, alive) if a]

@@ -2,6 +2,18 @@
 import json
 
 from ..errors import FormatError, UnsupportedError
+from .regex_safety import check_spec
+
+_FIRST_PREFIX = 1 << 16  # characters encoded whole, limit or not
+_CUT_SLACK = 1024  # characters before a prefix's cut whose tokens are taken as settled
+
+
+def _panic(e):
+    """The library's Rust panics (e.g. Oniguruma's retry limit on a backtracking regex) reach
+    Python as pyo3_runtime.PanicException, a BaseException: anything else is re-raised."""
+    if type(e).__name__ != "PanicException":
+        raise e
+    return str(e).strip().splitlines()[-1:] or ["a Rust panic"]
 
 
 def available():
@@ -21,11 +33,15 @@ class LibraryTokenizer:
         except ImportError:
             raise UnsupportedError("backend='tokenizers' needs the `tokenizers` package "
                                    "(pip install tokenizers)") from None
+        check_spec(spec, source)  # Oniguruma would give up with a panic at encode time
         try:
             # unescaped text parses faster (byte-level vocabularies are mostly non-ASCII): -20 ms
             self.tok = tokenizers.Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
         except Exception as e:  # the library raises plain Exception on bad JSON
             raise FormatError(f"{source}: the tokenizers library refused it: {e}") from None
+        except BaseException as e:
+            raise FormatError(f"{source}: the tokenizers library failed on it: {_panic(e)[0]}") from None
+        self.source = source
         self.size = self.tok.get_vocab_size(with_added_tokens=True)
         _trim_heap()
 
@@ -36,11 +52,30 @@ class LibraryTokenizer:
     def id_to_token(self, tid):
         return self.tok.id_to_token(tid)
 
-    def encode(self, text, add_special_tokens=True):
+    def encode(self, text, add_special_tokens=True, limit=None):
+        """Token ids of `text`; None when they number more than `limit`. A long text is
+        then encoded a growing prefix at a time, stopping once the prefix's tokens (all but
+        those near the cut, which a longer text may tokenize differently) pass the limit:
+        a 10 MB prompt cost the library 1.3 GB and 6 s to learn it did not fit."""
+        if limit is not None:
+            end = max(_FIRST_PREFIX, 8 * (limit + 1))
+            while end < len(text):
+                offsets = self._encode(text[:end], False).offsets
+                settled = end - _CUT_SLACK
+                if sum(1 for _, stop in offsets if stop <= settled) > limit:
+                    return None
+                end *= 2
+        ids = self._encode(text, add_special_tokens).ids
+        return None if limit is not None and len(ids) > limit else ids
+
+    def _encode(self, text, add_special_tokens):
         try:
-            return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+            return self.tok.encode(text, add_special_tokens=add_special_tokens)
         except Exception as e:  # e.g. a Unigram model meeting an unknown character with no unk_id
             raise FormatError(f"the tokenizers library cannot encode {text!r:.60}: {e}") from None
+        except BaseException as e:
+            raise FormatError(f"{self.source}: the tokenizers library failed encoding {text!r:.60}: "
+                              f"{_panic(e)[0]}") from None
 
     def _check(self, ids):
         for tid in ids:
@@ -50,7 +85,10 @@ class LibraryTokenizer:
     def decode(self, ids, skip_special_tokens=False):
         ids = list(ids)
         self._check(ids)
-        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        try:
+            return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        except BaseException as e:
+            raise FormatError(f"{self.source}: the tokenizers library failed decoding: {_panic(e)[0]}") from None
 
 
 def _trim_heap():

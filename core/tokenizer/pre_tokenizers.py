@@ -5,11 +5,12 @@ library; the model (BPE, Unigram) then runs on each final piece separately.
 `first` says whether pieces[0] begins the text (nothing, not even an added
 token, before it): Metaspace's prepend_scheme "first" needs to know.
 """
+import itertools
 import re
 
 from ..errors import FormatError
 from .byte_level import GPT2_PATTERN, encode_bytes
-from .splitting import split
+from .splitting import BEHAVIORS, split
 from .unicode_classes import compile_pattern, property_class_body
 
 
@@ -27,12 +28,11 @@ def _byte_level(spec):
     regex = compile_pattern(GPT2_PATTERN) if spec.get("use_regex", True) else None
 
     def run(pieces, first=False):
-        out = []
         for piece in pieces:
             if add_prefix_space and not piece.startswith(" "):
                 piece = " " + piece
-            out.extend(split(regex, piece, "Isolated") if regex is not None else [piece])
-        return [encode_bytes(p) for p in out]
+            for p in (split(regex, piece, "Isolated") if regex is not None else (piece,)):
+                yield encode_bytes(p)
     return run
 
 
@@ -46,13 +46,11 @@ def _metaspace(spec):
     split_on = re.compile(re.escape(replacement)) if spec.get("split", True) else None
 
     def run(pieces, first=False):
-        out = []
         for i, piece in enumerate(pieces):
             piece = piece.replace(" ", replacement)
             if not piece.startswith(replacement) and (scheme == "always" or (scheme == "first" and first and i == 0)):
                 piece = replacement + piece
-            out.extend(split(split_on, piece, "MergedWithNext") if split_on is not None else [piece])
-        return out
+            yield from (split(split_on, piece, "MergedWithNext") if split_on is not None else (piece,))
     return run
 
 
@@ -67,16 +65,34 @@ def prepend_scheme(spec):
 
 
 def _splitter(regex, behavior, invert=False):
+    if behavior not in BEHAVIORS:
+        raise FormatError(f"Split behavior {behavior!r} is not one of {', '.join(BEHAVIORS)}")
+
     def run(pieces, first=False):
-        out = []
         for piece in pieces:
-            out.extend(split(regex, piece, behavior, invert))
-        return out
+            yield from split(regex, piece, behavior, invert)
     return run
 
 
+def _chained(step, pieces, first):
+    """(step's pieces, whether their first still begins the text), reading both lazily."""
+    if not first:
+        return step(pieces, False), False
+    pieces = iter(pieces)
+    head = next(pieces, None)
+    if head is None:
+        return iter(()), False
+    out = iter(step(itertools.chain((head,), pieces), True))
+    lead = next(out, None)
+    if lead is None:
+        return iter(()), False
+    # Still the text's start only if this step kept the first piece's beginning.
+    return itertools.chain((lead,), out), head.startswith(lead)
+
+
 def build(spec):
-    """tokenizer.json "pre_tokenizer" object (or None) -> function(pieces) -> pieces."""
+    """tokenizer.json "pre_tokenizer" object (or None) -> function(pieces) -> iterable of pieces,
+    computed lazily (one piece at a time, whatever the text's length)."""
     if spec is None:
         return None
     kind = spec.get("type")
@@ -96,10 +112,7 @@ def build(spec):
 
         def run(pieces, first=False):
             for step in steps:
-                head = pieces[0] if pieces else ""
-                pieces = step(pieces, first)
-                # Still the text's start only if this step kept the first piece's beginning.
-                first = first and bool(pieces) and head.startswith(pieces[0])
+                pieces, first = _chained(step, pieces, first)
             return pieces
         return run
     raise FormatError(f"tokenizer pre_tokenizer type {kind!r} is not supported by tallow's pure-Python tokenizer")

@@ -16,10 +16,17 @@ def _component(source, spec, key, build):
         raise FormatError(f"{source}: {key} = {value!r:.80}: must be an object or null")
     try:
         return build(value)
+    except FormatError as e:
+        if str(e).startswith(source):
+            raise
+        raise FormatError(f"{source}: {key}: {e}") from None
     except (Error, NotImplementedError):
         raise
     except (TypeError, AttributeError, KeyError, ValueError, IndexError) as e:
         raise FormatError(f"{source}: {key} is malformed ({type(e).__name__}: {e})") from None
+
+
+_LONG_WORD = 4096  # characters: a word longer than this is checked against the limit first
 
 
 class PythonTokenizer:
@@ -64,8 +71,10 @@ class PythonTokenizer:
             return tok.content
         return self.id_to_vocab.get(tid)
 
-    def _encode_piece(self, text, out, first):
-        """Text free of raw added tokens -> ids appended to `out`; `first`: it begins the text."""
+    def _encode_piece(self, text, out, first, limit):
+        """Text free of raw added tokens -> ids appended to `out`; `first`: it begins the text.
+        Pieces are made and tokenized one at a time, so memory stays linear and small;
+        False once `out` holds more than `limit` ids (the rest is not tokenized)."""
         if self.normalizer is not None:
             text = self.normalizer(text)
         for i, (piece, tid) in enumerate(self.normalized_matcher.split(text)):
@@ -74,20 +83,33 @@ class PythonTokenizer:
                 continue
             if not piece:
                 continue
-            words = self.pre_tokenizer([piece], first and i == 0) if self.pre_tokenizer is not None else [piece]
+            words = self.pre_tokenizer([piece], first and i == 0) if self.pre_tokenizer is not None else (piece,)
             for w in words:
+                # A huge word (a 10 MB run of letters) need not be merged to know it passes the limit.
+                if limit is not None and len(w) > _LONG_WORD and len(out) + self._min_tokens(w) > limit:
+                    return False
                 out.extend(self.model.tokenize(w))
+                if limit is not None and len(out) > limit:
+                    return False
+        return True
 
-    def encode(self, text, add_special_tokens=True):
+    def _min_tokens(self, word):
+        bound = getattr(self.model, "min_tokens", None)
+        return bound(word) if bound is not None else 0
+
+    def encode(self, text, add_special_tokens=True, limit=None):
+        """Token ids of `text`; None as soon as they are known to number more than `limit`."""
         ids = []
         for i, (piece, tid) in enumerate(self.raw_matcher.split(text)):
             if tid is not None:
                 ids.append(tid)
-            elif piece:
-                self._encode_piece(piece, ids, i == 0)
+            elif piece and not self._encode_piece(piece, ids, i == 0, limit):
+                return None
+            if limit is not None and len(ids) > limit:
+                return None
         if add_special_tokens and self.post_processor is not None:
             ids = self.post_processor(ids)
-        return ids
+        return None if limit is not None and len(ids) > limit else ids
 
     def decode_tokens(self, ids, skip_special_tokens=False):
         tokens = []

@@ -7,6 +7,7 @@ from ..errors import DTypeError, FormatError, IndexRangeError, UnsupportedError
 from ..json_file import read_json
 from . import chat_template, hf_backend, timestamps
 from .gguf_vocab import to_tokenizer_json
+from .piece_cache import PieceCache
 from .python_backend import PythonTokenizer
 from .stream import StreamDecoder
 
@@ -55,6 +56,7 @@ class Tokenizer:
         self._special_ids = dict(special_ids or {})
         self.chat_template = chat_template
         self._timestamp_begin = timestamps.timestamp_begin(self._impl)
+        self._pieces = PieceCache(self._impl, spec.get("added_tokens") or [])
 
     # construction -------------------------------------------------------
 
@@ -138,10 +140,24 @@ class Tokenizer:
     def vocab_size(self):
         return self._impl.size
 
-    def encode(self, text, add_special_tokens=True):
+    def encode(self, text, add_special_tokens=True, limit=None):
+        """Token ids of `text`. With `limit`, None when there would be more than `limit`
+        ids: the work stops soon after the limit, not at the end of a huge text."""
         if not isinstance(text, str):
             raise FormatError(f"encode expects a str, got {type(text).__name__}")
-        return self._impl.encode(text, add_special_tokens)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise DTypeError(f"encode: limit must be an int >= 0 or None, got {limit!r:.40}")
+        return self._impl.encode(text, add_special_tokens, limit)
+
+    def encode_reusing(self, text, limit=None):
+        """encode(text, add_special_tokens=False, limit), reusing the ids of the pieces between
+        added tokens that earlier calls met: a chat history re-rendered every turn costs only
+        its new text (see piece_cache.py)."""
+        if not isinstance(text, str):
+            raise FormatError(f"encode expects a str, got {type(text).__name__}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise DTypeError(f"encode: limit must be an int >= 0 or None, got {limit!r:.40}")
+        return self._pieces.encode(text, limit)
 
     def decode(self, ids, skip_special_tokens=False, decode_with_timestamps=False):
         """Text of token ids. Whisper's timestamp ids are dropped, or written as "<|1.02|>"

@@ -147,10 +147,13 @@ def translate(pattern):
 def compile_pattern(pattern):
     """Compile an Oniguruma-style tokenizer regex with the stdlib `re`."""
     import re
+
+    from .regex_safety import check
+    check(pattern)
     try:
         return re.compile(translate(pattern))
-    except re.error as e:
-        raise FormatError(f"tokenizer regex {pattern!r} cannot be compiled: {e}") from None
+    except (re.error, RecursionError, OverflowError) as e:
+        raise FormatError(f"tokenizer regex {pattern!r:.80} cannot be compiled: {e}") from None
 
 
 def is_white_space(ch):
