@@ -11,7 +11,8 @@ sits in one layer, and a module only imports modules of its own layer or below.
                      (model files on disk: known names, downloads, the cache)
     4  generation    sampling and decoding loops over any causal LM (no model class)
     5  models        Llama-family decoders, Whisper, load_model
-    6  batch         transcribing many files over processes or Ray
+    6  apps          built on the public API: transcribing many files over processes or Ray
+                     (batch), the OpenAI-compatible HTTP server (serve)
     7  cli           the `tallow` command
     8  facade        `import tallow` (lazy tallow.load_model, tallow.hub, ...), examples
 
@@ -31,7 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = {"tallow": "core", "tallow_wgpu": "wgpu_backend", "tallow_cuda": "cuda_backend",
             "tallow_metal": "metal_backend"}
 
-FOUNDATION, TENSOR_CORE, IO, BLOCKS, GENERATION, MODELS, BATCH, CLI, FACADE = range(9)
+FOUNDATION, TENSOR_CORE, IO, BLOCKS, GENERATION, MODELS, APPS, CLI, FACADE = range(9)
 
 # Module (or package: it covers everything inside) -> layer. The longest matching name wins.
 LAYERS = {
@@ -53,7 +54,8 @@ LAYERS = {
 
     "tallow.generation": GENERATION,
     "tallow.models": MODELS,
-    "tallow.batch": BATCH,
+    "tallow.batch": APPS,
+    "tallow.serve": APPS,
     "tallow.cli": CLI,
 
     "tallow": FACADE, "tallow.__main__": FACADE, "tallow.examples": FACADE,
@@ -97,6 +99,17 @@ def test_every_module_has_a_layer_and_every_entry_a_module(graph):
 def test_no_module_imports_a_higher_layer(graph):
     bad = [f"{m} (layer {layer_of(m)}) imports {t} (layer {layer_of(t)})" for m, t in upward_imports(graph)]
     assert not bad, "imports against the layer order:\n" + "\n".join(bad)
+
+
+def test_the_server_uses_only_the_public_api(graph):
+    # tallow.serve is an application: load_model, tallow.generation and the errors, as a user's
+    # program would; never a model's or a backend's insides.
+    public = {"tallow.errors", "tallow.models", "tallow.generation"}
+    served = {m: t for m, t in graph.items() if m == "tallow.serve" or m.startswith("tallow.serve.")}
+    assert "tallow.serve.app" in served
+    bad = sorted(f"{m} imports {t}" for m, targets in served.items() for t in targets
+                 if t not in public and not t.startswith("tallow.serve"))
+    assert not bad, "tallow.serve reaches past the public API:\n" + "\n".join(bad)
 
 
 def test_no_import_cycles_outside_the_tensor_core(graph):
