@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "bench": ("tallow.cli.bench", "real-time factor (Whisper) and tokens/s (LLM) on this box"),
     "web": ("tallow.cli.web", "build and serve the in-browser demo (Pyodide + WebGPU)"),
     "gpu": ("tallow.cli.gpu", "measure which matmul kernels suit this WebGPU adapter (`tallow gpu tune`)"),
+    "serve": ("tallow.cli.serve", "an OpenAI-compatible HTTP server (chat, completions, transcriptions)"),
     "warmup": ("tallow.cli.warmup", "compile the CPU kernels for this machine now (once, about 30 s), so the "
                                     "first transcribe or generate runs at full speed"),
 }
