@@ -147,3 +147,14 @@ def test_warmup_without_the_jit_is_one_error_line(tmp_path):
         "tallow warmup: error: NUMBA_DISABLE_JIT=1 is set: numba compiles nothing and the kernels run as Python; "
         "unset it to warm up"]
     assert not (tmp_path / "home").exists()
+
+
+def test_warmup_into_a_cache_it_cannot_write_is_one_error_line_before_any_compile(tmp_path):
+    (tmp_path / "file").write_text("x")
+    env = dict(_env(tmp_path), TALLOW_HOME=str(tmp_path / "file"))
+    done = _tallow(env, "warmup")
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()  # (no compile notice: nothing was compiled)
+    assert line.startswith("tallow warmup: error: ") and "cannot write the kernel cache" in line
+    assert "set TALLOW_HOME" in line
+    assert not (tmp_path / "numba").exists()  # numba compiled nothing

@@ -33,6 +33,14 @@ def run(args):
     if native_kernels.jit_disabled():
         raise Error("NUMBA_DISABLE_JIT=1 is set: numba compiles nothing and the kernels run as Python; "
                     "unset it to warm up")
+    folder = native_kernels.cache_folder()
+    try:  # (a cache that cannot be written would cost the whole compile before saying so)
+        os.makedirs(folder, exist_ok=True)
+        import tempfile
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise Error(f"{folder}: cannot write the kernel cache there ({e.strerror or e}); "
+                    "set TALLOW_HOME to a folder you can write") from None
     start = time.perf_counter()
     compiled = native_kernels.warm()
     seconds = time.perf_counter() - start

@@ -338,6 +338,7 @@ def _kinds(name):
 
 def _compile(name, path):
     """numba compiles entry `name` as a cfunc; its object code and manifest go to path.o / path.json."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)  # (first: a cache that cannot be written fails before the work)
     import numpy as np
 
     scope = {"kernel": numba_kernel(name), "as_strided": np.lib.stride_tricks.as_strided}
@@ -373,7 +374,6 @@ def _compile(name, path):
     external = sorted(f.name for f in library._final_module.functions
                       if f.is_declaration and not f.name.startswith("llvm."))
     external += sorted(g.name for g in library._final_module.global_variables if g.is_declaration)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp + ".o", "wb") as f:
         f.write(code)
