@@ -47,7 +47,12 @@ class Server:
         self.log = open(log_path, "w+")
         self.proc = subprocess.Popen([entry_point(), "serve", "--port", "0", "--device", "cpu", *map(str, args)],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.proc.stdout.readline()  # printed once the models are loaded and the socket listens
+        guard = threading.Timer(HANG_GUARD, self.proc.kill)  # a server that never gets ready fails the test
+        guard.start()
+        try:
+            line = self.proc.stdout.readline()  # printed once the models are loaded and the socket listens
+        finally:
+            guard.cancel()
         match = re.fullmatch(r"tallow serve: (http://127\.0\.0\.1:(\d+)/)\n", line)
         if not match:
             self.stop()
@@ -392,3 +397,21 @@ def test_bad_command_lines_are_one_line(args, says, tmp_path):
                           env=dict(os.environ, TALLOW_HOME=str(tmp_path)))
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and says in done.stderr and done.stderr.startswith("tallow serve")
+
+
+def test_the_systemd_unit_runs_a_command_line_serve_accepts():
+    # edge/tallow-serve.service: its ExecStart parses with `tallow serve`'s own options, and it is
+    # the LAN set-up the README describes (all interfaces, uploads on disk, the key from the environment).
+    import argparse
+    import shlex
+    from tallow.cli import serve as serve_cli
+    unit = (Path(__file__).resolve().parents[1] / "edge" / "tallow-serve.service").read_text()
+    exec_start = shlex.split(re.search(r"^ExecStart=(.*)$", unit, re.M).group(1))
+    assert exec_start[0].endswith("/tallow") and exec_start[1] == "serve"
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    args = parser.parse_args(exec_start[2:])
+    assert args.host == "0.0.0.0" and args.model == ["smollm2-135m-instruct", "whisper-tiny.en"]
+    assert args.upload_dir.startswith("/var/lib/tallow/") and "--api-key" not in exec_start
+    assert re.search(r"^EnvironmentFile=/etc/tallow/serve.env$", unit, re.M)
+    assert serve_cli.API_KEY_ENV == "TALLOW_API_KEY"
