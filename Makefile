@@ -24,7 +24,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 models: $(VENV)/.installed
 	$(BIN)/tallow fetch whisper-tiny.en smollm2-135m-instruct
 
+# `tallow warmup` compiles the CPU kernels into the cache once (~30 s), so the first run is as fast as the next.
 setup: system-deps $(VENV)/.installed models
+	$(BIN)/tallow warmup
 	bash scripts/pyodide_setup.sh
 	cd web && npm ci --no-audit --no-fund --prefer-offline >/dev/null
 
