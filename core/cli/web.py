@@ -9,6 +9,7 @@ runtime, and `tallow fetch whisper-tiny.en smollm2-135m-instruct` the models.
 """
 import importlib.util
 import os
+import sys
 
 from ..errors import Error
 from .args import part_mb, port
@@ -29,8 +30,8 @@ def add_arguments(parser):
 def web_dir():
     """The checkout's web/ folder: beside the folder the `tallow` package is imported from
     (core/ in a checkout), whatever depth this module sits at inside the package."""
-    import tallow  # the package's real folder, through links such as a worktree shim
-    package = os.path.dirname(os.path.realpath(tallow.__file__))
+    top = sys.modules[__package__.partition(".")[0]]  # the `tallow` package, already imported (not a layer import)
+    package = os.path.dirname(os.path.realpath(top.__file__))  # through links such as a worktree shim
     web = os.path.join(os.path.dirname(package), "web")
     if not os.path.isfile(os.path.join(web, "build.py")):
         raise Error(f"tallow web needs a source checkout: the web/ folder is not part of the wheel "
