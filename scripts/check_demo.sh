@@ -29,8 +29,10 @@ grep -q "And so my fellow Americans ask not what your country can do for you" "$
   || fail "the transcription of jfk.wav is not in the output"
 echo "check_demo: make demo serves $url"
 
-curl -fsS "$url" | grep -qi "<html" || fail "the page did not load"
-curl -fsS "${url}worker.mjs" | grep -q "pyodide" || fail "the worker did not load"
+# Fetched to a file, then searched: `curl | grep -q` fails under pipefail when grep stops reading early.
+get() { curl -fsS -o "$site/got" "$1" && grep -qi "$2" "$site/got"; }
+get "$url" "<html" || fail "the page did not load"
+get "${url}worker.mjs" "pyodide" || fail "the worker did not load"
 part=$(curl -fsS "${url}models/manifest.json" | .venv/bin/python -c '
 import json, sys
 files = [f for m in json.load(sys.stdin)["models"].values() for f in m["files"]]
@@ -52,7 +54,7 @@ echo "check_demo: Ctrl-C stopped it"
 plain=$!
 for _ in $(seq 1 30); do grep -q "port" "$site/plain.log" && break; sleep 1; done
 port=$(grep -o 'port [0-9]*' "$site/plain.log" | head -1 | cut -d' ' -f2)
-curl -fsS "http://127.0.0.1:$port/" | grep -qi "<html" || { kill $plain; fail "a plain static server did not serve the built site"; }
+get "http://127.0.0.1:$port/" "<html" || { kill $plain; fail "a plain static server did not serve the built site"; }
 curl -fsS "http://127.0.0.1:$port/worker.mjs" >/dev/null || { kill $plain; fail "no worker in the built site"; }
 kill $plain
 echo "check_demo: tallow web build --out gives a site python -m http.server serves"
