@@ -4,9 +4,9 @@ Backends are found by name and imported only when first used, so `import
 tallow` never imports numpy or a GPU package.
 """
 import importlib
-import os
 
 from .errors import DeviceError
+from .settings import settings
 
 # name -> (module, class, what to install when the import fails)
 _BACKENDS = {
@@ -165,7 +165,7 @@ def default_device():
     (lavapipe, SwiftShader) is slower than numpy. Ask for it with Device("wgpu") or TALLOW_DEVICE=wgpu."""
     global _default
     if _default is None:
-        env = os.environ.get("TALLOW_DEVICE")
+        env = settings().device
         if env:
             _default = Device(env)
         else:

@@ -57,7 +57,7 @@ def test_cpu_replays_give_eager_logits_across_cache_growth(tiny_qwen2, monkeypat
     from tallow.quant import cpu_matmul
     if threads > 1:
         monkeypatch.setattr(cpu_matmul, "PARALLEL_MIN_BYTES", 0)  # every product shared by the threads
-    monkeypatch.setenv("TALLOW_CPU_STEP_PROGRAM", "1" if program else "0")
+    monkeypatch.setenv("TALLOW_CPU", "auto" if program else "replay")
     cpu_matmul.set_threads(threads)
     try:
         model = tallow.load_model(tiny_qwen2, device="cpu")

@@ -32,7 +32,8 @@ def _blocks(q, n_blocks, rng):
 
 @pytest.fixture(autouse=True)
 def _kernels_on(monkeypatch):
-    monkeypatch.delenv("TALLOW_CPU_KERNELS", raising=False)
+    for name in ("TALLOW_CPU", "TALLOW_CPU_KERNELS", "TALLOW_NATIVE_KERNELS", "TALLOW_CPU_STEP_PROGRAM"):
+        monkeypatch.delenv(name, raising=False)
     yield
     monkeypatch.undo()
     cpu_matmul.set_threads(cpu_matmul.thread_count())
@@ -206,7 +207,7 @@ def test_backend_keeps_weights_quantised_with_kernels_and_copies_only_when_asked
     np.testing.assert_allclose((tallow.from_numpy(x) @ w2.T).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)
     assert numpy_backend._DEQUANT_CACHE.used == used + w.size * 4
     monkeypatch.delenv("TALLOW_QUANT_CACHE_MB")
-    monkeypatch.setenv("TALLOW_CPU_KERNELS", "0")  # no kernels (as without numba): today's default copies
+    monkeypatch.setenv("TALLOW_CPU", "numpy")  # no kernels (as without numba): today's default copies
     assert not cpu_matmul.supports("q4_0")
     w3 = quantised()
     np.testing.assert_allclose((tallow.from_numpy(x) @ w3.T).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)

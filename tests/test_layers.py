@@ -1,7 +1,7 @@
 """The architecture as a table: every module of tallow (and of the GPU backend packages)
 sits in one layer, and a module only imports modules of its own layer or below.
 
-    0  foundation    errors, JSON and config-field reading: no tensors
+    0  foundation    errors, settings, JSON and config-field reading: no tensors
     1  tensor core   dtypes, layout, devices, Tensor and its ops, autograd, quantised
                      blocks, and the backends that run them (tallow.backends, with
                      tallow.backends.kernel shared by CUDA and Metal; tallow_wgpu,
@@ -37,7 +37,7 @@ FOUNDATION, TENSOR_CORE, IO, BLOCKS, GENERATION, MODELS, APPS, CLI, FACADE = ran
 # Module (or package: it covers everything inside) -> layer. The longest matching name wins.
 LAYERS = {
     "tallow.errors": FOUNDATION, "tallow.json_file": FOUNDATION, "tallow.config_fields": FOUNDATION,
-    "tallow.version": FOUNDATION,
+    "tallow.version": FOUNDATION, "tallow.settings": FOUNDATION,
 
     "tallow.dtypes": TENSOR_CORE, "tallow.layout": TENSOR_CORE, "tallow.device": TENSOR_CORE,
     "tallow.tensor": TENSOR_CORE, "tallow.creation": TENSOR_CORE, "tallow.functional": TENSOR_CORE,

@@ -77,7 +77,9 @@ def test_a_large_zeros_tensor_on_the_cpu_costs_only_the_pages_written():
 
 FREED_BLOCKS = """
 import numpy as np
-import tallow.backends.numpy_backend  # noqa: F401  (sets the allocation policy)
+import tallow.backends.numpy_backend  # noqa: F401
+import tallow.settings
+tallow.settings.tune_process()  # sets the allocation policy (the CLI calls it; embedders may)
 def rss():
     with open("/proc/self/status") as f:
         return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) * 1024
@@ -91,8 +93,8 @@ print(rss() - before)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc and /proc: Linux only")
 def test_a_freed_large_block_leaves_no_resident_pages():
-    """With the numpy backend loaded, a freed block of 1 MB or more is unmapped, so a prompt's
-    temporaries do not stay resident (map_large_allocations): under glibc's default policy the
+    """With the process tuned (tallow.settings.tune_process), a freed block of 1 MB or more is
+    unmapped, so a prompt's temporaries do not stay resident: under glibc's default policy the
     blocks after the first come from the heap, which keeps them."""
     import subprocess
     done = subprocess.run([sys.executable, "-c", FREED_BLOCKS], capture_output=True, text=True, timeout=120)

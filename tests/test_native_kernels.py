@@ -13,7 +13,7 @@ pytest.importorskip("numba")
 
 from tallow.quant import cpu_matmul, native_kernels  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not native_kernels.enabled(), reason="TALLOW_NATIVE_KERNELS=0 or NUMBA_DISABLE_JIT=1")
+pytestmark = pytest.mark.skipif(not native_kernels.enabled(), reason="TALLOW_CPU=numba or NUMBA_DISABLE_JIT=1")
 
 
 def test_every_entry_loads_as_machine_code():
@@ -89,7 +89,7 @@ def test_a_warm_process_computes_without_importing_numba():
     assert warm.returncode == 0, warm.stderr
     total, imported, errors = warm.stdout.split(" ", 2)
     assert (imported, errors.strip()) == ("False", "[]")
-    off = _child(WARM, TALLOW_NATIVE_KERNELS="0")
+    off = _child(WARM, TALLOW_CPU="numba")
     assert off.returncode == 0, off.stderr
     assert off.stdout.split(" ", 2)[:2] == [total, "True"]  # numba's own kernels: the same product
 
@@ -113,10 +113,10 @@ def test_a_broken_cache_falls_back_to_numba_with_a_reason(tmp_path):
 
 def test_off_switch_and_what_tallow_devices_says():
     done = _child("from tallow.quant import native_kernels; print(native_kernels.kernel('poll'))",
-                  TALLOW_NATIVE_KERNELS="0")
+                  TALLOW_CPU="numba")
     assert done.stdout.strip() == "None"
     assert cpu_matmul.kernels() is not None
     status = "from tallow.quant import cpu_matmul; print(cpu_matmul.kernel_status())"
     assert _child(status).stdout.startswith("machine code compiled by numba")
-    assert _child(status, TALLOW_NATIVE_KERNELS="0").stdout.startswith("numba's")
-    assert _child(status, TALLOW_CPU_KERNELS="0").stdout.startswith("off")
+    assert _child(status, TALLOW_CPU="numba").stdout.startswith("numba's")
+    assert _child(status, TALLOW_CPU="numpy").stdout.startswith("off")

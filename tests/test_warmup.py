@@ -17,7 +17,7 @@ pytest.importorskip("numba")
 from tallow.quant import native_kernels  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not native_kernels.enabled(), reason="TALLOW_NATIVE_KERNELS=0 or NUMBA_DISABLE_JIT=1")
+pytestmark = pytest.mark.skipif(not native_kernels.enabled(), reason="TALLOW_CPU=numba or NUMBA_DISABLE_JIT=1")
 NOTICE = "tallow: compiling the CPU kernels for this machine, once"
 
 
@@ -27,8 +27,8 @@ def _entry_point():
 
 
 def _env(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("TALLOW_CPU_KERNELS", "TALLOW_NATIVE_KERNELS",
-                                                             "TALLOW_DEVICE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("TALLOW_CPU", "TALLOW_CPU_KERNELS", "TALLOW_NATIVE_KERNELS",
+                                                             "TALLOW_CPU_STEP_PROGRAM", "TALLOW_DEVICE")}
     env.update(TALLOW_HOME=str(tmp_path / "home"), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     return env
 
@@ -128,8 +128,8 @@ print("llvmlite" in sys.modules, "numba" in sys.modules)
 
 @pytest.mark.parametrize("devices, env", [
     (["python", "wgpu", "cuda"], {}),  # other devices: nothing loaded, nothing compiled, nothing said
-    (["cpu"], {"TALLOW_CPU_KERNELS": "0"}),  # the kernels switched off
-    (["cpu"], {"TALLOW_NATIVE_KERNELS": "0"}),  # numba's own kernels, compiled on use
+    (["cpu"], {"TALLOW_CPU": "numpy"}),  # the kernels switched off
+    (["cpu"], {"TALLOW_CPU": "numba"}),  # numba's own kernels, compiled on use
 ])
 def test_load_ahead_touches_nothing_where_the_kernels_will_not_run(tmp_path, devices, env):
     """(The CPU with the kernels on compiles and links: the slow tests above.)"""

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tallow import dtypes as D
-from tallow.errors import DeviceError, UnsupportedError
+from tallow.errors import DeviceError, Error, UnsupportedError
 from tallow.layout import Layout
 
 from storage_io import down, up
@@ -122,7 +122,7 @@ def test_binding_limit_setting():
     assert split.binding_limit(1 << 20, 256, env={split.ENV: "4096"}) == 1 << 20  # never above the adapter's
     assert split.binding_limit(1 << 27, 256, requested=70000, env={split.ENV: "1"}) == 69888  # aligned down
     for bad in ("abc", "0", "-1", "nan", "0.001"):
-        with pytest.raises(DeviceError, match=split.ENV):
+        with pytest.raises(Error, match=split.ENV):  # DeviceError for "0.001": below MIN_BINDING
             split.binding_limit(1 << 27, 256, env={split.ENV: bad})
     assert split.row_pieces(10, 100, 1 << 20, 256, "x") == [(0, 10)]
     pieces = split.row_pieces(1000, 102, 16384, 256, "x")  # 34 * 3-byte rows: aligned starts every 128 rows

@@ -13,9 +13,9 @@ TALLOW_WGPU_MAX_BINDING_MB (a float: 0.0625 is 64 KiB) lowers the limit the
 backend assumes, so tests exercise the splitting with small tensors.
 """
 import math
-import os
 
 from tallow.errors import DeviceError, UnsupportedError
+from tallow.settings import Settings, settings
 
 ENV = "TALLOW_WGPU_MAX_BINDING_MB"
 MIN_BINDING = 4096  # below this, kernels' own small buffers would not fit
@@ -24,15 +24,8 @@ MIN_BINDING = 4096  # below this, kernels' own small buffers would not fit
 def binding_limit(adapter_limit, align, requested=None, env=None):
     """The binding size the backend assumes: the adapter's, or a lower one asked for (bytes, or
     $TALLOW_WGPU_MAX_BINDING_MB), rounded down to the offset alignment."""
-    env = os.environ if env is None else env
-    if requested is None and env.get(ENV, "").strip():
-        text = env[ENV].strip()
-        try:
-            mb = float(text)
-        except ValueError:
-            raise DeviceError(f"{ENV}={text!r}: expected a number of MiB (e.g. 0.0625 for 64 KiB)") from None
-        if not math.isfinite(mb) or mb <= 0:
-            raise DeviceError(f"{ENV}={text!r}: expected a positive number of MiB")
+    mb = (settings() if env is None else Settings.from_env(env)).wgpu_max_binding_mb  # checked there
+    if requested is None and mb is not None:
         requested = int(mb * (1 << 20))
     if requested is None:
         return adapter_limit

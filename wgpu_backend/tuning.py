@@ -25,7 +25,7 @@ import threading
 import time
 
 from tallow.backends.gpu_plan import IN_KERNEL_QUANTS
-from tallow.errors import Error
+from tallow.settings import settings
 
 ENV = "TALLOW_WGPU_MATMUL"
 CACHE_FILE = "wgpu_tuning.json"
@@ -73,22 +73,14 @@ def adapter_key(driver):
 
 
 def cache_path():
-    """$TALLOW_HOME/wgpu_tuning.json; $TALLOW_HOME defaults to ~/.cache/tallow as in tallow.hub
-    (a higher layer than this backend, so not imported)."""
-    home = os.environ.get("TALLOW_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "tallow")
-    return os.path.join(home, CACHE_FILE)
+    """$TALLOW_HOME/wgpu_tuning.json (tallow.settings: the folder tallow.hub caches models in)."""
+    return os.path.join(settings().home, CACHE_FILE)
 
 
 def forced():
     """The candidate $TALLOW_WGPU_MATMUL names ("tiled" meaning tiled64), or None."""
-    value = os.environ.get(ENV, "").strip().lower()
-    if not value:
-        return None
-    value = DEFAULT_GPU if value == "tiled" else value
-    if value not in ("simple", *TILES):
-        raise Error(f"${ENV}={os.environ[ENV]!r} names no matmul kernel: use simple, tiled, "
-                    f"{', '.join(TILES)} (or unset it to choose by measurement)")
-    return value
+    value = settings().wgpu_matmul  # one of simple, tiled, *TILES: checked there
+    return DEFAULT_GPU if value == "tiled" else value
 
 
 def read_cache(path):

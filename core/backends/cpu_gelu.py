@@ -8,7 +8,7 @@ float32), a few float32 ulps from the true erf. GELU(x) = x/2 (1 + erf(x/sqrt 2)
 
 `gelu(x)` runs a compiled kernel (quant/cpu_decode_kernels.py: the same float32
 operations in the same order, so the same bits) once the process uses the CPU
-kernels (a quantised model, Whisper on the CPU; not under TALLOW_CPU_KERNELS=0),
+kernels (a quantised model, Whisper on the CPU; not under TALLOW_CPU=numpy),
 else the polynomial as numpy array operations. Measured on Whisper tiny's
 (1500, 1536) fc1 output, one thread: scipy's erf 24 ms of CPU, the numpy
 polynomial 12 ms, the kernel 0.4 ms. GELU alone does not load the kernels.
@@ -76,7 +76,7 @@ def _gelu_numpy(x, out=None):
 def _kernel():
     """The compiled kernels (out of place, in place) once this process uses the CPU kernels
     (quant/cpu_matmul.py: a quantised model, or Whisper on the CPU), else None. GELU alone
-    never loads them, and TALLOW_CPU_KERNELS=0 turns them off."""
+    never loads them, and TALLOW_CPU=numpy turns them off."""
     from ..quant import cpu_matmul
     mod = cpu_matmul.decode_kernels()
     return None if mod is None else (mod.gelu, mod.gelu_in_place)

@@ -7,11 +7,8 @@ resident memory beside the copy for its whole life: 10 MB of SmolLM2-135M Q4_1's
 unmaps them: they stay in the page cache, and a later read faults them back in unchanged.
 """
 import mmap
-import sys
 
 PAGE = mmap.PAGESIZE
-MMAP_THRESHOLD = 1 << 20  # bytes from which glibc's malloc maps a block of its own (see below)
-_mapped: list = []
 
 
 def _mapping_of(array):
@@ -46,19 +43,3 @@ def release_copied(arrays):
             done += last - first
     return done
 
-
-def map_large_allocations():
-    """Once per process (glibc only): blocks of MMAP_THRESHOLD bytes and more get pages of their
-    own, handed back when freed. glibc's default threshold grows to the largest block freed (up to
-    32 MB), after which a prompt's temporaries (Qwen2.5-0.5B's 5 MB gate/up products) came from
-    the heap, and the heap's high-water pages stayed resident while the output head read the rest
-    of the file: 12 MB of a Qwen2.5-0.5B-class run's peak RSS (534 -> 517 MB, with the prompt's
-    tile buffer kept; cpu_matmul._scratch)."""
-    if _mapped or not sys.platform.startswith("linux"):
-        return
-    _mapped.append(True)
-    try:
-        import ctypes
-        ctypes.CDLL(None).mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD (also ends its growth)
-    except (OSError, AttributeError):  # not glibc
-        pass

@@ -8,20 +8,17 @@ import mmap
 import os
 import weakref
 
-from . import blas_env  # noqa: F401  (first: its import sets OpenBLAS's settings before numpy loads OpenBLAS)
-
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..dtypes import bf16, bool_, f16, f32, i64
-from ..errors import Error, ShapeError, UnsupportedError
+from ..errors import ShapeError, UnsupportedError
 from ..layout import numel_of
 from ..quant import cpu_matmul  # (pure Python until the kernels are asked for: they load then)
-from . import cpu_attention, cpu_capture, mapped_pages
+from ..settings import settings
+from . import cpu_attention, cpu_capture
 from .base import Backend
 from .step_recording import StepCapture
-
-mapped_pages.map_large_allocations()  # before the weights and the tokenizer: see there
 
 
 def _bf16_to_f32(bits):
@@ -93,12 +90,9 @@ class _DequantCache:
         self.budget = None
 
     def budget_bytes(self, kernels):
-        env = os.environ.get("TALLOW_QUANT_CACHE_MB")  # read each time: a setting may change at run time
-        if env is not None:
-            try:
-                return int(float(env) * 2**20)
-            except ValueError:
-                raise Error(f"TALLOW_QUANT_CACHE_MB={env!r} is not a number of MB (0 keeps no f32 copies)") from None
+        mb = settings().quant_cache_mb  # asked each time: tests and benchmarks change it at run time
+        if mb is not None:
+            return int(mb * 2**20)
         if kernels:  # the kernels compute on the blocks: copies only when asked for
             return 0
         if self.budget is None:
@@ -165,8 +159,8 @@ _PLAIN = frozenset(("add", "sub", "mul", "maximum", "minimum"))
 
 def _step_program(calls):
     """A captured step's calls as one program for every thread (quant/cpu_program.py, cpu_step.py), or None
-    (TALLOW_CPU_STEP_PROGRAM=0, or a call it does not know: the calls replay one by one)."""
-    if os.environ.get("TALLOW_CPU_STEP_PROGRAM", "1") == "0":
+    (TALLOW_CPU=replay, or a call it does not know: the calls replay one by one)."""
+    if settings().cpu == "replay":
         return None
     from ..quant import cpu_program
     return cpu_program.build(calls)

@@ -8,7 +8,7 @@ import importlib
 import sys
 
 from ..version import __version__
-from ..backends import blas_env  # noqa: F401  (its import sets OpenBLAS's settings before numpy loads)
+from ..settings import tune_process
 
 # name -> (module, help). A module has `add_arguments(parser)` and `run(args)`.
 SUBCOMMANDS = {
@@ -37,6 +37,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def main(argv=None):
+    tune_process()  # first: OpenBLAS reads its setting as numpy loads (tallow.settings)
     parser = OneLineParser(prog="tallow", description="tallow: ML inference in the browser and on edge boxes")
     parser.add_argument("--version", action="version", version=f"tallow {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # subparsers are OneLineParsers too

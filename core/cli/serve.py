@@ -8,6 +8,7 @@ import sys
 
 from .args import port, positive_float, positive_int
 from ..errors import Error
+from ..settings import settings
 
 API_KEY_ENV = "TALLOW_API_KEY"
 
@@ -21,7 +22,7 @@ def add_arguments(parser):
                         help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for the LAN, "
                              "with --api-key)")
     parser.add_argument("--port", type=port, default=8080, help="TCP port (default 8080; 0 picks a free one)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+    parser.add_argument("--api-key", default=settings().api_key,
                         help=f"require 'Authorization: Bearer KEY' on /v1 (default ${API_KEY_ENV}; none: open)")
     parser.add_argument("--max-tokens", type=positive_int, default=2048,
                         help="most new tokens per request, and the default when a request names none (2048)")

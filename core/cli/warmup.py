@@ -9,6 +9,7 @@ import os
 import time
 
 from ..errors import Error
+from ..settings import settings
 
 EPILOG = ("The machine code goes to $TALLOW_HOME/cpu_kernels/ (default ~/.cache/tallow), keyed by the "
           "kernel sources, the numba and llvmlite versions and this CPU; numba's own cache of the kernels goes "
@@ -22,8 +23,8 @@ def add_arguments(parser):
 
 
 def run(args):
-    if os.environ.get("TALLOW_CPU_KERNELS", "1") == "0":
-        print("CPU kernels: off (TALLOW_CPU_KERNELS=0): nothing to compile")
+    if settings().cpu == "numpy":
+        print("CPU kernels: off (TALLOW_CPU=numpy): nothing to compile")
         return 0
     if importlib.util.find_spec("numba") is None:
         print("CPU kernels: numba is not installed, so the CPU device runs numpy and there is nothing to "

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from ..errors import Error, FormatError
+from ..settings import settings
 from ..io.ctranslate2_convert import is_ctranslate2_dir, is_ctranslate2_model, not_converted_error
 from .catalogue import KNOWN
 from .downloads import say
@@ -36,7 +37,7 @@ MARKER = ".complete"
 
 def home():
     """The cache root: $TALLOW_HOME, else ~/.cache/tallow."""
-    return Path(os.environ.get("TALLOW_HOME") or Path.home() / ".cache" / "tallow")
+    return Path(settings().home)
 
 
 def model_dir(name):

@@ -2,7 +2,7 @@
 the numba kernels in cpu_kernels.py, with the argument checks done here.
 
 `kernels()` is the module when it can be used: numba installed and
-$TALLOW_CPU_KERNELS not "0". Otherwise None, and the numpy backend keeps its
+$TALLOW_CPU not "numpy" (tallow.settings). Otherwise None, and the numpy backend keeps its
 dequantise-with-numpy path.
 
 Few rows of x (a decoding step) are quantised to 16 bits in blocks of 32 and
@@ -17,10 +17,10 @@ token 5.0 s instead of 1.3 s). Decoding-step products of at least
 PARALLEL_MIN_BYTES of weights are shared among $TALLOW_THREADS threads (else
 $OMP_NUM_THREADS, else one per core) by cpu_threads.RowPool.
 """
-import os
 import threading
 
-from ..errors import Error, FormatError, ShapeError
+from ..errors import FormatError, ShapeError
+from ..settings import settings
 from .formats import quant_dtype
 
 FUSED_MAX_ROWS = 8  # rows of x up to which the fused kernel beats dequantise-then-BLAS (measured)
@@ -36,20 +36,14 @@ _state: dict[str, object] = {}
 
 def thread_count():
     """Threads for the kernels: $TALLOW_THREADS, else $OMP_NUM_THREADS, else one per core."""
-    for name in ("TALLOW_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(name, "")
-        if value:
-            if not value.isdigit() or int(value) < 1:
-                raise Error(f"{name}={value!r} is not a positive whole number of threads")
-            return int(value)
-    return os.cpu_count() or 1
+    return settings().threads
 
 
 def kernels():
     """The cpu_kernels names (native_kernels.KernelModule), or None when numba is missing or
-    TALLOW_CPU_KERNELS=0. Nothing here imports numba: with the kernels' machine code cached,
+    TALLOW_CPU=numpy. Nothing here imports numba: with the kernels' machine code cached,
     a process never does (native_kernels.py)."""
-    if os.environ.get("TALLOW_CPU_KERNELS", "1") == "0":
+    if settings().cpu == "numpy":
         return None
     if "module" not in _state:
         import importlib.util
@@ -77,7 +71,7 @@ def load_ahead(device):
     machine has none yet, which says so on stderr at once (native_kernels.py) rather than
     seconds later at the first product, after a silent wait. Nothing else changes: kernels()
     still puts them to use where it did."""
-    if str(device) != "cpu" or os.environ.get("TALLOW_CPU_KERNELS", "1") == "0" or "module" in _state:
+    if str(device) != "cpu" or settings().cpu == "numpy" or "module" in _state:
         return
     import importlib.util
     if importlib.util.find_spec("numba") is None:
@@ -89,13 +83,13 @@ def load_ahead(device):
 def kernel_status():
     """Which quantised kernels this process runs, in words (for `tallow devices`); loads nothing."""
     import importlib.util
-    if os.environ.get("TALLOW_CPU_KERNELS", "1") == "0":
-        return "off (TALLOW_CPU_KERNELS=0): numpy with f32 copies"
+    if settings().cpu == "numpy":
+        return "off (TALLOW_CPU=numpy): numpy with f32 copies"
     if importlib.util.find_spec("numba") is None:
         return "none: numpy with f32 copies (pip install 'tallow[cpu]' for kernels on the GGUF blocks)"
     from . import native_kernels
     if not native_kernels.enabled():
-        return "numba's (TALLOW_NATIVE_KERNELS=0 or NUMBA_DISABLE_JIT=1)"
+        return "numba's (TALLOW_CPU=numba or NUMBA_DISABLE_JIT=1)"
     failed = native_kernels.errors()
     return "machine code compiled by numba, loaded without it" + (
         f"; numba's for {len(failed)}: {'; '.join(failed)}" if failed else "")
@@ -213,7 +207,7 @@ _tiles = threading.local()
 
 def _scratch(n):
     """n float32 of this thread's tile buffer, kept between products: with large blocks mapped
-    per allocation (backends/mapped_pages.map_large_allocations) a new tile would fault in 4 MB of fresh
+    per allocation (tallow.settings.tune_process) a new tile would fault in 4 MB of fresh
     pages at every product of a prompt. (Thread-local: it goes with its thread.)"""
     import numpy as np
     buf = getattr(_tiles, "buf", None)

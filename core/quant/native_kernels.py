@@ -17,7 +17,7 @@ entry (another dtype, a non-contiguous view) runs the numba kernel instead. Each
 external symbols are checked before it is loaded (numba's C helpers, the CPython API, libc,
 libm); an object that needs another one, or any failure here, leaves that kernel to numba.
 
-TALLOW_NATIVE_KERNELS=0 turns this off (numba's own cache then loads every kernel); so does
+TALLOW_CPU=numba turns this off (numba's own cache then loads every kernel); so does
 NUMBA_DISABLE_JIT=1, under which the kernels run as Python.
 
 Compiling all entries takes about half a minute, once per machine (and again after an upgrade
@@ -31,6 +31,8 @@ import os
 import sys
 import threading
 import time
+
+from ..settings import settings
 
 ENTRIES = {  # name: (module in tallow.quant, kernel, argument kinds, result kind)
     "quantize_rows": ("cpu_int_kernels", "quantize_rows", ("f32[2]", "i64", "i16[2]", "f32[2]", "i32[2]"), "void"),
@@ -72,13 +74,13 @@ _state: dict = {}  # "folder", "engine", "resolvable", "errors", "notice"; per e
 
 
 def enabled():
-    """False under TALLOW_NATIVE_KERNELS=0 or NUMBA_DISABLE_JIT=1 (numba's kernels, or their Python, run)."""
-    return os.environ.get("TALLOW_NATIVE_KERNELS", "1") != "0" and not jit_disabled()
+    """False under TALLOW_CPU=numba or NUMBA_DISABLE_JIT=1 (numba's kernels, or their Python, run)."""
+    return settings().cpu != "numba" and not jit_disabled()
 
 
 def jit_disabled():
     """NUMBA_DISABLE_JIT=1 (read as numba reads it, without importing numba): the kernels run as Python."""
-    return os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0")
+    return not settings().numba_jit
 
 
 def kernel(name):
@@ -124,7 +126,7 @@ def missing():
 
 def warm():
     """Compile every entry missing from the cache and link them all, as a cold process's first
-    use would, even where TALLOW_NATIVE_KERNELS=0 keeps this process on numba (`tallow warmup`).
+    use would, even where TALLOW_CPU=numba keeps this process on numba (`tallow warmup`).
     Returns the names it compiled; errors() says which failed. numba's own cache (cache=True, in
     $NUMBA_CACHE_DIR, else __pycache__ beside the kernel sources when writable, else the user's
     cache folder) gets the kernels it compiled on the way."""
@@ -201,7 +203,7 @@ def _folder():
         h.update(json.dumps([importlib.metadata.version("numba"), llvmlite.__version__, sys.version_info[:2],
                              platform.machine(), ll.get_host_cpu_name(), ll.get_host_cpu_features().flatten(),
                              os.environ.get("NUMBA_CPU_NAME", ""), os.environ.get("NUMBA_CPU_FEATURES", "")]).encode())
-        home = os.environ.get("TALLOW_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "tallow")
+        home = settings().home
         _state["folder"] = os.path.join(home, "cpu_kernels", h.hexdigest()[:20])  # as tallow.hub's cache root
     return _state["folder"]
 

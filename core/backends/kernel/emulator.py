@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 
 from tallow.errors import DeviceError, UnsupportedError
+from tallow.settings import settings
 
 from ..driver_protocol import nbytes_of
 from .backend import DeviceStorage
@@ -21,7 +22,7 @@ FIBERS = os.path.join(HERE, "cpu_fibers.h")  # found by `#include "cpu_fibers.h"
 
 
 def cache_dir():
-    return os.path.join(os.environ.get("TALLOW_CPU_EMULATOR_CACHE") or tempfile.gettempdir(), "tallow-cpu-emulator")
+    return os.path.join(settings().cpu_emulator_cache or tempfile.gettempdir(), "tallow-cpu-emulator")
 
 
 def compile_emulated(tag, deps, gxx, preprocess, unit, runtime, wrappers, includes=()):
