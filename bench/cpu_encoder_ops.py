@@ -11,10 +11,13 @@ import math
 import os
 import time
 
-from tallow.backends import blas_env  # noqa: F401  (OpenBLAS's settings, before numpy)
-import numpy as np
+from tallow.settings import tune_process
 
-from tallow.backends import cpu_attention, cpu_gelu
+tune_process()  # OpenBLAS's settings, before numpy loads it (as the CLI does)
+
+import numpy as np  # noqa: E402
+
+from tallow.backends import cpu_attention, cpu_gelu  # noqa: E402
 
 
 def best(fn, runs):

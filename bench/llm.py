@@ -140,13 +140,16 @@ RSS_STAGES = []  # (stage, peak RSS MB so far): where tallow's memory goes
 
 
 def child(engine, gguf, ids, n_decode):
+    if engine.startswith("tallow"):
+        from tallow.settings import tune_process
+        tune_process()  # as the CLI does, before numpy loads (OpenBLAS's thread timeout, malloc policy)
     if engine == "tallow":
         load, prefill, dec = run_tallow(gguf, ids, n_decode)
     elif engine == "tallow-no-kernels":
-        os.environ["TALLOW_CPU_KERNELS"] = "0"  # the numpy path: f32 copies of the weights (as without numba)
+        os.environ["TALLOW_CPU"] = "numpy"  # the numpy path: f32 copies of the weights (as without numba)
         load, prefill, dec = run_tallow(gguf, ids, n_decode)
     elif engine == "tallow-no-f32-cache":
-        os.environ["TALLOW_CPU_KERNELS"] = "0"
+        os.environ["TALLOW_CPU"] = "numpy"
         os.environ["TALLOW_QUANT_CACHE_MB"] = "0"  # numpy, dequantising per call: weights stay quantised
         load, prefill, dec = run_tallow(gguf, ids, n_decode)
     elif engine == "transformers":

@@ -102,8 +102,11 @@ def run_llama_cpp(path, ids, decode, threads):
 
 
 def child(engine, path, ids, n_decode, threads):
+    if engine.startswith("tallow"):
+        from tallow.settings import tune_process
+        tune_process()  # as the CLI does, before numpy loads (OpenBLAS's thread timeout, malloc policy)
     if engine == "tallow-numpy":  # no numba kernels, no f32 cache: numpy dequantises per call (slow)
-        os.environ["TALLOW_CPU_KERNELS"] = "0"
+        os.environ["TALLOW_CPU"] = "numpy"
         os.environ["TALLOW_QUANT_CACHE_MB"] = "0"
     started = time.perf_counter()
     if engine in ("tallow", "tallow-numpy"):

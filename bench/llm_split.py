@@ -25,12 +25,14 @@ def main(argv=None):
     if args.tokens < 1 or args.context < 1:
         p.error("--tokens and --context must be at least 1")
     os.environ["TALLOW_THREADS"] = "1"
+    from tallow.settings import tune_process
+    tune_process()  # as the CLI does, before numpy loads
     import numpy as np
 
     import tallow
     from tallow.quant import cpu_matmul
     if cpu_matmul.kernels() is None:
-        sys.exit("llm_split.py: the CPU kernels are off (numba missing or TALLOW_CPU_KERNELS=0)")
+        sys.exit("llm_split.py: the CPU kernels are off (numba missing or TALLOW_CPU=numpy)")
     gguf = args.gguf or os.fspath(tallow.hub.fetch("smollm2-135m-instruct", progress=False))
     model = tallow.load_model(gguf, device="cpu")
     token = int(model(list(range(100, 100 + args.context)), last_only=True).reshape(-1).argmax().item())

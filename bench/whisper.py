@@ -190,6 +190,8 @@ def python_estimate(cpu_model):
 
 def child(threads, runs, estimate):
     """One thread count, in this process: prints the JSON report as its last line."""
+    from tallow.settings import tune_process
+    tune_process()  # as the CLI does, before numpy loads (OpenBLAS's thread timeout, malloc policy)
     report = measure(threads, runs)
     model = report.pop("f32 model")
     if estimate:
