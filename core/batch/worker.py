@@ -9,6 +9,7 @@ import time
 
 from ..errors import Error
 from ..io.atomic_output import atomic_output
+from ..settings import tune_process
 
 
 class Settings:
@@ -46,7 +47,10 @@ def check_model(settings):
 
 def load_or_error(settings):
     """A worker's Transcriber, or the ModelError loading it raised (returned, not raised: a worker
-    process's initializer or a Ray actor's constructor that fails reads as a crash and is retried)."""
+    process's initializer or a Ray actor's constructor that fails reads as a crash and is retried).
+    A worker process was started without the CLI's main(), so it tunes itself here (malloc policy;
+    OPENBLAS_THREAD_TIMEOUT it inherits from the parent's environment)."""
+    tune_process()
     try:
         return load_transcriber(settings)
     except ModelError as e:
