@@ -22,7 +22,7 @@ def add_arguments(parser):
                         help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for the LAN, "
                              "with --api-key)")
     parser.add_argument("--port", type=port, default=8080, help="TCP port (default 8080; 0 picks a free one)")
-    parser.add_argument("--api-key", default=settings().api_key,
+    parser.add_argument("--api-key", default=None,  # else $TALLOW_API_KEY, read in run(): errors are one line there
                         help=f"require 'Authorization: Bearer KEY' on /v1 (default ${API_KEY_ENV}; none: open)")
     parser.add_argument("--max-tokens", type=positive_int, default=2048,
                         help="most new tokens per request, and the default when a request names none (2048)")
@@ -83,6 +83,8 @@ def run(args):
     except ImportError as e:
         raise Error(f"tallow serve needs the serve extra ({e.name} is not installed): pip install 'tallow[serve]'") \
             from None
+    if args.api_key is None:
+        args.api_key = settings().api_key
     if not args.model:
         raise Error("name the models to serve, e.g. --model smollm2-135m-instruct --model whisper-tiny.en")
     upload_dir = args.upload_dir or Limits().upload_dir
