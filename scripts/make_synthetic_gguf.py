@@ -33,6 +33,11 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import gguf_files  # noqa: E402  (the one GGUF writer of the tests and scripts)
+
+sys.path.pop(0)
+
 # The real models' shapes (llama.cpp's conversions of microsoft/phi-2, Phi-3-mini-4k-instruct and
 # Qwen/Qwen2.5-0.5B-Instruct).
 ARCHS = {
@@ -274,58 +279,52 @@ def write(path, arch, quant, scale=1.0, layers=None, seed=0, log=None):
         raise SystemExit(f"unknown quantisation {quant!r}: expected one of {', '.join(QUANTS)}")
     d = shapes(arch, scale, layers)
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(os.fspath(path), arch)
-    w.add_name(d["name"] if scale == 1 and layers in (None, d["layers"]) else f"{d['name']}, scaled")
-    w.add_file_type({"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-                     "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M}[quant])
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_context_length(d["context"])
-    w.add_embedding_length(d["hidden"])
-    w.add_feed_forward_length(d["ff"])
-    w.add_block_count(d["layers"])
-    w.add_head_count(d["heads"])
-    w.add_head_count_kv(d["kv_heads"])
-    if arch != "qwen2":  # llama.cpp writes no rope dimension count for Qwen2 (the whole head rotates)
-        w.add_rope_dimension_count(d["rope_dims"])
-    w.add_rope_freq_base(d["rope_theta"])
-    if arch == "phi2":
-        w.add_layer_norm_eps(1e-5)
-    elif arch == "qwen2":
-        w.add_layer_norm_rms_eps(1e-6)
-    else:
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_sliding_window(2047)
-    add_tokenizer(w, arch, d["vocab"], rng)
+
+    def metadata(w):
+        w.add_name(d["name"] if scale == 1 and layers in (None, d["layers"]) else f"{d['name']}, scaled")
+        w.add_file_type({"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                         "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M}[quant])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        w.add_context_length(d["context"])
+        w.add_embedding_length(d["hidden"])
+        w.add_feed_forward_length(d["ff"])
+        w.add_block_count(d["layers"])
+        w.add_head_count(d["heads"])
+        w.add_head_count_kv(d["kv_heads"])
+        if arch != "qwen2":  # llama.cpp writes no rope dimension count for Qwen2 (the whole head rotates)
+            w.add_rope_dimension_count(d["rope_dims"])
+        w.add_rope_freq_base(d["rope_theta"])
+        if arch == "phi2":
+            w.add_layer_norm_eps(1e-5)
+        elif arch == "qwen2":
+            w.add_layer_norm_rms_eps(1e-6)
+        else:
+            w.add_layer_norm_rms_eps(1e-5)
+            w.add_sliding_window(2047)
+        add_tokenizer(w, arch, d["vocab"], rng)
     plan = tensor_plan(arch, d)
     tied = not any(name == "output.weight" for name, _, _ in plan)
-    types = {name: tensor_type(quant, name, shape[1], d, tied) for name, shape, quantised in plan if quantised}
-    for name, shape, quantised in plan:
-        if quantised:
-            rows, cols = shape
-            per_block, block_bytes = BLOCKS[types[name]][:2]
-            w.add_tensor_info(name, (rows, cols // per_block * block_bytes), np.dtype(np.uint8),
-                              rows * cols // per_block * block_bytes,
-                              raw_dtype=getattr(gguf.GGMLQuantizationType, types[name]))
-        else:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), shape[0] * 4)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    started = time.perf_counter()
-    for i, (name, shape, quantised) in enumerate(plan):
-        if quantised:
-            # Embedding rows are small (std 0.5); a matrix's outputs keep about the input's scale.
-            std = 0.5 if name == "token_embd.weight" else 1.0 / np.sqrt(shape[1])
-            data = random_blocks(rng, shape[0], shape[1], types[name], std)
-        elif name.endswith("norm.weight"):
-            data = rng.uniform(0.8, 1.2, shape).astype(np.float32)
-        else:  # biases
-            data = rng.normal(0.0, 0.02, shape).astype(np.float32)
-        w.write_tensor_data(data)
-        if log and (i % 50 == 0 or i == len(plan) - 1):
-            log(f"{i + 1}/{len(plan)} tensors, {time.perf_counter() - started:.1f} s")
-    w.close()
-    return os.path.getsize(path)
+    types = {name: tensor_type(quant, name, shape[1], d, tied) if quantised else "F32"
+             for name, shape, quantised in plan}
+    for ggml_type in set(types.values()) - {"F32"}:
+        if ggml_type not in BLOCKS:
+            raise SystemExit(f"no random block writer for {ggml_type}: expected one of {', '.join(BLOCKS)}")
+
+    def tensors():  # made one at a time, after the header is written
+        started = time.perf_counter()
+        for i, (name, shape, quantised) in enumerate(plan):
+            if quantised:
+                # Embedding rows are small (std 0.5); a matrix's outputs keep about the input's scale.
+                std = 0.5 if name == "token_embd.weight" else 1.0 / np.sqrt(shape[1])
+                yield random_blocks(rng, shape[0], shape[1], types[name], std)
+            elif name.endswith("norm.weight"):
+                yield rng.uniform(0.8, 1.2, shape).astype(np.float32)
+            else:  # biases
+                yield rng.normal(0.0, 0.02, shape).astype(np.float32)
+            if log and (i % 50 == 0 or i == len(plan) - 1):
+                log(f"{i + 1}/{len(plan)} tensors, {time.perf_counter() - started:.1f} s")
+    return gguf_files.write_streamed(path, arch, metadata, [(name, shape, types[name]) for name, shape, _ in plan],
+                                     tensors())
 
 
 def main(argv=None):

@@ -10,6 +10,8 @@ from tallow.errors import FormatError
 from tallow.io.gguf import GGUFFile, write_gguf
 from tallow.quant import dequantize_numpy, dequantize_python, quantize_numpy
 
+import gguf_files
+
 gguf = pytest.importorskip("gguf")
 from gguf.constants import GGMLQuantizationType as T, GGUFValueType as V  # noqa: E402
 
@@ -23,23 +25,24 @@ def smollm2(smollm2_gguf):
 def library_file(tmp_path_factory):
     """A GGUF written by gguf.GGUFWriter with every metadata type and several tensor types."""
     path = str(tmp_path_factory.mktemp("gguf") / "lib.gguf")
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_uint8("t.u8", 200)
-    w.add_int8("t.i8", -100)
-    w.add_uint16("t.u16", 60000)
-    w.add_int16("t.i16", -30000)
-    w.add_uint32("t.u32", 4_000_000_000)
-    w.add_int32("t.i32", -2_000_000_000)
-    w.add_float32("t.f32", 0.1)
-    w.add_uint64("t.u64", 2 ** 63 + 5)
-    w.add_int64("t.i64", -(2 ** 62))
-    w.add_float64("t.f64", 0.1)
-    w.add_bool("t.bool", True)
-    w.add_string("t.str", "héllo")
-    w.add_array("t.strs", ["a", "", "ü"])
-    w.add_array("t.ints", [1, 2, 3])
-    w.add_key_value("t.floats", [0.5, -1.25], V.ARRAY, V.FLOAT32)
-    w.add_array("t.nested", [[1, 2], [3]])
+
+    def metadata(w):
+        w.add_uint8("t.u8", 200)
+        w.add_int8("t.i8", -100)
+        w.add_uint16("t.u16", 60000)
+        w.add_int16("t.i16", -30000)
+        w.add_uint32("t.u32", 4_000_000_000)
+        w.add_int32("t.i32", -2_000_000_000)
+        w.add_float32("t.f32", 0.1)
+        w.add_uint64("t.u64", 2 ** 63 + 5)
+        w.add_int64("t.i64", -(2 ** 62))
+        w.add_float64("t.f64", 0.1)
+        w.add_bool("t.bool", True)
+        w.add_string("t.str", "héllo")
+        w.add_array("t.strs", ["a", "", "ü"])
+        w.add_array("t.ints", [1, 2, 3])
+        w.add_key_value("t.floats", [0.5, -1.25], V.ARRAY, V.FLOAT32)
+        w.add_array("t.nested", [[1, 2], [3]])
     rng = np.random.default_rng(0)
     tensors = {
         "f32": rng.standard_normal((3, 5)).astype(np.float32),
@@ -48,15 +51,10 @@ def library_file(tmp_path_factory):
         "vec": rng.standard_normal(7).astype(np.float32),
         "cube": rng.standard_normal((2, 3, 4)).astype(np.float32),
     }
-    for name, arr in tensors.items():
-        w.add_tensor(name, arr)
     w_q = rng.standard_normal((4, 256)).astype(np.float32)
-    for q in (T.Q8_0, T.Q4_0, T.Q4_1):
-        w.add_tensor(f"w_{q.name.lower()}", gguf.quants.quantize(w_q, q), raw_dtype=q)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    for q in ("q8_0", "q4_0", "q4_1"):
+        tensors[f"w_{q}"] = (w_q, q)
+    gguf_files.write(path, "llama", metadata, tensors)
     return path
 
 

@@ -21,6 +21,8 @@ from tallow.errors import FormatError
 from tallow.io.gguf import GGUFFile, write_gguf
 from tallow.quant.formats import GGML_TYPES
 
+import gguf_files
+
 gguf = pytest.importorskip("gguf")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,22 +41,13 @@ def qwen2_blob(tmp_path_factory):
     return path.read_bytes()
 
 
-def _type_field(blob, name):
-    """The byte offset of tensor `name`'s ggml type in the header of a GGUF file."""
-    key = struct.pack("<Q", len(name)) + name.encode()
-    pos = blob.index(key) + len(key)
-    n_dims = struct.unpack_from("<I", blob, pos)[0]
-    return pos + 4 + 8 * n_dims
-
-
 def _relabel(blob, name, type_name):
     """A copy of the file with tensor `name` declared as `type_name` (its data untouched)."""
-    pos = _type_field(blob, name)
-    return blob[:pos] + struct.pack("<I", TYPE_ID[type_name]) + blob[pos + 4:]
+    return gguf_files.relabel(blob, name, TYPE_ID[type_name])
 
 
 def _declared(blob, name):
-    return GGML_TYPES[struct.unpack_from("<I", blob, _type_field(blob, name))[0]][0]
+    return GGML_TYPES[struct.unpack_from("<I", blob, gguf_files.type_offset(blob, name))[0]][0]
 
 
 RELABELLED_SMALLER = [  # (tensor, stored type, declared type)
@@ -128,7 +121,7 @@ def test_bytes_no_tensor_claims_are_refused(tmp_path):
     # both offsets moved up by 64 (the u64 offsets are the last field of each tensor info)
     shifted = bytearray(blob[:start] + bytes(64) + blob[start:])
     for name in ("a", "b"):
-        pos = _type_field(blob, name) + 4
+        pos = gguf_files.type_offset(blob, name) + 4
         struct.pack_into("<Q", shifted, pos, struct.unpack_from("<Q", blob, pos)[0] + 64)
     with pytest.raises(FormatError, match=r"tensor 'a': 64 bytes at the start of the data section belong to no"):
         GGUFFile(_write(tmp_path / "shifted.gguf", bytes(shifted)))

@@ -12,6 +12,8 @@ import pytest
 import tallow.io as tio
 from tallow.errors import Error, FormatError
 
+import gguf_files
+
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
@@ -74,30 +76,20 @@ def test_safetensors_bad_tensor_entries(tmp_path):
 
 # -- GGUF, hand-made ---------------------------------------------------------------
 
-def _gguf_bytes(kvs=b"", n_kv=0, tensors=(), n_tensors=None, data=b"", version=3):
-    """A GGUF from raw pieces. tensors: (name, dims innermost-first, type id, offset)."""
-    s = lambda x: struct.pack("<Q", len(x)) + x
-    infos = b"".join(s(n) + struct.pack("<I", len(d)) + b"".join(struct.pack("<Q", x) for x in d)
-                     + struct.pack("<IQ", t, o) for n, d, t, o in tensors)
-    head = b"GGUF" + struct.pack("<IQQ", version, len(tensors) if n_tensors is None else n_tensors, n_kv) + kvs + infos
-    return head + b"\0" * (-len(head) % 32) + data
-
-
 def test_gguf_bad_headers(tmp_path):
-    kv = lambda key, t, payload: struct.pack("<Q", len(key)) + key + struct.pack("<I", t) + payload
     cases = [
         (b"GGUF\x03\0\0", "truncated"),
         (b"GGML" + b"\0" * 30, "not a GGUF file"),
-        (_gguf_bytes(version=1), "version 1"),
-        (_gguf_bytes(n_tensors=1 << 60), "tensor count"),
-        (_gguf_bytes(n_kv=1 << 62), "metadata count"),
-        (_gguf_bytes(kv(b"k", 8, struct.pack("<Q", 1 << 50)), 1), "truncated"),
-        (_gguf_bytes(kv(b"k", 8, struct.pack("<Q", 2) + b"\xff\xfe"), 1), r"'k'.*not UTF-8"),
-        (_gguf_bytes(kv(b"k", 9, struct.pack("<IQ", 4, 1 << 61)), 1), "array count"),
-        (_gguf_bytes(kv(b"k", 9, struct.pack("<IQ", 77, 1)), 1), "unknown array element type"),
-        (_gguf_bytes(kv(b"k", 42, b""), 1), "unknown value type 42"),
-        (_gguf_bytes(kv(b"k", 9, struct.pack("<IQ", 9, 1) * 40), 1), "nested deeper"),
-        (_gguf_bytes(kv(b"general.alignment", 4, struct.pack("<I", 48)), 1), "power of two"),
+        (gguf_files.raw(version=1), "version 1"),
+        (gguf_files.raw(n_tensors=1 << 60), "tensor count"),
+        (gguf_files.raw(n_kv=1 << 62), "metadata count"),
+        (gguf_files.raw(gguf_files.kv(b"k", 8, struct.pack("<Q", 1 << 50)), 1), "truncated"),
+        (gguf_files.raw(gguf_files.kv(b"k", 8, struct.pack("<Q", 2) + b"\xff\xfe"), 1), r"'k'.*not UTF-8"),
+        (gguf_files.raw(gguf_files.kv(b"k", 9, struct.pack("<IQ", 4, 1 << 61)), 1), "array count"),
+        (gguf_files.raw(gguf_files.kv(b"k", 9, struct.pack("<IQ", 77, 1)), 1), "unknown array element type"),
+        (gguf_files.raw(gguf_files.kv(b"k", 42, b""), 1), "unknown value type 42"),
+        (gguf_files.raw(gguf_files.kv(b"k", 9, struct.pack("<IQ", 9, 1) * 40), 1), "nested deeper"),
+        (gguf_files.raw(gguf_files.kv(b"general.alignment", 4, struct.pack("<I", 48)), 1), "power of two"),
     ]
     for data, match in cases:
         _refused(data, match, tmp_path, "bad.gguf")
@@ -106,14 +98,13 @@ def test_gguf_bad_headers(tmp_path):
 def test_gguf_metadata_work_is_bounded(tmp_path):
     """Counts that fit in the file but would build millions of Python objects are refused up front."""
     from tallow.io.gguf import MAX_METADATA_VALUES, MAX_NESTED_ARRAYS, MAX_TENSORS
-    kv = lambda key, t, payload: struct.pack("<Q", len(key)) + key + struct.pack("<I", t) + payload
     n = MAX_METADATA_VALUES + 1  # u8 values: one byte each, so the count fits the file
-    _refused(_gguf_bytes(kv(b"k", 9, struct.pack("<IQ", 0, n) + b"\0" * n), 1), r"'k'.*more than 4194304 values",
+    _refused(gguf_files.raw(gguf_files.kv(b"k", 9, struct.pack("<IQ", 0, n) + b"\0" * n), 1), r"'k'.*more than 4194304 values",
              tmp_path, "bad.gguf")
     n = MAX_NESTED_ARRAYS + 1
-    _refused(_gguf_bytes(kv(b"k", 9, struct.pack("<IQ", 9, n) + struct.pack("<IQ", 4, 0) * n), 1),
+    _refused(gguf_files.raw(gguf_files.kv(b"k", 9, struct.pack("<IQ", 9, n) + struct.pack("<IQ", 4, 0) * n), 1),
              r"'k'.*more than 65536 arrays nested", tmp_path, "bad.gguf")
-    _refused(_gguf_bytes(n_tensors=MAX_TENSORS + 1, data=b"\0" * (24 * (MAX_TENSORS + 1))),
+    _refused(gguf_files.raw(n_tensors=MAX_TENSORS + 1, data=b"\0" * (24 * (MAX_TENSORS + 1))),
              r"tensor count 262145 is more than the 262144", tmp_path, "bad.gguf")
 
 
@@ -130,12 +121,12 @@ def test_gguf_bad_tensors(tmp_path):
         ([(b"w", [1] * 9, 0, 0)], "9 dimensions"),
     ]
     for tensors, match in cases:
-        _refused(_gguf_bytes(tensors=tensors, data=data), match, tmp_path, "bad.gguf")
+        _refused(gguf_files.raw(tensors=tensors, data=data), match, tmp_path, "bad.gguf")
 
 
 def test_gguf_unsupported_quant_type_is_named(tmp_path):
     p = tmp_path / "iq.gguf"
-    p.write_bytes(_gguf_bytes(tensors=[(b"w", [256], 16, 0), (b"ok", [4], 0, 96)], data=b"\0" * 128))
+    p.write_bytes(gguf_files.raw(tensors=[(b"w", [256], 16, 0), (b"ok", [4], 0, 96)], data=b"\0" * 128))
     f = tio.open(p)  # listing works; only loading the IQ2_XXS tensor fails
     assert f.info("w").file_dtype == "IQ2_XXS" and f.info("w").nbytes == 66
     assert f.tensor("ok").tolist() == [0.0] * 4
@@ -155,22 +146,13 @@ def _small_safetensors():
 
 
 def _small_gguf():
-    import tempfile
-    with tempfile.TemporaryDirectory() as d:
-        p = os.path.join(d, "s.gguf")
-        w = gguf.GGUFWriter(p, "llama")
+    def metadata(w):
         w.add_uint32("n", 3)
         w.add_string("s", "x")
         w.add_array("arr", ["ab", "c"])
         w.add_array("nested", [[1], [2, 3]])
-        w.add_tensor("f", np.ones((2, 3), np.float32))
-        w.add_tensor("q", gguf.quants.quantize(np.ones((2, 32), np.float32), gguf.GGMLQuantizationType.Q8_0),
-                     raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        return open(p, "rb").read()
+    return gguf_files.gguf_bytes("llama", metadata, {"f": np.ones((2, 3), np.float32),
+                                                     "q": (np.ones((2, 32), np.float32), "q8_0")})
 
 
 SMALL = {"safetensors": _small_safetensors(), "gguf": _small_gguf()}
@@ -195,7 +177,7 @@ def _mutate(data, edits, cut):
 
 
 @pytest.mark.parametrize("kind", sorted(SMALL))
-@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(edits=st.lists(st.tuples(st.integers(0, 10 ** 6), st.integers(0, 255)), max_size=6),
        cut=st.none() | st.integers(0, 2000))
 def test_fuzz_small_files(kind, edits, cut):
@@ -223,7 +205,7 @@ def test_fuzz_smollm2_header(smollm2_header):
     tail_from = head.rindex(b"token_embd.weight") - 8  # the tensor infos start here
     regions = st.one_of(st.integers(0, 2048), st.integers(tail_from, len(head) - 1))
 
-    @settings(max_examples=60, deadline=3000, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
     @given(edits=st.lists(st.tuples(regions, st.integers(0, 255)), min_size=1, max_size=4),
            cut=st.none() | st.integers(0, len(head)))
     def run(edits, cut):

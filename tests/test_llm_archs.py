@@ -18,6 +18,8 @@ import tallow
 from tallow.errors import FormatError, UnsupportedError
 from tallow.generation import generate_ids
 
+import gguf_files
+
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -117,62 +119,58 @@ def _write_gguf(model, path, arch, fuse_qkv=False, q8_0=False, eot=None):
     cfg = model.config
     tensors = {n: w.detach().numpy().astype(np.float32) for n, w in model.state_dict().items()}
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_eos_token_id(cfg.eos_token_id)
-    if eot is not None:
-        w.add_eot_token_id(eot)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
     rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
-    w.add_rope_freq_base(rope["rope_theta"])
-    if arch == "phi2":
-        w.add_layer_norm_eps(cfg.layer_norm_eps)
-        w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * head_dim))
-    else:
-        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
-    if arch == "llama":
-        w.add_rope_dimension_count(head_dim)
-        w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(cfg))
     if arch == "gemma3":
-        w.add_sliding_window(cfg.sliding_window)
-        if rope.get("rope_type") == "linear":
-            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-            w.add_rope_scaling_factor(rope["factor"])
         for n in tensors:  # Gemma3Model.modify_tensors: the norms carry HF's run-time +1
             if n.endswith("norm.weight"):
                 tensors[n] = tensors[n] + 1
     if getattr(cfg, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)
-    if fuse_qkv:  # phi-2 as converted from Microsoft's original checkpoint (one Wqkv per block)
-        for i in range(cfg.num_hidden_layers):
-            for kind in ("weight", "bias"):
-                parts = [tensors.pop(f"model.layers.{i}.self_attn.{p}_proj.{kind}") for p in "qkv"]
-                w.add_tensor(f"blk.{i}.attn_qkv.{kind}", np.concatenate(parts, 0))
+
+    def metadata(w):
+        w.add_vocab_size(cfg.vocab_size)
+        w.add_eos_token_id(cfg.eos_token_id)
+        if eot is not None:
+            w.add_eot_token_id(eot)
+        w.add_block_count(cfg.num_hidden_layers)
+        w.add_context_length(cfg.max_position_embeddings)
+        w.add_embedding_length(cfg.hidden_size)
+        w.add_feed_forward_length(cfg.intermediate_size)
+        w.add_head_count(cfg.num_attention_heads)
+        w.add_head_count_kv(cfg.num_key_value_heads)
+        w.add_rope_freq_base(rope["rope_theta"])
+        if arch == "phi2":
+            w.add_layer_norm_eps(cfg.layer_norm_eps)
+            w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * head_dim))
+        else:
+            w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+            w.add_key_length(head_dim)
+            w.add_value_length(head_dim)
+        if arch == "llama":
+            w.add_rope_dimension_count(head_dim)
+            w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(cfg))
+        if arch == "gemma3":
+            w.add_sliding_window(cfg.sliding_window)
+            if rope.get("rope_type") == "linear":
+                w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+                w.add_rope_scaling_factor(rope["factor"])
+        if fuse_qkv:  # phi-2 as converted from Microsoft's original checkpoint (one Wqkv per block), kept f32
+            for i in range(cfg.num_hidden_layers):
+                for kind in ("weight", "bias"):
+                    parts = [tensors.pop(f"model.layers.{i}.self_attn.{p}_proj.{kind}") for p in "qkv"]
+                    w.add_tensor(f"blk.{i}.attn_qkv.{kind}", np.concatenate(parts, 0))
     arch_id = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]
     names = gguf.get_tensor_name_map(arch_id, cfg.num_hidden_layers)
-    for n, t in tensors.items():
-        if arch == "llama" and n.endswith("q_proj.weight"):
-            t = _permute(t, cfg.num_attention_heads)
-        elif arch == "llama" and n.endswith("k_proj.weight"):
-            t = _permute(t, cfg.num_key_value_heads)
-        name = names.get_name(n, try_suffixes=(".weight", ".bias"))
-        if q8_0 and t.ndim == 2:  # llama.cpp keeps 1-D norms and biases in f32
-            w.add_tensor(name, gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(name, t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+
+    def renamed():  # after metadata(): the fused q/k/v are popped there
+        for n, t in tensors.items():
+            if arch == "llama" and n.endswith("q_proj.weight"):
+                t = _permute(t, cfg.num_attention_heads)
+            elif arch == "llama" and n.endswith("k_proj.weight"):
+                t = _permute(t, cfg.num_key_value_heads)
+            yield names.get_name(n, try_suffixes=(".weight", ".bias")), t
+    # llama.cpp keeps 1-D norms and biases in f32
+    return gguf_files.write(path, arch, metadata, renamed(), qtype="q8_0" if q8_0 else None)
 
 
 # ---- Gemma 3 ----------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from tallow.models.architectures import Architecture, register
 from tallow.models.causal_lm import CausalLM
 from tallow.nn import Embedding, Linear, Module
 
+import gguf_files
+
 VOCAB, HIDDEN, LAYERS = 11, 8, 2
 
 
@@ -84,21 +86,18 @@ def _write_hf(folder, weights):
 
 
 def _write_gguf(path, weights):
-    gguf = pytest.importorskip("gguf")
-    writer = gguf.GGUFWriter(str(path), "toyarch")
-    writer.add_block_count(LAYERS)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_head_count(2)
-    writer.add_context_length(64)
-    writer.add_float32("toyarch.logit_scale", 2.0)
+    pytest.importorskip("gguf")
+
+    def metadata(writer):
+        writer.add_block_count(LAYERS)
+        writer.add_embedding_length(HIDDEN)
+        writer.add_head_count(2)
+        writer.add_context_length(64)
+        writer.add_float32("toyarch.logit_scale", 2.0)
     names = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight"}
-    for name, w in weights.items():
-        writer.add_tensor(names.get(name) or f"blk.{name.split('.')[2]}.ffn_mix.weight", w)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return gguf_files.write(path, "toyarch", metadata,
+                            [(names.get(name) or f"blk.{name.split('.')[2]}.ffn_mix.weight", w)
+                             for name, w in weights.items()])
 
 
 def test_a_registered_toy_loads_from_a_hugging_face_folder(toy, weights, tmp_path):
