@@ -164,7 +164,7 @@ _warned: set = set()
 def settings() -> Settings:
     """The Settings of os.environ now (parsed again only when one of VARIABLES changed). A
     deprecated variable's warning goes to stderr once per process."""
-    key = tuple(os.environ.get(name) for name in VARIABLES)
+    key = tuple(os.environ.get(name) for name in (*VARIABLES, "HOME"))  # HOME: TALLOW_HOME's default
     got = _cache.get("key") == key and _cache.get("settings")
     if not got:
         got = Settings.from_env(os.environ)
