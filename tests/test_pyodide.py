@@ -40,7 +40,7 @@ def test_boots_the_pinned_pyodide(pyodide_runner):
         locked = json.load(f)["packages"]["node_modules/pyodide"]["version"]
     assert pyodide_runner.info["pyodide"] == locked
     assert pyodide_runner.info["python"].startswith("3.14")
-    assert pyodide_runner.info["boot_s"] < 30
+    # boot_s is a report (tests/pyodide/measure.py prints it), not a bound: no test asserts wall-clock time
 
 
 def test_numpy_is_absent_inside_pyodide(pyodide_run):

@@ -21,6 +21,8 @@ from tallow.errors import Error, FormatError, UnsupportedError
 from tallow.tokenizer import ChatTemplateError, Tokenizer
 from tallow.tokenizer.unicode_classes import compile_pattern, translate
 
+import gguf_files
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS_PATH = os.path.join(HERE, "data", "tokenizer_corpus.txt")
 
@@ -609,27 +611,24 @@ def llama_style_bpe():
 
 def _write_spm_gguf(path, spec, architecture, with_merges):
     """The vocabulary as llama.cpp's converter writes it: tokens, scores (-rank), types."""
-    gguf = pytest.importorskip("gguf")
+    pytest.importorskip("gguf")
     vocab = spec["model"]["vocab"]
     tokens = sorted(vocab, key=vocab.get)
     assert tokens[:3] == _SPECIALS and tokens[3:259] == _BYTES
-    w = gguf.GGUFWriter(str(path), architecture)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(259, len(tokens))])
-    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (len(tokens) - 259))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    if with_merges:
-        w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]])
-    if architecture.startswith("gemma"):
-        w.add_add_space_prefix(False)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+
+    def metadata(w):
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores([0.0] * 259 + [-float(i) for i in range(259, len(tokens))])
+        w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (len(tokens) - 259))
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        if with_merges:
+            w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]])
+        if architecture.startswith("gemma"):
+            w.add_add_space_prefix(False)
+    return str(gguf_files.write(path, architecture, metadata))
 
 
 def _transformers_gguf_reference(path):
