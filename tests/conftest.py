@@ -214,7 +214,18 @@ def jfk_wav():
 MODEL_FIXTURES = frozenset({"whisper_tiny_dir", "whisper_assets_dir", "smollm2_gguf"})
 
 
+# A whole model on a g++ CPU emulator (capture and replay, random-weight Whisper or Llama against
+# transformers) takes 5-65 s there: tests marked `emulated_model` are also `slow` on the emulators,
+# so `make check` runs them on cpu, python and wgpu and `make test` everywhere. The op cases stay in
+# the fast loop on every device.
+EMULATED = frozenset({"cuda-emulator", "metal-emulator"})
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.models)
+        params = getattr(item, "callspec", None)
+        if (item.get_closest_marker("emulated_model") and params is not None
+                and EMULATED.intersection(v for v in params.params.values() if isinstance(v, str))):
+            item.add_marker(pytest.mark.slow)

@@ -42,6 +42,7 @@ def _greedy_logits(model, prompt, steps, cache):
 
 
 
+@pytest.mark.emulated_model
 def test_replayed_decode_gives_eager_logits_across_cache_growth(capture_device, tiny_llama_dir, monkeypatch,
                                                                 request):
     model = tallow.load_model(tiny_llama_dir, device=capture_device)
@@ -77,6 +78,7 @@ def test_split_k_attention_replays_give_eager_logits_and_numpy_tokens(wgpu, tiny
     assert list(generate_ids(model, [7, 3, 3, 2, 11], max_tokens=24, stop_tokens=[])) == want
 
 
+@pytest.mark.emulated_model
 def test_generate_replays_and_matches_numpy(capture_device, tiny_llama_dir, monkeypatch, request):
     from tallow.generation import generate_ids
     gpu = tallow.load_model(tiny_llama_dir, device=capture_device)

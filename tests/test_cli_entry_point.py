@@ -97,6 +97,7 @@ def test_bench_prints_the_real_time_factor(whisper_tiny_dir, jfk_wav, tmp_path):
     assert report, done.stdout
 
 
+@pytest.mark.slow  # builds the whole site
 def test_web_build_makes_a_site_a_plain_static_server_serves(tmp_path):
     ok(run_cli("web", "build", "--no-models", "--out", tmp_path / "site", cwd=tmp_path))
     site = tmp_path / "site"
@@ -157,6 +158,7 @@ def test_web_serve_serves_the_demo_and_stops_on_ctrl_c(whisper_tiny_dir, smollm2
             server.stderr.close()
 
 
+@pytest.mark.slow  # times every kernel family
 def test_gpu_tune_then_show(tmp_path):
     """`tallow gpu tune` measures on this box's WebGPU adapter (lavapipe here) and `show` reads it back."""
     listed = ok(run_cli("devices", cwd=tmp_path)).stdout.splitlines()

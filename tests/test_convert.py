@@ -163,6 +163,7 @@ def test_transformers_generates_from_the_converted_folder(built):
     assert detected[0] == sot and detected[1] in gen["lang_to_id"].values() and detected[2:] == [transcribe, no_ts]
 
 
+@pytest.mark.models  # reads (or fetches) the real tiny.en files, as the model fixtures do
 def test_real_tiny_en_converts_to_what_fetch_made(tmp_path):
     from safetensors.numpy import load_file
 
@@ -195,7 +196,9 @@ def _stacked_max(original, name):
     return max(float(original[n].abs().max()) for n in names)
 
 
-@pytest.mark.parametrize("quantization", ["float16", "bfloat16", "int8", "int8_float16", "int16"])
+# Each is a CTranslate2 conversion: the fast loop converts the two faster-whisper ships, `make test` all five.
+@pytest.mark.parametrize("quantization", ["float16", "int8"] + [pytest.param(q, marks=pytest.mark.slow)
+                                                                for q in ("bfloat16", "int8_float16", "int16")])
 def test_float16_bfloat16_and_quantised_models(models, tmp_path, quantization):
     """faster-whisper ships float16 and int8 conversions: weights come back as the model's
     floats, within CTranslate2's rounding step of the original weights for the quantised ones."""
@@ -331,7 +334,7 @@ def test_a_failed_conversion_leaves_nothing(built, tmp_path):
     assert tallow.convert(ct2, out) == out and (out / "model.safetensors").is_file()
 
 
-@pytest.mark.parametrize("seed", [3, 4, 5])
+@pytest.mark.parametrize("seed", [3, pytest.param(4, marks=pytest.mark.slow), pytest.param(5, marks=pytest.mark.slow)])
 def test_tallow_detects_the_language_transformers_detects(models, seed):
     """tallow's own multilingual path on the converted folder: language detection picks
     the token transformers' detect_language picks (it needs the converted lang_to_id)."""

@@ -98,6 +98,7 @@ def ptx(sources, tmp_path_factory):
         return dict(pool.map(compile_one, jobs))
 
 
+@pytest.mark.slow  # nvcc -ptx of every module for two archs
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", CUDA_MODULES)
 def test_cuda_kernel_module_compiles(ptx, arch, name):
@@ -106,6 +107,7 @@ def test_cuda_kernel_module_compiles(ptx, arch, name):
     assert "warning" not in err.lower(), f"{name}'s CUDA source compiles with warnings for {arch}:\n{err}"
 
 
+@pytest.mark.slow  # needs the same PTX
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cuda_kernels_cover_every_launch(ptx, arch):
     for module, names in kernel_inventory(has_f64=True, atomic64=True).items():

@@ -17,6 +17,8 @@ import pytest
 
 import tallow
 
+import gguf_files
+
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 
@@ -161,6 +163,7 @@ def test_phi3_generate_matches_transformers_across_longrope_switch(tmp_path):
     assert list(generate_ids(ours, PROMPT, max_tokens=8, stop_tokens=[])) == ref
 
 
+@pytest.mark.emulated_model
 def test_tiny_llama_on_every_device(tmp_path, device):
     """Every device runs the same model code (kept tiny: pure Python and the emulators are slow)."""
     model, path = _hf("llama", tmp_path, hidden_size=32, intermediate_size=48, num_attention_heads=2,
@@ -231,50 +234,45 @@ def _write_gguf(model, path, qtype, arch="llama"):
     """A random HF model as llama.cpp's convert_hf_to_gguf.py would write it: names, metadata,
     q/k rows permuted for "llama", Phi-3's longrope factors as rope_factors_long/short tensors
     (its attn_factor and original context length as metadata)."""
-    gguf = pytest.importorskip("gguf")
+    pytest.importorskip("gguf")
     cfg = model.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     rope = cfg.rope_parameters
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_vocab_size(cfg.vocab_size)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(rope["rope_theta"])
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     tensors = {name: w.detach().numpy().astype(np.float32) for name, w in model.state_dict().items()}
-    if arch == "phi3":
-        writer.add_sliding_window(cfg.sliding_window or 0)
-        if rope.get("rope_type") == "longrope":
-            original = rope.get("original_max_position_embeddings", getattr(cfg, "original_max_position_embeddings", None))
-            scale = cfg.max_position_embeddings / original
-            writer.add_rope_scaling_orig_ctx_len(original)
-            writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
-            writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
-            writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
-        if cfg.tie_word_embeddings:
-            tensors.pop("lm_head.weight", None)
-    qt = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-          "q8_0": gguf.GGMLQuantizationType.Q8_0}[qtype]
+
+    def metadata(writer):
+        writer.add_vocab_size(cfg.vocab_size)
+        writer.add_block_count(cfg.num_hidden_layers)
+        writer.add_context_length(cfg.max_position_embeddings)
+        writer.add_embedding_length(cfg.hidden_size)
+        writer.add_feed_forward_length(cfg.intermediate_size)
+        writer.add_head_count(cfg.num_attention_heads)
+        writer.add_head_count_kv(cfg.num_key_value_heads)
+        writer.add_rope_freq_base(rope["rope_theta"])
+        writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+        writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        if arch == "phi3":
+            writer.add_sliding_window(cfg.sliding_window or 0)
+            if rope.get("rope_type") == "longrope":
+                original = rope.get("original_max_position_embeddings",
+                                    getattr(cfg, "original_max_position_embeddings", None))
+                scale = cfg.max_position_embeddings / original
+                writer.add_rope_scaling_orig_ctx_len(original)
+                writer.add_rope_scaling_attn_factors(
+                    math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+                writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
+                writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
+    if arch == "phi3" and cfg.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    out = []
     for hf_name, w in tensors.items():
         if arch == "llama" and hf_name.endswith("q_proj.weight"):
             w = _permute_for_gguf(w, cfg.num_attention_heads, cfg.num_attention_heads)
         elif arch == "llama" and hf_name.endswith("k_proj.weight"):
             w = _permute_for_gguf(w, cfg.num_attention_heads, cfg.num_key_value_heads)
-        if w.ndim == 2 and qtype != "f32":  # llama.cpp keeps 1-D norms and biases in f32
-            data = w.astype(np.float16) if qtype == "f16" else gguf.quants.quantize(w, qt)
-            writer.add_tensor(_gguf_name(hf_name), data, raw_dtype=qt if qtype != "f16" else None)
-        else:
-            writer.add_tensor(_gguf_name(hf_name), w)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+        out.append((_gguf_name(hf_name), w))
+    # 2-D weights in qtype; llama.cpp keeps 1-D norms and biases in f32
+    return gguf_files.write(path, arch, metadata, out, qtype=qtype)
 
 
 @pytest.mark.parametrize("qtype,tol", [("f32", 1e-4), ("f16", 2e-2), ("q8_0", 0.15)])

@@ -94,6 +94,7 @@ def test_a_warm_process_computes_without_importing_numba():
     assert off.stdout.split(" ", 2)[:2] == [total, "True"]  # numba's own kernels: the same product
 
 
+@pytest.mark.slow  # compiles the numba kernels afresh in a child process
 def test_a_broken_cache_falls_back_to_numba_with_a_reason(tmp_path):
     env = {"TALLOW_HOME": str(tmp_path)}
     assert _child(WARM, **env).returncode == 0

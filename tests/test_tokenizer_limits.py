@@ -111,6 +111,7 @@ class _CountingModel:
         return getattr(self.model, name)
 
 
+@pytest.mark.slow  # tokenizes 600k characters twice under tracemalloc
 def test_python_tokenizer_memory_is_linear_and_small(small_spec):
     """A long text and one huge word: the peak stays a few dozen bytes a character (it was
     ~200 for a long word: ~2 GB for 10 MB), and the ids equal the library's."""

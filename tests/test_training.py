@@ -64,6 +64,7 @@ def test_cosine_warmup_schedule():
     assert lrs[14] == pytest.approx(0.1)
 
 
+@pytest.mark.slow  # trains to an accuracy; one step per device stays fast
 def test_digits_mlp_trains_saves_and_reloads(tmp_path):
     pytest.importorskip("sklearn")
     from tallow.examples.digits_mlp import MLP, accuracy, train

@@ -41,6 +41,7 @@ def _random_checkpoint(tmp_path, n_mels, positions):
     return torch, ref
 
 
+@pytest.mark.emulated_model
 def test_random_weights_match_transformers(tmp_path, device, slow_device):
     _check_random_weights(tmp_path, 80, device, positions=20 if slow_device else 100, decode_steps=2 if slow_device else 8)
 

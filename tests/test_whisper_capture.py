@@ -75,6 +75,7 @@ def _beams(model, features, steps, beams=3, capacity=4):
     return out, seqs
 
 
+@pytest.mark.emulated_model
 def test_captured_greedy_decode_gives_eager_logits_across_cache_growth(capture_device, tiny_dir, monkeypatch,
                                                                        request):
     model = whisper.load(tiny_dir, device=capture_device)
@@ -105,6 +106,7 @@ def test_split_k_self_attention_replays_give_eager_logits(wgpu, tiny_dir, monkey
     assert captured == _greedy(model, feats, 20, capacity=8)
 
 
+@pytest.mark.emulated_model
 def test_captured_beams_reordered_in_place_give_eager_logits(capture_device, tiny_dir, monkeypatch, request):
     model = whisper.load(tiny_dir, device=capture_device)
     feats = _features(model, 1)
@@ -208,6 +210,7 @@ def test_beam_search_decode_replays_with_reordered_beams(null_wgpu, whisper_tiny
     assert driver.replays >= 8
 
 
+@pytest.mark.emulated_model  # test_capture.py counts the LLM step's launches on an emulator in the fast loop
 @pytest.mark.parametrize("emulator", ["cuda-emulator", "metal-emulator"])
 def test_kernel_backend_decoder_step_launches_per_layer(tmp_path, emulator):
     """One captured Whisper decoder step's launches per layer on the kernel backend: residual
