@@ -74,7 +74,8 @@ def test_every_packaged_module_is_in_the_wheel(pyodide_run, pyodide_runner):
 
 # Optional third-party packages (pyproject extras) that Pyodide here does not have.
 OPTIONAL_IMPORTS = {"numpy", "wgpu", "cupy", "Metal", "objc", "Foundation", "jinja2", "torch", "transformers",
-                    "safetensors", "gguf", "tokenizers", "scipy", "numba", "llvmlite"}
+                    "safetensors", "gguf", "tokenizers", "scipy", "numba", "llvmlite",
+                    "starlette", "uvicorn", "python_multipart"}  # the last three: `tallow serve`, native only
 # Native-only modules that need numpy at import time although not named for it.
 # The numba kernels (Pyodide has no numba) and the numpy backend's encoder ops.
 NEEDS_NUMPY = {"tallow.quant.cpu_kernels", "tallow.quant.cpu_int_kernels", "tallow.quant.cpu_decode_kernels",
