@@ -6,7 +6,6 @@ tests/test_cli_errors.py covers the refusals; this file proves the commands work
 import http.client
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,20 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_entry import entry_point
 
 from tallow.io import write_safetensors
 
 REPO = Path(__file__).resolve().parents[1]
 JFK_TEXT = ("And so my fellow Americans ask not what your country can do for you, "
             "ask what you can do for your country.")
-
-
-def entry_point():
-    script = Path(sys.executable).with_name("tallow")
-    found = str(script) if script.exists() else shutil.which("tallow")
-    if not found:
-        pytest.fail("the `tallow` console script is not installed: pip install -e . (make setup does it)")
-    return found
 
 
 def run_cli(*args, cwd, env=None, stdin=None, timeout=600):

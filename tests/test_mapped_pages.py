@@ -75,20 +75,6 @@ def test_a_large_zeros_tensor_on_the_cpu_costs_only_the_pages_written():
     assert cache.numpy()[:, :, 16:].max() == 0
 
 
-FREED_BLOCKS = """
-import numpy as np
-import tallow.backends.numpy_backend  # noqa: F401
-import tallow.settings
-tallow.settings.tune_process()  # sets the allocation policy (the CLI calls it; embedders may)
-def rss():
-    with open("/proc/self/status") as f:
-        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) * 1024
-before = rss()
-for mb in (8, 8, 6):  # under glibc's own policy the threshold grows to the largest block freed
-    a = np.ones(mb << 18, np.float32)  # written
-    del a
-print(rss() - before)
-"""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc and /proc: Linux only")
@@ -96,7 +82,6 @@ def test_a_freed_large_block_leaves_no_resident_pages():
     """With the process tuned (tallow.settings.tune_process), a freed block of 1 MB or more is
     unmapped, so a prompt's temporaries do not stay resident: under glibc's default policy the
     blocks after the first come from the heap, which keeps them."""
-    import subprocess
-    done = subprocess.run([sys.executable, "-c", FREED_BLOCKS], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert int(done.stdout) < 1 << 20
+    from freed_blocks import resident_after_freeing
+    setup = "import tallow.backends.numpy_backend, tallow.settings\ntallow.settings.tune_process()  # as the CLI does"
+    assert resident_after_freeing(setup) < 1 << 20

@@ -10,14 +10,13 @@ import http.client
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import threading
 import warnings
 from pathlib import Path
 
 import pytest
+from cli_entry import entry_point
 
 openai = pytest.importorskip("openai", reason="the serve tests need the openai client: pip install -e '.[dev]'")
 pytest.importorskip("uvicorn", reason="tallow serve needs the serve extra: pip install -e '.[serve]'")
@@ -30,14 +29,6 @@ JFK_TEXT = ("And so my fellow Americans ask not what your country can do for you
 KEY = "test-key-1234"
 HANG_GUARD = 300  # seconds: only so that a broken server fails the test instead of hanging the run
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def entry_point():
-    script = Path(sys.executable).with_name("tallow")
-    found = str(script) if script.exists() else shutil.which("tallow")
-    if not found:
-        pytest.fail("the `tallow` console script is not installed: pip install -e . (make setup does it)")
-    return found
 
 
 class Server:

@@ -184,30 +184,17 @@ def test_the_cli_tunes_the_process_before_a_subcommand_runs():
     assert done.stdout.splitlines()[-1] == "4"
 
 
-CLI_FREED_BLOCKS = """
-import contextlib, io
-import numpy as np
-import tallow.cli
-with contextlib.redirect_stdout(io.StringIO()):
-    tallow.cli.main([])  # tunes the process as every subcommand gets it
-def rss():
-    with open("/proc/self/status") as f:
-        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) * 1024
-before = rss()
-for mb in (8, 8, 6):  # under glibc's own policy the threshold grows to the largest block freed
-    a = np.ones(mb << 18, np.float32)  # written
-    del a
-print(rss() - before)
-"""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc and /proc: Linux only")
 def test_a_cli_process_keeps_the_malloc_policy():
     """What the import side effect gave every process, the CLI's main() still gives its own:
     freed blocks of 1 MB and more leave no resident pages (tests/test_mapped_pages.py)."""
-    done = _python(CLI_FREED_BLOCKS)
-    assert done.returncode == 0, done.stderr
-    assert int(done.stdout) < 1 << 20
+    from freed_blocks import resident_after_freeing
+    setup = ("import contextlib, io, tallow.cli\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    tallow.cli.main([])  # tunes the process as every subcommand gets it")
+    assert resident_after_freeing(setup) < 1 << 20
 
 
 def _tallow(*args, **env):
