@@ -16,6 +16,8 @@ from tallow.errors import Error, FormatError
 from tallow.io.gguf import write_gguf
 from tallow.io.safetensors import write_safetensors
 
+import gguf_files
+
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
@@ -223,9 +225,8 @@ def test_gguf_many_empty_nested_arrays_refused_fast(tmp_path, monkeypatch):
     the same shape at 100k arrays is refused before any is built."""
     from tallow.io import gguf as gguf_io
     n = 100_000
-    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"k" + struct.pack("<IIQ", 9, 9, n)
-    path = tmp_path / "arrays.gguf"
-    path.write_bytes(head + struct.pack("<IQ", 4, 0) * n)
+    path = tmp_path / "arrays.gguf"  # k: an array (9) of n arrays (9), each an empty array of u32 (4)
+    path.write_bytes(gguf_files.raw(gguf_files.kv(b"k", 9, struct.pack("<IQ", 9, n) + struct.pack("<IQ", 4, 0) * n), 1))
     values = [0]
     value = gguf_io._Cursor.value
 
