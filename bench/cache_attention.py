@@ -6,7 +6,7 @@ Times functional.cache_attention (rotate q and k, append k and v to the cache, a
 SmolLM2-135M's shape (9 query heads over 3 KV heads of 64 features) with the cache holding
 `keys` keys of a cache of that capacity: one workgroup per query head (split-K off), and
 the keys split among workgroups of KEYS_PER_SPLIT plus the dispatch that joins them (as
-wgpu_backend/backend.py chooses for that capacity). Both in the same run, with one readback
+wgpu_backend/attention.py chooses for that capacity). Both in the same run, with one readback
 per batch of `reps` calls (the sync point). Prints the adapter, and says so when it is a
 CPU emulator (lavapipe, SwiftShader): there the workgroups share a few CPU cores, so the
 figure says nothing about a real GPU, where split-K exists to fill idle compute units.
@@ -24,11 +24,11 @@ import numpy as np  # noqa: E402
 
 import tallow  # noqa: E402
 from tallow import functional as F  # noqa: E402
-from tallow_wgpu import backend as wgpu_backend  # noqa: E402
+from tallow_wgpu import attention as wgpu_attention  # noqa: E402
 
 
 def time_calls(dev, keys, reps, split):
-    wgpu_backend.SPLIT_K_MIN_KEYS = 1 if split else 1 << 30
+    wgpu_attention.SPLIT_K_MIN_KEYS = 1 if split else 1 << 30
     rng = np.random.default_rng(0)
     h, hk, d = 9, 3, 64
     cache = [tallow.from_numpy(rng.standard_normal((1, hk, keys, d)).astype(np.float32), device=dev)
@@ -60,15 +60,15 @@ def main():
     feats = dev.backend.features()
     emulated = " (a CPU emulator: not a GPU figure)" if feats.get("cpu_emulated") else ""
     print(f"adapter: {feats.get('adapter')}{emulated}")
-    keep = wgpu_backend.SPLIT_K_MIN_KEYS
+    keep = wgpu_attention.SPLIT_K_MIN_KEYS
     try:
         one, ref = time_calls(dev, args.keys, args.reps, False)
         split, got = time_calls(dev, args.keys, args.reps, True)
     finally:
-        wgpu_backend.SPLIT_K_MIN_KEYS = keep
-    splits = min(wgpu_backend.MAX_SPLITS, -(-args.keys // wgpu_backend.KEYS_PER_SPLIT))
+        wgpu_attention.SPLIT_K_MIN_KEYS = keep
+    splits = min(wgpu_attention.MAX_SPLITS, -(-args.keys // wgpu_attention.KEYS_PER_SPLIT))
     print(f"{args.keys} keys, 9 query heads / 3 KV heads x 64: one workgroup per head {one:.3f} ms/call; "
-          f"split-K ({splits} splits of {wgpu_backend.KEYS_PER_SPLIT} keys + combine) {split:.3f} ms/call "
+          f"split-K ({splits} splits of {wgpu_attention.KEYS_PER_SPLIT} keys + combine) {split:.3f} ms/call "
           f"(max difference {np.abs(got - ref).max():.1e})")
 
 

@@ -67,7 +67,7 @@ def prefill(be, quick):
         blocks = np.frombuffer(be.to_bytes(w, Layout((w.nbytes,)), D.u8), np.uint8).reshape(-1, 20).copy()
         blocks[:, 0:4] = np.full((len(blocks), 2), 0.01, np.float16).view(np.uint8)
         be.driver.write(w.buf, 0, blocks.tobytes())
-    from tallow_wgpu.backend import QMATVEC_MAX_ROWS
+    from tallow_wgpu.matmul import QMATVEC_MAX_ROWS
     for m in ((128,) if quick else (QMATVEC_MAX_ROWS, QMATVEC_MAX_ROWS + 1, 128, 256, 512)):
         x = be.from_bytes(rng.standard_normal((m, 1536), dtype=np.float32).tobytes(), D.f32)
         flops = sum(2 * m * n * k for n, k, _ in weights)
@@ -81,7 +81,7 @@ def prefill(be, quick):
                     if choice == "qmatvec":
                         be._qmatmul_piece(wb, x, out, m, n, k, q41.nbytes(k), 0, D.f32, q41, ("quant_common", "q4_1"))
                     else:
-                        be._qmatmul_with(choice, wb, x, out, m, n, k, q41.nbytes(k), 0, D.f32, q41)
+                        be.qmatmul_with(choice, wb, x, out, m, n, k, q41.nbytes(k), 0, D.f32, q41)
                 be.to_bytes(out, Layout((1,)), D.f32)
             rates[choice] = rate(flops, layer)
         print(f"prefill smollm2 Q4_1 layer, m={m}: " + "   ".join(f"{c} {r:6.2f} GFLOP/s" for c, r in rates.items()))
@@ -101,7 +101,7 @@ def prefill(be, quick):
         for choice in tuning.CANDIDATES["matmul"]:
             def mm():
                 out = be._new(numel, D.f32)
-                be._matmul_with(choice, a, b, out, words, D.f32)
+                be.matmul_with(choice, a, b, out, words, D.f32)
                 be.to_bytes(out, Layout((1,)), D.f32)
             rates[choice] = rate(flops, mm)
         print(f"whisper encoder {name} ({f} frames): " + "   ".join(f"{c} {r:6.2f} GFLOP/s" for c, r in rates.items()))

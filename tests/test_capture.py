@@ -63,9 +63,9 @@ def test_split_k_attention_replays_give_eager_logits_and_numpy_tokens(wgpu, tiny
     """Split-K attention (forced onto small caches: 4 keys per split) under capture: the split count
     follows the cache's capacity, so one recording replays at every position of it."""
     from tallow.generation import generate_ids
-    from tallow_wgpu import backend
-    monkeypatch.setattr(backend, "SPLIT_K_MIN_KEYS", 8)
-    monkeypatch.setattr(backend, "KEYS_PER_SPLIT", 4)
+    from tallow_wgpu import attention
+    monkeypatch.setattr(attention, "SPLIT_K_MIN_KEYS", 8)
+    monkeypatch.setattr(attention, "KEYS_PER_SPLIT", 4)
     model = tallow.load_model(tiny_llama_dir, device=wgpu)
     calls = count_captures(monkeypatch, wgpu.backend)
     captured = _greedy_logits(model, [1, 5, 9], 30, _small_cache(model, 8))

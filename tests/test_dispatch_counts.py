@@ -99,9 +99,9 @@ def test_whisper_decoder_dispatches_per_layer_are_bounded(tmp_path):
 def test_split_k_attention_adds_one_dispatch_per_layer(tmp_path, monkeypatch):
     """Over a long KV cache wgpu splits the keys among workgroups (flash-decoding, forced here
     onto the tiny model's cache) and joins their partial softmaxes in one more dispatch."""
-    from tallow_wgpu import backend
-    monkeypatch.setattr(backend, "SPLIT_K_MIN_KEYS", 8)
-    monkeypatch.setattr(backend, "KEYS_PER_SPLIT", 4)
+    from tallow_wgpu import attention
+    monkeypatch.setattr(attention, "SPLIT_K_MIN_KEYS", 8)
+    monkeypatch.setattr(attention, "KEYS_PER_SPLIT", 4)
     per_layer, _, kernels = _per_layer(lambda layers: _decode_dispatches(tmp_path, layers))
     assert per_layer == MAX_DISPATCHES_PER_LAYER + 1, (per_layer, kernels)
     assert kernels["attention_combine"] == kernels["cache_attention"] == 4, kernels

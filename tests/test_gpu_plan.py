@@ -15,12 +15,14 @@ def test_both_planners_use_the_one_definition():
     from tallow.backends.kernel import backend as kernel_backend
     from tallow.backends.kernel import host
     from tallow_wgpu import backend as wgpu_backend
+    from tallow_wgpu import common as wgpu_common
+    from tallow_wgpu import matmul as wgpu_matmul
     from tallow_wgpu import tuning
     for module in (host, wgpu_backend, tuning):
         assert module.IN_KERNEL_QUANTS is gpu_plan.IN_KERNEL_QUANTS, module.__name__
-    assert host.MAX_DIMS is wgpu_backend.MAX_DIMS is gpu_plan.MAX_DIMS
-    assert host.f32_bits is wgpu_backend.f32_bits is gpu_plan.f32_bits
-    assert kernel_backend.runs_matvec is wgpu_backend.runs_matvec is gpu_plan.runs_matvec
+    assert host.MAX_DIMS is wgpu_common.MAX_DIMS is gpu_plan.MAX_DIMS
+    assert host.f32_bits is wgpu_matmul.f32_bits is gpu_plan.f32_bits
+    assert kernel_backend.runs_matvec is wgpu_matmul.runs_matvec is gpu_plan.runs_matvec
 
 
 @pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1", "q4_k", "q6_k"])

@@ -121,7 +121,7 @@ def quantised_blocks(qtype, n, k):
 def test_quantised_prefill_matches_dequantised_product(wgpu, monkeypatch, choice, qtype):
     """m = 70 > QMATVEC_MAX_ROWS takes the prefill kernel; n = 40 leaves a partial column tile."""
     from tallow.quant import dequantize_numpy
-    from tallow_wgpu.backend import QMATVEC_MAX_ROWS
+    from tallow_wgpu.matmul import QMATVEC_MAX_ROWS
     monkeypatch.setenv("TALLOW_WGPU_MATMUL", choice)
     labels = record_labels(monkeypatch, wgpu)
     m, n, k = QMATVEC_MAX_ROWS + 6, 40, 512

@@ -73,13 +73,13 @@ def _quantized(qname, n, k):
 @pytest.mark.parametrize("qname,n,k", [("q8_0", 300, 256), ("q4_0", 617, 224), ("q4_1", 900, 160)])
 def test_quantized_matmul_and_embedding_split_by_rows(be, monkeypatch, qname, n, k):
     import tallow.quant  # noqa: F401  (registers the block dtypes)
-    import tallow_wgpu.backend as backend_module
+    import tallow_wgpu.matmul as matmul_module
     qdt = D.get_dtype(qname)
     blocks, w_ref = _quantized(qname, n, k)
     assert blocks.nbytes > LIMIT
     sw = be.from_bytes(blocks.tobytes(), qdt)
     for m, matvec_rows in ((1, 64), (3, 64), (3, 1)):  # qmatvec (decoding, short prompts), then qmatmul
-        monkeypatch.setattr(backend_module, "QMATVEC_MAX_ROWS", matvec_rows)
+        monkeypatch.setattr(matmul_module, "QMATVEC_MAX_ROWS", matvec_rows)
         be.calls.clear()
         x = RNG.standard_normal((m, k)).astype(np.float32)
         got = down(be, be.qmatmul(up(be, x, D.f32), Layout((m, k)), D.f32, sw, qdt, n, k), (m, n))

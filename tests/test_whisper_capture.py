@@ -94,9 +94,9 @@ def test_captured_greedy_decode_gives_eager_logits_across_cache_growth(capture_d
 
 def test_split_k_self_attention_replays_give_eager_logits(wgpu, tiny_dir, monkeypatch):
     """The decoder's self-attention split among workgroups (forced onto small caches) under capture."""
-    from tallow_wgpu import backend
-    monkeypatch.setattr(backend, "SPLIT_K_MIN_KEYS", 8)
-    monkeypatch.setattr(backend, "KEYS_PER_SPLIT", 2)
+    from tallow_wgpu import attention
+    monkeypatch.setattr(attention, "SPLIT_K_MIN_KEYS", 8)
+    monkeypatch.setattr(attention, "KEYS_PER_SPLIT", 2)
     model = whisper.load(tiny_dir, device=wgpu)
     feats = _features(model, 1)
     calls = count_captures(monkeypatch, wgpu.backend)

@@ -4,8 +4,8 @@ over `navigator.gpu`, for tallow running in Pyodide (a Web Worker or a page).
     driver = await create_browser_driver()     # or BrowserDriver.open() with run_sync available
     dev = register_device(driver)              # tallow.Device("wgpu") now runs on the browser's GPU
 
-Every kernel and all dispatch logic stay in backend.py; this module only moves
-bytes and records dispatches. Recording from Python through `js` proxies is
+Every kernel and all dispatch logic stay in the backend (backend.py and its op-family
+modules); this module only moves bytes and records dispatches. Recording from Python through `js` proxies is
 slow (50-85 us per dispatch), so dispatch() only appends integers to a Python
 list and flush() hands the list to js/driver.js, which builds bind groups,
 encodes and submits in one call.

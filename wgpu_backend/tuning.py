@@ -27,6 +27,8 @@ import time
 from tallow.backends.gpu_plan import IN_KERNEL_QUANTS
 from tallow.settings import settings
 
+from . import wgsl
+
 ENV = "TALLOW_WGPU_MATMUL"
 CACHE_FILE = "wgpu_tuning.json"
 CACHE_VERSION = 1
@@ -127,7 +129,9 @@ def write_cache(path, key, family, record):
 class Tuner:
     """One backend's kernel choices. clock: seconds (time.perf_counter; tests pass a fake one);
     measure: whether an unmeasured family is measured on first use (default: natively, on a
-    driver that really computes)."""
+    driver that really computes). Of the backend it uses only public names: driver, limits,
+    has_f16, capturing(), from_bytes/full, qmatvec_max_rows, and the kernels it races,
+    matmul_with and qmatmul_with."""
 
     def __init__(self, backend, path=None, clock=time.perf_counter, measure=None):
         self.backend = backend
@@ -250,7 +254,7 @@ def operands_fit(backend, family, shape):
     from tallow import dtypes
     m, k, n = shape
     kind, what = family.split(" ", 1)
-    esize = 4 if kind == "qmatmul" else backend._esize(dtypes.get_dtype(what))
+    esize = 4 if kind == "qmatmul" else wgsl.elem_size(dtypes.get_dtype(what), backend.has_f16)
     weight = dtypes.get_dtype(what).nbytes(n * k) if kind == "qmatmul" else esize * n * k
     return max(weight, esize * m * max(k, n)) <= backend.limits["max_storage_binding"]
 
@@ -259,26 +263,25 @@ def runner(backend, family, shape):
     """run(candidate, reps): `reps` launches of family's candidate on a (rows, K, N) Linear-layer
     matmul of zeros (timing does not depend on the values), then one readback (the sync point)."""
     from tallow import dtypes
-    from .backend import QMATVEC_MAX_ROWS
     m, k, n = shape
     kind, what = family.split(" ", 1)
     if kind == "qmatmul":
-        assert m > QMATVEC_MAX_ROWS, "qmatmul's candidates serve prefills longer than the qmatvec threshold"
+        assert m > backend.qmatvec_max_rows, "qmatmul's candidates serve prefills longer than the qmatvec threshold"
         wdtype = dtypes.get_dtype(what)
-        x, y = backend.from_bytes(bytes(4 * m * k), dtypes.f32), backend._new(m * n, dtypes.f32)
+        x, y = backend.from_bytes(bytes(4 * m * k), dtypes.f32), backend.full(m * n, 0, dtypes.f32)
         w = backend.from_bytes(bytes(wdtype.nbytes(n * k)), wdtype)
 
         def launch(name):
-            backend._qmatmul_with(name, w, x, y, m, n, k, wdtype.nbytes(k), 0, dtypes.f32, wdtype)
+            backend.qmatmul_with(name, w, x, y, m, n, k, wdtype.nbytes(k), 0, dtypes.f32, wdtype)
     else:
         dtype = dtypes.get_dtype(what)
-        esize = backend._esize(dtype)
+        esize = wgsl.elem_size(dtype, backend.has_f16)
         a, b = backend.from_bytes(bytes(esize * m * k), dtype), backend.from_bytes(bytes(esize * n * k), dtype)
-        y = backend._new(m * n, dtype)
+        y = backend.full(m * n, 0, dtype)
         words = [m, n, k, 1, 0, 0, k, 1, 0, 0, 1, k]  # x (m, k) . w^T, w (n, k): a Linear layer
 
         def launch(name):
-            backend._matmul_with(name, a, b, y, words, dtype)
+            backend.matmul_with(name, a, b, y, words, dtype)
 
     def run(name, reps):
         for _ in range(reps):

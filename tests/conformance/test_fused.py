@@ -243,12 +243,12 @@ def test_attention_long_cache(device, tq, causal, mask):
 def _split_k_from(monkeypatch, min_keys, keys_per_split=None):
     """On wgpu: split-K (flash-decoding) from caches of min_keys slots on, keys_per_split each."""
     try:
-        from tallow_wgpu import backend
+        from tallow_wgpu import attention
     except ImportError:
         return
-    monkeypatch.setattr(backend, "SPLIT_K_MIN_KEYS", min_keys)
+    monkeypatch.setattr(attention, "SPLIT_K_MIN_KEYS", min_keys)
     if keys_per_split is not None:
-        monkeypatch.setattr(backend, "KEYS_PER_SPLIT", keys_per_split)
+        monkeypatch.setattr(attention, "KEYS_PER_SPLIT", keys_per_split)
 
 
 @pytest.fixture
