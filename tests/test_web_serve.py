@@ -1,6 +1,9 @@
 """web/serve.py answered over real HTTP: files only, byte ranges, malformed paths."""
 import http.client
 import importlib.util
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,3 +153,23 @@ def test_connections_over_the_cap_get_503_not_a_thread(tmp_path):
             if status == 200:
                 break
         assert status == 200
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_the_command_line_server_stops_cleanly_on_ctrl_c_and_sigterm(tmp_path, stop):
+    """Ctrl-C in a terminal, SIGTERM from a service manager (or where a script's job cannot get SIGINT)."""
+    server = subprocess.Popen([sys.executable, str(SERVE), "--port", "0", "--dist", str(_site(tmp_path))],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()  # "serving DIST at http://127.0.0.1:N/"
+        port = int(line.rsplit(":", 1)[1].strip(" /\n"))
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/")
+        assert conn.getresponse().status == 200
+        conn.close()
+        server.send_signal(stop)
+        assert server.wait(timeout=30) == 0 and "Traceback" not in server.stderr.read()
+    finally:
+        server.kill() if server.poll() is None else None
+        server.stdout.close()
+        server.stderr.close()

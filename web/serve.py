@@ -23,6 +23,7 @@ import functools
 import http.server
 import os
 import re
+import signal
 import stat
 import sys
 import threading
@@ -235,12 +236,17 @@ class StaticServer:
         return self
 
     def serve_until_interrupted(self):
-        """Serve in this thread until Ctrl-C (the command-line servers)."""
+        """Serve in this thread until Ctrl-C or SIGTERM (the command-line servers; a service
+        manager stops with SIGTERM, and a shell script's background job cannot get SIGINT)."""
+        def stop(signum, frame):
+            raise KeyboardInterrupt
+        previous = signal.signal(signal.SIGTERM, stop)
         try:
             self.httpd.serve_forever()
         except KeyboardInterrupt:
             pass
         finally:
+            signal.signal(signal.SIGTERM, previous)
             self.httpd.server_close()
 
     def close(self):
