@@ -12,13 +12,16 @@
 //                                    "segment" and "window" messages: {stage: "audio" (its duration
 //                                    is known), "encoding", "decoding" (tokens so far) or "window"
 //                                    (one more 30 s window done, time left), done_s, duration}
-//   chat {model, messages, maxTokens} streams "prefill" then "token" messages
+//   chat {model, messages, maxTokens, options} streams "prefill" then "token" messages; options:
+//                                    {temperature, top_p, seed, stop} (tallow.mjs passes them on)
 //   cache-list / cache-delete {model} what the Cache API holds per model; drop a model's files
 //   run {code}                       test builds only (site.json lists test_hooks.py): evaluate
 //                                    Python; the JSON text of its last expression
 // Worker -> page: progress {stage, loaded, total, file?}, ready {info, manifest, site},
 //   queued {id, ahead}, started {id}, segment, window, prefill, token,
-//   result {id, value}, error {id, message, traceback}.
+//   result {id, value}, error {id, message, traceback, error_type} (error_type: the Python
+//   exception's class name, e.g. ContextWindowError, or null). Every reply to a request carries its
+//   id, so several requests can be in flight (tallow.mjs routes each stream's tokens by it).
 import { loadPyodide } from "./pyodide/pyodide.mjs";
 
 const CACHE_NAME = "tallow-models-v1";
@@ -324,7 +327,8 @@ async function handle(msg) {
       const onPrefill = (json) => post({ type: "prefill", id: msg.id, ...JSON.parse(json) });
       const isStopped = () => stopped.has(msg.id);
       try {
-        return JSON.parse(await api.chat(msg.model, JSON.stringify(msg.messages), msg.maxTokens || 128, onToken, isStopped, onPrefill));
+        return JSON.parse(await api.chat(msg.model, JSON.stringify(msg.messages), msg.maxTokens || 128, onToken, isStopped, onPrefill,
+          msg.options ? JSON.stringify(msg.options) : null));
       } finally {
         stopped.delete(msg.id);
       }
@@ -350,7 +354,9 @@ function errorMessage(err) {
       break;
     }
   }
-  return { message: lines.slice(at).join("\n").slice(0, 600), traceback: text };
+  const name = /^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt))\b/.exec(lines[at]);
+  return { message: lines.slice(at).join("\n").slice(0, 600), traceback: text,
+           error_type: name ? name[1].split(".").pop() : null };
 }
 
 const booted = boot().catch((err) => {

@@ -266,8 +266,13 @@ def transcribe(key, audio, is_samples, on_segment, timestamps=True, on_progress=
                   "segments": segments})
 
 
-async def chat(key, messages_json, max_tokens, on_token, is_stopped, on_prefill=None):
-    """Stream a greedy reply; between tokens yield to the event loop so a Stop message is seen.
+SAMPLING = ("temperature", "top_p", "seed", "stop")  # what tallow.mjs's chat.completions.create passes on
+
+
+async def chat(key, messages_json, max_tokens, on_token, is_stopped, on_prefill=None, options_json=None):
+    """Stream a reply (greedy unless options_json sets temperature; also top_p, seed, stop); between
+    tokens yield to the event loop so a Stop message is seen. A prompt that leaves no room for
+    max_tokens raises ContextWindowError before any compute (tallow.mjs: context_length_exceeded).
     on_prefill gets JSON {prompt_tokens} before the prompt is read (one forward pass: the page
     shows it with an estimate). on_token(text, json) gets each piece with the decode rate so far:
     tokens after the first / seconds since the first, so the prompt's time is not counted."""
@@ -275,13 +280,24 @@ async def chat(key, messages_json, max_tokens, on_token, is_stopped, on_prefill=
 
     model = _model(key)
     messages = json.loads(messages_json)
+    options = json.loads(options_json) if options_json else {}
+    unknown = sorted(set(options) - set(SAMPLING))
+    if unknown:
+        raise tallow.errors.Error(f"chat: unknown options {unknown} (known: {', '.join(SAMPLING)})")
+    max_tokens = int(max_tokens)
+    prompt_tokens = len(chat_prompt_ids(model, messages))
+    window = model.context_window
+    if prompt_tokens + max_tokens > window:
+        raise tallow.errors.ContextWindowError(
+            f"this model's context window is {window} tokens, and the request needs {prompt_tokens + max_tokens} "
+            f"({prompt_tokens} in the messages, max_tokens {max_tokens}): shorten the messages or ask for fewer tokens")
     if on_prefill is not None:
-        on_prefill(_json({"prompt_tokens": len(chat_prompt_ids(model, messages))}))
+        on_prefill(_json({"prompt_tokens": prompt_tokens}))
         await asyncio.sleep(0)  # let the message out before the long forward pass
     started = time.perf_counter()
     first = None
     pieces = []
-    stream = run_chat(model, messages, stream=True, max_tokens=int(max_tokens))
+    stream = run_chat(model, messages, stream=True, max_tokens=max_tokens, **options)
     stopped = False
     for n, piece in enumerate(stream):
         now = time.perf_counter()
