@@ -129,3 +129,27 @@ def test_f16_without_shader_f16_round_trips_like_numpy(be):
     assert np.frombuffer(got, np.uint16)[~np.isnan(want)].tolist() == want.view(np.uint16)[~np.isnan(want)].tolist()
     assert np.isnan(np.frombuffer(got, np.float16)[np.isnan(want)]).all()
     assert plain.to_bytes(plain.from_bytes(want.tobytes(), D.f16), Layout(x.shape), D.f16) == want.tobytes()
+
+
+def test_kernel_includes_expand_and_a_self_include_is_refused(tmp_path, monkeypatch):
+    # The variants share text through `// #include "x.wgsl"` (wgsl.kernel_text): every kernel
+    # the drivers get (native and browser alike) has them expanded, each pair the same text.
+    from importlib import resources
+    from types import SimpleNamespace
+
+    from tallow_wgpu import wgsl
+    names = [p.name[:-5] for p in resources.files("tallow_wgpu").joinpath("kernels").iterdir()
+             if p.name.endswith(".wgsl")]
+    for name in names:
+        assert "#include" not in wgsl.kernel_text(name), name
+    for a, b, shared in (("matvec_rows", "matvec_rows_glu", "matvec_rows_cols"), ("qmatvec", "qmatvec_glu", "qmatvec_cols"),
+                         ("matmul_tiled", "qmatmul_tiled", "tile_multiply"), ("attend", "cache_attend", "attend_rescale")):
+        part = wgsl.kernel_text(shared)
+        assert part in wgsl.kernel_text(a) and part in wgsl.kernel_text(b), (a, b)
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "loop_a.wgsl").write_text('// #include "loop_b.wgsl"\n')
+    (tmp_path / "kernels" / "loop_b.wgsl").write_text('fn f() {}\n    // #include "loop_a.wgsl"\n')
+    monkeypatch.setattr(wgsl, "resources", SimpleNamespace(files=lambda package: tmp_path))
+    monkeypatch.setattr(wgsl, "_cache", {})
+    with pytest.raises(ValueError, match="loop_a.wgsl includes itself"):
+        wgsl.kernel_text("loop_a")

@@ -13,7 +13,12 @@ A kernel names its operands' types by a letter: `SX`/`CX` are operand X's
 storage/compute types, `lx(v)` loads (storage -> compute) and `sx(v)` stores
 (compute -> storage, rounding or wrapping to the dtype). Placeholders like
 `{{OP}}` are filled in by the backend.
+
+A kernel file shares text with its variants through `// #include "name.wgsl"` lines (whole
+lines, at module scope or inside a function), replaced by that file of kernels/ when the file
+is read: every driver, the browser's included, gets the expanded text.
 """
+import re
 from importlib import resources
 
 from tallow.dtypes import bf16, bool_, f16, f32, i8, i32, i64, u8, u32
@@ -22,10 +27,17 @@ from tallow.errors import UnsupportedError
 _cache = {}
 
 
-def kernel_text(name):
+_INCLUDE = re.compile(r'^[ \t]*// #include "(\w+)\.wgsl"[ \t]*$', re.M)
+
+
+def kernel_text(name, _within=()):
+    """kernels/<name>.wgsl with its includes expanded."""
     text = _cache.get(name)
     if text is None:
-        text = resources.files("tallow_wgpu").joinpath("kernels", name + ".wgsl").read_text()
+        if name in _within:
+            raise ValueError(f"kernels/{name}.wgsl includes itself (through {' -> '.join(_within)})")
+        raw = resources.files("tallow_wgpu").joinpath("kernels", name + ".wgsl").read_text()
+        text = _INCLUDE.sub(lambda m: kernel_text(m.group(1), _within + (name,)).rstrip("\n"), raw)
         _cache[name] = text
     return text
 

@@ -18,10 +18,7 @@
 @group(0) @binding(4) var<storage, read> mask: array<SX>;
 @group(0) @binding(5) var<storage, read_write> y: array<SX>;
 
-const CHUNK: u32 = 1024u;
-var<workgroup> qs: array<vec4<f32>, 64>;
-var<workgroup> ps: array<f32, 1024>;
-var<workgroup> parts: array<vec4<f32>, 64>;
+// #include "attend_head.wgsl"
 
 // Element offset of (bb, hh, r, 0) in the operand whose offset and strides start at word w.
 fn row_at(w: u32, bb: u32, hh: u32, r: u32) -> u32 {
@@ -78,17 +75,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
             ps[jj] = sc;
             cm = max(cm, sc);
         }
-        let new_m = max(m, reduce_max(l, cm));
-        // Until some key scores above -inf there is nothing to rescale or weigh.
-        let alpha = select(exp(m - new_m), 1.0, new_m == -f32_inf());
-        var part = 0.0;
-        for (var jj = l; jj < count; jj = jj + 64u) {
-            let pj = select(exp(ps[jj] - new_m), 0.0, new_m == -f32_inf());
-            ps[jj] = pj;
-            part = part + pj;
-        }
-        total = total * alpha + reduce_sum(l, part);  // its barriers publish ps
-        acc = acc * alpha;
+        // #include "attend_rescale.wgsl"
         if (split < splits) {
             let vq = v0 + c0 * vs + quad;
             for (var jj = split; jj < count; jj = jj + splits) { acc = acc + ps[jj] * vec4<f32>(v[vq + jj * vs]); }

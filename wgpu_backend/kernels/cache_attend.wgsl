@@ -24,12 +24,9 @@
 @group(0) @binding(7) var<storage, read_write> vc: array<vec4<SX>>;
 @group(0) @binding(8) var<storage, read_write> y: array<SY>;
 
-const CHUNK: u32 = 1024u;
-var<workgroup> qs: array<vec4<f32>, 64>;
+// #include "attend_head.wgsl"
 var<workgroup> k_new: array<vec4<f32>, 64>;
 var<workgroup> v_new: array<vec4<f32>, 64>;
-var<workgroup> ps: array<f32, 1024>;
-var<workgroup> parts: array<vec4<f32>, 64>;
 
 // Element (bb, hh, tt, e) of the operand whose offset and strides start at word w.
 fn el(w: u32, bb: u32, hh: u32, tt: u32, e: u32) -> u32 {
@@ -147,16 +144,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u3
             ps[jj] = sc;
             cm = max(cm, sc);
         }
-        let new_m = max(m, reduce_max(l, cm));
-        let alpha = select(exp(m - new_m), 1.0, new_m == -f32_inf());
-        var part = 0.0;
-        for (var jj = l; jj < count; jj = jj + 64u) {
-            let pj = select(exp(ps[jj] - new_m), 0.0, new_m == -f32_inf());
-            ps[jj] = pj;
-            part = part + pj;
-        }
-        total = total * alpha + reduce_sum(l, part);  // its barriers publish ps
-        acc = acc * alpha;
+        // #include "attend_rescale.wgsl"
         if (lane < lanes) {
             for (var jj = lane; jj < count; jj = jj + lanes) {
                 let j = c0 + jj;

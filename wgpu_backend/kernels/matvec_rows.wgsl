@@ -4,25 +4,14 @@
 // (operand a, strided) or norm_input.wgsl (a residual add and norm fused in). One
 // invocation per 4 columns: each vec4 of x is loaded once for all 4. Parameters as
 // matmul.wgsl, then a Linear layer's bias: P(12) = 1 adds bias[P(13) + c * P(14)] to column c.
-@group(0) @binding(1) var<storage, read> b: array<vec4<SX>>;
-@group(0) @binding(3) var<storage, read_write> y: array<SX>;
+// #include "matvec_rows_head.wgsl"
 @group(0) @binding(4) var<storage, read> bias: array<SX>;
-
-fn bv(i: u32) -> vec4<f32> { return vec4<f32>(b[i]); }
-
-fn act(v: f32) -> f32 { return {{ACT}}; }
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
         @builtin(local_invocation_index) l: u32) {
-    input_begin(w, n, l);
-    let nn = P(1u);
-    let k4 = P(2u) / 4u;
-    let col0 = (w.x + w.y * n.x) * 256u + l * 4u;
-    if (col0 >= nn) { return; }
+    // #include "matvec_rows_cols.wgsl"
     let bi = w.z;
-    // Columns past the end repeat the last one and are not written.
-    let cols = min(vec4<u32>(col0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(nn - 1u));
     let rows = (vec4<u32>(P(8u) + bi * P(9u)) + cols * P(11u)) / 4u;
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);

@@ -4,23 +4,12 @@
 // multiples of 4. The input row comes from an include, as in matvec_rows.wgsl. One
 // invocation per 4 output columns: 4 gate and 4 up dot products share each vec4 of x.
 // Parameters as matmul.wgsl, N being the output columns.
-@group(0) @binding(1) var<storage, read> b: array<vec4<SX>>;
-@group(0) @binding(3) var<storage, read_write> y: array<SX>;
-
-fn bv(i: u32) -> vec4<f32> { return vec4<f32>(b[i]); }
-
-fn act(v: f32) -> f32 { return {{ACT}}; }
+// #include "matvec_rows_head.wgsl"
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
         @builtin(local_invocation_index) l: u32) {
-    input_begin(w, n, l);
-    let nn = P(1u);
-    let k4 = P(2u) / 4u;
-    let col0 = (w.x + w.y * n.x) * 256u + l * 4u;
-    if (col0 >= nn) { return; }
-    // Columns past the end repeat the last one and are not written.
-    let cols = min(vec4<u32>(col0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(nn - 1u));
+    // #include "matvec_rows_cols.wgsl"
     let g = (vec4<u32>(P(8u)) + cols * P(11u)) / 4u;
     let u = (vec4<u32>(P(8u)) + (cols + vec4<u32>(nn)) * P(11u)) / 4u;
     var g0 = vec4<f32>(0.0);

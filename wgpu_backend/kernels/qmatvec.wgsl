@@ -8,22 +8,14 @@
 // P: 0 M, 1 N, 2 K, 3 bytes per row of w, then x's layout as matmul.wgsl's a: 4 offset,
 // 5 batch stride (0), 6 row stride, 7 column stride; a Linear layer's bias: P(12) = 1 adds
 // bias[P(13) + c * P(14)] to column c.
-@group(0) @binding(3) var<storage, read_write> y: array<SX>;
+// #include "qmatvec_head.wgsl"
 @group(0) @binding(4) var<storage, read> bias: array<SX>;
-
-fn act(v: f32) -> f32 { return {{ACT}}; }
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
         @builtin(local_invocation_index) l: u32) {
-    input_begin(w, n, l);
-    let nn = P(1u);
-    let kk = P(2u);
-    let col0 = flat_id(w, n, l, 64u) * 4u;
-    if (col0 >= nn) { return; }
-    let rb = P(3u);
-    // Columns past the end repeat the last one and are not written.
-    let rows = vec4<u32>(min(vec4<u32>(col0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(nn - 1u))) * rb;
+    // #include "qmatvec_cols.wgsl"
+    let rows = cols * rb;
     for (var r = 0u; r < P(0u); r = r + 1u) {
         var acc = vec4<f32>(0.0);
         for (var s = 0u; s < kk / 32u; s = s + 1u) {
