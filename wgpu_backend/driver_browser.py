@@ -2,7 +2,7 @@
 over `navigator.gpu`, for tallow running in Pyodide (a Web Worker or a page).
 
     driver = await create_browser_driver()     # or BrowserDriver.open() with run_sync available
-    dev = register_device(driver)              # tallow.Device("wgpu") now runs on the browser's GPU
+    dev = tallow_wgpu.browser.register_device(driver)  # tallow.Device("wgpu") runs on the browser's GPU
 
 Every kernel and all dispatch logic stay in the backend (backend.py and its op-family
 modules); this module only moves bytes and records dispatches. Recording from Python through `js` proxies is
@@ -306,13 +306,3 @@ class BrowserDriver:
         if self._dead_graphs:
             dead, self._dead_graphs = self._dead_graphs, []
             self._js_driver.forgetGraphs(self._ffi.to_js(dead))
-
-
-def register_device(driver, max_binding=None):
-    """Make tallow.Device("wgpu") use `driver` (the wgpu backend picks the native driver by default).
-    max_binding: assume storage bindings of at most this many bytes (tests of the splitting).
-    Returns that Device."""
-    from tallow.device import use_backend
-
-    from .backend import WgpuBackend
-    return use_backend("wgpu", WgpuBackend(driver, max_binding=max_binding))

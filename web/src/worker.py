@@ -28,7 +28,7 @@ async def boot(want_gpu=True, max_binding_mb=None):
     info = {"tallow": tallow.__version__, "numpy": _has_numpy()}
     if want_gpu:
         try:
-            from tallow_wgpu.driver_browser import create_browser_driver, register_device
+            from tallow_wgpu.browser import create_browser_driver, register_device
             driver = await create_browser_driver()
             max_binding = None if max_binding_mb is None else int(float(max_binding_mb) * (1 << 20))
             dev = register_device(driver, max_binding)
