@@ -1,17 +1,19 @@
-// The page: talks to worker.mjs by messages and never runs Python itself.
+// The page: talks to worker.mjs through tallow.mjs (the OpenAI-shaped API any page may import) and
+// never runs Python itself.
 import { prepareFile, startRecording } from "./audio.js";
+import { TallowClient } from "./tallow.mjs";
 import { transcriptAs } from "./transcript.js";
 
 const $ = (id) => document.getElementById(id);
-const workerUrl = new URL("worker.mjs", import.meta.url);
 // Options the worker reads: ?cpu, and the big-model knobs ?slice_mb= / ?max_binding_mb= (tests lower them).
+const workerOptions = {};
 for (const [name, value] of new URL(location.href).searchParams) {
-  if (["cpu", "slice_mb", "max_binding_mb"].includes(name)) workerUrl.searchParams.set(name, value || "1");
+  if (["cpu", "slice_mb", "max_binding_mb"].includes(name)) workerOptions[name] = value || "1";
 }
-const worker = new Worker(workerUrl, { type: "module" });
+const client = new TallowClient({ workerOptions, onProgress: (msg) => showProgress(msg, activePanel()) });
 
-let nextId = 1;
-const pending = new Map(); // id -> {resolve, reject, onEvent, status}
+const panels = new Map(); // running request -> the panel that asked: where the worker's progress goes
+let panelCount = 0;
 const loaded = new Map(); // model key -> load info
 const progressOf = new Map(); // model key -> {state, storage}: the table's cells while it loads
 let manifest = { models: {} };
@@ -25,13 +27,34 @@ const ready = new Promise((r) => (resolveReady = r));
 // shows the panel the user is in, not the top of the page).
 const statusOf = { speech: "speech-status", chat: "chat-status", models: "status" };
 
+function activePanel() {
+  return panels.size ? panels.values().next().value : "models";
+}
+
+// A request of the panel's: its progress shows there while it runs, and a "queued" answer says so
+// next to the control that made it; a failure's traceback goes to the console.
+function tracked(panel, promise) {
+  promise.catch((e) => console.warn(e.traceback || e.message));
+  if (!panel) return promise;
+  const key = ++panelCount;
+  panels.set(key, panel);
+  promise.finally(() => panels.delete(key)).catch(() => {});
+  return promise;
+}
+
+function events(panel, onEvent = null) {
+  return (msg) => {
+    if (msg.type === "queued" && panel) {
+      setStatus(msg.booting ? "Queued: Python is still starting; this runs as soon as it is ready." :
+        `Queued behind ${msg.ahead} earlier request${msg.ahead === 1 ? "" : "s"}; it runs when ${msg.ahead === 1 ? "that finishes" : "they finish"}.`, panel);
+    }
+    if (onEvent) onEvent(msg);
+  };
+}
+
 // request(type, fields, onEvent, transfer, panel) -> Promise of the worker's result value.
 function request(type, fields = {}, onEvent = null, transfer = [], panel = null) {
-  const id = nextId++;
-  return new Promise((resolve, reject) => {
-    pending.set(id, { resolve, reject, onEvent, panel });
-    worker.postMessage({ type, id, ...fields }, transfer);
-  });
+  return tracked(panel, client.request(type, fields, { onEvent: events(panel, onEvent), transfer }));
 }
 
 function showError(message) {
@@ -90,53 +113,26 @@ function showProgress(msg, panel) {
   }
 }
 
-worker.onmessage = (ev) => {
-  const msg = ev.data;
-  if (msg.type === "progress") {
-    const loading = [...pending.values()].find((p) => p.panel);
-    showProgress(msg, loading ? loading.panel : "models");
-    return;
-  }
-  if (msg.type === "ready") {
-    info = msg.info;
-    manifest = msg.manifest;
-    site = msg.site;
-    $("progress").hidden = true;
-    showDevice();
-    showModels();
-    refreshCache();
-    $("status").textContent = `Ready in ${info.ready_s.toFixed(1)} s (Pyodide ${info.pyodide}, tallow ${info.tallow}, ` +
-      `${mb(info.runtime_bytes)} downloaded).`;
-    enableControls();
-    showChatModels();
-    document.body.dataset.ready = "1";
-    resolveReady(info);
-    return;
-  }
-  if (msg.type === "fatal") {
-    $("status").textContent = "Python failed to start.";
-    for (const panel of ["speech", "chat"]) setStatus("Python failed to start: this panel cannot work (see the error).", panel, true);
-    showError(msg.message);
-    console.warn(msg.traceback);
-    return;
-  }
-  const p = pending.get(msg.id);
-  if (!p) return;
-  if (msg.type === "result") {
-    pending.delete(msg.id);
-    p.resolve(msg.value);
-  } else if (msg.type === "error") {
-    pending.delete(msg.id);
-    console.warn(msg.traceback || msg.message);
-    p.reject(new Error(msg.message));
-  } else if (msg.type === "queued" && p.panel) {
-    setStatus(msg.booting ? "Queued: Python is still starting; this runs as soon as it is ready." :
-      `Queued behind ${msg.ahead} earlier request${msg.ahead === 1 ? "" : "s"}; it runs when ${msg.ahead === 1 ? "that finishes" : "they finish"}.`, p.panel);
-    if (p.onEvent) p.onEvent(msg);
-  } else if (p.onEvent) {
-    p.onEvent(msg);
-  }
-};
+client.ready.then(() => {
+  info = client.info;
+  manifest = client.manifest;
+  site = client.site;
+  $("progress").hidden = true;
+  showDevice();
+  showModels();
+  refreshCache();
+  $("status").textContent = `Ready in ${info.ready_s.toFixed(1)} s (Pyodide ${info.pyodide}, tallow ${info.tallow}, ` +
+    `${mb(info.runtime_bytes)} downloaded).`;
+  enableControls();
+  showChatModels();
+  document.body.dataset.ready = "1";
+  resolveReady(info);
+}, (err) => {
+  $("status").textContent = "Python failed to start.";
+  for (const panel of ["speech", "chat"]) setStatus("Python failed to start: this panel cannot work (see the error).", panel, true);
+  showError(err.message);
+  console.warn(err.traceback);
+});
 
 const CONTROLS = ["open-model", "open-folder", "example", "audio-file", "record", "timestamps", "language", "task",
                   "chat-input", "max-tokens", "send", "reset"];
@@ -270,7 +266,7 @@ async function deleteCached(key) {
 const loading = new Map();
 function ensureModel(key, panel) {
   if (!loading.has(key)) {
-    const p = request("load", { model: key }, null, [], panel).then((v) => {
+    const p = tracked(panel, client.load(key, { onEvent: events(panel) })).then((v) => {
       progressOf.delete(key);
       loaded.set(key, v);
       showModels();
@@ -331,7 +327,8 @@ function speechEstimate(audioSeconds, device) {
   return device === "wgpu" ? null : estimateSeconds("whisper", audioSeconds);
 }
 
-async function transcribe(fields, transfer, label) {
+// audio: WAV bytes or 16 kHz samples (a Float32Array), as audio.js's prepareFile gives them.
+async function transcribe(audio, label) {
   const key = modelOfKind("whisper");
   if (!key) throw new Error("no speech model on this site: run `tallow fetch whisper-tiny.en` and rebuild");
   speechBusy += 1;
@@ -384,8 +381,9 @@ async function transcribe(fields, transfer, label) {
     };
     const language = $("multilingual").hidden ? null : $("language").value || null;
     const task = $("multilingual").hidden ? "transcribe" : $("task").value;
-    const r = await request("transcribe", { model: key, timestamps: $("timestamps").checked, language, task, ...fields },
-      onEvent, transfer, "speech");
+    const api = task === "translate" ? client.audio.translations : client.audio.transcriptions;
+    const r = (await tracked("speech", api.create({ file: audio, model: key, response_format: "verbose_json", language },
+      { onEvent: events("speech", onEvent), timestamps: $("timestamps").checked }))).tallow;
     bar.hidden = true;
     lastTranscript = r;
     secondsPerWindow.set(device, r.seconds / Math.max(1, Math.ceil(r.duration / 30)));
@@ -418,7 +416,7 @@ async function transcribeFile(file) {
   const bytes = await file.arrayBuffer();
   const fields = await prepareFile(file.name, bytes);
   preview(file);
-  return transcribe(fields, [fields.audio.buffer], file.name);
+  return transcribe(fields.audio, file.name);
 }
 
 $("example").onclick = guarded(async () => {
@@ -459,7 +457,7 @@ $("record").onclick = guarded(async () => {
   button.classList.remove("recording");
   const samples = await r.stop();
   preview(wavBlob(samples));
-  await transcribe({ audio: samples, samples: true }, [samples.buffer], "the recording");
+  await transcribe(samples, "the recording");
 }, "speech");
 
 // 16-bit PCM WAV of 16 kHz samples, for the audio preview of a recording.
@@ -499,13 +497,13 @@ for (const button of $("export").querySelectorAll("button[data-format]")) {
 
 // ---- chat ---------------------------------------------------------------------
 let history = [];
-let chatId = null;
+let chatAbort = null; // the running reply's AbortController: Stop aborts it
 let lastPrefillRate = null; // prompt tokens/s of the previous reply: the next prefill's estimate
 
 $("chat-form").onsubmit = guarded(async (ev) => {
   ev.preventDefault();
   const text = $("chat-input").value.trim();
-  if (!text || chatId !== null) return;
+  if (!text || chatAbort !== null) return;
   const key = $("chat-model").value || modelOfKind("llm");
   if (!key) throw new Error("no chat model on this site: run `tallow fetch smollm2-135m-instruct` and rebuild, or open a .gguf");
   $("chat-input").value = "";
@@ -530,14 +528,20 @@ $("chat-form").onsubmit = guarded(async (ev) => {
         const rate = lastPrefillRate || (info.cpu_speed && cost ? info.cpu_speed.flops_per_s / cost.flops_per_token : null);
         setStatus(`Reading your ${msg.prompt_tokens}-token prompt${rate ? ` (about ${duration(msg.prompt_tokens / rate)})` : ""}…`, "chat");
       } else if (msg.type === "token") {
-        reply.textContent += msg.text;
         const rate = msg.decode_tokens_per_s ? `, ${msg.decode_tokens_per_s.toFixed(2)} tokens/s` : "";
         setStatus(`Generating: ${msg.n} of at most ${maxTokens} tokens${rate} (first token after ${msg.first_token_s.toFixed(1)} s).`, "chat");
       }
     };
-    const p = request("chat", { model: key, messages: history, maxTokens }, onEvent, [], "chat");
-    chatId = nextId - 1;
-    const r = await p;
+    chatAbort = new AbortController();
+    const stream = await tracked("chat", client.chat.completions.create(
+      { model: key, messages: history, max_tokens: maxTokens, temperature: 0, stream: true },
+      { signal: chatAbort.signal, onEvent: events("chat", onEvent) }));
+    let r = null;
+    for await (const chunk of stream) {
+      const delta = chunk.choices[0].delta.content;
+      if (delta) reply.textContent += delta;
+      if (chunk.tallow) r = chunk.tallow; // the last chunk: the worker's timings
+    }
     history.push({ role: "assistant", content: r.text });
     reply.dataset.done = "1";
     if (r.prefill_tokens_per_s) lastPrefillRate = r.prefill_tokens_per_s;
@@ -549,14 +553,14 @@ $("chat-form").onsubmit = guarded(async (ev) => {
     reply.dataset.done = "error";
     throw e;
   } finally {
-    chatId = null;
+    chatAbort = null;
     $("send").disabled = false;
     $("reset").disabled = false;
     $("stop").disabled = true;
   }
 }, "chat");
 $("stop").onclick = () => {
-  if (chatId !== null) worker.postMessage({ type: "stop", id: chatId });
+  if (chatAbort !== null) chatAbort.abort();
 };
 $("reset").onclick = () => {
   history = [];
@@ -591,7 +595,7 @@ async function openFromDisk(files, title) {
   const bytes = files.reduce((s, f) => s + f.size, 0);
   setStatus(`Loading ${title} (${mb(bytes)})…`);
   // A folder's files keep their own names (webkitRelativePath holds the folder part).
-  const v = await request("open", { key, files }, null, [], "models");
+  const v = await tracked("models", client.open(key, files, { onEvent: events("models") }));
   loaded.set(key, v);
   manifest.models[key] = { kind: v.kind, title: `${title} (from disk)`, bytes: v.bytes, files: [] };
   showModels();
@@ -615,5 +619,5 @@ $("open-folder").onchange = guarded(async (ev) => {
 }, "models");
 
 // For tests and the console: window.tallowDemo.request("cache-list").
-window.tallowDemo = { request, ready, ensureModel, loaded, refreshCache, openFromDisk,
+window.tallowDemo = { client, request, ready, ensureModel, loaded, refreshCache, openFromDisk,
                       transcriptAs: (fmt) => transcriptAs(lastTranscript, fmt) };
