@@ -58,6 +58,26 @@ def write(path, arch, metadata=None, tensors=(), qtype=None):
     return path
 
 
+def add_hparams(writer, cfg, rope_theta):
+    """The hyperparameters every decoder GGUF carries, from a transformers config, as
+    convert_hf_to_gguf.py writes them (architecture-specific keys are the caller's)."""
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(rope_theta)
+
+
+def llama_permute(w, n_head):
+    """convert_hf_to_gguf.py's LlamaModel.permute for q (n_head = heads) or k (n_head = kv heads):
+    HF's half-split rotary rows -> ggml's interleaved pairs. transformers undoes it on load
+    (modeling_gguf_pytorch_utils.py, _reverse_permute_weights)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def gguf_bytes(arch, metadata=None, tensors=(), qtype=None):
     """The bytes write() would put in a file (written to a temporary folder and read back)."""
     import tempfile

@@ -91,11 +91,6 @@ def _check(model, path, tol=1e-4, device="cpu", steps=STEPS):
 
 # ---- GGUF as llama.cpp's convert_hf_to_gguf.py writes it -------------------------------------------
 
-def _permute(w, n_head):
-    """convert_hf_to_gguf.py LlamaModel.permute (HF half-split rotary rows -> ggml interleaved pairs)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def _llama3_rope_freqs(cfg):
     """convert_hf_to_gguf.py LlamaModel.generate_extra_tensors: the rope_freqs divisors of llama3 scaling."""
     rope = cfg.rope_parameters
@@ -128,17 +123,10 @@ def _write_gguf(model, path, arch, fuse_qkv=False, q8_0=False, eot=None):
         tensors.pop("lm_head.weight", None)
 
     def metadata(w):
-        w.add_vocab_size(cfg.vocab_size)
+        gguf_files.add_hparams(w, cfg, rope["rope_theta"])
         w.add_eos_token_id(cfg.eos_token_id)
         if eot is not None:
             w.add_eot_token_id(eot)
-        w.add_block_count(cfg.num_hidden_layers)
-        w.add_context_length(cfg.max_position_embeddings)
-        w.add_embedding_length(cfg.hidden_size)
-        w.add_feed_forward_length(cfg.intermediate_size)
-        w.add_head_count(cfg.num_attention_heads)
-        w.add_head_count_kv(cfg.num_key_value_heads)
-        w.add_rope_freq_base(rope["rope_theta"])
         if arch == "phi2":
             w.add_layer_norm_eps(cfg.layer_norm_eps)
             w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * head_dim))
@@ -165,9 +153,9 @@ def _write_gguf(model, path, arch, fuse_qkv=False, q8_0=False, eot=None):
     def renamed():  # after metadata(): the fused q/k/v are popped there
         for n, t in tensors.items():
             if arch == "llama" and n.endswith("q_proj.weight"):
-                t = _permute(t, cfg.num_attention_heads)
+                t = gguf_files.llama_permute(t, cfg.num_attention_heads)
             elif arch == "llama" and n.endswith("k_proj.weight"):
-                t = _permute(t, cfg.num_key_value_heads)
+                t = gguf_files.llama_permute(t, cfg.num_key_value_heads)
             yield names.get_name(n, try_suffixes=(".weight", ".bias")), t
     # llama.cpp keeps 1-D norms and biases in f32
     return gguf_files.write(path, arch, metadata, renamed(), qtype="q8_0" if q8_0 else None)

@@ -203,18 +203,6 @@ def test_bad_inputs_raise_tallow_errors(tmp_path):
 
 # ---- GGUF written with the gguf package ------------------------------------------------------------
 
-def _permute_for_gguf(w, n_head, n_head_kv=None):
-    """llama.cpp's convert_hf_to_gguf.py LlamaModel.permute, transcribed (it maps HF's
-    half-split rotary rows to ggml's interleaved pairs):
-        if n_head_kv is not None and n_head != n_head_kv: n_head = n_head_kv
-        return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-                .swapaxes(1, 2).reshape(weights.shape))
-    transformers undoes it with the inverse (modeling_gguf_pytorch_utils.py, _reverse_permute_weights)."""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 _GGUF_PARTS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                "self_attn.o_proj": "attn_output", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_proj": "ffn_gate",
                "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
@@ -241,14 +229,7 @@ def _write_gguf(model, path, qtype, arch="llama"):
     tensors = {name: w.detach().numpy().astype(np.float32) for name, w in model.state_dict().items()}
 
     def metadata(writer):
-        writer.add_vocab_size(cfg.vocab_size)
-        writer.add_block_count(cfg.num_hidden_layers)
-        writer.add_context_length(cfg.max_position_embeddings)
-        writer.add_embedding_length(cfg.hidden_size)
-        writer.add_feed_forward_length(cfg.intermediate_size)
-        writer.add_head_count(cfg.num_attention_heads)
-        writer.add_head_count_kv(cfg.num_key_value_heads)
-        writer.add_rope_freq_base(rope["rope_theta"])
+        gguf_files.add_hparams(writer, cfg, rope["rope_theta"])
         writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
         writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
         if arch == "phi3":
@@ -267,9 +248,9 @@ def _write_gguf(model, path, qtype, arch="llama"):
     out = []
     for hf_name, w in tensors.items():
         if arch == "llama" and hf_name.endswith("q_proj.weight"):
-            w = _permute_for_gguf(w, cfg.num_attention_heads, cfg.num_attention_heads)
+            w = gguf_files.llama_permute(w, cfg.num_attention_heads)
         elif arch == "llama" and hf_name.endswith("k_proj.weight"):
-            w = _permute_for_gguf(w, cfg.num_attention_heads, cfg.num_key_value_heads)
+            w = gguf_files.llama_permute(w, cfg.num_key_value_heads)
         out.append((_gguf_name(hf_name), w))
     # 2-D weights in qtype; llama.cpp keeps 1-D norms and biases in f32
     return gguf_files.write(path, arch, metadata, out, qtype=qtype)
