@@ -1,4 +1,4 @@
-"""Random-weight GGUFs with the real shapes and metadata of Phi-2, Phi-3-mini and Qwen2.5-0.5B.
+"""Random-weight GGUFs with the real shapes and metadata of Phi-2, Phi-3-mini, Qwen2.5, Llama and Gemma 3.
 
 No Phi weights can be downloaded here, so the big-model path (files over the
 browser's 2 GB ArrayBuffer limit, tensors over one GPU binding) is proved on
@@ -20,6 +20,13 @@ would (bench/llm_memory.py).
     python scripts/make_synthetic_gguf.py phi3 q4_0 phi3-mini-synthetic-q4_0.gguf     # 2.2 GB
     python scripts/make_synthetic_gguf.py phi2 q8_0 tiny.gguf --scale 0.0625 --layers 2
     python scripts/make_synthetic_gguf.py qwen2 q4_k_m qwen2.5-0.5b-synthetic-q4_k_m.gguf  # 0.39 GB
+    python scripts/make_synthetic_gguf.py gemma3-270m q4_k_m --cached  # prints $TALLOW_HOME/synthetic/...
+
+Issue 32's K-quant files (bench/llm.py --gguf synthetic:<arch>): Q4_K_M of Qwen2.5-0.5B /
+1.5B, SmolLM2-360M and Llama 3.2 1B (Llama architecture), Gemma 3 270M and 1B (262,144-token
+vocabulary). The type of each matrix follows llama.cpp's llama_tensor_get_type for Q4_K_M as
+of ggml-org/llama.cpp 007dbbf (src/llama-quant.cpp; see q4_k_m_type). --cached writes each full-size
+file once into $TALLOW_HOME/synthetic/ and reuses it.
 
 --scale shrinks the width, feed-forward size and vocabulary (heads keep their
 real head size); --layers sets the block count. Quantised blocks are drawn
@@ -47,7 +54,25 @@ ARCHS = {
                  rope_dims=96, rope_theta=10000.0, name="Phi-3-mini-4k-instruct (synthetic)"),
     "qwen2": dict(hidden=896, heads=14, kv_heads=2, head_dim=64, ff=4864, layers=24, vocab=151936, context=32768,
                   rope_dims=64, rope_theta=1000000.0, name="Qwen2.5-0.5B-Instruct (synthetic)"),
+    # issue 32's K-quant sizes: the 1.5B Qwen2 (1536-wide rows: every matrix a whole number of
+    # 256-blocks, so a Q4_K_M file is all Q4_K / Q6_K), two Llama-architecture models people run
+    # (SmolLM2-360M, 960 wide; Llama 3.2 1B, 2048 wide) and Gemma 3 270M / 1B with the
+    # 262,144-token vocabulary (head size 256 apart from the width).
+    "qwen2-1.5b": dict(hidden=1536, heads=12, kv_heads=2, head_dim=128, ff=8960, layers=28, vocab=151936,
+                       context=32768, rope_dims=128, rope_theta=1000000.0, name="Qwen2.5-1.5B-Instruct (synthetic)"),
+    "llama-0.5b": dict(hidden=960, heads=15, kv_heads=5, head_dim=64, ff=2560, layers=32, vocab=49152, context=8192,
+                       rope_dims=64, rope_theta=100000.0, name="SmolLM2-360M-Instruct (synthetic)"),
+    "llama-1.5b": dict(hidden=2048, heads=32, kv_heads=8, head_dim=64, ff=8192, layers=16, vocab=128256,
+                       context=131072, rope_dims=64, rope_theta=500000.0, name="Llama-3.2-1B-Instruct (synthetic)"),
+    "gemma3-270m": dict(hidden=640, heads=4, kv_heads=1, head_dim=256, ff=2048, layers=18, vocab=262144,
+                        context=32768, rope_dims=256, rope_theta=1000000.0, window=512,
+                        name="gemma-3-270m-it (synthetic)"),
+    "gemma3-1b": dict(hidden=1152, heads=4, kv_heads=1, head_dim=256, ff=6912, layers=26, vocab=262144,
+                      context=32768, rope_dims=256, rope_theta=1000000.0, window=512, name="gemma-3-1b-it (synthetic)"),
 }
+# The GGUF general.architecture of each entry (the size variants share their family's).
+GGUF_ARCH = {"qwen2-1.5b": "qwen2", "llama-0.5b": "llama", "llama-1.5b": "llama", "gemma3-270m": "gemma3",
+             "gemma3-1b": "gemma3"}
 QUANTS = ("q4_0", "q8_0", "q4_k_m")  # q4_0 / q8_0: every matrix; q4_k_m: llama.cpp's mix (q4_k_m_type)
 # GGML block type -> (values per block, bytes per block, [(byte offset of an f16 scale, role)], spread):
 # a block's values have std ~= spread * d, so d = std / spread gives the wanted std. The K-quants'
@@ -88,27 +113,52 @@ def shapes(arch, scale=1.0, layers=None):
     if not 0 < scale <= 1:
         raise SystemExit(f"--scale {scale}: expected a number in (0, 1]")
     real = ARCHS[arch]
-    group = real["heads"] // real["kv_heads"]  # query heads per key/value head, kept when scaling
-    step = max(2, group)
-    heads = max(step, int(round(real["heads"] * scale / step)) * step)
-    # Qwen2's feed-forward size stays whole 256-blocks, so a scaled file still has K-quant ffn_down.
-    ff_step, ff_min = (256, 256) if arch == "qwen2" else (32, 64)
-    d = dict(real, heads=heads, kv_heads=heads // group, hidden=heads * real["head_dim"],
-             ff=max(ff_min, int(real["ff"] * scale) // ff_step * ff_step),
-             vocab=max(600, int(real["vocab"] * scale)), layers=layers or real["layers"])
+    if scale == 1:  # the real shape, even where heads * head size is not the width (Gemma 3, SmolLM2's 15 heads)
+        d = dict(real, layers=layers or real["layers"])
+    else:
+        group = real["heads"] // real["kv_heads"]  # query heads per key/value head, kept when scaling
+        step = max(2, group)
+        heads = max(step, int(round(real["heads"] * scale / step)) * step)
+        # Qwen2's feed-forward size stays whole 256-blocks, so a scaled file still has K-quant ffn_down.
+        ff_step, ff_min = (256, 256) if arch.startswith(("qwen2", "gemma3", "llama")) else (32, 64)
+        hidden = heads * real["head_dim"]
+        if gguf_arch(arch) == "gemma3":  # Gemma keeps its 4 heads of 256; the width shrinks on its own
+            heads, hidden = real["heads"], max(256, int(real["hidden"] * scale) // 32 * 32)
+        d = dict(real, heads=heads, kv_heads=heads // group, hidden=hidden,
+                 ff=max(ff_min, int(real["ff"] * scale) // ff_step * ff_step),
+                 vocab=max(600, int(real["vocab"] * scale)), layers=layers or real["layers"])
     if d["layers"] < 1:
         raise SystemExit(f"--layers {layers}: expected at least 1")
     return d
 
 
+def gguf_arch(arch):
+    """The GGUF general.architecture of an ARCHS entry."""
+    return GGUF_ARCH.get(arch, arch)
+
+
 def tensor_plan(arch, d):
     """[(name, shape as (rows, cols) or (n,), quantised?)] in llama.cpp's order."""
     n, ff, v = d["hidden"], d["ff"], d["vocab"]
+    q, kv = d["heads"] * d["head_dim"], d["kv_heads"] * d["head_dim"]
+    family = gguf_arch(arch)
     plan = [("token_embd.weight", (v, n), True)]
     for i in range(d["layers"]):
         b = f"blk.{i}."
-        if arch == "qwen2":  # grouped-query attention with q/k/v biases, SwiGLU; no output.weight (tied)
-            kv = d["kv_heads"] * d["head_dim"]
+        if family in ("llama", "gemma3"):  # Llama: no biases, SwiGLU; Gemma 3 adds q/k norms and post-norms
+            hd = d["head_dim"]
+            plan += [(b + "attn_norm.weight", (n,), False), (b + "attn_q.weight", (q, n), True),
+                     (b + "attn_k.weight", (kv, n), True), (b + "attn_v.weight", (kv, n), True)]
+            if family == "gemma3":
+                plan += [(b + "attn_q_norm.weight", (hd,), False), (b + "attn_k_norm.weight", (hd,), False)]
+            plan += [(b + "attn_output.weight", (n, q), True)]
+            if family == "gemma3":
+                plan += [(b + "post_attention_norm.weight", (n,), False)]
+            plan += [(b + "ffn_norm.weight", (n,), False), (b + "ffn_gate.weight", (ff, n), True),
+                     (b + "ffn_up.weight", (ff, n), True), (b + "ffn_down.weight", (n, ff), True)]
+            if family == "gemma3":
+                plan += [(b + "post_ffw_norm.weight", (n,), False)]
+        elif family == "qwen2":  # grouped-query attention with q/k/v biases, SwiGLU; no output.weight (tied)
             plan += [(b + "attn_norm.weight", (n,), False),
                      (b + "attn_q.weight", (n, n), True), (b + "attn_q.bias", (n,), False),
                      (b + "attn_k.weight", (kv, n), True), (b + "attn_k.bias", (kv,), False),
@@ -129,7 +179,7 @@ def tensor_plan(arch, d):
     plan += [("output_norm.weight", (n,), False)]
     if arch == "phi2":
         plan += [("output_norm.bias", (n,), False)]
-    if arch != "qwen2":
+    if family not in ("qwen2", "llama", "gemma3"):  # these tie the output to the embedding
         plan += [("output.weight", (v, n), True)]
     if arch == "phi2":
         plan += [("output.bias", (v,), False)]
@@ -203,8 +253,13 @@ def _random_merges(rng, base, count, sep):
     return tokens[len(base):], merges
 
 
+LETTERS = ["\u2581"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] \
+    + [chr(c) for c in range(ord("A"), ord("Z") + 1)] + [str(i) for i in range(10)] + list(".,!?'-:;()\"")
+
+
 def add_tokenizer(w, arch, vocab, rng):
-    if arch == "qwen2":  # byte-level BPE (Qwen's pre-tokenizer), then the ChatML / tool / FIM tokens, then padding
+    family = gguf_arch(arch)
+    if family == "qwen2":  # byte-level BPE (Qwen's pre-tokenizer), then the ChatML / tool / FIM tokens, then padding
         from tallow.tokenizer.byte_level import byte_to_char
         byte_chars = byte_to_char()
         first_special = vocab - len(QWEN2_SPECIALS) - QWEN2_PADS
@@ -227,16 +282,17 @@ def add_tokenizer(w, arch, vocab, rng):
         w.add_add_bos_token(False)
         w.add_chat_template(CHATML_TEMPLATE)
         return
-    if arch == "phi2":  # GPT-2's byte-level BPE; 50256 <|endoftext|> is bos, eos and unk
+    if family in ("phi2", "llama"):  # GPT-2's byte-level BPE; 50256 <|endoftext|> is bos, eos and unk
+        # (SmolLM2 and Llama 3 have the same kind of vocabulary, with their own pre-tokenizers)
         from tallow.tokenizer.byte_level import byte_to_char  # GPT-2's byte -> character table
         byte_chars = byte_to_char()
-        eos = min(50256, vocab - 1)
+        eos = min(50256, vocab - 1) if family == "phi2" else vocab - 1
         new, merges = _random_merges(rng, byte_chars, eos - 256, " ")
         tokens = byte_chars + new + ["<|endoftext|>"]
         tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab)]
         types = [1] * eos + [3] + [4] * (vocab - eos - 1)
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("phi-2")
+        w.add_tokenizer_pre({"phi2": "phi-2", "llama-0.5b": "smollm"}.get(arch, "llama-bpe"))
         w.add_token_list(tokens)
         w.add_token_types(types)
         w.add_token_merges(merges)
@@ -245,12 +301,12 @@ def add_tokenizer(w, arch, vocab, rng):
         w.add_unk_token_id(eos)
         return
     # Phi-3: Llama's SentencePiece vocabulary (<unk> <s> </s>, 256 byte pieces, scored pieces) + chat tokens
-    sp = "\u2581"
+    if family == "gemma3":
+        return _add_gemma_tokenizer(w, vocab, rng)
     added = PHI3_ADDED + [f"<|placeholder{i}|>" for i in range(7, 64)]
     n_added = 64  # ids 32000-32063 in the real file
     n_pieces = vocab - 3 - 256 - n_added
-    letters = [sp] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)] \
-        + [str(i) for i in range(10)] + list(".,!?'-:;()\"")
+    letters = LETTERS
     new, _ = _random_merges(rng, letters, n_pieces - len(letters), "")
     pieces = letters + new
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces + added[:n_added]
@@ -272,6 +328,28 @@ def add_tokenizer(w, arch, vocab, rng):
     w.add_chat_template(PHI3_CHAT_TEMPLATE)
 
 
+def _add_gemma_tokenizer(w, vocab, rng):
+    """Gemma 3's SentencePiece layout: <pad> <eos> <bos> <unk>, the turn markers, 256 byte
+    pieces, then scored pieces (random here) up to the 262,144 entries."""
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    n_pieces = vocab - len(specials) - 256
+    new, _ = _random_merges(rng, LETTERS, n_pieces - len(LETTERS), "")
+    pieces = LETTERS + new
+    tokens = specials + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3, 2, 3, 3] + [6] * 256 + [1] * len(pieces))
+    w.add_token_scores([0.0] * (len(specials) + 256) + [-float(i) for i in range(len(pieces))])
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_eot_token_id(5)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+
 def write(path, arch, quant, scale=1.0, layers=None, seed=0, log=None):
     """Write the synthetic GGUF; returns its size in bytes."""
     import gguf
@@ -291,13 +369,21 @@ def write(path, arch, quant, scale=1.0, layers=None, seed=0, log=None):
         w.add_block_count(d["layers"])
         w.add_head_count(d["heads"])
         w.add_head_count_kv(d["kv_heads"])
-        if arch != "qwen2":  # llama.cpp writes no rope dimension count for Qwen2 (the whole head rotates)
+        family = gguf_arch(arch)
+        if family not in ("qwen2", "gemma3"):  # llama.cpp writes none for these (the whole head rotates)
             w.add_rope_dimension_count(d["rope_dims"])
         w.add_rope_freq_base(d["rope_theta"])
-        if arch == "phi2":
+        if family == "phi2":
             w.add_layer_norm_eps(1e-5)
-        elif arch == "qwen2":
+        elif family == "qwen2":
             w.add_layer_norm_rms_eps(1e-6)
+        elif family == "llama":
+            w.add_layer_norm_rms_eps(1e-5)
+        elif family == "gemma3":
+            w.add_layer_norm_rms_eps(1e-6)
+            w.add_key_length(d["head_dim"])
+            w.add_value_length(d["head_dim"])
+            w.add_sliding_window(d["window"])
         else:
             w.add_layer_norm_rms_eps(1e-5)
             w.add_sliding_window(2047)
@@ -323,19 +409,49 @@ def write(path, arch, quant, scale=1.0, layers=None, seed=0, log=None):
                 yield rng.normal(0.0, 0.02, shape).astype(np.float32)
             if log and (i % 50 == 0 or i == len(plan) - 1):
                 log(f"{i + 1}/{len(plan)} tensors, {time.perf_counter() - started:.1f} s")
-    return gguf_files.write_streamed(path, arch, metadata, [(name, shape, types[name]) for name, shape, _ in plan],
-                                     tensors())
+    return gguf_files.write_streamed(path, gguf_arch(arch), metadata,
+                                     [(name, shape, types[name]) for name, shape, _ in plan], tensors())
+
+
+def cache_dir():
+    home = os.environ.get("TALLOW_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "tallow")
+    return os.path.join(home, "synthetic")
+
+
+def cached(arch, quant="q4_k_m", log=None):
+    """The path of the full-size synthetic file $TALLOW_HOME/synthetic/<arch>-<quant>.gguf,
+    written first if it is not there yet (to a temporary name, renamed when complete, so an
+    interrupted run never leaves a truncated file behind)."""
+    shapes(arch)  # the unknown-architecture error before any folder is made
+    path = os.path.join(cache_dir(), f"{arch}-{quant}.gguf")
+    if not os.path.exists(path):
+        os.makedirs(cache_dir(), exist_ok=True)
+        part = f"{path}.{os.getpid()}.part"
+        try:
+            write(part, arch, quant, log=log)
+            os.replace(part, path)
+        finally:
+            if os.path.exists(part):
+                os.remove(part)
+    return path
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("arch", choices=sorted(ARCHS))
     p.add_argument("quant", choices=QUANTS)
-    p.add_argument("out")
+    p.add_argument("out", nargs="?", help="the file to write (default: the cached one, see --cached)")
+    p.add_argument("--cached", action="store_true",
+                   help="print the path of $TALLOW_HOME/synthetic/<arch>-<quant>.gguf, making it first if missing")
     p.add_argument("--scale", type=float, default=1.0, help="shrink width, feed-forward and vocabulary (0, 1]")
     p.add_argument("--layers", type=int, default=None, help="number of blocks (default: the real model's)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
+    if a.cached or a.out is None:
+        if a.scale != 1 or a.layers is not None or a.seed:
+            p.error("--cached files are the full-size ones: give an output path with --scale/--layers/--seed")
+        print(cached(a.arch, a.quant, log=lambda m: print(m, file=sys.stderr)))
+        return
     started = time.perf_counter()
     size = write(a.out, a.arch, a.quant, a.scale, a.layers, a.seed, log=lambda m: print(m, file=sys.stderr))
     print(f"{a.out}: {size / 1e9:.3f} GB in {time.perf_counter() - started:.1f} s")
