@@ -1,11 +1,17 @@
-"""SmolLM2-135M-Instruct (Q4_1 GGUF): prefill and decode speed, peak memory and time
+"""GGUF decoders (SmolLM2-135M-Instruct Q4_1 by default): prefill and decode speed, peak memory and time
 from process start to the first token: tallow (numba kernels on the GGUF blocks when
 numba is installed; "tallow-no-kernels" is the numpy path with f32 copies) vs
 transformers + PyTorch (same GGUF, dequantised to f32) vs llama.cpp
 (llama-cpp-python, when installed), plus the memory-bandwidth floor. The last line
 is `decode_vs_llamacpp=X prefill_vs_llamacpp=Y rss_vs_llamacpp=Z` (n/a without llama.cpp).
 
-    python bench/llm.py [--gguf PATH] [--prompt-tokens 64] [--decode-tokens 32] [--threads 2] [--repeat 3]
+    python bench/llm.py [--gguf PATH ...] [--prompt-tokens 64] [--decode-tokens 32] [--threads 2] [--repeat 3]
+    python bench/llm.py --gguf synthetic:gemma3-270m --gguf synthetic:qwen2 --engines tallow,llama.cpp
+
+--gguf may be given several times: each file gets its table and one summary line (its
+general.name, architecture and quant mix by bytes), and the last line is the first file's.
+`synthetic:<arch>` is scripts/make_synthetic_gguf.py's full-size Q4_K_M file of that shape
+(made once into $TALLOW_HOME/synthetic; random weights: speed and memory as the real file's).
 
 Each engine runs in its own process (so peak RSS is its own) with 2 threads (--threads),
 --repeat times in rounds; each figure is its best. tallow's peak RSS is also split by stage.
@@ -23,6 +29,36 @@ from children import compile_tallow, peak_rss_bytes, run_child
 THREADS = os.environ.get("TALLOW_BENCH_THREADS", "2")  # --threads sets it for the child processes
 ENGINES = ("tallow", "tallow-no-kernels", "transformers", "llama.cpp")
 STARTED = time.time()  # the child's own process start, for the time to its first token
+
+
+def resolve_gguf(name):
+    """A path; `synthetic:<arch>[:<quant>]` is make_synthetic_gguf's cached file (written on first use)."""
+    if not name.startswith("synthetic:"):
+        return name
+    _, arch, *quant = name.split(":")
+    scripts = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        import make_synthetic_gguf
+    finally:
+        sys.path.remove(scripts)
+    return make_synthetic_gguf.cached(arch, *(quant or ["q4_k_m"]), log=lambda m: print(m, file=sys.stderr))
+
+
+def describe(gguf):
+    """'<general.name> (<architecture>, <block types by share of the weight bytes>)'."""
+    import tallow
+    f = tallow.io.open(gguf)
+    sizes = {}
+    for name in f.keys():
+        info = f.info(name)
+        if len(info.shape) >= 2:  # matrices: the norms and biases are f32 everywhere
+            kind = info.dtype.name.upper()
+            sizes[kind] = sizes.get(kind, 0) + info.nbytes
+    total = sum(sizes.values()) or 1
+    mix = " ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1]))
+    name = f.metadata.get("general.name") or os.path.basename(gguf)
+    return f"{name} ({f.metadata.get('general.architecture', '?')}, {mix})"
 
 
 def find_gguf():
@@ -56,9 +92,9 @@ def mark_first_token():
 
 def run_tallow(gguf, ids, decode):
     import tallow
-    from tallow.quant import cpu_matmul
+    from tallow.backends.cpu.runtime import kernel_calls
     RSS_STAGES.append(("python+numpy+tallow", peak_rss_mb()))
-    if cpu_matmul.kernels() is not None:  # llvmlite and the kernels' cached machine code (or numba's)
+    if kernel_calls.kernels() is not None:  # llvmlite and the kernels' cached machine code (or numba's)
         RSS_STAGES.append(("kernels", peak_rss_mb()))
     t0 = time.perf_counter()
     model = tallow.load_model(gguf, device="cpu")
@@ -203,36 +239,20 @@ def _best(runs):
     return best
 
 
-def main(argv=None):
-    global THREADS
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gguf", default=None)
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--decode-tokens", type=int, default=32)
-    p.add_argument("--engines", default=",".join(ENGINES))
-    p.add_argument("--threads", default=THREADS, help="tallow/BLAS/torch/llama.cpp threads (default 2)")
-    p.add_argument("--repeat", type=int, default=1, help="runs per engine; each figure is the best of them")
-    p.add_argument("--no-build", action="store_true", help="do not build llama-cpp-python when it is missing")
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--ids", default=None, help=argparse.SUPPRESS)  # the child's prompt
-    args = p.parse_args(argv)
-    if args.repeat < 1:
-        p.error(f"--repeat must be at least 1, got {args.repeat}")
-    THREADS = os.environ["TALLOW_BENCH_THREADS"] = str(args.threads)
-    gguf = args.gguf or find_gguf()
-    if args.child:
-        return child(args.child, gguf, [int(i) for i in args.ids.split(",")], args.decode_tokens)
-    # the prompt's ids are made here and handed to each engine's process, so none of them pays
-    # (in time or memory) for a tokenizer the others do not load
+def ratios(results):
+    """(tallow / llama.cpp figures as the last line gives them, or None without both)."""
+    base = {r["engine"]: r for r in results}
+    if "tallow" not in base or "llama.cpp" not in base:
+        return None
+    t, c = base["tallow"], base["llama.cpp"]
+    return (f"decode_vs_llamacpp={t['decode_tok_s'] / c['decode_tok_s']:.2f} "
+            f"prefill_vs_llamacpp={t['prefill_tok_s'] / c['prefill_tok_s']:.2f} "
+            f"rss_vs_llamacpp={t['peak_rss_mb'] / c['peak_rss_mb']:.2f}"), t["load_s"] / c["load_s"]
+
+
+def bench_file(gguf, args, env, bw):
+    """Run the engines on one file and print its table; returns its results."""
     ids = prompt_ids(gguf, args.prompt_tokens)
-    env = dict(os.environ, OMP_NUM_THREADS=THREADS, OPENBLAS_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS,
-               TALLOW_THREADS=THREADS)
-    no_llama = None
-    if "llama.cpp" in args.engines.split(","):
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from llama_cpp_setup import ensure_llama_cpp
-        no_llama = ensure_llama_cpp(build=not args.no_build)
-    compile_tallow()
     runs = {}
     for _ in range(args.repeat):  # rounds over all engines, so a busy spell hits them alike
         for engine in args.engines.split(","):
@@ -244,9 +264,8 @@ def main(argv=None):
                 continue
             runs.setdefault(engine, []).append(result)
     results = [_best(rs) for rs in runs.values()]
-    bw = bandwidth_gb_s()
     quant, f32 = weight_bytes(gguf)
-    print(f"\nSmolLM2-135M-Instruct Q4_1, {args.prompt_tokens}-token prompt, {args.decode_tokens} greedy decode steps, "
+    print(f"\n{describe(gguf)}, {len(ids)}-token prompt, {args.decode_tokens} greedy decode steps, "
           f"{THREADS} threads, best of {args.repeat}")
     print(f"{'engine':<22} {'load s':>7} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MB':>12} "
           f"{'1st token s':>12} {'(CPU s)':>8}")
@@ -262,8 +281,7 @@ def main(argv=None):
                 steps.append(f"{stage} +{mb - before:.0f}")
                 before = mb
             print(f"{r['engine']} peak RSS by stage (MB): " + ", ".join(steps))
-    print(f"\nmemory bandwidth (numpy copy, read+write): {bw:.1f} GB/s")
-    print(f"weights read per token: {quant / 1e6:.0f} MB as stored (Q4_1/Q8_0) -> floor {bw * 1e9 / quant:.0f} tok/s; "
+    print(f"weights read per token: {quant / 1e6:.0f} MB as stored -> floor {bw * 1e9 / quant:.0f} tok/s; "
           f"{f32 / 1e6:.0f} MB as f32 -> floor {bw * 1e9 / f32:.0f} tok/s")
     base = {r["engine"]: r for r in results}
     if "tallow" in base and "transformers" in base:
@@ -276,9 +294,52 @@ def main(argv=None):
               f"({t['first_token_s'] / c['first_token_s']:.2f}x); CPU time to it: "
               f"tallow {t['first_token_cpu_s']:.2f} s, llama.cpp {c['first_token_cpu_s']:.2f} s "
               f"({t['first_token_cpu_s'] / c['first_token_cpu_s']:.2f}x)")
-        print(f"decode_vs_llamacpp={t['decode_tok_s'] / c['decode_tok_s']:.2f} "
-              f"prefill_vs_llamacpp={t['prefill_tok_s'] / c['prefill_tok_s']:.2f} "
-              f"rss_vs_llamacpp={t['peak_rss_mb'] / c['peak_rss_mb']:.2f}")
+    return results
+
+
+def main(argv=None):
+    global THREADS
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gguf", action="append", default=None,
+                   help="a GGUF file or synthetic:<arch> (several: one table and summary line each)")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--threads", default=THREADS, help="tallow/BLAS/torch/llama.cpp threads (default 2)")
+    p.add_argument("--repeat", type=int, default=1, help="runs per engine; each figure is the best of them")
+    p.add_argument("--no-build", action="store_true", help="do not build llama-cpp-python when it is missing")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--ids", default=None, help=argparse.SUPPRESS)  # the child's prompt
+    args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat must be at least 1, got {args.repeat}")
+    THREADS = os.environ["TALLOW_BENCH_THREADS"] = str(args.threads)
+    if args.child:
+        return child(args.child, args.gguf[0], [int(i) for i in args.ids.split(",")], args.decode_tokens)
+    ggufs = [resolve_gguf(g) for g in args.gguf] if args.gguf else [find_gguf()]
+    # the prompt's ids are made here and handed to each engine's process, so none of them pays
+    # (in time or memory) for a tokenizer the others do not load
+    env = dict(os.environ, OMP_NUM_THREADS=THREADS, OPENBLAS_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS,
+               TALLOW_THREADS=THREADS)
+    no_llama = None
+    if "llama.cpp" in args.engines.split(","):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from llama_cpp_setup import ensure_llama_cpp
+        no_llama = ensure_llama_cpp(build=not args.no_build)
+    compile_tallow()
+    bw = bandwidth_gb_s()
+    print(f"memory bandwidth (numpy copy, read+write): {bw:.1f} GB/s")
+    summaries = []
+    for gguf in ggufs:
+        found = ratios(bench_file(gguf, args, env, bw))
+        summaries.append((describe(gguf), found))
+    print()
+    for name, found in summaries:  # one summary per file
+        figures = f"{found[0]} load_vs_llamacpp={found[1]:.2f}" if found else "n/a"
+        print(f"{name}: {figures}")
+    first = summaries[0][1]
+    if first:
+        print(first[0])
     else:  # the line the issue asks for, saying plainly what could not be compared
         why = no_llama or "llama.cpp did not run"
         print(f"decode_vs_llamacpp=n/a prefill_vs_llamacpp=n/a rss_vs_llamacpp=n/a ({why})")
