@@ -71,3 +71,44 @@ def ensure_llama_cpp(build=True):
     except ImportError as e:
         return f"llama_cpp does not import after installing the wheel: {e}"
     return None
+
+
+# llama-cpp-python 0.3.36's `[server]` extra (its pyproject.toml): what `python -m llama_cpp.server`
+# imports on top of the wheel, as (requirement, import name)
+SERVER_DEPS = (("uvicorn>=0.22.0", "uvicorn"), ("fastapi>=0.100.0", "fastapi"),
+               ("pydantic-settings>=2.0.1", "pydantic_settings"), ("sse-starlette>=1.6.1", "sse_starlette"),
+               ("starlette-context>=0.3.6,<0.4", "starlette_context"), ("PyYAML>=5.1", "yaml"))
+# installed versions of these stay as they are: tallow serve runs on them in the same environment
+KEEP = ("starlette", "uvicorn", "pydantic", "anyio")
+
+
+def ensure_llama_cpp_server():
+    """None when llama-cpp-python's OpenAI server's own dependencies import (installing the
+    missing ones from the index, with the versions in KEEP pinned to what is installed; the
+    wheel itself is ensure_llama_cpp's); else the reason they are not available."""
+    import importlib.util
+    from importlib import metadata
+
+    def missing():
+        return [req for req, module in SERVER_DEPS if importlib.util.find_spec(module) is None]
+
+    if not missing():
+        return None
+    pins = []
+    for name in KEEP:
+        try:
+            pins.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("\n".join(pins) + "\n")
+    try:
+        done = _pip("install", "-q", "-c", f.name, *missing())
+    finally:
+        os.unlink(f.name)
+    if done.returncode:
+        return f"installing llama-cpp-python's server dependencies failed: {done.stderr.strip()[-300:]}"
+    importlib.invalidate_caches()
+    left = missing()
+    return f"llama-cpp-python's server dependencies {left} do not import after installing them" if left else None
