@@ -17,7 +17,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e ".[dev,wgpu,cpu,ray]" faster-whisper scipy playwright pytest-playwright build
+	$(BIN)/pip install -q -e ".[dev,wgpu,cpu,ray,serve-ray]" faster-whisper scipy playwright pytest-playwright build
 	touch $@
 
 # Model files come from the registries into $(TALLOW_HOME), converted once.

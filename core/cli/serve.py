@@ -37,6 +37,16 @@ def add_arguments(parser):
                         help="seconds a request may take, from its body to its last token (default 600)")
     parser.add_argument("--upload-dir", default=None, help="where uploads are spooled (default: the temp folder)")
     parser.add_argument("--no-access-log", action="store_true", help="do not log one line per request (stderr)")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="serve as Ray Serve replicas behind Ray's proxy (pip install 'tallow[serve-ray]'): "
+                             "ADDRESS joins a cluster ('auto', host:6379, ray://host:10001; default $RAY_ADDRESS), "
+                             "none starts a local one")
+    parser.add_argument("--replicas", type=positive_int, default=2,
+                        help="with --ray: copies of the app, each loading the models (default 2)")
+    parser.add_argument("--replica-cpus", type=positive_float, default=1.0,
+                        help="with --ray: CPUs Ray reserves per replica (default 1; 0.5 puts two on one CPU)")
+    parser.add_argument("--ray-timeout", type=positive_float, default=None, metavar="SECONDS",
+                        help="with --ray ADDRESS: how long to wait for the cluster to answer (default 30)")
 
 
 def _bind(host, port_number):
@@ -93,11 +103,15 @@ def run(args):
     limits = Limits(max_body_bytes=int(args.max_body_mb * MB), max_upload_bytes=int(args.max_upload_mb * MB),
                     max_tokens=args.max_tokens, max_queue=args.max_queue, max_requests=args.max_requests,
                     request_timeout=args.request_timeout, upload_dir=upload_dir)
+    if not _is_loopback(args.host) and not args.api_key:
+        print(f"tallow serve: warning: listening on {args.host} without --api-key: anyone who can reach this port "
+              "can use it", file=sys.stderr, flush=True)
+    if args.ray is not None:
+        from .serve_ray import run as run_ray
+        return run_ray(args, limits, _bind, _url)
     sock = _bind(args.host, args.port)
     log = lambda line: print(f"tallow serve: {line}", file=sys.stderr, flush=True)
     served = ServedModels.load(args.model, device=args.device, max_queue=args.max_queue, log=log)
-    if not _is_loopback(args.host) and not args.api_key:
-        log(f"warning: listening on {args.host} without --api-key: anyone who can reach this port can use it")
     config = uvicorn.Config(create_app(served, limits, args.api_key), log_config=LOGGING,
                             access_log=not args.no_access_log, lifespan="off", timeout_keep_alive=5,
                             timeout_graceful_shutdown=5)
