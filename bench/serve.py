@@ -7,16 +7,19 @@ The last line is `serve_vs_llamacpp c1=X c4=Y c8=Z`: tallow's aggregate decode t
                           [--threads 2] [--gguf PATH] [--tallow-only] [--no-build]
 
 How it measures:
-* The two servers run one after the other (each a child process in its own process group,
-  killed at the end), never together: they would share the box's cores.
+* The two servers never run together (they would share the box's cores): they take turns round
+  by round (--rounds), so a busy spell on a shared box hits both alike. In each round each server
+  starts afresh (a child process in its own process group), warms up, serves each concurrency
+  once, and is killed (always, also on an error).
 * A client is an asyncio task with its own HTTP connection (httpx) that sends one streaming
   `POST /v1/completions` (`temperature` 0, `max_tokens` --new-tokens) and reads the server-sent
   events. The same client code talks to both servers. `c` clients start together.
 * Every request has its own prompt (a different window of the same English passage, exactly
   --prompt-tokens tokens by tallow's tokenizer, which matches the model's; llama-cpp-python
   reuses the KV cache of a shared prefix, so no two requests share one). Before timing, each
-  server answers every prompt once with one token (checking that its `usage.prompt_tokens` is
-  --prompt-tokens) and one full-length streamed warm-up request.
+  server answers every prompt once with one token in its first round (checking that its
+  `usage.prompt_tokens` is --prompt-tokens), and one full-length streamed warm-up request in every
+  round.
 * Generated tokens per request: the stream's `usage` when the server sends it (tallow does, with
   `stream_options.include_usage`; llama-cpp-python does not), else --new-tokens when
   `finish_reason` is `length`, else the streamed text re-tokenized (a request that stopped at
@@ -25,7 +28,8 @@ How it measures:
   sent to the last stream finished (prefill and queueing included: what the box delivers to c
   clients). Time to first token (TTFT) = from sending a request to its first event carrying text;
   p50/p95 over the round's requests (linear interpolation, as numpy's percentile).
-* --rounds rounds per server; each concurrency's row is its round with the highest tok/s.
+* Each concurrency's row is its round with the highest tok/s. "CPU s" is the server process's
+  user + system CPU time (all threads; spin-waiting ones too) while that concurrency ran.
 * llama-cpp-python's server runs with `--n_threads/--n_threads_batch` = --threads,
   `--interrupt_requests False` (its default True ends a stream early whenever another request
   waits) and `--logits_all False` (no logits for prompt positions: nothing here needs them).
@@ -302,28 +306,38 @@ def check_prompts(base, prompts, prompt_tokens, timeout):
                 raise RuntimeError(f"{base} counts {n} prompt tokens, not {prompt_tokens}, in {p[:40]!r}...")
 
 
-def bench_server(base, prompts, args, count_tokens):
-    """Warm up, then --rounds rounds of each concurrency: {clients: best row}."""
-    check_prompts(base, prompts, args.prompt_tokens, args.request_timeout)
-    asyncio.run(one_round(base, prompts[:1], args.new_tokens, args.request_timeout))  # warm-up
-    timed = prompts[1:]
-    best = {}
-    for r in range(args.rounds):
-        for c in args.clients:
-            offset = r * sum(args.clients) + sum(args.clients[:args.clients.index(c)])
-            streams = asyncio.run(one_round(base, timed[offset:offset + c], args.new_tokens, args.request_timeout))
+def cpu_seconds(pid):
+    """User + system CPU seconds of process pid (all its threads) so far, from /proc; None
+    where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_round(name, cmd_env, prompts, plan, args, count_tokens, check):
+    """Start a server, (check every prompt's token count when check,) warm it up, run each
+    concurrency of plan ({clients: its prompts}) once, stop it: {clients: row}."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd, env = cmd_env(port)
+    rows = {}
+    with serving(name, cmd, env, base, args.ready_timeout) as proc:
+        if check:
+            check_prompts(base, prompts, args.prompt_tokens, args.request_timeout)
+        asyncio.run(one_round(base, prompts[:1], args.new_tokens, args.request_timeout))  # warm-up
+        for c, timed in plan.items():
+            cpu = cpu_seconds(proc.pid)
+            streams = asyncio.run(one_round(base, timed, args.new_tokens, args.request_timeout))
             row = round_figures(streams, args.new_tokens, count_tokens)
-            print(f"  round {r + 1} c{c}: {row['tok_s']:.1f} tok/s, ttft p50 {row['ttft_p50']:.2f} s",
+            after = cpu_seconds(proc.pid)
+            row["cpu_s"] = None if cpu is None or after is None else after - cpu
+            print(f"  {name} c{c}: {row['tok_s']:.1f} tok/s, ttft p50 {row['ttft_p50']:.2f} s",
                   file=sys.stderr, flush=True)
-            if c not in best or row["tok_s"] > best[c]["tok_s"]:
-                best[c] = row
-    return best
-
-
-def run_side(name, cmd_env, base, prompts, args, count_tokens):
-    cmd, env = cmd_env
-    with serving(name, cmd, env, base, args.ready_timeout):
-        return bench_server(base, prompts, args, count_tokens)
+            rows[c] = row
+    return rows
 
 
 # ---- main ----
@@ -346,17 +360,20 @@ def clients_list(text):
     return values
 
 
-def print_table(rows_by_side, args):
+def print_table(rows_by_side, args, loads):
     print(f"\nSmolLM2-135M-Instruct Q4_1, {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, "
-          f"greedy, streamed /v1/completions, {args.threads} threads, best of {args.rounds} rounds")
+          f"greedy, streamed /v1/completions, {args.threads} threads, best of {args.rounds} rounds; "
+          f"{os.cpu_count()} cores, load average {loads[0][0]:.1f} before, {loads[1][0]:.1f} after")
     print(f"{'server':<16} {'clients':>7} {'tokens':>7} {'wall s':>7} {'tok/s':>8} {'TTFT p50 s':>11} "
-          f"{'TTFT p95 s':>11} {'early':>6}  counted by")
+          f"{'TTFT p95 s':>11} {'CPU s':>6} {'early':>6}  counted by")
     for side, rows in rows_by_side.items():
         for c in args.clients:
             if c in rows:
                 r = rows[c]
+                cpu = "n/a" if r.get("cpu_s") is None else f"{r['cpu_s']:.1f}"
                 print(f"{side:<16} {c:>7} {r['tokens']:>7} {r['wall_s']:>7.2f} {r['tok_s']:>8.1f} "
-                      f"{r['ttft_p50']:>11.3f} {r['ttft_p95']:>11.3f} {r['early']:>6}  {','.join(r['counted_by'])}")
+                      f"{r['ttft_p50']:>11.3f} {r['ttft_p95']:>11.3f} {cpu:>6} {r['early']:>6}  "
+                      f"{','.join(r['counted_by'])}")
 
 
 def main(argv=None):
@@ -390,10 +407,8 @@ def main(argv=None):
         return len(tok.encode(text, add_special_tokens=False))
 
     n_ctx = max(512, args.prompt_tokens + args.new_tokens + 16)
-    rows, why_not = {}, None
-    port = free_port()
-    rows["tallow"] = run_side("tallow serve", tallow_command(gguf, port, args.threads), f"http://127.0.0.1:{port}",
-                              prompts, args, count_tokens)
+    sides = {"tallow": ("tallow serve", lambda port: tallow_command(gguf, port, args.threads))}
+    why_not = None
     if args.tallow_only:
         why_not = "llama.cpp not run: --tallow-only"
     else:
@@ -401,17 +416,31 @@ def main(argv=None):
         from llama_cpp_setup import ensure_llama_cpp, ensure_llama_cpp_server
         why_not = ensure_llama_cpp(build=not args.no_build) or ensure_llama_cpp_server()
         if why_not is None:
-            import httpx
-            port = free_port()
+            sides["llama-cpp-python"] = ("llama_cpp.server",
+                                         lambda port: llama_command(gguf, port, args.threads, n_ctx))
+    import httpx
+    load = os.getloadavg()
+    best = {side: {} for side in sides}
+    for r in range(args.rounds):  # the servers take turns round by round, so a busy spell hits both alike
+        offsets = [sum(args.clients[:i]) for i in range(len(args.clients))]
+        plan = {c: prompts[1 + r * sum(args.clients) + o:][:c] for c, o in zip(args.clients, offsets)}
+        for side, (name, cmd_env) in list(sides.items()):
             try:
-                rows["llama-cpp-python"] = run_side("llama_cpp.server", llama_command(gguf, port, args.threads, n_ctx),
-                                                    f"http://127.0.0.1:{port}", prompts, args, count_tokens)
-            except (RuntimeError, OSError, httpx.HTTPError) as e:  # the peer failing is reported, not raised
-                why_not = f"llama_cpp.server failed: {e}"
-    print_table(rows, args)
-    print(ratio_line(args.clients, rows["tallow"], rows.get("llama-cpp-python", {}), why_not))
+                rows = server_round(name, cmd_env, prompts, plan, args, count_tokens, check=r == 0)
+            except (RuntimeError, OSError, httpx.HTTPError) as e:
+                if side == "tallow":
+                    raise
+                why_not = f"llama_cpp.server failed: {e}"  # the peer failing is reported, not raised
+                del sides[side]
+                best[side] = {}
+                continue
+            for c, row in rows.items():
+                if c not in best[side] or row["tok_s"] > best[side][c]["tok_s"]:
+                    best[side][c] = row
+    load_after = os.getloadavg()
+    print_table(best, args, (load, load_after))
+    print(ratio_line(args.clients, best["tallow"], best.get("llama-cpp-python", {}), why_not))
     return 0 if args.tallow_only or why_not is None else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

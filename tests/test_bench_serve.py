@@ -173,13 +173,23 @@ def test_tallow_side_short_run(smollm2_gguf):
     assert lines[-1] == "serve_vs_llamacpp c1=n/a c2=n/a (llama.cpp not run: --tallow-only)"
     rows = {}
     for line in lines:
-        m = re.fullmatch(r"tallow +(\d+) +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +(\d+)  usage", line)
+        m = re.fullmatch(r"tallow +(\d+) +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +(\d+)  usage",
+                         line)
         if m:
             rows[int(m.group(1))] = m
     assert sorted(rows) == [1, 2], done.stdout
     for clients, m in rows.items():
-        assert (int(m.group(2)), int(m.group(7))) == (8 * clients, 0)  # 8 tokens each, none stopped early
+        assert (int(m.group(2)), int(m.group(8))) == (8 * clients, 0)  # 8 tokens each, none stopped early
         assert float(m.group(4)) > 0 and float(m.group(5)) <= float(m.group(6))  # tok/s; p50 <= p95
+        assert float(m.group(7)) > 0  # the server worked (CPU seconds)
     started = re.search(r"tallow serve: started pid (\d+)", done.stderr)
     assert started and f"tallow serve: stopped pid {started.group(1)}" in done.stderr
+    assert "load average" in done.stdout
     assert _gone(int(started.group(1)))
+
+
+def test_cpu_seconds_matches_os_times(bench):
+    sum(i * i for i in range(300_000))  # some CPU work first
+    t = os.times()
+    assert bench.cpu_seconds(os.getpid()) == pytest.approx(t.user + t.system, abs=0.05)
+    assert bench.cpu_seconds(2**22 + 12345) is None  # no such process
