@@ -17,7 +17,7 @@ tune_process()  # OpenBLAS's settings, before numpy loads it (as the CLI does)
 
 import numpy as np  # noqa: E402
 
-from tallow.backends import cpu_attention, cpu_gelu  # noqa: E402
+from tallow.backends.cpu import attention, gelu  # noqa: E402
 
 
 def best(fn, runs):
@@ -49,12 +49,12 @@ def main():
           f"OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT')} load average {os.getloadavg()[0]:.1f}")
     x = rng.standard_normal((1500, 1536)).astype(np.float32)
     try:
-        import numba  # noqa: F401  (cpu_gelu runs its kernel only once numba is loaded)
+        import numba  # noqa: F401  (gelu runs its kernel only once numba is loaded)
     except ImportError:
         pass
-    ways = {"gelu numpy polynomial": lambda: cpu_gelu._gelu_numpy(x)}
-    if cpu_gelu._kernel() is not None:
-        ways["gelu numba kernel"] = lambda: cpu_gelu.gelu(x)
+    ways = {"gelu numpy polynomial": lambda: gelu._gelu_numpy(x)}
+    if gelu._kernel() is not None:
+        ways["gelu numba kernel"] = lambda: gelu.gelu(x)
     try:
         from scipy.special import erf
         ways["gelu scipy erf (before)"] = lambda: 0.5 * x * (1.0 + erf(x * np.float32(1 / math.sqrt(2))))
@@ -62,7 +62,7 @@ def main():
         pass
     q, k, v = (rng.standard_normal((1, 6, 1500, 64)).astype(np.float32) for _ in range(3))
     ways["attention all heads at once (before)"] = lambda: plain_attention(q, k, v, 0.125)
-    ways["attention blocked (cpu_attention)"] = lambda: cpu_attention.attention(q, k, v, None, 0.125, False)
+    ways["attention blocked (attention)"] = lambda: attention.attention(q, k, v, None, 0.125, False)
     for name, fn in ways.items():
         print(f"  {name:38s} {best(fn, runs)}")
 

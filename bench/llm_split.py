@@ -1,7 +1,7 @@
 """Where one decoded token's time goes on the CPU device (numba kernels): integer-dot products
 by weight format and shape, the fused decode kernels, and the rest (Python: op front ends,
 tensors, views, sampling), of an eager step; then the same step captured and replayed
-(core/backends/cpu_capture.py: no Python between its kernels). Times are the thread's CPU
+(core/backends/cpu/runtime/capture.py: no Python between its kernels). Times are the thread's CPU
 time (time.thread_time), not wall time: on a box whose cores other jobs share, wall time
 measures the queue, while CPU time
 still measures the work (each figure is the best token of --tokens, after a warm-up).
@@ -30,8 +30,8 @@ def main(argv=None):
     import numpy as np
 
     import tallow
-    from tallow.quant import cpu_matmul
-    if cpu_matmul.kernels() is None:
+    from tallow.backends.cpu.runtime import kernel_calls
+    if kernel_calls.kernels() is None:
         sys.exit("llm_split.py: the CPU kernels are off (numba missing or TALLOW_CPU=numpy)")
     gguf = args.gguf or os.fspath(tallow.hub.fetch("smollm2-135m-instruct", progress=False))
     model = tallow.load_model(gguf, device="cpu")
@@ -39,8 +39,8 @@ def main(argv=None):
     for _ in range(3):  # warm-up: the kernels' first calls load them from numba's cache
         token = int(model([token], last_only=True).reshape(-1).argmax().item())
 
-    ints, dec = cpu_matmul._state["int"], cpu_matmul.decode_kernels()
-    fmt_names = {code: name for name, code in cpu_matmul.kernels().FORMATS.items()}
+    ints, dec = kernel_calls._state["int"], kernel_calls.decode_kernels()
+    fmt_names = {code: name for name, code in kernel_calls.kernels().FORMATS.items()}
     spent = {}  # what -> CPU seconds in the current token
 
     def timed(module, name, label):
@@ -82,7 +82,7 @@ def main(argv=None):
         print(f"  {key:<40} {secs * 1e3:6.2f} ms")
     rest = total - sum(parts.values())
     print(f"  {'the rest (Python, numpy)':<40} {rest * 1e3:6.2f} ms")
-    model.capture_decode = True  # the same step captured and replayed (core/backends/cpu_capture.py)
+    model.capture_decode = True  # the same step captured and replayed (core/backends/cpu/runtime/capture.py)
     replayed = []
     for _ in range(args.tokens + 2):  # (the first two capture)
         t0 = time.thread_time()

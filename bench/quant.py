@@ -5,7 +5,7 @@ Q8_0, with x of 1 row (decoding) and 64 rows (prefill), compares
   f32 cached   : an f32 copy of the weight kept in memory, plain x @ w.T
   full dequant : dequantise the whole weight every call, then x @ w.T
   chunked      : tallow.quant.qmatmul_numpy (rows dequantised ~2 MB at a time)
-  kernels      : the numba kernels on the blocks (tallow.quant.cpu_matmul; integer dot
+  kernels      : the numba kernels on the blocks (tallow.backends.cpu.runtime.kernel_calls; integer dot
                  products for 1 row, tiles dequantised for BLAS for 64), when numba is installed
 and prints time per call, the extra memory each needs, and the pure-Python
 qmatmul on a small matrix. Run: python bench/quant.py
@@ -16,7 +16,8 @@ from array import array
 
 import numpy as np
 
-from tallow.quant import cpu_matmul, dequantize_numpy, qmatmul_numpy, qmatmul_python, quantize_numpy
+from tallow.backends.cpu.runtime import kernel_calls
+from tallow.quant import dequantize_numpy, qmatmul_numpy, qmatmul_python, quantize_numpy
 
 
 def best(f, reps=5):
@@ -51,7 +52,8 @@ def main():
                 cached = best(lambda: x @ wf.T)
                 full = best(lambda: x @ dequantize_numpy(raw, q, n * k).reshape(n, k).T)
                 chunked = best(lambda: qmatmul_numpy(x, raw, q, n, k))
-                kernels = best(lambda: cpu_matmul.qmatmul(x, raw, q, n, k)) if cpu_matmul.supports(q) else float("nan")
+                kernels = (best(lambda: kernel_calls.qmatmul(x, raw, q, n, k)) if kernel_calls.supports(q)
+                           else float("nan"))
                 full_mem = peak_mb(lambda: x @ dequantize_numpy(raw, q, n * k).reshape(n, k).T)
                 chunk_mem = peak_mb(lambda: qmatmul_numpy(x, raw, q, n, k))
                 print(f"{n:>5}x{k:<4} {q:>5} {m:>3} | {cached:>10.2f} {full:>9.2f} {chunked:>9.2f} "

@@ -10,7 +10,7 @@ from .settings import settings
 
 # name -> (module, class, what to install when the import fails)
 _BACKENDS = {
-    "cpu": ("tallow.backends.numpy_backend", "NumpyBackend", "pip install numpy (or use Device('python'))"),
+    "cpu": ("tallow.backends.cpu.backend", "NumpyBackend", "pip install numpy (or use Device('python'))"),
     "python": ("tallow.backends.python_backend", "PythonBackend", ""),
     "wgpu": ("tallow_wgpu.backend", "WgpuBackend", "pip install 'tallow[wgpu]'"),
     "cuda": ("tallow_cuda.backend", "CudaBackend", "pip install 'tallow[cuda]' on a machine with an NVIDIA GPU"),

@@ -32,8 +32,8 @@ Backends: wgpu with its native, browser or do-nothing driver, and CUDA and Metal
 kernel backend they share; all of them record into one class, tallow/backends/step_recording.py
 (native wgpu re-encodes the list, the browser replays it in one JS call, CuPy replays a CUDA
 graph, Metal encodes the list into one command buffer, the CPU emulators launch it again),
-and the numpy cpu device once its numba kernels are in use (core/backends/cpu_capture.py: the
-step's kernel calls, replayed as one numba program per thread, quant/cpu_step.py).
+and the numpy cpu device once its numba kernels are in use (core/backends/cpu/runtime/capture.py: the
+step's kernel calls, replayed as one numba program per thread, backends/cpu/kernels/step_loop.py).
 Elsewhere can_capture(device) is False and tallow.capture raises UnsupportedError; callers fall
 back to eager.
 """

@@ -1,4 +1,4 @@
-"""Capture and replay on the numpy CPU device (core/backends/cpu_capture.py): once the numba
+"""Capture and replay on the numpy CPU device (core/backends/cpu/runtime/capture.py): once the numba
 kernels are in use, a one-token decode step's kernel calls are recorded and replayed with no op
 front end. Replays give the eager logits bit for bit (across KV-cache growth, with the thread
 pool sharing products); a step with any primitive the CPU path does not record decodes eagerly;
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tallow
-from tallow.backends import cpu_capture
+from tallow.backends.cpu.runtime import capture
 from tallow.backends.base import Backend
 from tallow.errors import IndexRangeError, ShapeError, UnsupportedError
 
@@ -53,12 +53,12 @@ def _greedy_logits(model, prompt, steps, cache):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("program", [True, False], ids=["one-program", "calls"])
 def test_cpu_replays_give_eager_logits_across_cache_growth(tiny_qwen2, monkeypatch, threads, program):
-    """Replays as one numba program on every thread (quant/cpu_step.py), or call by call."""
-    from tallow.quant import cpu_matmul
+    """Replays as one numba program on every thread (backends/cpu/kernels/step_loop.py), or call by call."""
+    from tallow.backends.cpu.runtime import kernel_calls
     if threads > 1:
-        monkeypatch.setattr(cpu_matmul, "PARALLEL_MIN_BYTES", 0)  # every product shared by the threads
+        monkeypatch.setattr(kernel_calls, "PARALLEL_MIN_BYTES", 0)  # every product shared by the threads
     monkeypatch.setenv("TALLOW_CPU", "auto" if program else "replay")
-    cpu_matmul.set_threads(threads)
+    kernel_calls.set_threads(threads)
     try:
         model = tallow.load_model(tiny_qwen2, device="cpu")
         model([1, 2])  # the first quantised product loads the kernels: the device captures from here
@@ -70,7 +70,7 @@ def test_cpu_replays_give_eager_logits_across_cache_growth(tiny_qwen2, monkeypat
         model.capture_decode = False
         eager = _greedy_logits(model, [5, 9, 13], 40, _small_cache(model, 8))
     finally:
-        cpu_matmul.set_threads(cpu_matmul.thread_count())
+        kernel_calls.set_threads(kernel_calls.thread_count())
     assert all((a == b).all() for a, b in zip(captured, eager))
     assert calls["replay"] >= 25, calls
     assert calls["capture"] <= 8, calls
@@ -165,7 +165,7 @@ NOT_COMPUTE = {"features", "can_capture", "begin_capture", "end_capture", "repla
 def test_every_compute_primitive_is_recorded_or_guarded():
     """A primitive added to the contract must be listed, or a capture could skip it silently."""
     names = {n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")}
-    assert names - NOT_COMPUTE == set(cpu_capture.COMPUTE_PRIMITIVES)
+    assert names - NOT_COMPUTE == set(capture.COMPUTE_PRIMITIVES)
 
 
 def test_other_threads_ops_stay_out_of_a_cpu_capture(tiny_qwen2):

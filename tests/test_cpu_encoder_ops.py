@@ -1,12 +1,12 @@
-"""The CPU device's encoder ops: cpu_gelu (exact GELU without scipy) and
-cpu_attention (many-query attention blocked over queries), against torch."""
+"""The CPU device's encoder ops: gelu (exact GELU without scipy) and
+attention (many-query attention blocked over queries), against torch."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from tallow.backends import cpu_gelu
+from tallow.backends.cpu import gelu
 
 
 
@@ -18,17 +18,17 @@ def _wide_inputs():
 
 
 def _kernels():
-    out = [("numpy", cpu_gelu._gelu_numpy)]
+    out = [("numpy", gelu._gelu_numpy)]
     try:
-        import numba  # noqa: F401  (cpu_gelu uses its kernel once the CPU kernels are in use)
+        import numba  # noqa: F401  (gelu uses its kernel once the CPU kernels are in use)
     except ImportError:
         return out
 
     def compiled(x, out=None):
-        from tallow.quant import cpu_matmul
-        cpu_matmul.kernels()
-        assert cpu_gelu._kernel() is not None
-        return cpu_gelu.gelu(x, out)
+        from tallow.backends.cpu.runtime import kernel_calls
+        kernel_calls.kernels()
+        assert gelu._kernel() is not None
+        return gelu.gelu(x, out)
     out.append(("compiled", compiled))
     return out
 
@@ -53,7 +53,7 @@ def test_gelu_nan_and_inf_follow_the_float64_formula(name, fn):
 
 @pytest.mark.parametrize("name,fn", _kernels(), ids=lambda v: v if isinstance(v, str) else "")
 def test_gelu_in_place_over_several_chunks(name, fn):
-    x = np.random.default_rng(2).standard_normal((7, cpu_gelu.CHUNK // 3 + 5)).astype(np.float32) * 5
+    x = np.random.default_rng(2).standard_normal((7, gelu.CHUNK // 3 + 5)).astype(np.float32) * 5
     ref = torch.nn.functional.gelu(torch.from_numpy(x).double()).numpy()
     y = x.copy()
     assert fn(y, y) is not None
@@ -64,17 +64,17 @@ def test_gelu_in_place_over_several_chunks(name, fn):
 
 
 def test_gelu_into_memory_that_partly_overlaps_its_input():
-    buf = np.random.default_rng(3).standard_normal(cpu_gelu.CHUNK + 9).astype(np.float32) * 4
-    want = cpu_gelu.gelu(buf[:-1].copy())
-    cpu_gelu.gelu(buf[:-1], out=buf[1:])  # each write lands on an input not read yet
+    buf = np.random.default_rng(3).standard_normal(gelu.CHUNK + 9).astype(np.float32) * 4
+    want = gelu.gelu(buf[:-1].copy())
+    gelu.gelu(buf[:-1], out=buf[1:])  # each write lands on an input not read yet
     np.testing.assert_array_equal(buf[1:], want)
 
 
 def test_gelu_uses_the_compiled_kernel_once_the_cpu_kernels_are_in_use():
     pytest.importorskip("numba")
-    from tallow.quant import cpu_matmul
-    cpu_matmul.kernels()
-    assert cpu_gelu._kernel() is not None
+    from tallow.backends.cpu.runtime import kernel_calls
+    kernel_calls.kernels()
+    assert gelu._kernel() is not None
 
 
 def test_gelu_gives_the_same_bits_with_and_without_numba():
@@ -82,11 +82,11 @@ def test_gelu_gives_the_same_bits_with_and_without_numba():
     and the numpy passes do the same float32 operations in the same order, without fused
     multiply-adds."""
     pytest.importorskip("numba")
-    from tallow.quant import cpu_matmul
-    cpu_matmul.kernels()
+    from tallow.backends.cpu.runtime import kernel_calls
+    kernel_calls.kernels()
     x = _wide_inputs()
-    kernel, in_place = cpu_gelu._kernel()
-    want = cpu_gelu._gelu_numpy(x)
+    kernel, in_place = gelu._kernel()
+    want = gelu._gelu_numpy(x)
     got = np.empty_like(x)
     kernel(x, got)
     np.testing.assert_array_equal(got, want)
@@ -106,8 +106,8 @@ def test_gelu_alone_does_not_load_numba():
 def test_gelu_keeps_shape_of_strided_input_and_leaves_other_dtypes():
     x = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2] - 5
     expected = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.ravel().tolist()]).reshape(x.shape)
-    np.testing.assert_allclose(cpu_gelu.gelu(x), expected, rtol=1e-6, atol=1e-6)
-    assert cpu_gelu.gelu(x.astype(np.float64)) is None
+    np.testing.assert_allclose(gelu.gelu(x), expected, rtol=1e-6, atol=1e-6)
+    assert gelu.gelu(x.astype(np.float64)) is None
 
 
 def test_gelu_through_the_tensor_api():
@@ -139,28 +139,28 @@ def _softmax_paths():
 
 @pytest.fixture(params=_softmax_paths())
 def softmax_path(request, monkeypatch):
-    """cpu_attention's softmax: numpy's passes, or the compiled kernel (once the CPU kernels load)."""
-    from tallow.backends import cpu_attention
+    """attention's softmax: numpy's passes, or the compiled kernel (once the CPU kernels load)."""
+    from tallow.backends.cpu import attention
     if request.param == "numpy":
-        monkeypatch.setattr(cpu_attention, "_softmax_kernel", lambda: None)
+        monkeypatch.setattr(attention, "_softmax_kernel", lambda: None)
     else:
-        from tallow.quant import cpu_matmul
-        if cpu_matmul.kernels() is None:
+        from tallow.backends.cpu.runtime import kernel_calls
+        if kernel_calls.kernels() is None:
             pytest.skip("TALLOW_CPU=numpy")
-        assert cpu_attention._softmax_kernel() is not None
+        assert attention._softmax_kernel() is not None
     return request.param
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", ["plain", "mask", "causal", "one_kv_head", "short_last_block"])
 def test_blocked_attention_matches_torch(case, threads, softmax_path):
-    from tallow.backends import cpu_attention
+    from tallow.backends.cpu import attention
     rng = np.random.default_rng(2)
     b, h, hk, tq, tk, d = 2, 3, 3, 300, 300, 16
     if case == "one_kv_head":
         hk = 1
     if case == "short_last_block":
-        tq, tk = cpu_attention.BLOCK + 5, 400
+        tq, tk = attention.BLOCK + 5, 400
     if case == "causal":
         tq, tk = 260, 290
     q = rng.standard_normal((b, h, tq, d)).astype(np.float32)
@@ -169,7 +169,7 @@ def test_blocked_attention_matches_torch(case, threads, softmax_path):
     mask = rng.standard_normal((1, h, tq, tk)).astype(np.float32) * 3 if case == "mask" else None
     from threadpoolctl import threadpool_limits
     with threadpool_limits(threads, user_api="blas"):
-        got = cpu_attention.attention(q, k, v, mask, 0.25, case == "causal")
+        got = attention.attention(q, k, v, mask, 0.25, case == "causal")
     assert got.dtype == np.float32 and got.shape == (b, h, tq, 24)
     want = _sdpa(q * np.float32(0.25 / d ** -0.5), k, v, mask, case == "causal")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
@@ -179,10 +179,10 @@ def test_softmax_rows_kernel_matches_numpy_and_keeps_its_nans():
     """The compiled numerator (max, exp, sum in two vector passes) against numpy's passes, on row
     lengths around the 16-lane vector, huge and tiny scores, and the rows numpy makes NaN."""
     pytest.importorskip("numba")
-    from tallow.quant import cpu_matmul
-    if cpu_matmul.kernels() is None:
+    from tallow.backends.cpu.runtime import kernel_calls
+    if kernel_calls.kernels() is None:
         pytest.skip("TALLOW_CPU=numpy")
-    softmax_rows = cpu_matmul.decode_kernels().softmax_rows
+    softmax_rows = kernel_calls.decode_kernels().softmax_rows
     rng = np.random.default_rng(5)
     for n in (1, 15, 16, 17, 1500):
         s = (rng.standard_normal((6, n)) * 30).astype(np.float32)
@@ -206,20 +206,20 @@ def test_softmax_rows_kernel_matches_numpy_and_keeps_its_nans():
 
 def test_backend_attention_takes_the_blocked_path_for_many_queries():
     import tallow
-    from tallow.backends import cpu_attention
+    from tallow.backends.cpu import attention
     rng = np.random.default_rng(3)
-    tq = cpu_attention.MIN_QUERIES
+    tq = attention.MIN_QUERIES
     q, k, v = (rng.standard_normal((1, 2, tq, 8)).astype(np.float32) for _ in range(3))
     calls = []
-    real = cpu_attention.attention
+    real = attention.attention
 
     def spy(*args):
         calls.append(args[0].shape)
         return real(*args)
-    cpu_attention.attention = spy
+    attention.attention = spy
     try:
         y = tallow.functional.scaled_dot_product_attention(*(tallow.tensor(a) for a in (q, k, v))).numpy()
     finally:
-        cpu_attention.attention = real
+        attention.attention = real
     assert calls == [(1, 2, tq, 8)]
     np.testing.assert_allclose(y, _sdpa(q, k, v), rtol=1e-5, atol=2e-6)

@@ -1,4 +1,4 @@
-"""The numba kernels on GGUF blocks (tallow.quant.cpu_matmul) against dequantise-then-numpy,
+"""The numba kernels on GGUF blocks (tallow.backends.cpu.runtime.kernel_calls) against dequantise-then-numpy,
 whose dequantisation is bit-exact with the `gguf` package (tests/test_quant.py)."""
 import os
 import subprocess
@@ -14,7 +14,8 @@ from tallow.errors import FormatError, ShapeError
 from tallow.quant import dequantize_numpy
 
 pytest.importorskip("numba")
-from tallow.quant import cpu_atomics, cpu_matmul, cpu_polls
+from tallow.backends.cpu.kernels import atomics
+from tallow.backends.cpu.runtime import kernel_calls, polls
 
 FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
 SCALE_AT = {"q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0], "q4_k": [0, 2], "q5_k": [0, 2],
@@ -36,13 +37,13 @@ def _kernels_on(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     yield
     monkeypatch.undo()
-    cpu_matmul.set_threads(cpu_matmul.thread_count())
+    kernel_calls.set_threads(kernel_calls.thread_count())
 
 
 def _use_threads(n, monkeypatch):
     """n threads, every decoding-step product shared among them (PARALLEL_MIN_BYTES 0) when n > 1."""
-    cpu_matmul.set_threads(n)
-    monkeypatch.setattr(cpu_matmul, "PARALLEL_MIN_BYTES", 0 if n > 1 else 1 << 40)
+    kernel_calls.set_threads(n)
+    monkeypatch.setattr(kernel_calls, "PARALLEL_MIN_BYTES", 0 if n > 1 else 1 << 40)
 
 
 def _q8_reference(x):
@@ -56,7 +57,7 @@ def _q8_reference(x):
     return qs, d.astype(np.float32)
 
 
-def _activation_reference(x, qmax=cpu_matmul.ACTIVATION_MAX):
+def _activation_reference(x, qmax=kernel_calls.ACTIVATION_MAX):
     """The same blocks with qmax levels a side (the kernels' 16 bits), rounded by gguf's np_roundf."""
     from gguf.quants import np_roundf
     m, k = x.shape
@@ -71,9 +72,9 @@ def _check(q, n, k, m, rng):
     raw = _blocks(q, n * k // get_dtype(q).block_size, rng)
     w = dequantize_numpy(raw, q, n * k).reshape(n, k).astype(np.float64)
     x = rng.standard_normal((m, k)).astype(np.float32)
-    got = cpu_matmul.qmatmul(x, raw, q, n, k)
+    got = kernel_calls.qmatmul(x, raw, q, n, k)
     assert got.shape == (m, n) and got.dtype == np.float32
-    if m > cpu_matmul.FUSED_MAX_ROWS:  # the prompt path: float weights times float x, via BLAS
+    if m > kernel_calls.FUSED_MAX_ROWS:  # the prompt path: float weights times float x, via BLAS
         ref = x.astype(np.float64) @ w.T
         scale = np.abs(x).astype(np.float64) @ np.abs(w).T
         assert np.all(np.abs(got - ref) <= 1e-5 * scale + 1e-6), q
@@ -97,7 +98,7 @@ def test_activation_quantisation_matches_gguf(bits):
     """8 bits: exactly gguf.quants' Q8_0 values (round half away from zero, ties and zero blocks
     included), with float32 scales; 16 bits (what the kernels use): the same rounding with 32767
     levels. The block sums are the values' sums."""
-    from tallow.quant import cpu_int_kernels
+    from tallow.backends.cpu.kernels import int_dot
     rng = np.random.default_rng(11)
     x = rng.standard_normal((3, 96)).astype(np.float32)
     x[0, :32] = 0  # an all-zero block: scale 0, values 0
@@ -106,7 +107,7 @@ def test_activation_quantisation_matches_gguf(bits):
     qmax, dtype = (127, np.int8) if bits == 8 else (32767, np.int16)
     qx, dx = np.empty((3, 96), dtype), np.empty((3, 3), np.float32)
     sx = np.empty((3, 3), np.int32)
-    cpu_int_kernels.quantize_rows(x, qmax, qx, dx, sx)
+    int_dot.quantize_rows(x, qmax, qx, dx, sx)
     qs, d = _q8_reference(x) if bits == 8 else _activation_reference(x, qmax)
     assert np.array_equal(qx, qs)
     assert np.array_equal(dx, d)
@@ -123,14 +124,14 @@ def test_kernels_match_dequantised_numpy(q, monkeypatch):
     bs = get_dtype(q).block_size
     for threads in (1, 2):
         _use_threads(threads, monkeypatch)
-        for n, k, m in ((1, bs, 1), (37, 3 * bs, 1), (21, 5 * bs, 3), (19, 3 * bs, cpu_matmul.FUSED_MAX_ROWS + 5),
-                        (19, 3 * bs, cpu_matmul.FEW_PROMPT_ROWS + 7)):
+        for n, k, m in ((1, bs, 1), (37, 3 * bs, 1), (21, 5 * bs, 3), (19, 3 * bs, kernel_calls.FUSED_MAX_ROWS + 5),
+                        (19, 3 * bs, kernel_calls.FEW_PROMPT_ROWS + 7)):
             _check(q, n, k, m, rng)
 
 
-@pytest.mark.parametrize("m", [20, cpu_matmul.FEW_PROMPT_ROWS + 3])
+@pytest.mark.parametrize("m", [20, kernel_calls.FEW_PROMPT_ROWS + 3])
 def test_tiled_path_covers_ragged_last_tile(m, monkeypatch):
-    monkeypatch.setattr(cpu_matmul, "TILE_ELEMENTS", 64 * 3)  # 3 rows a tile, 10 rows: a ragged last tile
+    monkeypatch.setattr(kernel_calls, "TILE_ELEMENTS", 64 * 3)  # 3 rows a tile, 10 rows: a ragged last tile
     _check("q8_0", 10, 64, m, np.random.default_rng(5))
 
 
@@ -141,50 +142,50 @@ def test_embedding_rows_are_bit_exact(q):
     raw = _blocks(q, n * 2, rng)
     full = dequantize_numpy(raw, q, n * k).reshape(n, k)
     ids = np.array([3, 0, 8, 3])
-    got = cpu_matmul.dequant_rows(raw, q, k, ids)
+    got = kernel_calls.dequant_rows(raw, q, k, ids)
     assert np.array_equal(got.view(np.uint32), full[ids].view(np.uint32))
     with pytest.raises(FormatError, match="out of range"):
-        cpu_matmul.dequant_rows(raw, q, k, [n])
+        kernel_calls.dequant_rows(raw, q, k, [n])
 
 
 def _f16_check(n, k, m, rng):
-    """cpu_matmul.f16_matmul against float64 numpy on the same f16 values (+ a bias)."""
+    """kernel_calls.f16_matmul against float64 numpy on the same f16 values (+ a bias)."""
     w = rng.standard_normal((n, k)).astype(np.float16)
     x = rng.standard_normal((m, k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     want = x.astype(np.float64) @ w.astype(np.float64).T
     bound = 3e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.astype(np.float64)).T) + 1e-6  # float32 sums
-    assert np.all(np.abs(cpu_matmul.f16_matmul(x, w.view(np.uint16)) - want) <= bound)
-    assert np.all(np.abs(cpu_matmul.f16_matmul(x, w.view(np.uint16), bias) - (want + bias)) <= bound + 1e-5)
+    assert np.all(np.abs(kernel_calls.f16_matmul(x, w.view(np.uint16)) - want) <= bound)
+    assert np.all(np.abs(kernel_calls.f16_matmul(x, w.view(np.uint16), bias) - (want + bias)) <= bound + 1e-5)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_f16_matmul(threads):
     """Odd row counts, k not a multiple of the 16-value vector (the tail), one and several rows of
     x, a matrix large enough for the pool's threads to share."""
-    cpu_matmul.kernels()
-    cpu_matmul.set_threads(threads)
+    kernel_calls.kernels()
+    kernel_calls.set_threads(threads)
     rng = np.random.default_rng(3)
     for n, k, m in [(13, 70, 2), (1, 16, 1), (7, 5, 3), (1501, 384, 1), (513, 1536, 5)]:
         _f16_check(n, k, m, rng)
     with pytest.raises(ShapeError, match="expected last dim 70"):
-        cpu_matmul.f16_matmul(np.zeros((1, 69), np.float32), np.zeros((3, 70), np.uint16))
+        kernel_calls.f16_matmul(np.zeros((1, 69), np.float32), np.zeros((3, 70), np.uint16))
     with pytest.raises(ShapeError, match="uint16 array of f16 bits"):
-        cpu_matmul.f16_matmul(np.zeros((1, 4), np.float32), np.zeros((3, 4), np.float16))
+        kernel_calls.f16_matmul(np.zeros((1, 4), np.float32), np.zeros((3, 4), np.float16))
 
 
 def test_bad_shapes_raise_tallow_errors():
     raw = _blocks("q4_0", 4, np.random.default_rng(0))
     with pytest.raises(ShapeError, match="multiple of the block size"):
-        cpu_matmul.qmatmul(np.zeros((1, 48), np.float32), raw[:18 * 3], "q4_0", 2, 48)
+        kernel_calls.qmatmul(np.zeros((1, 48), np.float32), raw[:18 * 3], "q4_0", 2, 48)
     with pytest.raises(ShapeError, match="last dim 64"):
-        cpu_matmul.qmatmul(np.zeros((1, 32), np.float32), raw, "q4_0", 2, 64)
+        kernel_calls.qmatmul(np.zeros((1, 32), np.float32), raw, "q4_0", 2, 64)
     with pytest.raises(FormatError, match="need 72 bytes"):
-        cpu_matmul.qmatmul(np.zeros((1, 64), np.float32), raw[:-1], "q4_0", 2, 64)
+        kernel_calls.qmatmul(np.zeros((1, 64), np.float32), raw[:-1], "q4_0", 2, 64)
 
 
 def test_backend_keeps_weights_quantised_with_kernels_and_copies_only_when_asked(monkeypatch):
-    from tallow.backends import numpy_backend
+    from tallow.backends.cpu import backend
     rng = np.random.default_rng(4)
     w = rng.standard_normal((6, 64)).astype(np.float32)
     x = rng.standard_normal((1, 64)).astype(np.float32)
@@ -196,22 +197,22 @@ def test_backend_keeps_weights_quantised_with_kernels_and_copies_only_when_asked
     deq = wq.to(tallow.f32).numpy()
     qs, d = _activation_reference(x)
     x_q = (qs.reshape(2, 32) * d.reshape(2, 1)).reshape(1, 64)  # what the kernels multiply
-    used = numpy_backend._DEQUANT_CACHE.used
+    used = backend._DEQUANT_CACHE.used
     monkeypatch.delenv("TALLOW_QUANT_CACHE_MB", raising=False)  # default: the kernels read the blocks
     np.testing.assert_allclose((tallow.from_numpy(x) @ wq.T).numpy(), x_q @ deq.T, rtol=1e-5, atol=1e-5)
-    assert numpy_backend._DEQUANT_CACHE.used == used  # no f32 copy
+    assert backend._DEQUANT_CACHE.used == used  # no f32 copy
     ids = tallow.from_numpy(np.array([5, 0], dtype=np.int64))
     np.testing.assert_array_equal(wq.index_select(0, ids).numpy(), deq[[5, 0]])  # an embedding lookup
     monkeypatch.setenv("TALLOW_QUANT_CACHE_MB", "1")  # asked for: an f32 copy within the budget
     w2 = quantised()  # held: a copy lives as long as its weight
     np.testing.assert_allclose((tallow.from_numpy(x) @ w2.T).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)
-    assert numpy_backend._DEQUANT_CACHE.used == used + w.size * 4
+    assert backend._DEQUANT_CACHE.used == used + w.size * 4
     monkeypatch.delenv("TALLOW_QUANT_CACHE_MB")
     monkeypatch.setenv("TALLOW_CPU", "numpy")  # no kernels (as without numba): today's default copies
-    assert not cpu_matmul.supports("q4_0")
+    assert not kernel_calls.supports("q4_0")
     w3 = quantised()
     np.testing.assert_allclose((tallow.from_numpy(x) @ w3.T).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)
-    assert numpy_backend._DEQUANT_CACHE.used == used + 2 * w.size * 4
+    assert backend._DEQUANT_CACHE.used == used + 2 * w.size * 4
     monkeypatch.setenv("TALLOW_QUANT_CACHE_MB", "lots")
     with pytest.raises(tallow.Error, match="TALLOW_QUANT_CACHE_MB='lots'"):
         tallow.from_numpy(x) @ quantised().T
@@ -232,13 +233,13 @@ def test_kernels_run_as_plain_python():
     code = (
         "import numpy as np, sys; sys.path[:0] = [sys.argv[1]]\n"
         "from test_cpu_kernels import _check, FORMATS\n"
-        "from tallow.quant import cpu_matmul\n"
+        "from tallow.backends.cpu.runtime import kernel_calls\n"
         "rng = np.random.default_rng(0)\n"
         "for q in FORMATS:\n"
         "    bs = 256 if q.endswith('_k') else 32\n"
-        "    _check(q, 3, bs, 1, rng); _check(q, 2, bs, cpu_matmul.FUSED_MAX_ROWS + 1, rng)\n"
+        "    _check(q, 3, bs, 1, rng); _check(q, 2, bs, kernel_calls.FUSED_MAX_ROWS + 1, rng)\n"
         "from test_cpu_kernels import _f16_check\n"
-        "cpu_matmul.kernels()\n"
+        "kernel_calls.kernels()\n"
         "_f16_check(5, 37, 2, rng)\n"
         "print('ok')\n")
     env = dict(os.environ, NUMBA_DISABLE_JIT="1")
@@ -271,49 +272,49 @@ def test_gated_and_biased_products_match_dequantised_numpy(q, parallel, monkeypa
     y, err = _dequantised_product_bound(x, w)
     g, u, eg, eu = y[:, :n], y[:, n:], err[:, :n], err[:, n:]
     silu = 0.5 * g * (1 + np.tanh(g / 2))  # g * sigmoid(g), without overflow
-    got = cpu_matmul.gated_qmatmul(x, raw, q, n, k, "silu")
+    got = kernel_calls.gated_qmatmul(x, raw, q, n, k, "silu")
     assert got.shape == (m, n) and got.dtype == np.float32
     assert np.all(np.abs(got - silu * u) <= 1.1 * eg * (np.abs(u) + eu) + np.abs(silu) * eu + 1e-4), q
     gelu_tanh = lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))  # noqa: E731
     for act, fn, slope in (("relu", lambda v: np.maximum(v, 0), 1.0), ("gelu_tanh", gelu_tanh, 1.13)):
-        got, a = cpu_matmul.gated_qmatmul(x, raw, q, n, k, act), fn(g)
+        got, a = kernel_calls.gated_qmatmul(x, raw, q, n, k, act), fn(g)
         assert np.all(np.abs(got - a * u) <= slope * eg * (np.abs(u) + eu) + np.abs(a) * eu + 1e-4 * (1 + np.abs(a * u)))
     bias = rng.standard_normal(2 * n).astype(np.float32)
-    got = cpu_matmul.qmatmul_bias(x, raw, q, 2 * n, k, bias)
+    got = kernel_calls.qmatmul_bias(x, raw, q, 2 * n, k, bias)
     assert np.all(np.abs(got - (y + bias)) <= err + 1e-5 * np.abs(bias)), q
 
 
 def test_thread_count_comes_from_tallow_threads(monkeypatch):
     monkeypatch.setenv("TALLOW_THREADS", "1")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    assert cpu_matmul.thread_count() == 1
+    assert kernel_calls.thread_count() == 1
     monkeypatch.delenv("TALLOW_THREADS")
-    assert cpu_matmul.thread_count() == 2
+    assert kernel_calls.thread_count() == 2
     monkeypatch.setenv("TALLOW_THREADS", "two")
     with pytest.raises(tallow.Error, match="TALLOW_THREADS='two'"):
-        cpu_matmul.thread_count()
+        kernel_calls.thread_count()
 
 
 def _composed(method, *args):
     """What base.py's composition of the primitives returns for a fused op (the numpy backend's
     own override skipped)."""
     from tallow.backends.base import Backend
-    from tallow.backends.numpy_backend import NumpyBackend
+    from tallow.backends.cpu.backend import NumpyBackend
     return getattr(Backend, method)(NumpyBackend(), *args)
 
 
 def test_decode_kernels_are_what_the_numpy_backend_runs(monkeypatch):
-    """With numba's kernels in use, the numpy backend's fused decode ops are the cpu_decode_kernels /
+    """With numba's kernels in use, the numpy backend's fused decode ops are the fused_ops /
     integer-dot calls (counted), and they agree with base.py's compositions of the numpy primitives."""
     from tallow import functional as F
-    assert cpu_matmul.kernels() is not None  # in use (a quantised model's first product loads them)
+    assert kernel_calls.kernels() is not None  # in use (a quantised model's first product loads them)
     calls = []
-    for mod, names in ((cpu_matmul.decode_kernels(), ("add_rms_norm", "add_layer_norm", "rope_kv_write", "kv_write",
-                                             "attention")), (cpu_matmul.int_kernels(), ("qmatmul_shared",))):
+    for mod, names in ((kernel_calls.decode_kernels(), ("add_rms_norm", "add_layer_norm", "rope_kv_write", "kv_write",
+                                             "attention")), (kernel_calls.int_kernels(), ("qmatmul_shared",))):
         for name in names:
             real = getattr(mod, name)
             monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
-    monkeypatch.setattr(cpu_matmul, "PARALLEL_MIN_BYTES", 1 << 40)
+    monkeypatch.setattr(kernel_calls, "PARALLEL_MIN_BYTES", 1 << 40)
     rng = np.random.default_rng(2)
     x, r, w, b = (tallow.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in ((2, 48), (2, 48), (48,), (48,)))
     total, normed = F.add_rms_norm(x, r, w, 1e-6)
@@ -350,9 +351,9 @@ def test_add_norm_linear_decoding_step_is_two_kernel_calls_and_matches_the_compo
     array straight to one integer-dot call, with the result of base.py's composition (the same
     16-bit activations, so equal to float rounding)."""
     from tallow import functional as F
-    assert cpu_matmul.kernels() is not None
+    assert kernel_calls.kernels() is not None
     calls = []
-    dec, ints = cpu_matmul.decode_kernels(), cpu_matmul.int_kernels()
+    dec, ints = kernel_calls.decode_kernels(), kernel_calls.int_kernels()
     for mod, name in ((dec, "add_rms_norm"), (dec, "add_layer_norm"), (ints, "qmatmul_shared")):
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
@@ -376,17 +377,17 @@ def test_add_norm_linear_decoding_step_is_two_kernel_calls_and_matches_the_compo
 
 @pytest.mark.parametrize("rotary", [None, False, True])  # no rotation, half-split pairs, interleaved pairs
 def test_cache_attention_is_one_kernel_call_and_matches_torch(rotary, monkeypatch):
-    """With the kernels in use, a decoding step's cache_attention is one cpu_decode_kernels call
+    """With the kernels in use, a decoding step's cache_attention is one fused_ops call
     (rotation, cache write and attention) for 1 and 3 query rows over a cache that already holds
     keys; the result and the written cache equal base.py's composition, and without rotation
     torch's attention over the cache with the causal mask of those positions."""
     import torch
 
     from tallow import functional as F
-    assert cpu_matmul.kernels() is not None
+    assert kernel_calls.kernels() is not None
     calls = []
-    real = cpu_matmul.decode_kernels().cache_attention
-    monkeypatch.setattr(cpu_matmul.decode_kernels(), "cache_attention", lambda *a: (calls.append(1), real(*a))[1])
+    real = kernel_calls.decode_kernels().cache_attention
+    monkeypatch.setattr(kernel_calls.decode_kernels(), "cache_attention", lambda *a: (calls.append(1), real(*a))[1])
     rng = np.random.default_rng(8)
     b, h, hk, d, cap, position = 1, 6, 2, 8, 9, 4
     for t in (1, 3):
@@ -419,7 +420,7 @@ def test_decode_kernels_run_as_plain_python():
     """NUMBA_DISABLE_JIT=1: the fused decode kernels' source runs as Python and agrees with numpy."""
     code = (
         "import numpy as np, sys; sys.path[:0] = [sys.argv[1]]\n"
-        "from tallow.quant import cpu_decode_kernels as K\n"
+        "from tallow.backends.cpu.kernels import fused_ops as K\n"
         "rng = np.random.default_rng(0)\n"
         "x, r, w = rng.standard_normal((2, 8)), rng.standard_normal((2, 8)), rng.standard_normal(8)\n"
         "t, n = np.empty((2, 8)), np.empty((2, 8))\n"
@@ -458,17 +459,17 @@ def _count_rows(counts, n_rows, chunks, state):
     """A RowPool kernel (the protocol qmatmul_shared follows): counts[r] += 1 for each row of each chunk taken."""
     last = False
     while True:
-        c = cpu_atomics.fetch_add(state, 0, 1)
+        c = atomics.fetch_add(state, 0, 1)
         if c >= chunks:
             return last
         for r in range(n_rows * c // chunks, n_rows * (c + 1) // chunks):
             counts[r] += 1
-        if cpu_atomics.fetch_add(state, 1, 1) == chunks - 1:
+        if atomics.fetch_add(state, 1, 1) == chunks - 1:
             last = True
 
 
 def test_row_pool_covers_every_row_once_and_never_waits_for_an_idle_helper():
-    """cpu_threads.RowPool: the chunks cover range(n) exactly once, in many jobs back to back (the
+    """threads.RowPool: the chunks cover range(n) exactly once, in many jobs back to back (the
     helper polling between them); an error in a helper reaches the caller; and while the only
     helper is held elsewhere (as a descheduled thread would be), the caller runs every chunk
     itself instead of waiting."""
@@ -476,7 +477,7 @@ def test_row_pool_covers_every_row_once_and_never_waits_for_an_idle_helper():
 
     from numba import njit
 
-    from tallow.quant.cpu_threads import RowPool
+    from tallow.backends.cpu.runtime.threads import RowPool
     kernel = njit(nogil=True)(_count_rows)
     pool = RowPool(2)
     try:
@@ -512,20 +513,20 @@ def test_row_pool_covers_every_row_once_and_never_waits_for_an_idle_helper():
 
 
 def test_a_polling_helper_sees_the_next_job_without_holding_the_gil():
-    """cpu_atomics: the poll runs without the GIL (the thread that bumps the counter needs it) and
+    """atomics: the poll runs without the GIL (the thread that bumps the counter needs it) and
     sees the bump through its atomic load (a hoisted plain load would never see it); with no
     bump it gives up after its rounds."""
     import threading
 
     counter = np.zeros(1, dtype=np.int64)
-    assert cpu_polls.wait_while_equal(counter, 0, 0, 1000) is False
+    assert polls.wait_while_equal(counter, 0, 0, 1000) is False
 
     def bump():
         time.sleep(0.05)
         counter[0] = 1
     bumper = threading.Thread(target=bump)
-    guard = cpu_polls.rounds_for(60_000_000)  # about a minute of polling: a hang guard, not a timing
+    guard = polls.rounds_for(60_000_000)  # about a minute of polling: a hang guard, not a timing
     bumper.start()
-    assert cpu_polls.wait_while_equal(counter, 0, 0, guard) is True  # the bump was seen before the guard ran out
+    assert polls.wait_while_equal(counter, 0, 0, guard) is True  # the bump was seen before the guard ran out
     bumper.join()
-    assert cpu_polls.rounds_for(100) >= 1
+    assert polls.rounds_for(100) >= 1

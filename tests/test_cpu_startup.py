@@ -1,5 +1,5 @@
 """What loading the CPU kernels costs a fresh process: numba's import of scipy's BLAS is
-avoided (core/quant/numba_setup.py), without taking BLAS away from other numba code."""
+avoided (core/backends/cpu/kernels/numba_setup.py), without taking BLAS away from other numba code."""
 import os
 import subprocess
 import sys
@@ -15,13 +15,14 @@ RUN_KERNELS = """
 import sys, numpy as np
 import tallow
 from tallow import functional as F
-from tallow.quant import cpu_matmul, quantize_numpy
-assert cpu_matmul.kernels() is not None
+from tallow.backends.cpu.runtime import kernel_calls
+from tallow.quant import quantize_numpy
+assert kernel_calls.kernels() is not None
 w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
 raw = quantize_numpy(w, "q4_1")
-cpu_matmul.dequant_rows(raw, "q4_1", 64, np.array([1, 3]))
-cpu_matmul.qmatmul(np.ones((1, 64), np.float32), raw, "q4_1", 8, 64)
-cpu_matmul.qmatmul(np.ones((cpu_matmul.FUSED_MAX_ROWS + 1, 64), np.float32), raw, "q4_1", 8, 64)
+kernel_calls.dequant_rows(raw, "q4_1", 64, np.array([1, 3]))
+kernel_calls.qmatmul(np.ones((1, 64), np.float32), raw, "q4_1", 8, 64)
+kernel_calls.qmatmul(np.ones((kernel_calls.FUSED_MAX_ROWS + 1, 64), np.float32), raw, "q4_1", 8, 64)
 x = tallow.ones(1, 8)
 F.add_rms_norm(x, x, tallow.ones(8))
 """
@@ -75,7 +76,7 @@ def test_llvm_pages_are_handed_back_after_the_kernels_load():
     loads, only its writable pages (~1 MB) stay. The kernels still run afterwards."""
     code = LLVM_RESIDENT + RUN_KERNELS + (
         "after = llvm_resident_kb()\n"
-        "y = cpu_matmul.qmatmul(np.ones((1, 64), np.float32), raw, 'q4_1', 8, 64)\n"
+        "y = kernel_calls.qmatmul(np.ones((1, 64), np.float32), raw, 'q4_1', 8, 64)\n"
         "ref = np.ones((1, 64), np.float32) @ tallow.quant.dequantize_numpy(raw, 'q4_1', 512).reshape(8, 64).T\n"
         "print(after, np.allclose(y, ref, rtol=1e-3, atol=1e-3))\n")
     after, close = _run(code)[-1].split()
@@ -83,7 +84,7 @@ def test_llvm_pages_are_handed_back_after_the_kernels_load():
 
 
 def test_clean_ranges_skip_writable_and_dirty_mappings():
-    from tallow.quant.llvm_pages import clean_ranges
+    from tallow.backends.cpu.kernels.llvm_pages import clean_ranges
     smaps = "\n".join([
         "7f0000000000-7f0000100000 r--p 00000000 08:01 11 /venv/llvmlite/binding/libllvmlite.so",
         "Rss:                 400 kB", "Private_Dirty:         0 kB", "Shared_Dirty:          0 kB",

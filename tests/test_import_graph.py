@@ -47,6 +47,46 @@ def test_gpu_packages_have_no_import_cycles():
     assert not {m for m in graph["tallow_wgpu.tuning"] if m.startswith("tallow_wgpu.") and m != "tallow_wgpu.wgsl"}
 
 
+
+def _third_party_imports(path):
+    """The top-level names of the absolute imports in the file at path (module level and inside functions)."""
+    import ast
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_imports_run_down_from_the_cpu_backend_to_the_block_formats():
+    # tallow.quant is the GGUF block formats and their codecs; the CPU device (tallow.backends.cpu)
+    # builds on them, never the other way (issue 30 found quant -> backends -> quant loops).
+    graph = import_graph(CORE, EXEMPT)
+    assert "tallow.quant.formats" in graph and "tallow.backends.cpu.backend" in graph
+    upward = {m: sorted(t for t in graph[m] if t.startswith("tallow.backends"))
+              for m in graph if m == "tallow.quant" or m.startswith("tallow.quant.")}
+    assert not {m: t for m, t in upward.items() if t}, upward
+    # Inside the CPU package: backend -> runtime -> kernels, never back up.
+    order = ["tallow.backends.cpu.kernels", "tallow.backends.cpu.runtime"]
+    for low, high in zip(order, order[1:]):
+        back = {m: sorted(t for t in graph[m] if t.startswith(high)) for m in graph if m.startswith(low)}
+        assert not {m: t for m, t in back.items() if t}, back
+    kernels = {m for m in graph if m.startswith("tallow.backends.cpu.kernels")}
+    assert not {m: graph[m] for m in kernels if {t for t in graph[m] if t.startswith("tallow.backends")} - kernels
+                - {"tallow.backends", "tallow.backends.cpu"}}
+
+
+def test_only_the_cpu_kernels_import_numba():
+    # numba and llvmlite stay inside tallow.backends.cpu.kernels: everything else asks runtime/kernel_calls.py
+    # (which finds numba without importing it), so a process with the machine code cached never imports numba.
+    files = module_files(PACKAGES)
+    users = {m for m, path in files.items() if _third_party_imports(path) & {"numba", "llvmlite"}}
+    assert "tallow.backends.cpu.kernels.int_dot" in users
+    assert {m for m in users if not m.startswith("tallow.backends.cpu.kernels.")} == set()
+
 def test_the_check_finds_a_cycle_across_packages(tmp_path):
     # The cycle issue 30 found: backend -> tuning at module level, tuning -> backend in a function.
     core, gpu = tmp_path / "core", tmp_path / "gpu"

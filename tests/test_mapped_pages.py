@@ -1,4 +1,4 @@
-"""backends/mapped_pages.py: after a copy, the file pages inside a mapped tensor are handed back,
+"""backends/cpu/mapped_pages.py: after a copy, the file pages inside a mapped tensor are handed back,
 and only those: the tensor still reads the same bytes, other memory is never advised."""
 import mmap
 import os
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tallow.io.lazy_file import map_source
-from tallow.backends.mapped_pages import PAGE, release_copied
+from tallow.backends.cpu.mapped_pages import PAGE, release_copied
 
 pytestmark = pytest.mark.skipif(not hasattr(mmap, "MADV_DONTNEED"), reason="no madvise here")
 
@@ -80,5 +80,5 @@ def test_a_freed_large_block_leaves_no_resident_pages():
     unmapped, so a prompt's temporaries do not stay resident: under glibc's default policy the
     blocks after the first come from the heap, which keeps them."""
     from freed_blocks import resident_after_freeing
-    setup = "import tallow.backends.numpy_backend, tallow.settings\ntallow.settings.tune_process()  # as the CLI does"
+    setup = "import tallow.backends.cpu.backend, tallow.settings\ntallow.settings.tune_process()  # as the CLI does"
     assert resident_after_freeing(setup) < 1 << 20

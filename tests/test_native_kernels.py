@@ -1,4 +1,4 @@
-"""The CPU kernels' machine code loaded without numba (tallow.quant.native_kernels): every entry
+"""The CPU kernels' machine code loaded without numba (tallow.backends.cpu.kernels.machine_code): every entry
 loads and computes what its numba kernel computes, a warm process never imports numba, and a
 broken cache or a call the entry cannot take falls back to numba instead of crashing."""
 import json
@@ -11,15 +11,16 @@ import pytest
 np = pytest.importorskip("numpy")
 pytest.importorskip("numba")
 
-from tallow.quant import cpu_matmul, native_kernels  # noqa: E402
+from tallow.backends.cpu.kernels import machine_code  # noqa: E402
+from tallow.backends.cpu.runtime import kernel_calls  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not native_kernels.enabled(), reason="TALLOW_CPU=numba or NUMBA_DISABLE_JIT=1")
+pytestmark = pytest.mark.skipif(not machine_code.enabled(), reason="TALLOW_CPU=numba or NUMBA_DISABLE_JIT=1")
 
 
 def test_every_entry_loads_as_machine_code():
-    for name in native_kernels.ENTRIES:
-        assert native_kernels.kernel(name) is not None, native_kernels.errors()
-        assert native_kernels.kernel(name).native
+    for name in machine_code.ENTRIES:
+        assert machine_code.kernel(name) is not None, machine_code.errors()
+        assert machine_code.kernel(name).native
 
 
 def _rows_and_blocks(rng, m=3, k=64, n=10):
@@ -34,13 +35,13 @@ def test_entries_compute_what_the_numba_kernels_compute():
     x, raw = _rows_and_blocks(rng)
     m, k = x.shape
     results = []
-    for fn in (native_kernels.kernel("quantize_rows"), native_kernels.numba_kernel("quantize_rows")):
+    for fn in (machine_code.kernel("quantize_rows"), machine_code.numba_kernel("quantize_rows")):
         qx, dx, sx = np.zeros((m, k), np.int16), np.zeros((m, k // 32), np.float32), np.zeros((m, k // 32), np.int32)
         fn(x, 32767, qx, dx, sx)
         out = np.zeros((m, 10), np.float32)
-        product = (native_kernels.kernel("qmatmul_shared") if fn.__dict__.get("native")
-                   else native_kernels.numba_kernel("qmatmul_shared"))
-        from tallow.quant.kernel_codes import F16_TABLE
+        product = (machine_code.kernel("qmatmul_shared") if fn.__dict__.get("native")
+                   else machine_code.numba_kernel("qmatmul_shared"))
+        from tallow.backends.cpu.kernels.codes import F16_TABLE
         last = product(1, 32, 24, raw, qx, dx, sx, F16_TABLE, out, np.empty(0, np.float32), False, 0, 10, 3,
                        np.zeros(2, np.int64))
         assert last is True
@@ -53,14 +54,14 @@ def test_a_strided_view_takes_the_strided_entry_and_a_non_contiguous_one_falls_b
     rng = np.random.default_rng(1)
     k, v = (rng.standard_normal((1, 2, 1, 8)).astype(np.float32) for _ in range(2))
     caches = [np.zeros((1, 2, 5, 8), np.float32) for _ in range(2)]
-    native_kernels.kernel("kv_write")(k, v, caches[0][:, :, 3:4], caches[1][:, :, 3:4])  # ("f32[4A]" views)
+    machine_code.kernel("kv_write")(k, v, caches[0][:, :, 3:4], caches[1][:, :, 3:4])  # ("f32[4A]" views)
     np.testing.assert_array_equal(caches[0][:, :, 3:4], k)
     np.testing.assert_array_equal(caches[1][:, :, 3:4], v)
     x = rng.standard_normal((2, 96)).astype(np.float32)[:, ::2]  # not contiguous: the numba kernel runs it
     r = np.zeros((2, 48), np.float32)
     w = np.ones(48, np.float32)
     got = [np.zeros((2, 48), np.float32) for _ in range(2)]
-    native_kernels.kernel("add_rms_norm")(x, r, w, 1e-6, got[0], got[1])
+    machine_code.kernel("add_rms_norm")(x, r, w, 1e-6, got[0], got[1])
     np.testing.assert_allclose(got[1], x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6), rtol=1e-5)
 
 
@@ -73,12 +74,12 @@ WARM = """
 import sys, numpy as np
 import tallow
 from tallow import functional as F
-from tallow.quant import native_kernels
+from tallow.backends.cpu.kernels import machine_code
 rng = np.random.default_rng(3)
 w = tallow.from_numpy(rng.standard_normal((64, 64)).astype(np.float32)).to(tallow.get_dtype("q4_1"))
 x = tallow.from_numpy(rng.standard_normal((1, 64)).astype(np.float32))
 y = F.linear(x, w)
-print(round(float(y.numpy().sum()), 3), "numba" in sys.modules, native_kernels.errors())
+print(round(float(y.numpy().sum()), 3), "numba" in sys.modules, machine_code.errors())
 """
 
 
@@ -113,11 +114,11 @@ def test_a_broken_cache_falls_back_to_numba_with_a_reason(tmp_path):
 
 
 def test_off_switch_and_what_tallow_devices_says():
-    done = _child("from tallow.quant import native_kernels; print(native_kernels.kernel('poll'))",
+    done = _child("from tallow.backends.cpu.kernels import machine_code; print(machine_code.kernel('poll'))",
                   TALLOW_CPU="numba")
     assert done.stdout.strip() == "None"
-    assert cpu_matmul.kernels() is not None
-    status = "from tallow.quant import cpu_matmul; print(cpu_matmul.kernel_status())"
+    assert kernel_calls.kernels() is not None
+    status = "from tallow.backends.cpu.runtime import kernel_calls; print(kernel_calls.kernel_status())"
     assert _child(status).stdout.startswith("machine code compiled by numba")
     assert _child(status, TALLOW_CPU="numba").stdout.startswith("numba's")
     assert _child(status, TALLOW_CPU="numpy").stdout.startswith("off")

@@ -187,7 +187,7 @@ def test_numpy_joins_adjacent_mapped_rows_without_a_copy():
     import mmap
     import tempfile
 
-    from tallow.backends.numpy_backend import NumpyBackend
+    from tallow.backends.cpu.backend import NumpyBackend
     from tallow.layout import Layout
 
     be, q = NumpyBackend(), get_dtype("q8_0")

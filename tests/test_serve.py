@@ -171,14 +171,19 @@ def test_stop_strings_and_seeded_sampling_follow_the_library(server, llm):
     assert sampled[0] == sampled[1] == llm.chat(QUESTION, max_tokens=12, temperature=1.0, top_p=0.9, seed=7)
 
 
-def test_four_concurrent_streams_each_get_what_they_get_alone(server, llm):
-    questions = ["What is 2 + 2?", "Name a fruit.", "What colour is the sky?", "Say hello in French."]
+def test_eight_concurrent_streams_are_batched_and_each_get_what_they_get_alone(server, llm):
+    """The worker decodes them together (continuous batching: /health's peak_batch counts the
+    most sequences one step decoded), and each stream's text is the library's alone."""
+    questions = ["What is 2 + 2?", "Name a fruit.", "What colour is the sky?", "Say hello in French.",
+                 "Name a planet.", "What is the opposite of hot?", "Count to three.", "Name a colour."]
     results, errors = {}, []
+    barrier = threading.Barrier(len(questions))
 
     def ask(q):
         try:
+            barrier.wait(HANG_GUARD)
             stream = server.client().chat.completions.create(
-                model="smollm2", messages=[{"role": "user", "content": q}], temperature=0, max_tokens=10, stream=True)
+                model="smollm2", messages=[{"role": "user", "content": q}], temperature=0, max_tokens=16, stream=True)
             results[q] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         except Exception as e:  # reported below, in the test's thread
             errors.append(e)
@@ -188,9 +193,11 @@ def test_four_concurrent_streams_each_get_what_they_get_alone(server, llm):
         t.start()
     for t in threads:
         t.join(HANG_GUARD)
-    assert not errors and len(results) == 4
+    assert not errors and len(results) == len(questions)
     for q in questions:
-        assert results[q] == llm.chat([{"role": "user", "content": q}], max_tokens=10, temperature=0), q
+        assert results[q] == llm.chat([{"role": "user", "content": q}], max_tokens=16, temperature=0), q
+    health = server.health()["smollm2"]
+    assert health["max_batch"] == 8 and health["peak_batch"] > 1, health
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_model(server):
@@ -341,8 +348,9 @@ def test_unknown_paths_methods_and_missing_keys_are_error_json(server):
 # ---- limits on a second server: one waiting request per model, a short time limit -------------
 @pytest.fixture(scope="module")
 def small_server(smollm2_gguf, tmp_path_factory):
-    s = Server(["--model", f"smollm2={smollm2_gguf}", "--max-queue", "1", "--request-timeout", "15",
-                "--max-tokens", "8000"],
+    # one request decodes at a time (--max-batch 1), so a second one waits in the queue of 1
+    s = Server(["--model", f"smollm2={smollm2_gguf}", "--max-queue", "1", "--max-batch", "1",
+                "--request-timeout", "15", "--max-tokens", "8000"],
                tmp_path_factory.mktemp("log") / "small.log")
     yield s
     s.stop()

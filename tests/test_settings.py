@@ -135,7 +135,7 @@ class Watched(ctypes.CDLL):
 ctypes.CDLL = Watched
 before = dict(os.environ)
 import tallow
-import tallow.backends.numpy_backend
+import tallow.backends.cpu.backend
 import tallow.cli
 tallow.tensor([1.0, 2.0], device="cpu").exp().numpy()
 changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))

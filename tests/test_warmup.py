@@ -14,10 +14,10 @@ import pytest
 pytest.importorskip("numpy")
 pytest.importorskip("numba")
 
-from tallow.quant import native_kernels  # noqa: E402
+from tallow.backends.cpu.kernels import machine_code  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not native_kernels.enabled(), reason="TALLOW_CPU=numba or NUMBA_DISABLE_JIT=1")
+pytestmark = pytest.mark.skipif(not machine_code.enabled(), reason="TALLOW_CPU=numba or NUMBA_DISABLE_JIT=1")
 NOTICE = "tallow: compiling the CPU kernels for this machine, once"
 
 
@@ -73,7 +73,7 @@ def test_a_cold_run_says_it_compiles_before_anything_else(tmp_path, tiny_gguf):
         proc.kill()
         proc.wait(timeout=60)
     assert lines and lines[0].startswith(NOTICE), lines
-    total = len(native_kernels.ENTRIES)
+    total = len(machine_code.ENTRIES)
     assert f"({total} kernels, about" in lines[0] and "`tallow warmup`" in lines[0]
     assert lines[1].strip() == f"tallow: 1/{total} CPU kernels compiled", lines
 
@@ -81,13 +81,13 @@ def test_a_cold_run_says_it_compiles_before_anything_else(tmp_path, tiny_gguf):
 @pytest.mark.slow
 def test_warmup_fills_the_caches_and_later_processes_compile_nothing(tmp_path, tiny_gguf):
     env = _env(tmp_path)
-    total = len(native_kernels.ENTRIES)
+    total = len(machine_code.ENTRIES)
     first = _tallow(env, "warmup")
     assert first.returncode == 0, first.stderr
     assert first.stderr.startswith(NOTICE) and f"{total}/{total} CPU kernels compiled" in first.stderr
     assert f"CPU kernels: {total} of {total} compiled" in first.stdout
     [folder] = (tmp_path / "home" / "cpu_kernels").iterdir()
-    assert sorted(p.name for p in folder.iterdir()) == sorted(f"{n}.{ext}" for n in native_kernels.ENTRIES
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f"{n}.{ext}" for n in machine_code.ENTRIES
                                                               for ext in ("json", "o"))
     numba_files = _files(tmp_path / "numba")
     assert any(p.endswith(".nbi") for p in numba_files) and any(p.endswith(".nbc") for p in numba_files)
@@ -97,10 +97,10 @@ def test_warmup_fills_the_caches_and_later_processes_compile_nothing(tmp_path, t
     assert again.returncode == 0 and again.stderr == "", again.stderr
     assert again.stdout.startswith(f"CPU kernels: all {total} already compiled")
 
-    load = subprocess.run([sys.executable, "-c", "import sys\nfrom tallow.quant import cpu_matmul, native_kernels\n"
-                           "cpu_matmul.kernels()\n"
-                           "print('numba' in sys.modules, native_kernels.errors(), "
-                           "all(native_kernels.kernel(n).native for n in native_kernels.ENTRIES))"],
+    load = subprocess.run([sys.executable, "-c", "import sys\nfrom tallow.backends.cpu.kernels import machine_code\nfrom tallow.backends.cpu.runtime import kernel_calls\n"
+                           "kernel_calls.kernels()\n"
+                           "print('numba' in sys.modules, machine_code.errors(), "
+                           "all(machine_code.kernel(n).native for n in machine_code.ENTRIES))"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert (load.stdout.strip(), load.stderr) == ("False [] True", "")  # every kernel linked, numba never loaded
 
@@ -119,9 +119,9 @@ def test_warmup_fills_the_caches_and_later_processes_compile_nothing(tmp_path, t
 
 LOAD_AHEAD = """
 import sys
-from tallow.quant import cpu_matmul
+from tallow.backends.cpu.runtime import kernel_calls
 for device in sys.argv[1:]:
-    cpu_matmul.load_ahead(device)
+    kernel_calls.load_ahead(device)
 print("llvmlite" in sys.modules, "numba" in sys.modules)
 """
 

@@ -62,8 +62,8 @@ def test_f16_exact_weights_take_the_f16_kernel_and_match_transformers(tmp_path):
     """A checkpoint whose matrices are f16 values (as Whisper's are): with the CPU kernels the
     decoder multiplies f16 copies (half the bytes), with the same logits as transformers."""
     pytest.importorskip("numba")
-    from tallow.quant import cpu_matmul
-    if cpu_matmul.kernels() is None:
+    from tallow.backends.cpu.runtime import kernel_calls
+    if kernel_calls.kernels() is None:
         pytest.skip("TALLOW_CPU=numpy")
     torch, ref = _random_checkpoint(tmp_path, 80, POSITIONS)
     with torch.no_grad():

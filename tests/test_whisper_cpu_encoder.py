@@ -67,8 +67,8 @@ def test_other_activations_and_bad_mels(checkpoint):
 
 
 def _threads_or_skip():
-    from tallow.backends import cpu_attention
-    if cpu_attention.blas_threads()[1] < 2:
+    from tallow.backends.cpu import attention
+    if attention.blas_threads()[1] < 2:
         pytest.skip("BLAS runs one thread here (threadpoolctl missing or one core)")
 
 

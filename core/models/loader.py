@@ -67,7 +67,7 @@ def load_directory(path, device=None, dtype=None, weights=None):
 def load_gguf(path, device=None, dtype=None):
     """A decoder from a llama.cpp GGUF file; the tokenizer comes from its metadata."""
     from .. import io
-    from ..quant.cpu_matmul import load_ahead
+    from ..backends.cpu.runtime.kernel_calls import load_ahead
     from .gguf_names import GGUFWeights, config_from_gguf
     reader = io.open(path, format="gguf")
     arch, raw = config_from_gguf(reader)

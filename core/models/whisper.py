@@ -518,7 +518,7 @@ def load(path_or_dir, device=None, dtype=None, weights=None, progress=True, quan
     folder = resolve(path_or_dir, progress)
     cfg = WhisperConfig.from_file(folder / "config.json")
     device = default_device() if device is None else Device(device)
-    from ..quant.cpu_matmul import load_ahead
+    from ..backends.cpu.runtime.kernel_calls import load_ahead
     load_ahead(device)  # the CPU's direct encoder and decoder run the kernels: a cold cache compiles here, saying so
     source = weights if weights is not None else _weights_source(folder)
     if quantize is not None:

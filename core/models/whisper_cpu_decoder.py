@@ -31,7 +31,7 @@ beams) then runs as one compiled step program (whisper_cpu_step.py): jfk.wav's w
 decode 0.326 -> 0.237 s (best of 7, interleaved), the same tokens.
 
 Float32 weights are read-only views of the model's storage. q8_0 weights
-(`quantize="q8_0"`) take tallow.quant.cpu_matmul's integer-dot kernels for steps and
+(`quantize="q8_0"`) take tallow.backends.cpu.runtime.kernel_calls's integer-dot kernels for steps and
 its tiled path for the prompt. `CpuDecoder.supports(model)` says when this applies:
 the numpy backend, float32, every matrix float32 or a format those kernels handle.
 """
@@ -45,7 +45,7 @@ from ..errors import IndexRangeError, ShapeError
 # from about 64 rows on (a prompt, the encoder's 1,500 frames) x W^T is as fast or faster.
 FEW_ROWS = 32
 # Up to this many rows, a matrix stored exactly in f16 is multiplied by the f16 kernel
-# (cpu_matmul.f16_matmul): half the bytes of float32 read per step, each read once for all rows.
+# (kernel_calls.f16_matmul): half the bytes of float32 read per step, each read once for all rows.
 F16_MAX_ROWS = 8
 
 
@@ -72,13 +72,13 @@ class _Linear:
 
     def __call__(self, x):
         if self.blocks:
-            from ..quant import cpu_matmul
-            if x.shape[0] <= cpu_matmul.FUSED_MAX_ROWS and self.bias is not None:
-                return cpu_matmul.qmatmul_bias(x, self.raw, self.qtype, self.n, self.k, self.bias)
-            y = cpu_matmul.qmatmul(x, self.raw, self.qtype, self.n, self.k)
+            from ..backends.cpu.runtime import kernel_calls
+            if x.shape[0] <= kernel_calls.FUSED_MAX_ROWS and self.bias is not None:
+                return kernel_calls.qmatmul_bias(x, self.raw, self.qtype, self.n, self.k, self.bias)
+            y = kernel_calls.qmatmul(x, self.raw, self.qtype, self.n, self.k)
         elif self.f16 is not None and x.shape[0] <= F16_MAX_ROWS:
-            from ..quant import cpu_matmul
-            return cpu_matmul.f16_matmul(x, self.f16, self.bias)
+            from ..backends.cpu.runtime import kernel_calls
+            return kernel_calls.f16_matmul(x, self.f16, self.bias)
         elif x.shape[0] == 1:  # one row: BLAS's matrix-vector product on W as stored
             y = np.matmul(self.w, x[0])[None]
         elif x.shape[0] <= FEW_ROWS:  # beams, a window's first tokens: W as stored, then the transpose
@@ -93,15 +93,15 @@ class _Linear:
     def quantized_ok(weight):
         if not weight.dtype.is_quantized:
             return weight.dtype.name == "f32"
-        from ..quant import cpu_matmul
-        return cpu_matmul.supports(weight.dtype)
+        from ..backends.cpu.runtime import kernel_calls
+        return kernel_calls.supports(weight.dtype)
 
 
 def _exact_f16(w):
     """w (float32) as f16 bit patterns when every value converts exactly (a checkpoint stored in
     f16, as Whisper's are), else None; only where the compiled kernels run."""
-    from ..quant import cpu_matmul
-    if cpu_matmul.kernels() is None:
+    from ..backends.cpu.runtime import kernel_calls
+    if kernel_calls.kernels() is None:
         return None
     h = w.astype(np.float16)
     return h.view(np.uint16) if np.array_equal(h, w) else None
@@ -178,12 +178,12 @@ class CpuDecoder:
         self.positions = _array(dec.embed_positions.weight)
         self.layers = [_Layer(layer) for layer in dec.layers]
         self.final = _Norm(dec.layer_norm)
-        from ..backends.numpy_backend import _UNARY
+        from ..backends.cpu.backend import _UNARY
         self.acts = {layer.act: _UNARY[layer.act] for layer in dec.layers}  # the backend's own functions
-        from ..quant import cpu_matmul
+        from ..backends.cpu.runtime import kernel_calls
         # The compiled CPU kernels where numba is installed (loaded once, ~60 ms): the norms with
         # their residual add, attention and GELU as one call each instead of several numpy passes.
-        self.kernels = cpu_matmul.decode_kernels() if cpu_matmul.kernels() is not None else None
+        self.kernels = kernel_calls.decode_kernels() if kernel_calls.kernels() is not None else None
 
     def add_norm(self, x, residual, norm):
         """x += residual (unless None), in place; returns LayerNorm(x): one kernel call."""
@@ -224,8 +224,8 @@ class CpuDecoder:
 
     def embed_rows(self, ids):
         if self.embed_blocks:
-            from ..quant import cpu_matmul
-            return cpu_matmul.dequant_rows(self.embed._storage, self.embed.dtype, self.embed.shape[1], ids)
+            from ..backends.cpu.runtime import kernel_calls
+            return kernel_calls.dequant_rows(self.embed._storage, self.embed.dtype, self.embed.shape[1], ids)
         return self.embed[ids]
 
 

@@ -1,7 +1,7 @@
 """Whisper's encoder on the numpy CPU backend as direct numpy calls on few buffers.
 
 The encoder's time is its matrix products (BLAS) and its attention over 1,500
-frames (backends/cpu_attention.py); this path keeps everything else off the
+frames (backends/cpu/attention.py); this path keeps everything else off the
 tensor front end, whose copies (a contiguous copy per head split and merge, a new
 array per bias add, residual add and activation) cost about 10% of an encode:
 
@@ -9,7 +9,7 @@ array per bias add, residual add and activation) cost about 10% of an encode:
   order, so conv2's output is already the (frames, d) layout the layers read;
 * q, k and v are one product over the model's joined rows; attention reads them
   as strided views (no copies per head);
-* biases, GELU (backends/cpu_gelu.py) and residual adds run in place on the
+* biases, GELU (backends/cpu/gelu.py) and residual adds run in place on the
   product's output.
 
 Measured (tiny.en, one 30 s window, busy shared 2-core box, best of 3-4): at one BLAS
@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..backends import cpu_attention
-from ..backends.cpu_gelu import gelu
+from ..backends.cpu import attention
+from ..backends.cpu.gelu import gelu
 from .whisper_cpu_decoder import _array, _layer_norm, _Norm
 
 
@@ -43,10 +43,11 @@ class _Linear:
         kernels' vector IR where they run: q8_0 fc1 of tiny 0.76 -> 0.22 ms, the same bits)."""
         if self.w is not None:
             return self.w
-        from ..quant import cpu_matmul, dequantize_numpy
+        from ..backends.cpu.runtime import kernel_calls
+        from ..quant import dequantize_numpy
         n, k = self.weight.shape
-        if cpu_matmul.supports(self.weight.dtype):
-            return cpu_matmul.dequant_rows(self.weight._storage, self.weight.dtype, k, np.arange(n, dtype=np.int64))
+        if kernel_calls.supports(self.weight.dtype):
+            return kernel_calls.dequant_rows(self.weight._storage, self.weight.dtype, k, np.arange(n, dtype=np.int64))
         return dequantize_numpy(self.weight._storage, self.weight.dtype, n * k).reshape(n, k)
 
     def __call__(self, x, w):
@@ -122,7 +123,7 @@ class _Layer:
         t, d = x.shape
         q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(t, self.heads, self.head_dim).transpose(1, 0, 2)
                    for i in range(3))
-        y = cpu_attention.attention(q[:, lo:hi], k, v, None, self.head_dim ** -0.5, False)  # (heads, rows, hd)
+        y = attention.attention(q[:, lo:hi], k, v, None, self.head_dim ** -0.5, False)  # (heads, rows, hd)
         rows = x[lo:hi]
         rows += self.out(y.transpose(1, 0, 2).reshape(hi - lo, d), weights(self.out))
         h = self.fc1(_layer_norm(rows, self.norm2), weights(self.fc1))
@@ -162,8 +163,8 @@ class CpuEncoder:
         self.positions = _array(enc.embed_positions.weight)
         self.layers = [_Layer(layer) for layer in enc.layers]
         self.final = _Norm(enc.layer_norm)
-        from ..quant import cpu_matmul
-        cpu_matmul.kernels()  # where numba is installed: GELU's compiled kernel (cpu_gelu.py), 12 -> 0.4 ms a call
+        from ..backends.cpu.runtime import kernel_calls
+        kernel_calls.kernels()  # where numba is installed: GELU's compiled kernel (gelu.py), 12 -> 0.4 ms a call
 
     @staticmethod
     def supports(model):
@@ -188,7 +189,7 @@ class CpuEncoder:
         x += self.positions[:x.shape[0]]
         t, d = x.shape
         layers = [(layer, np.empty((t, 3 * d), np.float32)) for layer in self.layers]
-        blas, threads = cpu_attention.blas_threads()
+        blas, threads = attention.blas_threads()
         threads = min(threads, t)
         if threads < 2 or threading.current_thread() is not threading.main_thread():
             _layers(layers, x, 0, t, None, _Weights())

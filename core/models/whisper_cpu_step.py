@@ -1,4 +1,4 @@
-"""Whisper's one-token decoding step on the CPU as one step program (quant/cpu_step.py): no
+"""Whisper's one-token decoding step on the CPU as one step program (backends/cpu/kernels/step_loop.py): no
 Python between its kernels, and the threads share each product's rows and the cross-attention's
 heads through atomic counters instead of a hand-off per product.
 
@@ -11,7 +11,7 @@ batch), cache_attention (the new key and value written at the step buffer's posi
 causal attention over the cache), the out product, the cross-attention over the audio's keys,
 the MLP with GELU; the final norm and the output head. Products run on f16 copies of the
 matrices (CpuDecoder makes them where every value converts exactly) or on GGUF blocks (q8_0:
-activations quantised to 16 bits first, as cpu_int_kernels does).
+activations quantised to 16 bits first, as int_dot does).
 
 `build(decoder, state, b)` returns None where a matrix is neither (the eager step then runs). The
 values are the eager step's up to float32 rounding: the same f16 and block kernels and norms, but
@@ -19,11 +19,12 @@ attention runs in compiled loops instead of BLAS.
 """
 import numpy as np
 
-from ..quant import cpu_matmul, quant_dtype
-from ..quant.cpu_program import (OP_ATTENTION, OP_CROSS_ATTENTION, OP_F16_PRODUCT, OP_GELU, OP_LAYER_NORM,
-                                 OP_PRODUCT, OP_QUANTIZE, OP_ROWS, OP_TOKEN_ROWS, SHARE_MIN_BYTES, SHARED_ROWS,
-                                 Program)
-from ..quant.cpu_threads import CHUNKS_PER_THREAD
+from ..backends.cpu.kernels.codes import (OP_ATTENTION, OP_CROSS_ATTENTION, OP_F16_PRODUCT, OP_GELU, OP_LAYER_NORM,
+                                          OP_PRODUCT, OP_QUANTIZE, OP_ROWS, OP_TOKEN_ROWS, SHARED_ROWS)
+from ..backends.cpu.runtime import kernel_calls
+from ..backends.cpu.runtime.step_program import SHARE_MIN_BYTES, Program
+from ..backends.cpu.runtime.threads import CHUNKS_PER_THREAD
+from ..quant import quant_dtype
 
 
 class StepProgram:
@@ -42,12 +43,12 @@ class StepProgram:
 def build(decoder, state, b):
     """The StepProgram of `state` (a CpuDecoderState whose caches hold b rows), or None when a
     matrix has neither an f16 copy nor blocks the kernels read, and under NUMBA_DISABLE_JIT=1."""
-    from ..quant import native_kernels
-    if native_kernels.jit_disabled():  # run_step's pointer intrinsics are compiled code only
+    from ..backends.cpu.kernels import machine_code
+    if machine_code.jit_disabled():  # run_step's pointer intrinsics are compiled code only
         return None
     linears = [decoder.head] + [getattr(layer, name) for layer in decoder.layers
                                 for name in ("qkv", "out", "cross_q", "cross_out", "fc1", "fc2")]
-    if any(lin.f16 is None and not (lin.blocks and cpu_matmul.supports(lin.qtype)) for lin in linears):
+    if any(lin.f16 is None and not (lin.blocks and kernel_calls.supports(lin.qtype)) for lin in linears):
         return None
     return _Builder(decoder, state, b).program()
 
@@ -56,7 +57,7 @@ class _Builder:
     def __init__(self, decoder, state, b):
         self.decoder, self.state, self.b = decoder, state, b
         self.rows, self.reals, self.keep = [], [], []
-        self.threads = cpu_matmul.threads()
+        self.threads = kernel_calls.threads()
         self.quantized = {}  # id(x) -> (qx, dx, sx) of the activations last quantised from x
 
     def at(self, a):
@@ -92,26 +93,26 @@ class _Builder:
                      raw.size, bias.size, shared=(hi - lo, self.chunks(hi - lo, raw.nbytes)))
             return
         d = quant_dtype(linear.qtype)
-        fmt = cpu_matmul.kernels().FORMATS[d.name]
-        raw = cpu_matmul._blocks(linear.raw, d, linear.n, linear.k).reshape(linear.n, -1)[lo:hi].reshape(-1)
+        fmt = kernel_calls.kernels().FORMATS[d.name]
+        raw = kernel_calls._blocks(linear.raw, d, linear.n, linear.k).reshape(linear.n, -1)[lo:hi].reshape(-1)
         qx, dx, sx = self.quantized[id(x)] if quantized else self.quantize(x)
         self.row(OP_PRODUCT, fmt, d.block_size, d.block_bytes, self.at(raw), self.at(qx), self.at(dx),
                  self.at(sx), self.at(out), self.at(bias), 0, 0, m, k, hi - lo, bias.size, raw.size,
                  shared=(hi - lo, self.chunks(hi - lo, raw.nbytes)))
 
     def quantize(self, x):
-        """A row quantising x's activations to 16-bit blocks (cpu_int_kernels.quantize_rows) into
+        """A row quantising x's activations to 16-bit blocks (int_dot.quantize_rows) into
         buffers kept per x array."""
         if id(x) not in self.quantized:
             m, k = x.shape
-            ints = cpu_matmul.int_kernels()
+            ints = kernel_calls.int_kernels()
             bufs = (np.zeros((m, k), np.int16), np.zeros((m, k // ints.QK), np.float32),
                     np.zeros((m, k // ints.QK), np.int32))
             self.keep.extend(bufs)
             self.quantized[id(x)] = bufs
         qx, dx, sx = self.quantized[id(x)]
         self.row(OP_QUANTIZE, self.at(x), x.shape[0], x.shape[1], self.at(qx), self.at(dx), self.at(sx),
-                 cpu_matmul.ACTIVATION_MAX)
+                 kernel_calls.ACTIVATION_MAX)
         return qx, dx, sx
 
     def program(self):
@@ -130,8 +131,8 @@ class _Builder:
         if dec.embed_blocks:  # the token rows dequantised, then added to their positions
             e = self.buffer(b, dm)
             d = quant_dtype(dec.embed.dtype)
-            raw = cpu_matmul._blocks(dec.embed._storage, d, dec.embed.shape[0], dm)
-            self.row(OP_ROWS, cpu_matmul.kernels().FORMATS[d.name], d.block_size, d.block_bytes, self.at(raw),
+            raw = kernel_calls._blocks(dec.embed._storage, d, dec.embed.shape[0], dm)
+            self.row(OP_ROWS, kernel_calls.kernels().FORMATS[d.name], d.block_size, d.block_bytes, self.at(raw),
                      self.at(ids), dm, self.at(e), b, raw.size)
             rows = np.arange(b, dtype=np.int64)
             self.row(OP_TOKEN_ROWS, self.at(e), b, dm, self.at(rows), b, self.at(positions), positions.shape[0],

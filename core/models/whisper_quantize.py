@@ -4,7 +4,7 @@ A float checkpoint's matrices are quantised into GGUF blocks as they are read, s
 model holds no f32 copy of them: every projection of the encoder and decoder (q/k/v/out,
 fc1, fc2) and the token embedding, which is also the output head (the biggest matrix a
 decoding step reads). On the CPU with numba, one-row products (decoding steps) run the
-integer-dot kernels in tallow.quant.cpu_int_kernels: int8 weights like faster-whisper's
+integer-dot kernels in tallow.backends.cpu.kernels.int_dot: int8 weights like faster-whisper's
 int8 (its activations are 8-bit, these 16-bit); many rows (the encoder, the audio's
 cross-attention keys and values) dequantise a tile at a time into BLAS.
 

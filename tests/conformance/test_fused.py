@@ -24,8 +24,8 @@ def _cpu_kernels_in_use(device):
     the CPU kernels are in use (as after a quantised model's first product): load them, so these
     cases check those kernels (tests/test_cpu_kernels.py checks that they are what runs)."""
     if device.type == "cpu":
-        from tallow.quant import cpu_matmul
-        cpu_matmul.kernels()
+        from tallow.backends.cpu.runtime import kernel_calls
+        kernel_calls.kernels()
 
 
 def rnd(*shape):

@@ -4,7 +4,7 @@ head; an LLM's prompt prefill), blocked so the scores stay in cache.
 softmax(q k^T * scale + mask) v, one head and BLOCK queries at a time: the
 block's scores (BLOCK x tk float32: 768 KB for Whisper) are written by BLAS,
 then max, subtract, exp and sum run over them while they are still in L2 (one
-compiled call where the CPU kernels are in use: cpu_decode_kernels.softmax_rows),
+compiled call where the CPU kernels are in use: fused_ops.softmax_rows),
 and the division by the row sums is done on the (BLOCK x d) output instead of
 the scores. Doing all heads at once (the plain formula) makes each of those passes a
 trip through a 54 MB array for Whisper tiny.
@@ -87,11 +87,11 @@ _state: dict[str, object] = {}
 
 
 def _softmax_kernel():
-    """cpu_decode_kernels.softmax_rows once this process uses the CPU kernels (Whisper on the CPU,
-    a quantised model: quant/cpu_matmul.py), else None: numpy's four passes over each block.
+    """fused_ops.softmax_rows once this process uses the CPU kernels (Whisper on the CPU,
+    a quantised model: backends/cpu/runtime/kernel_calls.py), else None: numpy's four passes over each block.
     Measured on a 128 x 1,500 block: 390 -> 180 us; exp within 1e-7 of numpy's."""
-    from ..quant import cpu_matmul
-    mod = cpu_matmul.decode_kernels()
+    from .runtime import kernel_calls
+    mod = kernel_calls.decode_kernels()
     return None if mod is None else mod.softmax_rows
 
 

@@ -11,14 +11,15 @@ import weakref
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..dtypes import bf16, bool_, f16, f32, i64
-from ..errors import ShapeError, UnsupportedError
-from ..layout import numel_of
-from ..quant import cpu_matmul  # (pure Python until the kernels are asked for: they load then)
-from ..settings import settings
-from . import cpu_attention, cpu_capture
-from .base import Backend
-from .step_recording import StepCapture
+from ...dtypes import bf16, bool_, f16, f32, i64
+from ...errors import ShapeError, UnsupportedError
+from ...layout import numel_of
+from .runtime import kernel_calls  # (pure Python until the kernels are asked for: they load then)
+from ...settings import settings
+from . import attention
+from .runtime import capture
+from ..base import Backend
+from ..step_recording import StepCapture
 
 
 def _bf16_to_f32(bits):
@@ -42,8 +43,8 @@ def _erf(x):
 
 
 def _gelu(x):
-    # float32: cpu_gelu's rational erf (numba or numpy), far faster than scipy's.
-    from .cpu_gelu import gelu
+    # float32: gelu's rational erf (numba or numpy), far faster than scipy's.
+    from .gelu import gelu
     y = gelu(x)
     return y if y is not None else (0.5 * x * (1.0 + _erf(x * np.float32(1 / math.sqrt(2))))).astype(x.dtype)
 
@@ -77,7 +78,7 @@ class _DequantCache:
     90-230 ms. So weights are dequantised once and kept, up to $TALLOW_QUANT_CACHE_MB
     (default: a quarter of physical memory, at most 4 GiB); past the budget the
     per-call chunked path keeps memory bounded. 0 disables it.
-    With numba installed, the formats its kernels handle (quant/cpu_matmul.py) keep no
+    With numba installed, the formats its kernels handle (backends/cpu/runtime/kernel_calls.py) keep no
     copies unless $TALLOW_QUANT_CACHE_MB is set: the integer-dot kernels decode as fast
     as the copies (SmolLM2, bench/llm.py) in a third of the memory. Not even the largest,
     the tied Q8_0 output head: its copy saves 0.4 ms of a ~42 ms token (3.4 vs 3.8 ms,
@@ -113,7 +114,7 @@ class _DequantCache:
         size = n * k * 4
         if self.used + size > self.budget_bytes(kernels):
             return None
-        from ..quant import dequantize_numpy
+        from ...quant import dequantize_numpy
         wf = dequantize_numpy(w, wdtype, n * k).reshape(n, k)
         self.entries[key] = (weakref.ref(w, lambda _r, key=key, size=size: self._drop(key, size)), wf)
         self.used += size
@@ -137,11 +138,11 @@ DECODE_ATTENTION_MAX_KEYS = 1024
 
 
 def _decode_kernels(dtype):
-    """quant/cpu_decode_kernels.py for float32 operands once numba's CPU kernels are in use (a
+    """backends/cpu/kernels/fused_ops.py for float32 operands once numba's CPU kernels are in use (a
     quantised model loaded them), else None."""
     if dtype is not f32:
         return None
-    return cpu_matmul.decode_kernels()
+    return kernel_calls.decode_kernels()
 
 
 def _whole(st, layout):
@@ -158,38 +159,38 @@ _PLAIN = frozenset(("add", "sub", "mul", "maximum", "minimum"))
 
 
 def _step_program(calls):
-    """A captured step's calls as one program for every thread (quant/cpu_program.py, cpu_step.py), or None
-    (TALLOW_CPU=replay, or a call it does not know: the calls replay one by one)."""
+    """A captured step's calls as one program for every thread (runtime/step_program.py, kernels/step_loop.py),
+    or None (TALLOW_CPU=replay, or a call it does not know: the calls replay one by one)."""
     if settings().cpu == "replay":
         return None
-    from ..quant import cpu_program
-    return cpu_program.build(calls)
+    from .runtime import step_program
+    return step_program.build(calls)
 
 
 class NumpyBackend(StepCapture, Backend):
     name = "cpu"
-    driver = cpu_capture.CpuDriver(_step_program)
+    driver = capture.CpuDriver(_step_program)
 
     def __init__(self):
         self._captures = {}
 
     def features(self):
         return {"backend": "numpy", "numpy": np.__version__, "f16": True, "bf16": True,
-                "quant_kernels": cpu_matmul.kernel_status()}
+                "quant_kernels": kernel_calls.kernel_status()}
 
-    # ---- capture and replay (tallow.capture): StepCapture, with cpu_capture's driver -------
-    entry_signature = staticmethod(cpu_capture.entry_signature)
-    _new_step_buffer = staticmethod(cpu_capture.step_new_buffer)
+    # ---- capture and replay (tallow.capture): StepCapture, with capture's driver -------
+    entry_signature = staticmethod(capture.entry_signature)
+    _new_step_buffer = staticmethod(capture.step_new_buffer)
 
     def can_capture(self):
         """Once the numba kernels are in use (a quantised model loaded them): their decode path is
-        what a capture records (cpu_capture.py)."""
-        return cpu_matmul.decode_kernels() is not None
+        what a capture records (capture.py)."""
+        return kernel_calls.decode_kernels() is not None
 
     def _recorder(self):
-        """A cpu_capture.Recorder while this thread captures, else None."""
+        """A capture.Recorder while this thread captures, else None."""
         rec = self._capture() if self._captures else None
-        return None if rec is None else cpu_capture.Recorder(rec)
+        return None if rec is None else capture.Recorder(rec)
 
     def overwrite(self, storage, data, dtype):
         src = self.from_bytes(data, dtype)
@@ -379,11 +380,11 @@ class NumpyBackend(StepCapture, Backend):
     def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
         rec = self._recorder()
         if self._decode_product(lx, dtype, w, wdtype, k):  # the integer-dot kernels on the blocks, as below
-            return self.store(cpu_matmul.qmatmul(self.view(x, lx), w, wdtype, n, k, record=rec), dtype)
+            return self.store(kernel_calls.qmatmul(self.view(x, lx), w, wdtype, n, k, record=rec), dtype)
         if rec is not None:
             rec.refuse("a quantised product off the decode kernels")
         xv = self.load(x, lx, dtype).astype(np.float32, copy=False)
-        kernels = cpu_matmul.supports(wdtype)
+        kernels = kernel_calls.supports(wdtype)
         # With the numba kernels: the mapped blocks, unless $TALLOW_QUANT_CACHE_MB asks for copies.
         # Without: an f32 copy while it fits the budget, else numpy's chunked path.
         wf = _DEQUANT_CACHE.get(w, wdtype, n, k, kernels)
@@ -392,25 +393,25 @@ class NumpyBackend(StepCapture, Backend):
                 return self.store(np.matmul(wf, xv.reshape(k)), dtype)
             return self.store(np.matmul(xv, wf.T), dtype)
         if kernels:
-            return self.store(cpu_matmul.qmatmul(xv, w, wdtype, n, k), dtype)
-        from ..quant import qmatmul_numpy
+            return self.store(kernel_calls.qmatmul(xv, w, wdtype, n, k), dtype)
+        from ...quant import qmatmul_numpy
         return self.store(qmatmul_numpy(xv, w, wdtype, n, k), dtype)
 
     def dequantize(self, w, wdtype, numel, dtype):
-        from ..quant import dequantize_numpy
+        from ...quant import dequantize_numpy
         return self.store(dequantize_numpy(w, wdtype, numel), dtype)
 
     def index_select(self, st, layout, dtype, ids, lids, dim):
         idx = self.view(ids, lids)
         rec = self._recorder()
-        if dtype.is_quantized and cpu_matmul.supports(dtype):
+        if dtype.is_quantized and kernel_calls.supports(dtype):
             if rec is not None:
                 rec.bound(idx, ids, "an embedding lookup's ids")
-            return self.store(cpu_matmul.dequant_rows(st, dtype, layout.shape[1], idx, record=rec), f32)
+            return self.store(kernel_calls.dequant_rows(st, dtype, layout.shape[1], idx, record=rec), f32)
         if rec is not None:
             rec.refuse("index_select off the decode kernels")
         if dtype.is_quantized:
-            from ..quant import dequantize_rows_numpy
+            from ...quant import dequantize_rows_numpy
             return self.store(dequantize_rows_numpy(st, dtype, layout.shape[1], idx), f32)
         return self.store(np.take(self.view(st, layout), idx, axis=dim), dtype)
 
@@ -514,10 +515,10 @@ class NumpyBackend(StepCapture, Backend):
                           np.float32(scale), bool(causal), out)
             return out.reshape(-1)
         qv, kv, vv = self.load(q, lq, dtype), self.load(k, lk, dtype), self.load(v, lv, dtype)
-        if qv.shape[-2] >= cpu_attention.MIN_QUERIES and kv.shape[-2]:
+        if qv.shape[-2] >= attention.MIN_QUERIES and kv.shape[-2]:
             # many queries (an encoder, a prompt): blocked so the scores stay in cache
             m = None if mask is None else self.load(mask, lmask, dtype)
-            return self.store(cpu_attention.attention(qv, kv, vv, m, scale, causal), dtype)
+            return self.store(attention.attention(qv, kv, vv, m, scale, causal), dtype)
         # Scale q (tq*d values) rather than the scores (tq*tk), and work in place on the
         # one (b, h, tq, tk) temporary: the encoder's 1500x1500 scores dominate its time.
         scores = np.matmul(qv * np.asarray(scale, qv.dtype), np.swapaxes(kv, -1, -2))
@@ -534,7 +535,7 @@ class NumpyBackend(StepCapture, Backend):
         return self.store(np.matmul(scores, vv), dtype)
 
     # ---- fused decode ops: one numba call each when the CPU kernels are installed -----------
-    # (quant/cpu_decode_kernels.py); otherwise, and for other dtypes, base.py's compositions.
+    # (backends/cpu/kernels/fused_ops.py); otherwise, and for other dtypes, base.py's compositions.
     def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
         dec = _decode_kernels(dtype)
         if dec is None:
@@ -581,11 +582,11 @@ class NumpyBackend(StepCapture, Backend):
             self._record_norm(rec, norm, args, x, r)
         rows = lw.shape[0]
         if gated:
-            y = cpu_matmul.gated_qmatmul(normed, w, wdtype, rows // 2, k, act, record=rec)
+            y = kernel_calls.gated_qmatmul(normed, w, wdtype, rows // 2, k, act, record=rec)
         elif bias is None:
-            y = cpu_matmul.qmatmul(normed, w, wdtype, rows, k, record=rec)
+            y = kernel_calls.qmatmul(normed, w, wdtype, rows, k, record=rec)
         else:
-            y = cpu_matmul.qmatmul_bias(normed, w, wdtype, rows, k, self.view(bias, lbias), record=rec)
+            y = kernel_calls.qmatmul_bias(normed, w, wdtype, rows, k, self.view(bias, lbias), record=rec)
         return None if r is _ZEROS else total.reshape(-1), y.reshape(-1)
 
     @staticmethod
@@ -608,22 +609,22 @@ class NumpyBackend(StepCapture, Backend):
     def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
         if not self._decode_product(lx, dtype, w, wdtype, k):
             return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
-        return self.store(cpu_matmul.qmatmul_bias(self.view(x, lx), w, wdtype, n, k, self.view(bias, lbias),
+        return self.store(kernel_calls.qmatmul_bias(self.view(x, lx), w, wdtype, n, k, self.view(bias, lbias),
                                                   record=self._recorder()), dtype)
 
     def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
         if not self._decode_product(lx, dtype, w, wdtype, k):
             return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
-        return self.store(cpu_matmul.gated_qmatmul(self.view(x, lx), w, wdtype, n, k, act, record=self._recorder()),
+        return self.store(kernel_calls.gated_qmatmul(self.view(x, lx), w, wdtype, n, k, act, record=self._recorder()),
                           dtype)
 
     @staticmethod
     def _decode_product(lx, dtype, w, wdtype, k):
         """True when a quantised product is a decoding step for the integer-dot kernels: f32 x
         of few rows, a format they handle, and no f32 copy of w asked for ($TALLOW_QUANT_CACHE_MB)."""
-        if dtype is not f32 or not k or lx.numel() // k > cpu_matmul.FUSED_MAX_ROWS:
+        if dtype is not f32 or not k or lx.numel() // k > kernel_calls.FUSED_MAX_ROWS:
             return False
-        return cpu_matmul.supports(wdtype) and _DEQUANT_CACHE.budget_bytes(True) == 0
+        return kernel_calls.supports(wdtype) and _DEQUANT_CACHE.budget_bytes(True) == 0
 
     def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
         dec = _decode_kernels(dtype)
@@ -667,7 +668,7 @@ class NumpyBackend(StepCapture, Backend):
             if whole is None:
                 rec.refuse("rotary tables that are not rows of one table")
             else:
-                rec(cpu_capture.cache_attention, dec.cache_attention, rec.recording.step, whole[2], *qkv, whole[0],
+                rec(capture.cache_attention, dec.cache_attention, rec.recording.step, whole[2], *qkv, whole[0],
                     whole[1], *caches, key_start, np.float32(scale), bool(interleaved), out)
         return out.reshape(-1)
 
@@ -737,6 +738,6 @@ def _adjacent_view(arrays):
 
 
 # Inside a capture the compute primitives the CPU decode path does not record make the step
-# unreplayable (cpu_capture.py); the recorded ones mark their own other paths.
-cpu_capture.guard_unrecorded(NumpyBackend, ("qmatmul", "qmatmul_bias", "gated_qmatmul", "index_select",
+# unreplayable (capture.py); the recorded ones mark their own other paths.
+capture.guard_unrecorded(NumpyBackend, ("qmatmul", "qmatmul_bias", "gated_qmatmul", "index_select",
                                             "add_rms_norm", "add_norm_linear", "cache_attention"))

@@ -6,7 +6,7 @@ is the rational approximation Eigen and XNNPACK use for float32 (an odd
 polynomial over an even one on x clamped to [-4, 4], where erf rounds to +-1 in
 float32), a few float32 ulps from the true erf. GELU(x) = x/2 (1 + erf(x/sqrt 2)).
 
-`gelu(x)` runs a compiled kernel (quant/cpu_decode_kernels.py: the same float32
+`gelu(x)` runs a compiled kernel (backends/cpu/kernels/fused_ops.py: the same float32
 operations in the same order, so the same bits) once the process uses the CPU
 kernels (a quantised model, Whisper on the CPU; not under TALLOW_CPU=numpy),
 else the polynomial as numpy array operations. Measured on Whisper tiny's
@@ -16,17 +16,10 @@ Inputs other than float32 are left to the caller's float64 path (`gelu` returns 
 
 NaN stays NaN; +inf gives +inf and -inf NaN (inf * 0), as the float64 formula does.
 """
-import math
-
 import numpy as np
 
-# erf(x) ~= x * P(x^2) / Q(x^2) on [-4, 4] (Eigen's generic_fast_erf_float).
-ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-         -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
-ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-         -1.42647390514189e-02)
-INV_SQRT2 = 1.0 / math.sqrt(2.0)
-GELU_CLAMP = 4.0
+from .kernels.codes import ERF_P, ERF_Q, GELU_CLAMP, INV_SQRT2
+
 
 CHUNK = 16384  # elements per numpy pass (64 KB each temporary: they stay in L2 between passes)
 
@@ -75,10 +68,10 @@ def _gelu_numpy(x, out=None):
 
 def _kernel():
     """The compiled kernels (out of place, in place) once this process uses the CPU kernels
-    (quant/cpu_matmul.py: a quantised model, or Whisper on the CPU), else None. GELU alone
+    (backends/cpu/runtime/kernel_calls.py: a quantised model, or Whisper on the CPU), else None. GELU alone
     never loads them, and TALLOW_CPU=numpy turns them off."""
-    from ..quant import cpu_matmul
-    mod = cpu_matmul.decode_kernels()
+    from .runtime import kernel_calls
+    mod = kernel_calls.decode_kernels()
     return None if mod is None else (mod.gelu, mod.gelu_in_place)
 
 

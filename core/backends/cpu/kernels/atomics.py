@@ -1,6 +1,6 @@
 """Atomic counters and short polls for the CPU threads, without the GIL (numba intrinsics).
 
-cpu_threads.RowPool's threads share a product's chunks of rows inside the kernel call:
+threads.RowPool's threads share a product's chunks of rows inside the kernel call:
 each takes the next chunk with an atomic fetch-and-add on a small int64 array and counts
 the chunks it finishes the same way, so a product costs each thread one kernel call, not
 one Python call (holding the GIL) per chunk.
@@ -14,7 +14,7 @@ box to a fraction of a core between tokens.
 
 Loads in a poll are atomic acquire loads: a plain load in the loop would be hoisted out of
 it. Under NUMBA_DISABLE_JIT=1 the same loops run in Python (where the GIL makes the
-read-modify-write of fetch_add atomic). The waits built on `poll` are cpu_polls.py.
+read-modify-write of fetch_add atomic). The waits built on `poll` are polls.py.
 """
 from llvmlite import ir
 from numba import njit

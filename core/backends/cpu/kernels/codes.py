@@ -1,5 +1,7 @@
 """The codes and tables the CPU kernels and their callers share, without numba: a process
-that loads the kernels' machine code (native_kernels.py) never imports the numba modules."""
+that loads the kernels' machine code (machine_code.py) never imports the numba modules."""
+import math
+
 import numpy as np
 
 # Format codes (the kernels branch on these once per block).
@@ -9,3 +11,18 @@ QK = 32  # activation values per block (one scale each)
 
 # float32 value of every f16 bit pattern (256 KB; stays in L2): f16 -> f32 by lookup.
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+# GELU's erf (gelu.py, fused_ops.gelu): erf(x) ~= x * P(x^2) / Q(x^2) on [-4, 4] (Eigen's generic_fast_erf_float).
+ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+         -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+         -1.42647390514189e-02)
+INV_SQRT2 = 1.0 / math.sqrt(2.0)
+GELU_CLAMP = 4.0
+
+# A captured step's program (runtime/step_program.py builds it, step_loop.run_step runs it): op codes,
+# one row of WIDTH ints per kernel call.
+OP_QUANTIZE, OP_PRODUCT, OP_RMS_NORM, OP_LAYER_NORM, OP_ATTENTION, OP_ROWS = range(1, 7)
+OP_F16_PRODUCT, OP_CROSS_ATTENTION, OP_GELU, OP_TOKEN_ROWS = range(7, 11)  # (Whisper's step: whisper_cpu_step.py)
+WIDTH = 24  # ints per program row
+SHARED_ROWS, SHARED_CHUNKS = 22, 23  # where a shared op's row count and chunk count sit in its row

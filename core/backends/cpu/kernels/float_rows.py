@@ -1,12 +1,12 @@
 """numba kernels that decode GGUF blocks to float32 on the CPU device: embedding rows,
 tiles of weight rows for the prompt path (then multiplied by BLAS), and products with f16
-matrices (cpu_simd.f16_dot: each weight widened by the CPU's own instruction).
-Decoding steps use the integer dot products of cpu_int_kernels.py instead.
+matrices (vector_ir.f16_dot: each weight widened by the CPU's own instruction).
+Decoding steps use the integer dot products of int_dot.py instead.
 
 Imported only by the numpy backend, and only when numba is installed
 (`pip install 'tallow[cpu]'`): `import tallow` never imports numba.
 
-Each weight row is a run of GGUF blocks. `cpu_simd.dequant_row` turns a row's blocks
+Each weight row is a run of GGUF blocks. `vector_ir.dequant_row` turns a row's blocks
 into float32 values, bit-identical to ggml's `dequantize_row_*` (see dequant_numpy.py),
 as vector IR: the same quant unpacking as the integer-dot kernels. NUMBA_DISABLE_JIT=1
 runs dequant_numpy in its place.
@@ -17,21 +17,21 @@ from .numba_setup import prepare
 prepare()  # before any kernel loads: numba then does not import scipy's BLAS (numba_setup.py)
 from numba import njit  # noqa: E402
 
-from . import cpu_atomics, cpu_int_kernels, cpu_simd  # noqa: E402
-from .kernel_codes import F16_TABLE, FORMATS  # noqa: E402,F401 -- (callers read them here too)
+from . import atomics, int_dot, vector_ir  # noqa: E402
+from .codes import F16_TABLE, FORMATS  # noqa: E402,F401 -- (callers read them here too)
 
 
 @njit(cache=True)
 def dequant_rows_blocks(fmt, block_size, block_bytes, raw, rows, k, table, out):
     """out (len(rows), k) float32 (C-contiguous): the listed rows of the block matrix in raw
     (embedding lookups, and tiles of rows for the matrix-matrix path), bit-identical to ggml,
-    by cpu_simd.dequant_row's vector IR: a 64-token SmolLM2 prompt's tiles took 105 ms through
-    scalar numba loops, 38 ms here (measured). One thread (see cpu_matmul.py)."""
+    by vector_ir.dequant_row's vector IR: a 64-token SmolLM2 prompt's tiles took 105 ms through
+    scalar numba loops, 38 ms here (measured). One thread (see kernel_calls.py)."""
     blocks = k // block_size
     row_bytes = blocks * block_bytes
     flat = out.reshape(-1)
     for i in range(rows.shape[0]):
-        cpu_simd.dequant_row(fmt, raw, rows[i] * row_bytes, blocks, block_bytes, table, flat, i * k)
+        vector_ir.dequant_row(fmt, raw, rows[i] * row_bytes, blocks, block_bytes, table, flat, i * k)
 
 
 @njit(cache=True, nogil=True)
@@ -44,20 +44,20 @@ def f16_rows(raw, x, out, bias, start, stop):
     for r in range(start, stop, 2):
         r2 = min(r + 1, stop - 1)  # (a last odd row twice)
         for i in range(m):
-            y, y2 = cpu_simd.f16_dot(raw, r * row_bytes, r2 * row_bytes, k, x, i)
-            cpu_int_kernels._store(out, i, r, r2, y, y2, bias, False, 0)
+            y, y2 = vector_ir.f16_dot(raw, r * row_bytes, r2 * row_bytes, k, x, i)
+            int_dot._store(out, i, r, r2, y, y2, bias, False, 0)
 
 
 @njit(cache=True, nogil=True)
 def f16_matmul_shared(raw, x, out, bias, n_rows, chunks, state):
     """f16_rows over chunks of range(n_rows) that every thread calling this takes from state[0]
-    (cpu_threads.RowPool, as cpu_int_kernels.qmatmul_shared); True in the thread that finished
+    (threads.RowPool, as int_dot.qmatmul_shared); True in the thread that finished
     the last one."""
     last = False
     while True:
-        c = cpu_atomics.fetch_add(state, 0, 1)
+        c = atomics.fetch_add(state, 0, 1)
         if c >= chunks:
             return last
         f16_rows(raw, x, out, bias, n_rows * c // chunks, n_rows * (c + 1) // chunks)
-        if cpu_atomics.fetch_add(state, 1, 1) == chunks - 1:
+        if atomics.fetch_add(state, 1, 1) == chunks - 1:
             last = True

@@ -2,12 +2,12 @@
 add_layer_norm, rope_kv_write, kv_write, attention of a few query rows over a KV cache, and
 cache_attention: the rotation, the cache write and that attention together): one compiled call
 each where the composed defaults make several numpy calls and temporaries. Also the float
-models' GELU (backends/cpu_gelu.py), a softmax's numerator over blocks of attention scores
-(backends/cpu_attention.py), and Whisper's decoding-step pieces that a step program
+models' GELU (backends/cpu/gelu.py), a softmax's numerator over blocks of attention scores
+(backends/cpu/attention.py), and Whisper's decoding-step pieces that a step program
 runs (models/whisper_cpu_step.py): the token rows plus their positions, and the
 cross-attention over the audio's keys a range of heads at a time.
 
-Imported only with numba installed, through quant/cpu_matmul.py's kernels(); the numpy
+Imported only with numba installed, through backends/cpu/runtime/kernel_calls.py's kernels(); the numpy
 backend uses them for float32 operands and keeps its numpy path for everything else.
 Plain Python over numpy arrays, so NUMBA_DISABLE_JIT=1 runs the same code. Sums run in
 float64 and results are rounded to float32 once (the composed path rounds each step).
@@ -16,13 +16,13 @@ import math
 
 import numpy as np
 
-from ..backends.cpu_gelu import ERF_P, ERF_Q, GELU_CLAMP, INV_SQRT2
+from .codes import ERF_P, ERF_Q, GELU_CLAMP, INV_SQRT2
 from .numba_setup import prepare
 
 prepare()  # before any kernel loads: numba then does not import scipy's BLAS (numba_setup.py)
 from numba import njit  # noqa: E402
 
-from . import cpu_simd  # noqa: E402
+from . import vector_ir  # noqa: E402
 
 
 @njit(cache=True)
@@ -177,7 +177,7 @@ _S, _LIM, _HALF, _ONE = np.float32(INV_SQRT2), np.float32(GELU_CLAMP), np.float3
 
 # error_model="numpy": no Python ZeroDivisionError check in the loop, whose branch kept LLVM
 # from vectorising it (measured 18 ms -> 0.5 ms on 1500x1536). The same float32 operations
-# in the same order as cpu_gelu's numpy passes and no fused multiply-adds, so both give the
+# in the same order as gelu's numpy passes and no fused multiply-adds, so both give the
 # same bits: whether the kernels run in a process must not change a transcript.
 @njit(inline="always", error_model="numpy")
 def _gelu_one(v):
@@ -209,10 +209,10 @@ def gelu_in_place(x):
 @njit(cache=True, error_model="numpy")
 def softmax_rows(s, totals):
     """Each row of s (m, n) -> e^(row - max(row)) in place, its sum in totals (m,): softmax but
-    for the division (which cpu_attention does on the smaller output). A row with a NaN, or no
+    for the division (which attention does on the smaller output). A row with a NaN, or no
     finite max (all -inf: every key masked), becomes NaN, as numpy's passes make it."""
     for i in range(s.shape[0]):
-        total = cpu_simd.softmax_numerator(s[i])
+        total = vector_ir.softmax_numerator(s[i])
         if total != total:
             s[i, :] = np.nan
         totals[i] = total
@@ -254,7 +254,7 @@ def cross_attention_rows(q, kc, vc, scale, out, lo, hi):
             for j in range(tk):
                 o = (head * tk + j) * d
                 for c in range(0, d, 16):  # (one cache line of 16 floats at a time)
-                    cpu_simd.prefetch(kf, o + PREFETCH_KEYS * d + c)
+                    vector_ir.prefetch(kf, o + PREFETCH_KEYS * d + c)
                 s = np.float32(0.0)
                 for c in range(d):
                     s += q[bi, hi_, i, c] * kf[o + c]
@@ -271,7 +271,7 @@ def cross_attention_rows(q, kc, vc, scale, out, lo, hi):
                 e = scores[j]
                 o = (head * tk + j) * dv
                 for c in range(0, dv, 16):
-                    cpu_simd.prefetch(vf, o + PREFETCH_KEYS * dv + c)
+                    vector_ir.prefetch(vf, o + PREFETCH_KEYS * dv + c)
                 for c in range(dv):
                     acc[c] += e * vf[o + c]
             for c in range(dv):

@@ -11,10 +11,10 @@ q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0, q4_K_q8_K, q5_K_q8_K, q6_K_q8_K.
 
 ggml quantises activations to 8 bits (qmax 127) so that AVX2 can multiply bytes
 (vpmaddubsw). Here the quants are widened to 16 bits and multiplied in 16-bit
-pairs (vpmaddwd / vpdpwssd; cpu_simd.py), so 16-bit activations
+pairs (vpmaddwd / vpdpwssd; vector_ir.py), so 16-bit activations
 (qmax 32767) cost the same and are 256x more precise: with 8 bits SmolLM2's first greedy
 token on "What is the capital of France?" flipped (a 0.05 logit near-tie moved by
-up to 0.26). cpu_matmul.py chooses 16 bits; every product and block sum still
+up to 0.26). kernel_calls.py chooses 16 bits; every product and block sum still
 fits int32 (31 * 32767 * 32 < 2^31), and sums are scaled in float32.
 
 The result is exactly the float dot of the dequantised weights with the
@@ -22,8 +22,8 @@ dequantised activations (up to float32 summation order), so its error against
 the float activations is at most sum_j |w_j| * d_b / 2 for activation block b
 (tests/test_cpu_kernels.py checks that bound).
 
-The block dots are cpu_simd.py's vector IR; the rest is plain Python over numpy
-arrays, so NUMBA_DISABLE_JIT=1 runs it (slowly) with cpu_simd.dot_py, the
+The block dots are vector_ir.py's vector IR; the rest is plain Python over numpy
+arrays, so NUMBA_DISABLE_JIT=1 runs it (slowly) with vector_ir.dot_py, the
 same product in numpy, in place of the IR.
 """
 import math
@@ -31,8 +31,8 @@ import math
 import numpy as np
 from numba import njit
 
-from . import cpu_atomics, cpu_simd
-from .kernel_codes import ACT_CODES, QK  # noqa: F401 -- (QK: activation values per block; callers read both here too)
+from . import atomics, vector_ir
+from .codes import ACT_CODES, QK  # noqa: F401 -- (QK: activation values per block; callers read both here too)
 
 
 @njit(cache=True, inline="always")
@@ -66,7 +66,7 @@ def quantize_rows(x, qmax, qx, dx, sx):
             sx[i, b] = s
 
 
-# The gate activations of gated kernels (ops/decode.py's GATE_ACTS), by code: kernel_codes.ACT_CODES.
+# The gate activations of gated kernels (ops/decode.py's GATE_ACTS), by code: codes.ACT_CODES.
 
 
 @njit(cache=True, inline="always")
@@ -100,26 +100,26 @@ def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, bias, g
     """Columns start...stop-1 of out (m, n) = the quantised activations (qx, dx, sx from
     quantize_rows) times the transpose of the (n, k) block matrix in raw (uint8), plus bias (n,)
     unless it is empty. gated: raw holds 2n rows [gate; up] and out[i, r] = act(gate_r . x_i) *
-    (up_r . x_i), both rows read in the same pass (act: ACT_CODES). cpu_simd's kernels take two
+    (up_r . x_i), both rows read in the same pass (act: ACT_CODES). vector_ir's kernels take two
     weight rows (rows r and r + 1, or gate r and up n + r) times one activation row, or
     TILE_ROWS of them (each weight block unpacked once for all). Without the GIL, so
-    cpu_threads.RowPool's threads share a product's rows."""
+    threads.RowPool's threads share a product's rows."""
     n = out.shape[1]
     m = qx.shape[0]
     blocks = qx.shape[1] // block_size
     row_bytes = blocks * block_bytes
-    tiled = m - m % cpu_simd.TILE_ROWS
+    tiled = m - m % vector_ir.TILE_ROWS
     for r in range(start, stop, 1 if gated else 2):
         r2 = n + r if gated else min(r + 1, stop - 1)  # (a last odd row twice)
         oa, ob = r * row_bytes, r2 * row_bytes
-        for i in range(0, tiled, cpu_simd.TILE_ROWS):
-            ys = cpu_simd.tile_dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+        for i in range(0, tiled, vector_ir.TILE_ROWS):
+            ys = vector_ir.tile_dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
             _store(out, i, r, r2, ys[0], ys[4], bias, gated, act)
             _store(out, i + 1, r, r2, ys[1], ys[5], bias, gated, act)
             _store(out, i + 2, r, r2, ys[2], ys[6], bias, gated, act)
             _store(out, i + 3, r, r2, ys[3], ys[7], bias, gated, act)
         for i in range(tiled, m):
-            y, y2 = cpu_simd.dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
+            y, y2 = vector_ir.dot(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i)
             _store(out, i, r, r2, y, y2, bias, gated, act)
 
 
@@ -128,13 +128,13 @@ def qmatmul_shared(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, bi
                    state):
     """qmatmul_q over chunks of range(n_rows) that every thread calling this takes from
     state[0]; state[1] counts finished chunks. True in the thread that finished the last one
-    (cpu_threads.RowPool)."""
+    (threads.RowPool)."""
     last = False
     while True:
-        c = cpu_atomics.fetch_add(state, 0, 1)
+        c = atomics.fetch_add(state, 0, 1)
         if c >= chunks:
             return last
         qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, bias, gated, act,
                   n_rows * c // chunks, n_rows * (c + 1) // chunks)
-        if cpu_atomics.fetch_add(state, 1, 1) == chunks - 1:
+        if atomics.fetch_add(state, 1, 1) == chunks - 1:
             last = True

@@ -32,37 +32,34 @@ import sys
 import threading
 import time
 
-from ..settings import settings
+from ....settings import settings
 
 ENTRIES = {  # name: (module in tallow.quant, kernel, argument kinds, result kind)
-    "quantize_rows": ("cpu_int_kernels", "quantize_rows", ("f32[2]", "i64", "i16[2]", "f32[2]", "i32[2]"), "void"),
-    "qmatmul_shared": ("cpu_int_kernels", "qmatmul_shared",
+    "quantize_rows": ("int_dot", "quantize_rows", ("f32[2]", "i64", "i16[2]", "f32[2]", "i32[2]"), "void"),
+    "qmatmul_shared": ("int_dot", "qmatmul_shared",
                        ("i64", "i64", "i64", "u8[1]", "i16[2]", "f32[2]", "i32[2]", "f32[1]", "f32[2]", "f32[1]",
                         "bool", "i64", "i64", "i64", "i64[1]"), "bool"),
-    "dequant_rows_blocks": ("cpu_kernels", "dequant_rows_blocks",
+    "dequant_rows_blocks": ("float_rows", "dequant_rows_blocks",
                             ("i64", "i64", "i64", "u8[1]", "i64[1]", "i64", "f32[1]", "f32[2]"), "void"),
-    "add_rms_norm": ("cpu_decode_kernels", "add_rms_norm",
+    "add_rms_norm": ("fused_ops", "add_rms_norm",
                      ("f32[2]", "f32[2]", "f32[1]", "f64", "f32[2]", "f32[2]"), "void"),
-    "add_layer_norm": ("cpu_decode_kernels", "add_layer_norm",
+    "add_layer_norm": ("fused_ops", "add_layer_norm",
                        ("f32[2]", "f32[2]", "f32[1]", "f32[1]", "f64", "f32[2]", "f32[2]"), "void"),
-    "rope_kv_write": ("cpu_decode_kernels", "rope_kv_write",
+    "rope_kv_write": ("fused_ops", "rope_kv_write",
                       ("f32[4A]", "f32[4A]", "f32[4A]", "f32[2]", "f32[2]", "f32[4A]", "f32[4A]", "f32[4]", "bool"),
                       "void"),
-    "kv_write": ("cpu_decode_kernels", "kv_write", ("f32[4A]", "f32[4A]", "f32[4A]", "f32[4A]"), "void"),
-    "cache_attention": ("cpu_decode_kernels", "cache_attention",
+    "kv_write": ("fused_ops", "kv_write", ("f32[4A]", "f32[4A]", "f32[4A]", "f32[4A]"), "void"),
+    "cache_attention": ("fused_ops", "cache_attention",
                         ("f32[4]", "f32[4]", "f32[4]", "f32[2]", "f32[2]", "f32[4]", "f32[4]", "i64", "i64", "f32",
                          "bool", "f32[4]"), "void"),
-    "f16_matmul_shared": ("cpu_kernels", "f16_matmul_shared",
+    "f16_matmul_shared": ("float_rows", "f16_matmul_shared",
                           ("u8[1]", "f32[2]", "f32[2]", "f32[1]", "i64", "i64", "i64[1]"), "bool"),
-    "softmax_rows": ("cpu_decode_kernels", "softmax_rows", ("f32[2]", "f32[1]"), "void"),
-    "gelu": ("cpu_decode_kernels", "gelu", ("f32[1]", "f32[1]"), "void"),
-    "gelu_in_place": ("cpu_decode_kernels", "gelu_in_place", ("f32[1]",), "void"),
-    "poll": ("cpu_atomics", "_poll", ("i64[1]", "i64", "i64", "bool", "i64"), "bool"),
-    "run_step": ("cpu_step", "run_step", ("i64[2]", "f64[1]", "f32[1]", "u32[1]", "i64[1]", "i64", "i64"), "i64"),
+    "softmax_rows": ("fused_ops", "softmax_rows", ("f32[2]", "f32[1]"), "void"),
+    "gelu": ("fused_ops", "gelu", ("f32[1]", "f32[1]"), "void"),
+    "gelu_in_place": ("fused_ops", "gelu_in_place", ("f32[1]",), "void"),
+    "poll": ("atomics", "_poll", ("i64[1]", "i64", "i64", "bool", "i64"), "bool"),
+    "run_step": ("step_loop", "run_step", ("i64[2]", "f64[1]", "f32[1]", "u32[1]", "i64[1]", "i64", "i64"), "i64"),
 }
-# every module whose source a kernel's machine code depends on (the key), from tallow.quant
-SOURCES = ("cpu_atomics", "cpu_decode_kernels", "cpu_int_kernels", "cpu_kernels", "cpu_program", "cpu_simd",
-           "cpu_step", "kernel_codes", "native_kernels", "numba_setup", "../backends/cpu_gelu")
 DTYPES = {"f32": "float32", "f64": "float64", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
           "u32": "uint32"}
 
@@ -106,7 +103,7 @@ def _digest(data=b""):
 
 
 def load_all():
-    """Link every entry now (cpu_matmul.kernels() calls this once). Loading llvmlite (about 100 MB
+    """Link every entry now (kernel_calls.kernels() calls this once). Loading llvmlite (about 100 MB
     of its library's pages at dlopen) and each link touch LLVM's pages, handed back right after
     (llvm_pages.py) but counted in the peak RSS of that moment: linked one by one as first used,
     the decode step's entries came after the prompt had read the mapped weights. A
@@ -152,7 +149,7 @@ def numba_kernel(name):
 
 
 def numba_module(module):
-    """tallow.quant.<module>, one of the numba kernel modules (numba set up first: numba_setup.py)."""
+    """tallow.backends.cpu.kernels.<module>, one of the numba kernel modules (numba set up first: numba_setup.py)."""
     import importlib
 
     from . import numba_setup
@@ -196,9 +193,10 @@ def _folder():
         ll.initialize_native_target()
         ll.initialize_native_asmprinter()
         h = _digest()
-        here = os.path.dirname(os.path.abspath(__file__))
-        for module in SOURCES:
-            with open(os.path.join(here, module + ".py"), "rb") as f:
+        # every file of this package: the kernels' sources are exactly the modules here
+        for path in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "*.py"))):
+            h.update(os.path.basename(path).encode())
+            with open(path, "rb") as f:
                 h.update(f.read())
         h.update(json.dumps([importlib.metadata.version("numba"), llvmlite.__version__, sys.version_info[:2],
                              platform.machine(), ll.get_host_cpu_name(), ll.get_host_cpu_features().flatten(),
@@ -454,7 +452,7 @@ def errors():
 class KernelModule:
     """One numba kernel module's names, as its callers use them: an entry's machine code where it
     loaded, else (and for every other name) the module's own attribute, imported on first use.
-    constants: the names the callers read that need no numba (kernel_codes.py)."""
+    constants: the names the callers read that need no numba (codes.py)."""
 
     def __init__(self, module, **constants):
         self._module = module

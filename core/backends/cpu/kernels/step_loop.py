@@ -1,8 +1,8 @@
-"""A captured CPU decoding step (core/backends/cpu_capture.py) run as one nogil numba call per
+"""A captured CPU decoding step (core/backends/cpu/runtime/capture.py) run as one nogil numba call per
 thread, as ggml runs its graph: no Python and no GIL between the step's kernels.
 
 A replay that calls its ~160 kernels from Python shares each large product with the helper
-threads through cpu_threads.RowPool, one hand-off each; every hand-off needs the helper to take
+threads through threads.RowPool, one hand-off each; every hand-off needs the helper to take
 the GIL that the replaying thread holds between kernels, and on 2 cores the step then ran slower
 on 2 threads than on one (SmolLM2-135M Q4_1: 21.0 vs 16.5 ms a token, measured). Here the
 recorded calls become a *program*: one row of ints per kernel call (its code, the addresses of its
@@ -10,19 +10,19 @@ arrays, their sizes) and one float per call (eps, scale); run_step views each ad
 (numba's carray), and the Program holds the arrays so they stay alive. Every thread runs
 `run_step` over the whole program: thread 0 does the serial work (norms, activation quantisation,
 attention, the embedding lookup, small products); a large product's row chunks are taken by
-every thread from one atomic counter per call, as in cpu_threads. Thread 0 publishes each large
+every thread from one atomic counter per call, as in threads. Thread 0 publishes each large
 product when its inputs are ready and waits only for chunks a helper has taken, so a helper that
 is never scheduled costs nothing; a late helper finds every chunk of the step taken and returns.
 
-cpu_program.py makes the program from a recording's entries (and runs it); this module is the
+step_program.py makes the program from a recording's entries (and runs it); this module is the
 numba side, which a process with the kernels' machine code cached never imports.
 """
 import numpy as np
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from . import cpu_atomics, cpu_decode_kernels, cpu_int_kernels, cpu_kernels
-from .cpu_program import (OP_ATTENTION, OP_CROSS_ATTENTION, OP_F16_PRODUCT, OP_GELU, OP_LAYER_NORM, OP_PRODUCT,
+from . import atomics, fused_ops, int_dot, float_rows
+from .codes import (OP_ATTENTION, OP_CROSS_ATTENTION, OP_F16_PRODUCT, OP_GELU, OP_LAYER_NORM, OP_PRODUCT,
                           OP_QUANTIZE, OP_RMS_NORM, OP_ROWS, OP_TOKEN_ROWS, SHARED_CHUNKS, SHARED_ROWS)
 
 WAIT_ROUNDS = 1 << 34  # polls before thread 0 gives up on a helper's chunk (minutes: a hang guard only)
@@ -49,9 +49,9 @@ _f32_at, _i16_at, _i32_at, _u8_at, _i64_at = (_pointer_from_address(t) for t in 
 def _wait_at_least(state, i, value, rounds):
     """Poll until state[i] >= value (at most rounds polls); True if it got there."""
     for _ in range(rounds):
-        if cpu_atomics._load_acquire(state, i) >= value:
+        if atomics._load_acquire(state, i) >= value:
             return True
-        cpu_atomics._cpu_relax()
+        atomics._cpu_relax()
     return False
 
 
@@ -74,13 +74,13 @@ def run_step(prog, reals, table, step, state, tid, helper_rounds):
             if shared:
                 shared_seen += 1
                 if tid == 0:
-                    cpu_atomics._fetch_add(state, pub, 1)
+                    atomics._fetch_add(state, pub, 1)
                 elif not _wait_at_least(state, pub, shared_seen, helper_rounds):
                     return 0  # thread 0 is slow (or gone): it does the rest itself
             elif tid != 0:
                 continue
             while True:  # (one call site of each kernel: the step's machine code stays smaller)
-                c = cpu_atomics._fetch_add(state, 2 * j, 1)
+                c = atomics._fetch_add(state, 2 * j, 1)
                 if c >= chunks:
                     break
                 lo, hi = n_rows * c // chunks, n_rows * (c + 1) // chunks
@@ -90,9 +90,9 @@ def run_step(prog, reals, table, step, state, tid, helper_rounds):
                     _f16_product(p, lo, hi)
                 else:
                     _cross_attention(p, reals[j], lo, hi)
-                cpu_atomics._fetch_add(state, 2 * j + 1, 1)
+                atomics._fetch_add(state, 2 * j + 1, 1)
                 if tid != 0:
-                    cpu_atomics._fetch_add(state, pub + 1, 1)
+                    atomics._fetch_add(state, pub + 1, 1)
             if shared and tid == 0 and not _wait_at_least(state, 2 * j + 1, chunks, WAIT_ROUNDS):
                 return 1
             continue
@@ -100,16 +100,16 @@ def run_step(prog, reals, table, step, state, tid, helper_rounds):
             continue
         if code == OP_QUANTIZE:
             m, k = p[2], p[3]
-            cpu_int_kernels.quantize_rows(carray(_f32_at(p[1]), (m, k)), p[7], carray(_i16_at(p[4]), (m, k)),
+            int_dot.quantize_rows(carray(_f32_at(p[1]), (m, k)), p[7], carray(_i16_at(p[4]), (m, k)),
                                           carray(_f32_at(p[5]), (m, k // 32)), carray(_i32_at(p[6]), (m, k // 32)))
         elif code == OP_RMS_NORM:
             m, d = p[6], p[7]
-            cpu_decode_kernels.add_rms_norm(carray(_f32_at(p[1]), (m, d)), carray(_f32_at(p[2]), (m, d)),
+            fused_ops.add_rms_norm(carray(_f32_at(p[1]), (m, d)), carray(_f32_at(p[2]), (m, d)),
                                             carray(_f32_at(p[3]), (p[8],)), reals[j],
                                             carray(_f32_at(p[4]), (m, d)), carray(_f32_at(p[5]), (m, d)))
         elif code == OP_LAYER_NORM:
             m, d = p[6], p[7]
-            cpu_decode_kernels.add_layer_norm(carray(_f32_at(p[1]), (m, d)), carray(_f32_at(p[2]), (m, d)),
+            fused_ops.add_layer_norm(carray(_f32_at(p[1]), (m, d)), carray(_f32_at(p[2]), (m, d)),
                                               carray(_f32_at(p[3]), (p[9],)), carray(_f32_at(p[8]), (p[10],)),
                                               reals[j], carray(_f32_at(p[4]), (m, d)), carray(_f32_at(p[5]), (m, d)))
         elif code == OP_ATTENTION:
@@ -125,20 +125,20 @@ def run_step(prog, reals, table, step, state, tid, helper_rounds):
             v = carray(_f32_at(p[3]), (b, hk, t, dv))
             kc = carray(_f32_at(p[7]), (b, hk, cap, d))
             vc = carray(_f32_at(p[8]), (b, hk, cap, dv))
-            cpu_decode_kernels.cache_attention(q, k, v, cos, sin, kc, vc, position, p[9], np.float32(reals[j]),
+            fused_ops.cache_attention(q, k, v, cos, sin, kc, vc, position, p[9], np.float32(reals[j]),
                                                p[10] != 0, carray(_f32_at(p[11]), (b, h, t, dv)))
         elif code == OP_ROWS:
             k, n_ids = p[6], p[8]
-            cpu_kernels.dequant_rows_blocks(p[1], p[2], p[3], carray(_u8_at(p[4]), (p[9],)),
+            float_rows.dequant_rows_blocks(p[1], p[2], p[3], carray(_u8_at(p[4]), (p[9],)),
                                             carray(_i64_at(p[5]), (n_ids,)), k, table,
                                             carray(_f32_at(p[7]), (n_ids, k)))
         elif code == OP_TOKEN_ROWS:
             m, d = p[5], p[3]
-            cpu_decode_kernels.token_rows(carray(_f32_at(p[1]), (p[2], d)), carray(_i64_at(p[4]), (m,)),
+            fused_ops.token_rows(carray(_f32_at(p[1]), (p[2], d)), carray(_i64_at(p[4]), (m,)),
                                           carray(_f32_at(p[6]), (p[7], d)), np.int64(step[0]) + p[9],
                                           carray(_f32_at(p[8]), (m, d)))
         elif code == OP_GELU:
-            cpu_decode_kernels.gelu_in_place(carray(_f32_at(p[1]), (p[2],)))
+            fused_ops.gelu_in_place(carray(_f32_at(p[1]), (p[2],)))
     return 0
 
 
@@ -150,19 +150,19 @@ def _product(p, table, lo, hi):
     sx = carray(_i32_at(p[7]), (m, k // 32))
     out = carray(_f32_at(p[8]), (m, n_out))
     raw, bias = carray(_u8_at(p[4]), (p[16],)), carray(_f32_at(p[9]), (p[15],))
-    cpu_int_kernels.qmatmul_q(p[1], p[2], p[3], raw, qx, dx, sx, table, out, bias, p[10] != 0, p[11], lo, hi)
+    int_dot.qmatmul_q(p[1], p[2], p[3], raw, qx, dx, sx, table, out, bias, p[10] != 0, p[11], lo, hi)
 
 
 @njit(cache=True)
 def _f16_product(p, lo, hi):
     m, k, n_out = p[5], p[6], p[7]
-    cpu_kernels.f16_rows(carray(_u8_at(p[1]), (p[8],)), carray(_f32_at(p[2]), (m, k)),
+    float_rows.f16_rows(carray(_u8_at(p[1]), (p[8],)), carray(_f32_at(p[2]), (m, k)),
                          carray(_f32_at(p[3]), (m, n_out)), carray(_f32_at(p[4]), (p[9],)), lo, hi)
 
 
 @njit(cache=True)
 def _cross_attention(p, scale, lo, hi):
     b, h, t, d, dv, bk, tk = p[5], p[6], p[7], p[8], p[9], p[10], p[11]
-    cpu_decode_kernels.cross_attention_rows(carray(_f32_at(p[1]), (b, h, t, d)), carray(_f32_at(p[2]), (bk, h, tk, d)),
+    fused_ops.cross_attention_rows(carray(_f32_at(p[1]), (b, h, t, d)), carray(_f32_at(p[2]), (bk, h, tk, d)),
                                             carray(_f32_at(p[3]), (bk, h, tk, dv)), np.float32(scale),
                                             carray(_f32_at(p[4]), (b, h, t, dv)), lo, hi)

@@ -1,5 +1,5 @@
 """Integer dot products on GGUF blocks written as LLVM vector IR (numba's `intrinsic`): the
-inner loops of cpu_int_kernels.py's quantised products.
+inner loops of int_dot.py's quantised products.
 
 Why IR: numba's loops cannot say "multiply 16-bit pairs and add neighbours". LLVM widened the
 earlier numba loops' lanes to 32-bit multiplies (vpmulld) and converted every lane to float:
@@ -15,14 +15,14 @@ activation row (`dot`, a decoding step) or TILE_ROWS of them (`tile_dot`: each w
 block unpacked once for all of them).
 
 Formats: q4_0, q4_1, q5_0, q5_1, q8_0 (blocks of 32) and q4_k, q5_k, q6_k (blocks of 256, with
-8 or 16 sub-block scales; the activations keep one scale per 32 values): cpu_kernels.FORMATS
+8 or 16 sub-block scales; the activations keep one scale per 32 values): float_rows.FORMATS
 codes 0-7. Each block's integer sums are exact; they are scaled and summed in float32.
 NUMBA_DISABLE_JIT=1 cannot run IR: `dot_py` is the same product in numpy (the dequantised rows
 times the dequantised activations), which the tests compare against the compiled kernels and
 which runs in their place when the JIT is off.
 
 numba's on-disk cache keys a compiled function on its own file only: after editing this file,
-touch cpu_int_kernels.py (whose cached kernels inline this IR) or delete its __pycache__.
+touch int_dot.py (whose cached kernels inline this IR) or delete its __pycache__.
 """
 import functools
 
@@ -38,7 +38,7 @@ MIN_AT = {1: 2, 3: 2}
 HIGH_BITS_AT = {2: 2, 3: 4}
 QUANTS_AT = {0: 2, 1: 4, 2: 6, 3: 8, 4: 2}
 OFFSET = {0: 8.0, 2: 16.0}  # q4_0, q5_0 values are q - 8, q - 16
-FORMATS = (0, 1, 2, 3, 4, 5, 6, 7)  # cpu_kernels.FORMATS codes: q4_0 ... q8_0, q4_k, q5_k, q6_k
+FORMATS = (0, 1, 2, 3, 4, 5, 6, 7)  # float_rows.FORMATS codes: q4_0 ... q8_0, q4_k, q5_k, q6_k
 ACTIVATION_BLOCKS = (1, 1, 1, 1, 1, 8, 8, 8)  # 32-value activation blocks per weight block
 
 _I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -322,7 +322,7 @@ def _make_kernel(rows):
             results = [cgutils.alloca_once(builder, _F32) for _ in range(2 * rows)]
             done = builder.append_basic_block("format_done")
             cases = {code: builder.append_basic_block(f"format_{code}") for code in FORMATS}
-            switch = builder.switch(i64(0), cases[FORMATS[-1]])  # callers check fmt (cpu_matmul)
+            switch = builder.switch(i64(0), cases[FORMATS[-1]])  # callers check fmt (kernel_calls)
             for code, block in cases.items():
                 switch.add_case(ir.Constant(_I64, code), block)
                 builder.position_at_end(block)
@@ -596,7 +596,7 @@ def f16_dot_py(raw, oa, ob, k, x, i):
 
 def dequant_row_py(fmt, raw, row_offset, blocks, block_bytes, table, out, out_offset):
     """dequant_row in numpy (dequant_numpy, bit-exact with ggml), for NUMBA_DISABLE_JIT=1."""
-    from .dequant_numpy import dequantize_numpy
+    from ....quant.dequant_numpy import dequantize_numpy
     n = blocks * ACTIVATION_BLOCKS[fmt] * QK
     out[out_offset:out_offset + n] = dequantize_numpy(raw[row_offset:row_offset + blocks * block_bytes],
                                                       NAMES[fmt], n)
@@ -609,7 +609,7 @@ NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 def dot_py(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0, rows):
     """The kernels' product in numpy, for NUMBA_DISABLE_JIT=1 and as the tests' reference: the two
     weight rows dequantised (dequant_numpy, bit-exact with ggml) times the dequantised activations."""
-    from .dequant_numpy import dequantize_numpy
+    from ....quant.dequant_numpy import dequantize_numpy
     k = blocks * ACTIVATION_BLOCKS[fmt] * QK
     x = (qx[i0:i0 + rows, :k].astype(np.float64).reshape(rows, -1, QK) * dx[i0:i0 + rows, :k // QK, None])
     w = np.stack([dequantize_numpy(raw[o:o + blocks * block_bytes], NAMES[fmt], k) for o in (oa, ob)])

@@ -3,7 +3,7 @@ backends keep: a decoding step's kernel calls are recorded once, with the arrays
 write, and a replay calls them again with no op front end, no layouts, no checks and no
 allocation. On SmolLM2-135M Q4_1 that Python was about a quarter of a token (bench/llm_split.py).
 
-What is recorded: the numba kernel calls of the CPU decode path (numpy_backend.py with the
+What is recorded: the numba kernel calls of the CPU decode path (backend.py with the
 kernels of quant/cpu_*.py loaded): the quantised embedding lookup, add_norm_linear, the
 decoding-step quantised products and cache_attention, and add_rms_norm. Any other compute
 primitive called inside a capture marks the recording as computed on the host (see
@@ -19,13 +19,13 @@ only when nothing but the step buffer depends on the position.
 """
 import numpy as np
 
-from ..errors import ShapeError
+from ....errors import ShapeError
 
 
 class CpuDriver:
     """The record/replay half of the driver protocol (core/backends/driver_protocol.py) for numpy.
     program(calls): the calls as one program that replays without Python between them
-    (quant/cpu_step.py), or None; replay then makes the calls one by one."""
+    (backends/cpu/kernels/step_loop.py), or None; replay then makes the calls one by one."""
     name = "cpu"
     can_replay = True
 
@@ -111,7 +111,7 @@ def check_position(step, t, cap, rel, table_rows):
 
 
 def cache_attention(kernel, step, rel, q, k, v, cos_table, sin_table, kc, vc, key_start, scale, interleaved, out):
-    """cpu_decode_kernels.cache_attention at the step buffer's position: the rotary rows from
+    """fused_ops.cache_attention at the step buffer's position: the rotary rows from
     position + rel of the whole tables (rel: the captured view's row offset less its position)."""
     t = q.shape[2]
     check_position(step, t, kc.shape[2], rel, cos_table.shape[0])

@@ -1,12 +1,12 @@
 """The CPU device's quantised matmul and embedding lookup on GGUF blocks, through
-the numba kernels in cpu_kernels.py, with the argument checks done here.
+the numba kernels in float_rows.py, with the argument checks done here.
 
 `kernels()` is the module when it can be used: numba installed and
 $TALLOW_CPU not "numpy" (tallow.settings). Otherwise None, and the numpy backend keeps its
 dequantise-with-numpy path.
 
 Few rows of x (a decoding step) are quantised to 16 bits in blocks of 32 and
-multiplied by integer dot products on the blocks (cpu_int_kernels.py, as ggml
+multiplied by integer dot products on the blocks (int_dot.py, as ggml
 does with 8 bits; why 16 is explained there), which read each weight byte once.
 Many rows (a prompt) are multiplied by BLAS a tile of weight rows at a time,
 each tile dequantised by a kernel into one reused f32 buffer: BLAS's
@@ -15,17 +15,17 @@ keeps memory bounded. That dequantisation runs on one thread: BLAS's own
 threads share the cores (measured with OpenMP kernel threads beside them: first
 token 5.0 s instead of 1.3 s). Decoding-step products of at least
 PARALLEL_MIN_BYTES of weights are shared among $TALLOW_THREADS threads (else
-$OMP_NUM_THREADS, else one per core) by cpu_threads.RowPool.
+$OMP_NUM_THREADS, else one per core) by threads.RowPool.
 """
 import threading
 
-from ..errors import FormatError, ShapeError
-from ..settings import settings
-from .formats import quant_dtype
+from ....errors import FormatError, ShapeError
+from ....settings import settings
+from ....quant.formats import quant_dtype
 
 FUSED_MAX_ROWS = 8  # rows of x up to which the fused kernel beats dequantise-then-BLAS (measured)
-ACTIVATION_MAX = 32767  # decoding steps quantise x to int16 (see cpu_int_kernels.py)
-# Weight bytes from which a decoding-step product is shared among the threads (cpu_threads.py);
+ACTIVATION_MAX = 32767  # decoding steps quantise x to int16 (see int_dot.py)
+# Weight bytes from which a decoding-step product is shared among the threads (threads.py);
 # smaller ones run on the calling thread, where handing out chunks costs about what it saves.
 PARALLEL_MIN_BYTES = 1 << 18
 FEW_PROMPT_ROWS = 32  # rows of x up to which a prompt's tile product runs as w x^T (see qmatmul)
@@ -40,9 +40,9 @@ def thread_count():
 
 
 def kernels():
-    """The cpu_kernels names (native_kernels.KernelModule), or None when numba is missing or
+    """The float_rows names (machine_code.KernelModule), or None when numba is missing or
     TALLOW_CPU=numpy. Nothing here imports numba: with the kernels' machine code cached,
-    a process never does (native_kernels.py)."""
+    a process never does (machine_code.py)."""
     if settings().cpu == "numpy":
         return None
     if "module" not in _state:
@@ -52,15 +52,15 @@ def kernels():
             return None
         import numpy as np
 
-        from . import kernel_codes
-        from .native_kernels import KernelModule
-        _state["module"] = KernelModule("cpu_kernels", FORMATS=kernel_codes.FORMATS, F16_TABLE=kernel_codes.F16_TABLE)
-        _state["int"] = KernelModule("cpu_int_kernels", QK=kernel_codes.QK, ACT_CODES=kernel_codes.ACT_CODES)
-        _state["decode"] = KernelModule("cpu_decode_kernels")
-        _state["step"] = KernelModule("cpu_step")
+        from ..kernels import codes
+        from ..kernels.machine_code import KernelModule
+        _state["module"] = KernelModule("float_rows", FORMATS=codes.FORMATS, F16_TABLE=codes.F16_TABLE)
+        _state["int"] = KernelModule("int_dot", QK=codes.QK, ACT_CODES=codes.ACT_CODES)
+        _state["decode"] = KernelModule("fused_ops")
+        _state["step"] = KernelModule("step_loop")
         _state["no_bias"] = np.empty(0, dtype=np.float32)
-        from . import native_kernels
-        native_kernels.load_all()  # before any weight is read: LLVM's page spike at low RSS (see there)
+        from ..kernels import machine_code
+        machine_code.load_all()  # before any weight is read: LLVM's page spike at low RSS (see there)
         set_threads(thread_count())
     return _state["module"]
 
@@ -68,7 +68,7 @@ def kernels():
 def load_ahead(device):
     """Called as a model that runs the kernels on this device starts loading (a GGUF decoder,
     Whisper): on the CPU, link the kernels' machine code now, compiling it first where this
-    machine has none yet, which says so on stderr at once (native_kernels.py) rather than
+    machine has none yet, which says so on stderr at once (machine_code.py) rather than
     seconds later at the first product, after a silent wait. Nothing else changes: kernels()
     still puts them to use where it did."""
     if str(device) != "cpu" or settings().cpu == "numpy" or "module" in _state:
@@ -76,8 +76,8 @@ def load_ahead(device):
     import importlib.util
     if importlib.util.find_spec("numba") is None:
         return
-    from . import native_kernels
-    native_kernels.load_all()
+    from ..kernels import machine_code
+    machine_code.load_all()
 
 
 def kernel_status():
@@ -87,28 +87,28 @@ def kernel_status():
         return "off (TALLOW_CPU=numpy): numpy with f32 copies"
     if importlib.util.find_spec("numba") is None:
         return "none: numpy with f32 copies (pip install 'tallow[cpu]' for kernels on the GGUF blocks)"
-    from . import native_kernels
-    if not native_kernels.enabled():
+    from ..kernels import machine_code
+    if not machine_code.enabled():
         return "numba's (TALLOW_CPU=numba or NUMBA_DISABLE_JIT=1)"
-    failed = native_kernels.errors()
+    failed = machine_code.errors()
     return "machine code compiled by numba, loaded without it" + (
         f"; numba's for {len(failed)}: {'; '.join(failed)}" if failed else "")
 
 
 def int_kernels():
-    """cpu_int_kernels' names (quantize_rows, qmatmul_shared), once the kernels are in use."""
+    """int_dot' names (quantize_rows, qmatmul_shared), once the kernels are in use."""
     return _state["int"]
 
 
 def step_kernels():
-    """cpu_step's names (run_step), once the kernels are in use."""
+    """step_loop's names (run_step), once the kernels are in use."""
     return _state["step"]
 
 
 def set_threads(n):
     """Share the decoding-step products of at least PARALLEL_MIN_BYTES among n threads (1: the
     calling thread alone)."""
-    from .cpu_threads import RowPool
+    from .threads import RowPool
     n = max(1, int(n))
     if n != _state.get("threads"):
         if _state.get("pool") is not None:
@@ -117,7 +117,7 @@ def set_threads(n):
 
 
 def decode_kernels():
-    """The fused decode kernels (cpu_decode_kernels) once the kernels are in use, else None.
+    """The fused decode kernels (fused_ops) once the kernels are in use, else None.
     They never load the kernels themselves: a quantised model has loaded them by its first
     product or embedding lookup, and float Whisper on the CPU loads them when it builds its
     direct encoder and decoder (models/whisper_cpu_*.py); a float LLM does not."""
@@ -167,7 +167,7 @@ def _operands(x, raw, qtype, n, k):
 
 def qmatmul(x, raw, qtype, n, k, record=None):
     """x (..., k) float32 times the transpose of the quantised (n, k) matrix in raw -> (..., n) float32.
-    record: None, or while capturing (core/backends/cpu_capture.py's Recorder) called as
+    record: None, or while capturing (core/backends/cpu/runtime/capture.py's Recorder) called as
     record(fn, *args) with each kernel call of a decoding step's product, in order, and
     record.refuse(what) where the call cannot be replayed."""
     import numpy as np
@@ -218,7 +218,7 @@ def _scratch(n):
 
 def _int_product(x, x2, arr, d, fmt, n, k, bias=None, act=None, record=None):
     """The decoding-step product on the blocks: x2 (m, k; x as _operands made it) quantised to
-    16 bits, then integer dots (cpu_int_kernels.qmatmul_shared) -> (m, n); plus bias (n,), or with act
+    16 bits, then integer dots (int_dot.qmatmul_shared) -> (m, n); plus bias (n,), or with act
     the gated product of arr's 2n rows [gate; up]. One thread below PARALLEL_MIN_BYTES of weights.
     record: see qmatmul."""
     import numpy as np
@@ -244,7 +244,7 @@ def _int_product(x, x2, arr, d, fmt, n, k, bias=None, act=None, record=None):
 
 
 def run_product(args, n, shared):
-    """cpu_int_kernels.qmatmul_shared over the n output columns: shared by the pool's threads (the pool
+    """int_dot.qmatmul_shared over the n output columns: shared by the pool's threads (the pool
     in force when called) for a product of at least PARALLEL_MIN_BYTES, else on this thread."""
     import numpy as np
     pool = _state["pool"]
@@ -271,7 +271,7 @@ def dequant_rows(raw, qtype, k, row_ids, record=None):
     """(len(row_ids), k) float32: the listed rows of a block matrix of rows of k (an embedding lookup).
     record: see qmatmul (a replay looks up the ids then in row_ids' memory, checked again)."""
     import numpy as np
-    from .dequant_numpy import block_rows
+    from ....quant.dequant_numpy import block_rows
     mod = kernels()
     d, rows, ids = block_rows(raw, qtype, k, row_ids)
     out = np.empty((ids.size, k), dtype=np.float32)
@@ -292,7 +292,7 @@ def checked_rows(n_rows, args):
 
 
 def check_ids(ids, n_rows):
-    from ..errors import IndexRangeError
+    from ....errors import IndexRangeError
     if ids.size:
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= n_rows:
@@ -311,7 +311,7 @@ def threads():
 
 def f16_matmul(x, w_bits, bias=None):
     """x (..., k) float32 times the transpose of w (n, k) given as f16 bit patterns (uint16,
-    C-contiguous), plus bias (n,): cpu_kernels.f16_matmul_shared, whose products of at least
+    C-contiguous), plus bias (n,): float_rows.f16_matmul_shared, whose products of at least
     PARALLEL_MIN_BYTES the pool's threads share. Needs kernels()."""
     import numpy as np
     n, k = w_bits.shape

@@ -1,6 +1,6 @@
-"""Bounded waits on a counter without the GIL (cpu_atomics.poll: atomic acquire loads and a
-spin hint), for cpu_threads.RowPool and the captured step's helpers. The poll is the native
-entry (native_kernels.py) when its machine code loads, else numba's, else (under
+"""Bounded waits on a counter without the GIL (atomics.poll: atomic acquire loads and a
+spin hint), for threads.RowPool and the captured step's helpers. The poll is the native
+entry (machine_code.py) when its machine code loads, else numba's, else (under
 NUMBA_DISABLE_JIT=1) its Python form: this module itself never imports numba."""
 import time
 
@@ -13,10 +13,10 @@ _poll: list = []
 def poll(counter, i, value, equal, rounds):
     """True once (counter[i] == value) == equal, polling at most `rounds` times; else False."""
     if not _poll:
-        from . import native_kernels
-        fn = native_kernels.kernel("poll")
+        from ..kernels import machine_code
+        fn = machine_code.kernel("poll")
         if fn is None:
-            fn = native_kernels.numba_module("cpu_atomics").poll
+            fn = machine_code.numba_module("atomics").poll
         _poll.append(fn)
     return _poll[0](counter, i, value, equal, rounds)
 

@@ -1,18 +1,16 @@
-"""A captured CPU decoding step's kernel calls as one program for cpu_step.run_step (see
-cpu_step.py for how the threads share it): `build(entries)` makes the Program from a
+"""A captured CPU decoding step's kernel calls as one program for step_loop.run_step (see
+step_loop.py for how the threads share it): `build(entries)` makes the Program from a
 recording's entries, or returns None when an entry is not one of these kernels or an array is
 not contiguous (the replay then calls the entries); Program.run() replays it. No numba here:
-run_step comes through cpu_matmul.step_kernels(), as machine code when native_kernels loads it.
+run_step comes through kernel_calls.step_kernels(), as machine code when machine_code loads it.
 """
 import numpy as np
 
-from .cpu_threads import CHUNKS_PER_THREAD
+from ..kernels.codes import (OP_ATTENTION, OP_LAYER_NORM, OP_PRODUCT, OP_QUANTIZE, OP_RMS_NORM, OP_ROWS, SHARED_ROWS,
+                             WIDTH)
+from .threads import CHUNKS_PER_THREAD
 
-OP_QUANTIZE, OP_PRODUCT, OP_RMS_NORM, OP_LAYER_NORM, OP_ATTENTION, OP_ROWS = range(1, 7)
-OP_F16_PRODUCT, OP_CROSS_ATTENTION, OP_GELU, OP_TOKEN_ROWS = range(7, 11)  # (Whisper's step: whisper_cpu_step.py)
-WIDTH = 24  # ints per program row
-SHARED_ROWS, SHARED_CHUNKS = 22, 23  # where a shared op's row count and chunk count sit in its row
-# A program's chunk costs one atomic add (no hand-off through Python, as cpu_matmul's
+# A program's chunk costs one atomic add (no hand-off through Python, as kernel_calls's
 # PARALLEL_MIN_BYTES pays for), so it shares smaller products too: SmolLM2's attention output
 # projections (186 KB, 30 a token) ran on thread 0 alone while the helper waited.
 SHARE_MIN_BYTES = 1 << 16
@@ -30,15 +28,15 @@ class Program:
         self.state = np.zeros(2 * len(rows) + 2, dtype=np.int64)
 
     def run(self):
-        from . import cpu_matmul
-        from .kernel_codes import F16_TABLE
+        from . import kernel_calls
+        from ..kernels.codes import F16_TABLE
         for fn, args in self.checks:
             fn(*args)
         # a fresh state each step: a late helper still in the last step sees that one's, all taken
         state = self.state = np.zeros(2 * self.prog.shape[0] + 2, dtype=np.int64)
         args = (self.prog, self.reals, F16_TABLE, self.step, state)
-        run_step = cpu_matmul.step_kernels().run_step
-        pool = cpu_matmul.pool()
+        run_step = kernel_calls.step_kernels().run_step
+        pool = kernel_calls.pool()
         if pool is not None:
             pool.share(run_step, args, _helper_rounds())
         if run_step(*args, 0, 0):
@@ -51,8 +49,8 @@ _rounds: list[int] = []
 
 def _helper_rounds():
     if not _rounds:
-        from . import cpu_polls
-        _rounds.append(cpu_polls.rounds_for(HELPER_WAIT_US))
+        from . import polls
+        _rounds.append(polls.rounds_for(HELPER_WAIT_US))
     return _rounds[0]
 
 
@@ -64,17 +62,18 @@ def build(entries):
     """The Program of a recording's (fn, args) entries, or None when one is not a kernel call
     run_step knows or an array is not contiguous; and under NUMBA_DISABLE_JIT=1 (its atomics are
     compiled code)."""
-    from ..backends import cpu_capture
-    from . import cpu_matmul, native_kernels
-    if native_kernels.jit_disabled():
+    from . import capture
+    from ..kernels import machine_code
+    from . import kernel_calls
+    if machine_code.jit_disabled():
         return None
-    ints, decode = cpu_matmul.int_kernels(), cpu_matmul.decode_kernels()
+    ints, decode = kernel_calls.int_kernels(), kernel_calls.decode_kernels()
     rows: list[list[int]] = []
     reals: list[float] = []
     checks: list[tuple] = []
     keep: list[np.ndarray] = []
     step = np.zeros(4, dtype=np.uint32)  # (no attention: nothing reads it)
-    threads = cpu_matmul.threads()
+    threads = kernel_calls.threads()
 
     def at(a, dtype):
         """a's address, for an array run_step may view as dtype (C-contiguous, that dtype)."""
@@ -94,7 +93,7 @@ def build(entries):
                 x, qmax, qx, dx, sx = args
                 m, k = x.shape
                 row(OP_QUANTIZE, at(x, f32), m, k, at(qx, i16), at(dx, f32), at(sx, i32), qmax)
-            elif fn is cpu_matmul.run_product:
+            elif fn is kernel_calls.run_product:
                 (fmt, bs, bb, raw, qx, dx, sx, _table, out, bias, gated, act), n, _shared = args
                 m, k = qx.shape
                 chunks = min(n, threads * CHUNKS_PER_THREAD) if raw.size >= SHARE_MIN_BYTES and threads > 1 else 1
@@ -109,7 +108,7 @@ def build(entries):
                 m, d = x.shape
                 row(OP_LAYER_NORM, at(x, f32), at(r, f32), at(w, f32), at(total, f32), at(normed, f32), m, d,
                     at(bias, f32), w.size, bias.size)
-            elif fn is cpu_capture.cache_attention:
+            elif fn is capture.cache_attention:
                 _kernel, step, rel, q, k, v, cos, sin, kc, vc, key_start, real, interleaved, out = args
                 b, h, t, d = q.shape
                 _, hk, cap, dv = vc.shape
@@ -118,13 +117,13 @@ def build(entries):
                 row(OP_ATTENTION, at(q, f32), at(k, f32), at(v, f32), at(cos, f32), at(sin, f32), rel, at(kc, f32),
                     at(vc, f32), key_start, int(interleaved), at(out, f32), b, h, hk, t, d, dv, cap, cos.shape[0],
                     cos.shape[1])
-                check = (cpu_capture.check_position, (step, t, cap, rel, cos.shape[0]))
+                check = (capture.check_position, (step, t, cap, rel, cos.shape[0]))
                 if check not in checks:  # (the same for every layer)
                     checks.append(check)
-            elif fn is cpu_matmul.checked_rows:
+            elif fn is kernel_calls.checked_rows:
                 n_rows, (fmt, bs, bb, raw, ids, k, _table, out) = args
                 row(OP_ROWS, fmt, bs, bb, at(raw, u8), at(ids, i64), k, at(out, f32), ids.size, raw.size)
-                checks.append((cpu_matmul.check_ids, (ids, n_rows)))
+                checks.append((kernel_calls.check_ids, (ids, n_rows)))
             else:
                 return None
             reals.append(float(real))

@@ -1,6 +1,6 @@
 """Row-range work sharing for the CPU kernels: the calling thread and helper threads take
 chunks of a product's output rows from one atomic counter, inside one kernel call each,
-without the GIL (cpu_atomics.py; the waits: cpu_polls.py).
+without the GIL (atomics.py; the waits: polls.py).
 
 Why not numba's prange: its OpenMP barrier waits for every thread to arrive. On a box whose
 cores other processes share, a helper thread may not be scheduled for a whole time slice,
@@ -11,16 +11,16 @@ helper has already started. Between jobs a helper polls briefly before it blocks
 step's next product finds it awake.
 
 A kernel shared this way is a numba nogil function kernel(*args, n_rows, chunks, state)
-that takes chunk c from cpu_atomics.fetch_add(state, 0, 1) while c < chunks, computes rows
+that takes chunk c from atomics.fetch_add(state, 0, 1) while c < chunks, computes rows
 n_rows * c // chunks ... n_rows * (c + 1) // chunks, counts it with fetch_add(state, 1, 1),
-and returns True in the thread that finished the last chunk (cpu_int_kernels.qmatmul_shared).
+and returns True in the thread that finished the last chunk (int_dot.qmatmul_shared).
 """
 import queue
 import threading
 
 import numpy as np
 
-from . import cpu_polls
+from . import polls
 
 CHUNKS_PER_THREAD = 2  # a few chunks each, so a late helper leaves its share to the others
 
@@ -43,7 +43,7 @@ class _Job:
 
 
 class _SharedJob:
-    """A kernel every helper runs once, coordinating with the caller itself (cpu_step.run_step)."""
+    """A kernel every helper runs once, coordinating with the caller itself (step_loop.run_step)."""
 
     def __init__(self, kernel, args):
         self.kernel, self.args = kernel, args
@@ -59,7 +59,7 @@ class RowPool:
         self.threads = threads
         self.jobs = queue.SimpleQueue()
         self.posted = np.zeros(1, dtype=np.int64)  # bumped after each job is queued (what helpers poll)
-        self.spin_rounds = cpu_polls.rounds_for(cpu_polls.SPIN_US if spin_us is None else spin_us)
+        self.spin_rounds = polls.rounds_for(polls.SPIN_US if spin_us is None else spin_us)
         for i in range(threads - 1):
             threading.Thread(target=self._helper, name=f"tallow-cpu-{i + 1}", daemon=True).start()
 
@@ -69,7 +69,7 @@ class RowPool:
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:
-                cpu_polls.wait_while_equal(self.posted, 0, seen, self.spin_rounds)  # without the GIL
+                polls.wait_while_equal(self.posted, 0, seen, self.spin_rounds)  # without the GIL
                 job = self.jobs.get()
             if job is None:
                 return
@@ -82,7 +82,7 @@ class RowPool:
 
     def share(self, kernel, args, *extra):
         """kernel(*args, 1, *extra) on every helper thread, not waited for: the kernel coordinates
-        with the caller's own kernel(*args, 0, ...) through its arguments (cpu_step.run_step:
+        with the caller's own kernel(*args, 0, ...) through its arguments (step_loop.run_step:
         the caller waits only for the chunks a helper took)."""
         job = _SharedJob(kernel, args + (1,) + extra)
         for _ in range(self.threads - 1):
@@ -99,7 +99,7 @@ class RowPool:
             self.jobs.put(job)
         self.posted[0] += 1  # (two callers racing may lose a bump: a polling helper then blocks in get())
         if not kernel(*args, n_rows, job.chunks, job.state):  # a helper finishes the last chunk
-            if not cpu_polls.wait_until_equal(job.state, 1, job.chunks, self.spin_rounds):
+            if not polls.wait_until_equal(job.state, 1, job.chunks, self.spin_rounds):
                 job.done.wait()
         if job.error is not None:
             raise job.error

@@ -1,0 +1,18 @@
+"""The CPU device's kernels, one source: numba loops over GGUF blocks and float32 arrays, the LLVM
+vector IR they inline, and their machine code cached per machine (loaded later without numba).
+The only modules of tallow that import numba or llvmlite; every file here is part of the machine
+code's cache key (machine_code.py).
+
+  codes.py        format/activation codes, the f16 table, GELU's erf constants and the step
+                  program's op codes: what the kernels and their callers share, without numba
+  float_rows.py   blocks dequantised to float32 rows (embeddings, a prompt's BLAS tiles) and f16 products
+  int_dot.py      decoding-step products: activations quantised to int16, integer dots on the blocks
+  fused_ops.py    the fused decode ops (add+norm, rope+cache write, cache attention), GELU, softmax rows
+  step_loop.py    run_step: a captured decode step's whole program in one nogil call per thread
+  vector_ir.py    LLVM vector IR intrinsics: block unpacking, integer and f16 dots (numba inlines them)
+  atomics.py      atomic loads/adds and a spin hint as numba intrinsics (threads share chunks of rows)
+  machine_code.py the kernels compiled once as C-callable objects in $TALLOW_HOME/cpu_kernels/<key>/,
+                  loaded with llvmlite alone (`tallow warmup` fills it)
+  numba_setup.py  numba prepared before any kernel loads (no scipy BLAS import; LLVM pages released)
+  llvm_pages.py   hand back the pages of LLVM's library that a compile or load touched
+"""
