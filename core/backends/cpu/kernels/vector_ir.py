@@ -16,13 +16,16 @@ block unpacked once for all of them).
 
 Formats: q4_0, q4_1, q5_0, q5_1, q8_0 (blocks of 32) and q4_k, q5_k, q6_k (blocks of 256, with
 8 or 16 sub-block scales; the activations keep one scale per 32 values): float_rows.FORMATS
-codes 0-7. Each block's integer sums are exact; they are scaled and summed in float32.
+codes 0-7. The K-quants' dot loop is kquant_ir.py's (scales unpacked into vectors once per block);
+their dequantisation (dequant_row) is the generators' below. Each block's integer sums are exact;
+they are scaled and summed in float32.
 NUMBA_DISABLE_JIT=1 cannot run IR: `dot_py` is the same product in numpy (the dequantised rows
 times the dequantised activations), which the tests compare against the compiled kernels and
 which runs in their place when the JIT is off.
 
 numba's on-disk cache keys a compiled function on its own file only: after editing this file,
-touch int_dot.py (whose cached kernels inline this IR) or delete its __pycache__.
+(or kquant_ir.py), touch int_dot.py and step_loop.py (whose cached kernels inline this IR) or
+delete their __pycache__.
 """
 import functools
 
@@ -326,8 +329,9 @@ def _make_kernel(rows):
             for code, block in cases.items():
                 switch.add_case(ir.Constant(_I64, code), block)
                 builder.position_at_end(block)
-                values = _kernel_body(builder, code, rows, raw_p, arys[9].data, x_rows, i64(2), i64(3), i64(4),
-                                      i64(5))
+                from . import kquant_ir  # (the K-quants' block loop, kquant_ir.py; it imports this module)
+                body = kquant_ir.kernel_body if code >= 5 else _kernel_body
+                values = body(builder, code, rows, raw_p, arys[9].data, x_rows, i64(2), i64(3), i64(4), i64(5))
                 for slot, value in zip(results, values):
                     builder.store(value, slot)
                 builder.branch(done)
