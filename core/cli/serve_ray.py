@@ -115,7 +115,10 @@ def run(args, limits, bind, url):
         if started_serve:
             serve.start(http_options={"host": args.host, "port": port, "keep_alive_timeout_s": 5},
                         logging_config={"log_level": "WARNING"})
-        app = deployment(args.model, args.device, limits, args.api_key, replicas, args.replica_cpus)
+        load = {"device": args.device, "max_queue": args.max_queue}
+        if getattr(args, "max_batch", None) is not None:  # --max-batch, where this tallow has it
+            load["max_batch"] = args.max_batch
+        app = deployment(args.model, load, limits, args.api_key, replicas, args.replica_cpus)
         failed = []
 
         def deploy():

@@ -14,11 +14,11 @@ APP_NAME = "tallow"
 class Replica:
     """One replica: the models loaded once, in the replica's own process."""
 
-    def __init__(self, specs, device, limits, api_key):
+    def __init__(self, specs, load, limits, api_key):
         from ray import serve
         self.name = serve.get_replica_context().replica_id.unique_id
         self.limits, self.api_key = limits, api_key
-        self.served = ServedModels.load(specs, device=device, max_queue=limits.max_queue)
+        self.served = ServedModels.load(specs, **load)  # load: ServedModels.load's options (device, max_queue, ...)
 
     def __serve_build_asgi_app__(self):  # Ray Serve calls it after __init__, in the replica
         return NameReplica(create_app(self.served, self.limits, self.api_key), self.name)
@@ -46,7 +46,7 @@ class NameReplica:
         await self.app(scope, receive, named)
 
 
-def deployment(specs, device, limits, api_key, replicas, replica_cpus):
+def deployment(specs, load, limits, api_key, replicas, replica_cpus):
     """The Ray Serve application (to serve.run): `replicas` copies of the app, each asking Ray
     for `replica_cpus` CPUs. A replica takes up to limits.max_requests at once, as one server
     does; the proxy queues at most limits.max_queue more per replica, then answers 503."""
@@ -56,4 +56,4 @@ def deployment(specs, device, limits, api_key, replicas, replica_cpus):
         ingress, name=APP_NAME, num_replicas=replicas, ray_actor_options={"num_cpus": replica_cpus},
         max_ongoing_requests=limits.max_requests, max_queued_requests=limits.max_queue * replicas,
         graceful_shutdown_timeout_s=5, health_check_timeout_s=60,
-    ).bind(specs, device, limits, api_key)
+    ).bind(specs, load, limits, api_key)
