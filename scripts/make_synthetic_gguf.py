@@ -105,7 +105,7 @@ PHI3_ADDED = ["<|endoftext|>", "<|assistant|>", "<|placeholder1|>", "<|placehold
               "<|placeholder4|>", "<|system|>", "<|end|>", "<|placeholder5|>", "<|placeholder6|>", "<|user|>"]
 
 
-def shapes(arch, scale=1.0, layers=None):
+def shapes(arch, scale=1.0, layers=None, vocab=None):
     """The model's dimensions, with width / feed-forward / vocabulary scaled (heads stay whole and
     even, so every matrix row is whole 32-element blocks)."""
     if arch not in ARCHS:
@@ -127,6 +127,8 @@ def shapes(arch, scale=1.0, layers=None):
         d = dict(real, heads=heads, kv_heads=heads // group, hidden=hidden,
                  ff=max(ff_min, int(real["ff"] * scale) // ff_step * ff_step),
                  vocab=max(600, int(real["vocab"] * scale)), layers=layers or real["layers"])
+    if vocab is not None:  # (tests: a small vocabulary whatever the width)
+        d["vocab"] = vocab
     if d["layers"] < 1:
         raise SystemExit(f"--layers {layers}: expected at least 1")
     return d
@@ -350,16 +352,18 @@ def _add_gemma_tokenizer(w, vocab, rng):
     w.add_add_eos_token(False)
 
 
-def write(path, arch, quant, scale=1.0, layers=None, seed=0, log=None):
-    """Write the synthetic GGUF; returns its size in bytes."""
+def write(path, arch, quant, scale=1.0, layers=None, seed=0, log=None, vocab=None):
+    """Write the synthetic GGUF; returns its size in bytes. vocab: the vocabulary's size instead
+    of the (scaled) real one."""
     import gguf
     if quant not in QUANTS:
         raise SystemExit(f"unknown quantisation {quant!r}: expected one of {', '.join(QUANTS)}")
-    d = shapes(arch, scale, layers)
+    d = shapes(arch, scale, layers, vocab)
     rng = np.random.default_rng(seed)
 
     def metadata(w):
-        w.add_name(d["name"] if scale == 1 and layers in (None, d["layers"]) else f"{d['name']}, scaled")
+        real = scale == 1 and layers in (None, d["layers"]) and vocab in (None, ARCHS[arch]["vocab"])
+        w.add_name(d["name"] if real else f"{d['name']}, scaled")
         w.add_file_type({"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
                          "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M}[quant])
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
