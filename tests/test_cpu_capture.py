@@ -159,7 +159,7 @@ def test_a_float_model_decodes_eagerly_on_cpu(tmp_path, tiny_qwen2):
 
 # Backend methods that are not compute: reads, new storages from host data, capture, helpers.
 NOT_COMPUTE = {"features", "can_capture", "begin_capture", "end_capture", "replay", "overwrite", "from_bytes",
-               "to_bytes", "from_list", "to_list", "to_numpy", "from_js_buffer"}
+               "batch_rows", "to_bytes", "from_list", "to_list", "to_numpy", "from_js_buffer"}
 
 
 def test_every_compute_primitive_is_recorded_or_guarded():
@@ -184,3 +184,38 @@ def test_other_threads_ops_stay_out_of_a_cpu_capture(tiny_qwen2):
     first = graph.results()[0].numpy()
     (again,) = graph.replay([[4]], position=3)  # the same token at the same position: the same logits
     np.testing.assert_array_equal(again.numpy(), first)
+
+
+STEP_FORM_CHILD = """
+import numpy as np
+from tallow.backends.cpu.kernels import machine_code
+from tallow.backends.cpu.kernels.codes import OP_CALL
+from tallow.backends.cpu.runtime import kernel_calls, step_program
+kernel_calls.kernels()
+dec = kernel_calls.decode_kernels()
+rng = np.random.default_rng(3)
+x, r = (rng.standard_normal((3, 40)).astype(np.float32) for _ in range(2))
+w = rng.standard_normal(40).astype(np.float32)
+total, normed = np.zeros_like(x), np.zeros_like(x)
+program = step_program.build([(dec.add_rms_norm, (x, r, w, 1e-5, total, normed))])
+assert [int(c) for c in program.prog[:, 0]] == [OP_CALL], program.prog
+program.run()
+want = np.zeros_like(x), np.zeros_like(x)
+machine_code.numba_kernel("add_rms_norm")(x, r, w, 1e-5, *want)
+assert (total == want[0]).all() and (normed == want[1]).all()
+assert step_program.build([(dec.add_rms_norm, (x, r, w, 1e-5, total, normed[:, ::2]))]) is None  # (not contiguous)
+print("native" if machine_code.kernel("add_rms_norm_step") is not None else "in-process")
+"""
+
+
+@pytest.mark.parametrize("cpu", ["auto", pytest.param("numba", marks=pytest.mark.slow)])
+def test_a_kernel_declared_with_a_step_form_runs_inside_the_step_program(cpu):
+    # add_rms_norm is declared `@entry(..., step=True)` in kernels/fused_ops.py and nowhere else: its
+    # recorded call becomes an OP_CALL row calling its step form, which computes what the kernel does.
+    # TALLOW_CPU=numba compiles the step form in the process instead of loading its machine code.
+    import subprocess
+    env = dict(os.environ, TALLOW_CPU=cpu)
+    out = subprocess.run([sys.executable, "-c", STEP_FORM_CHILD], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-1] == ("native" if cpu == "auto" else "in-process")

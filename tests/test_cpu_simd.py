@@ -64,7 +64,7 @@ def test_kernel_matches_its_numpy_statement(x86_madd, rows, monkeypatch):
             d = get_dtype(NAMES[fmt])
             got = np.array(run(fmt, raw, 0, row_bytes, blocks, d.block_bytes, qx, dx, sx, float_rows.F16_TABLE, i0))
             want = np.array(vector_ir.dot_py(fmt, raw, 0, row_bytes, blocks, d.block_bytes, qx, dx, sx,
-                                            float_rows.F16_TABLE, i0, rows))
+                                             float_rows.F16_TABLE, i0, rows))
             # The same product: only float32 rounding differs (relative to the sum of the terms' sizes).
             w = np.abs(dequantize_numpy(raw, NAMES[fmt], 2 * qx.shape[1]).reshape(2, -1).astype(np.float64))
             x = np.abs(qx[i0:i0 + rows].astype(np.float64).reshape(rows, -1, 32) * dx[i0:i0 + rows, :, None])

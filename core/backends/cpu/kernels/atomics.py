@@ -21,6 +21,8 @@ from numba import njit
 from numba.core import cgutils, config, types
 from numba.extending import intrinsic
 
+from .codes import entry
+
 
 def _slot(context, builder, signature, args):
     """A pointer to arr[i] (arr a C int64 array, i an integer)."""
@@ -67,6 +69,7 @@ def _cpu_relax(typingctx):
     return types.none(), codegen
 
 
+@entry("i64[1]", "i64", "i64", "bool", "i64", returns="bool", name="poll")
 @njit(cache=True, nogil=True)
 def _poll(counter, i, value, equal, rounds):
     for _ in range(rounds):

@@ -21,8 +21,21 @@ INV_SQRT2 = 1.0 / math.sqrt(2.0)
 GELU_CLAMP = 4.0
 
 # A captured step's program (runtime/step_program.py builds it, step_loop.run_step runs it): op codes,
-# one row of WIDTH ints per kernel call.
-OP_QUANTIZE, OP_PRODUCT, OP_RMS_NORM, OP_LAYER_NORM, OP_ATTENTION, OP_ROWS = range(1, 7)
+# one row of WIDTH ints per kernel call. OP_CALL rows call a kernel's step form by its address (see entry).
+OP_QUANTIZE, OP_PRODUCT, OP_CALL, OP_LAYER_NORM, OP_ATTENTION, OP_ROWS = range(1, 7)
 OP_F16_PRODUCT, OP_CROSS_ATTENTION, OP_GELU, OP_TOKEN_ROWS = range(7, 11)  # (Whisper's step: whisper_cpu_step.py)
 WIDTH = 24  # ints per program row
 SHARED_ROWS, SHARED_CHUNKS = 22, 23  # where a shared op's row count and chunk count sit in its row
+
+
+def entry(*kinds, returns="void", step=False, name=None):
+    """Declare a numba kernel a machine-code entry (machine_code.py): its argument kinds ("f32[2]": a
+    C-contiguous 2-D float32 array; "f32[4A]": any 4-D view with non-negative strides; "i64", "f64",
+    "f32", "bool": scalars) and result ("void", "bool", "i64"). machine_code reads these decorator
+    lines from the source text, so a process that loads the machine code never imports numba.
+    step=True (a "void" entry) also compiles its step form, which a captured decoding step's program
+    calls with the arguments the call recorded (step_program.py): a kernel the backend records needs
+    no other file edited to run inside the step program. name: the entry's name when not the function's."""
+    def declare(kernel):
+        return kernel
+    return declare

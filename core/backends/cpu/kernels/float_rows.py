@@ -18,9 +18,10 @@ prepare()  # before any kernel loads: numba then does not import scipy's BLAS (n
 from numba import njit  # noqa: E402
 
 from . import atomics, int_dot, vector_ir  # noqa: E402
-from .codes import F16_TABLE, FORMATS  # noqa: E402,F401 -- (callers read them here too)
+from .codes import F16_TABLE, FORMATS, entry  # noqa: E402,F401 -- (callers read them here too)
 
 
+@entry("i64", "i64", "i64", "u8[1]", "i64[1]", "i64", "f32[1]", "f32[2]")
 @njit(cache=True)
 def dequant_rows_blocks(fmt, block_size, block_bytes, raw, rows, k, table, out):
     """out (len(rows), k) float32 (C-contiguous): the listed rows of the block matrix in raw
@@ -48,6 +49,7 @@ def f16_rows(raw, x, out, bias, start, stop):
             int_dot._store(out, i, r, r2, y, y2, bias, False, 0)
 
 
+@entry("u8[1]", "f32[2]", "f32[2]", "f32[1]", "i64", "i64", "i64[1]", returns="bool")
 @njit(cache=True, nogil=True)
 def f16_matmul_shared(raw, x, out, bias, n_rows, chunks, state):
     """f16_rows over chunks of range(n_rows) that every thread calling this takes from state[0]

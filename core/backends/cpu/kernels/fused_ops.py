@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from .codes import ERF_P, ERF_Q, GELU_CLAMP, INV_SQRT2
+from .codes import ERF_P, ERF_Q, GELU_CLAMP, INV_SQRT2, entry
 from .numba_setup import prepare
 
 prepare()  # before any kernel loads: numba then does not import scipy's BLAS (numba_setup.py)
@@ -25,6 +25,7 @@ from numba import njit  # noqa: E402
 from . import vector_ir  # noqa: E402
 
 
+@entry("f32[2]", "f32[2]", "f32[1]", "f64", "f32[2]", "f32[2]", step=True)
 @njit(cache=True)
 def add_rms_norm(x, r, w, eps, total, normed):
     """total = x + r; normed = total / sqrt(mean(total^2) + eps) * w (w empty: no weight). All (m, d)
@@ -42,6 +43,7 @@ def add_rms_norm(x, r, w, eps, total, normed):
             normed[i, j] = y * w[j] if w.shape[0] else y
 
 
+@entry("f32[2]", "f32[2]", "f32[1]", "f32[1]", "f64", "f32[2]", "f32[2]")
 @njit(cache=True)
 def add_layer_norm(x, r, w, b, eps, total, normed):
     """total = x + r; normed = (total - mean) / sqrt(var + eps) * w + b (w, b empty: none)."""
@@ -87,6 +89,7 @@ def _rotate(src, cos, sin, dst, interleaved):
                     dst[bi, hi, ti, z] = x1 * s + x2 * c
 
 
+@entry("f32[4A]", "f32[4A]", "f32[4A]", "f32[2]", "f32[2]", "f32[4A]", "f32[4A]", "f32[4]", "bool")
 @njit(cache=True)
 def rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, q_out, interleaved):
     """q_out = rope(q); k_slot = rope(k) and v_slot = v, in place (views of the KV cache)."""
@@ -95,6 +98,7 @@ def rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, q_out, interleaved):
     v_slot[...] = v
 
 
+@entry("f32[4A]", "f32[4A]", "f32[4A]", "f32[4A]")
 @njit(cache=True)
 def kv_write(k, v, k_slot, v_slot):
     k_slot[...] = k
@@ -112,6 +116,7 @@ def attention(q, k, ko, ks, v, vo, vs, shape, scale, causal, out):
             out)
 
 
+@entry("f32[4]", "f32[4]", "f32[4]", "f32[2]", "f32[2]", "f32[4]", "f32[4]", "i64", "i64", "f32", "bool", "f32[4]")
 @njit(cache=True, fastmath={"reassoc", "contract"})
 def cache_attention(q, k, v, cos, sin, kc, vc, position, key_start, scale, interleaved, out):
     """base.py's cache_attention for a decoding step, as one call: writes k (rotated when cos is
@@ -191,6 +196,7 @@ def _gelu_one(v):
     return ((p / q + _ONE) * _HALF) * v
 
 
+@entry("f32[1]", "f32[1]")
 @njit(cache=True, error_model="numpy")
 def gelu(x, out):
     """out = GELU(x) (exact, erf form), both 1-d float32, not overlapping."""
@@ -200,12 +206,14 @@ def gelu(x, out):
 
 # In place gets its own loop over one array: with out and x the same memory, the loop above
 # fails LLVM's run-time overlap check and runs scalar (measured 7.3 ms vs 0.5 ms on 1500x1536).
+@entry("f32[1]")
 @njit(cache=True, error_model="numpy")
 def gelu_in_place(x):
     for i in range(x.size):
         x[i] = _gelu_one(x[i])
 
 
+@entry("f32[2]", "f32[1]")
 @njit(cache=True, error_model="numpy")
 def softmax_rows(s, totals):
     """Each row of s (m, n) -> e^(row - max(row)) in place, its sum in totals (m,): softmax but

@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from . import atomics, vector_ir
-from .codes import ACT_CODES, QK  # noqa: F401 -- (QK: activation values per block; callers read both here too)
+from .codes import ACT_CODES, QK, entry  # noqa: F401 -- (QK: activation values per block; callers read both here too)
 
 
 @njit(cache=True, inline="always")
@@ -45,6 +45,7 @@ def _roundf(v):
     return r if v >= 0 else -r
 
 
+@entry("f32[2]", "i64", "i16[2]", "f32[2]", "i32[2]")
 @njit(cache=True)
 def quantize_rows(x, qmax, qx, dx, sx):
     """x (m, k) float32 -> qx (m, k) integers in [-qmax, qmax] (int8 for qmax 127, int16 for 32767),
@@ -123,6 +124,8 @@ def qmatmul_q(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, bias, g
             _store(out, i, r, r2, y, y2, bias, gated, act)
 
 
+@entry("i64", "i64", "i64", "u8[1]", "i16[2]", "f32[2]", "i32[2]", "f32[1]", "f32[2]", "f32[1]", "bool", "i64", "i64",
+       "i64", "i64[1]", returns="bool")
 @njit(cache=True, nogil=True)
 def qmatmul_shared(fmt, block_size, block_bytes, raw, qx, dx, sx, table, out, bias, gated, act, n_rows, chunks,
                    state):

@@ -1,6 +1,7 @@
 """The CPU kernels as machine code that a process loads without importing numba.
 
-numba compiles each entry below once, as a C-callable function (a `cfunc` around the kernel),
+numba compiles each entry (a kernel declared by an `@entry(...)` line in this package, codes.entry)
+once, as a C-callable function (a `cfunc` around the kernel),
 into an object file in $TALLOW_HOME/cpu_kernels/<key>/; every later process loads those files
 with llvmlite's MCJIT and calls them through ctypes (which releases the GIL, as `nogil` did).
 Why: loading numba's own cache cost a process numba's import (0.17 s) and the typing and
@@ -13,7 +14,9 @@ An entry's array arguments travel as their address and shape ("f32[2]": a C-cont
 float32 array), or address, extent, shape and byte strides ("f32[4A]": any 4-D view with
 non-negative strides); the cfunc views them again (numba's carray / as_strided) and calls
 the kernel, so the kernel code is the numba modules' own. A call whose arrays do not fit the
-entry (another dtype, a non-contiguous view) runs the numba kernel instead. Each object's
+entry (another dtype, a non-contiguous view) runs the numba kernel instead. An entry declared
+with step=True also gets a step form, <name>_step: a C function of one program row that a
+captured step's run_step calls by address (step_loop.py, _step_cfunc below). Each object's
 external symbols are checked before it is loaded (numba's C helpers, the CPython API, libc,
 libm); an object that needs another one, or any failure here, leaves that kernel to numba.
 
@@ -34,32 +37,33 @@ import time
 
 from ....settings import settings
 
-ENTRIES = {  # name: (module in tallow.quant, kernel, argument kinds, result kind)
-    "quantize_rows": ("int_dot", "quantize_rows", ("f32[2]", "i64", "i16[2]", "f32[2]", "i32[2]"), "void"),
-    "qmatmul_shared": ("int_dot", "qmatmul_shared",
-                       ("i64", "i64", "i64", "u8[1]", "i16[2]", "f32[2]", "i32[2]", "f32[1]", "f32[2]", "f32[1]",
-                        "bool", "i64", "i64", "i64", "i64[1]"), "bool"),
-    "dequant_rows_blocks": ("float_rows", "dequant_rows_blocks",
-                            ("i64", "i64", "i64", "u8[1]", "i64[1]", "i64", "f32[1]", "f32[2]"), "void"),
-    "add_rms_norm": ("fused_ops", "add_rms_norm",
-                     ("f32[2]", "f32[2]", "f32[1]", "f64", "f32[2]", "f32[2]"), "void"),
-    "add_layer_norm": ("fused_ops", "add_layer_norm",
-                       ("f32[2]", "f32[2]", "f32[1]", "f32[1]", "f64", "f32[2]", "f32[2]"), "void"),
-    "rope_kv_write": ("fused_ops", "rope_kv_write",
-                      ("f32[4A]", "f32[4A]", "f32[4A]", "f32[2]", "f32[2]", "f32[4A]", "f32[4A]", "f32[4]", "bool"),
-                      "void"),
-    "kv_write": ("fused_ops", "kv_write", ("f32[4A]", "f32[4A]", "f32[4A]", "f32[4A]"), "void"),
-    "cache_attention": ("fused_ops", "cache_attention",
-                        ("f32[4]", "f32[4]", "f32[4]", "f32[2]", "f32[2]", "f32[4]", "f32[4]", "i64", "i64", "f32",
-                         "bool", "f32[4]"), "void"),
-    "f16_matmul_shared": ("float_rows", "f16_matmul_shared",
-                          ("u8[1]", "f32[2]", "f32[2]", "f32[1]", "i64", "i64", "i64[1]"), "bool"),
-    "softmax_rows": ("fused_ops", "softmax_rows", ("f32[2]", "f32[1]"), "void"),
-    "gelu": ("fused_ops", "gelu", ("f32[1]", "f32[1]"), "void"),
-    "gelu_in_place": ("fused_ops", "gelu_in_place", ("f32[1]",), "void"),
-    "poll": ("atomics", "_poll", ("i64[1]", "i64", "i64", "bool", "i64"), "bool"),
-    "run_step": ("step_loop", "run_step", ("i64[2]", "f64[1]", "f32[1]", "u32[1]", "i64[1]", "i64", "i64"), "i64"),
-}
+STEP = "_step"  # an entry's step form is the entry named <name>_step (result kind "step")
+
+
+def _declared_entries():
+    """{name: (module, kernel, argument kinds, result kind)} from the `@entry(...)` lines of this
+    package's modules (codes.entry), read as text: nothing here imports numba. A step=True entry
+    adds its step form, <name>_step. (About 1 ms: the files are small.)"""
+    import ast
+    import re
+    found = {}
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in sorted(glob.glob(os.path.join(here, "*.py"))):
+        module = os.path.basename(path)[:-3]
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        for m in re.finditer(r"^@entry\(([^)]*)\)\n(?:@[^\n]*\n)*def (\w+)\(", text, re.M):
+            call = ast.parse(f"entry({m.group(1)})", mode="eval").body
+            kinds = tuple(ast.literal_eval(a) for a in call.args)
+            options = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+            name = options.get("name") or m.group(2)
+            found[name] = (module, m.group(2), kinds, options.get("returns", "void"))
+            if options.get("step"):
+                found[name + STEP] = (module, m.group(2), kinds, "step")
+    return found
+
+
+ENTRIES = _declared_entries()
 DTYPES = {"f32": "float32", "f64": "float64", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
           "u32": "uint32"}
 
@@ -180,7 +184,7 @@ def _load_entry(name):
     except Exception as exc:  # noqa: BLE001 -- any failure leaves the kernel to numba, said once
         _state.setdefault("errors", []).append(f"{name}: {type(exc).__name__}: {exc}")
         return None
-    return _wrapper(name, address)
+    return StepForm(address) if ENTRIES[name][3] == "step" else _wrapper(name, address)
 
 
 def _folder():
@@ -365,10 +369,13 @@ def _compile(name, path):
             params += [f"p{i}"] + shape
             signature += [types.int64] * ndim
             views.append(f"carray(p{i}, {tup})")
-    source = f"def entry({', '.join(params)}):\n    return kernel({', '.join(views)})\n"
-    exec(compile(source, f"<tallow native entry {name}>", "exec"), scope)  # noqa: S102 -- our own text
-    result = {"void": types.void, "bool": types.boolean, "i64": types.int64}[ret]
-    compiled = cfunc(result(*signature), nogil=True, error_model="numpy")(scope["entry"])
+    if ret == "step":
+        compiled = _step_cfunc(name)
+    else:
+        source = f"def entry({', '.join(params)}):\n    return kernel({', '.join(views)})\n"
+        exec(compile(source, f"<tallow native entry {name}>", "exec"), scope)  # noqa: S102 -- our own text
+        result = {"void": types.void, "bool": types.boolean, "i64": types.int64}[ret]
+        compiled = cfunc(result(*signature), nogil=True, error_model="numpy")(scope["entry"])
     library = compiled._library
     code = library._codegen._tm.emit_object(library._final_module)
     external = sorted(f.name for f in library._final_module.functions
@@ -382,6 +389,99 @@ def _compile(name, path):
         json.dump({"symbol": compiled.native_name, "external": external,
                    "blake2b": _digest(code).hexdigest()}, f)
     os.replace(tmp + ".json", path + ".json")
+
+
+def _step_cfunc(name):
+    """numba's cfunc of the step form of entry `name` (<kernel>_step): a C function of one int64, the
+    address of its program row, which holds the kernel's arguments from slot 2 on as step_args
+    lays them out; run_step calls it by address (step_loop.py)."""
+    import numpy as np
+    from numba import carray, cfunc, types
+
+    from . import step_loop
+    from .codes import WIDTH
+    kinds, _ret = _kinds(name)
+    scope = {"kernel": numba_kernel(name), "carray": carray, "as_strided": np.lib.stride_tricks.as_strided,
+             "bits": step_loop.float_bits, "np": np, "row_at": step_loop.POINTER_AT["i64"]}
+    views, slot = [], 2
+    for dtype, ndim, strided in kinds:
+        if ndim is None:
+            views.append({"f64": f"bits(p[{slot}])", "f32": f"np.float32(bits(p[{slot}]))", "bool": f"p[{slot}] != 0",
+                          "i64": f"p[{slot}]"}[dtype])
+            slot += 1
+            continue
+        scope[f"at_{dtype}"] = step_loop.POINTER_AT[dtype]
+        shape = "(" + "".join(f"p[{slot + 1 + strided + d}], " for d in range(ndim)) + ")"
+        if strided:
+            strides = "(" + "".join(f"p[{slot + 2 + ndim + d}], " for d in range(ndim)) + ")"
+            views.append(f"as_strided(carray(at_{dtype}(p[{slot}]), (p[{slot + 1}],)), {shape}, {strides})")
+            slot += 2 + 2 * ndim
+        else:
+            views.append(f"carray(at_{dtype}(p[{slot}]), {shape})")
+            slot += 1 + ndim
+    source = f"def step_form(row):\n    p = carray(row_at(row), ({WIDTH},))\n    kernel({', '.join(views)})\n"
+    exec(compile(source, f"<tallow step form {name}>", "exec"), scope)  # noqa: S102 -- our own text
+    return cfunc(types.void(types.int64), nogil=True, error_model="numpy")(scope["step_form"])
+
+
+class StepForm:
+    """A loaded step form: the address run_step calls (see _step_cfunc)."""
+    native = True
+
+    def __init__(self, address, keep=None):
+        self.address, self.keep = address, keep  # keep: numba's cfunc, alive while its code is called
+
+
+def step_form(name):
+    """The address of entry `name`'s step form, or None (no such form, or NUMBA_DISABLE_JIT=1).
+    Machine code where it loads; else (TALLOW_CPU=numba, a failed load) numba compiles it in this
+    process, once."""
+    if name + STEP not in ENTRIES or jit_disabled():
+        return None
+    form = kernel(name + STEP)
+    if form is None:
+        with _lock:
+            key = "in-process " + name
+            if key not in _state:
+                compiled = _step_cfunc(name + STEP)
+                _state[key] = StepForm(compiled.address, compiled)
+            form = _state[key]
+    return form.address
+
+
+def step_entry(fn):
+    """The name of the entry with a step form that fn is (its machine code's wrapper, or the numba
+    kernel itself), else None."""
+    name = getattr(fn, "entry", None)
+    py = getattr(fn, "py_func", None)
+    if name is None and py is not None:
+        name = _ENTRY_NAMES.get((py.__module__.rsplit(".", 1)[-1], py.__name__))
+    return name if name is not None and name + STEP in ENTRIES else None
+
+
+def step_args(name, args):
+    """The ints of a step form's row for entry `name` called with args (from slot 2), or None when an
+    array is not the kind the entry declares (another dtype or rank, not contiguous, a negative
+    stride). Arrays travel as address and shape (strided kinds: address, extent, shape, byte
+    strides), floats as their float64 bits, booleans as 0/1."""
+    import numpy as np
+    kinds, _ret = _kinds(name + STEP)
+    out = []
+    for (dtype, ndim, strided), a in zip(kinds, args):
+        if ndim is None:
+            out.append(int(np.float64(a).view(np.int64)) if dtype in ("f64", "f32") else int(a))
+            continue
+        if type(a) is not np.ndarray or a.dtype != np.dtype(DTYPES[dtype]) or a.ndim != ndim:
+            return None
+        if strided:
+            if any(s < 0 for s in a.strides):
+                return None
+            out += _strided(a)
+        elif not a.flags.c_contiguous:
+            return None
+        else:
+            out += [a.__array_interface__["data"][0], *a.shape]
+    return out
 
 
 # ---- calling ---------------------------------------------------------------------------------
@@ -423,6 +523,7 @@ def _wrapper(name, address):
     exec(compile(source, f"<tallow native call {name}>", "exec"), scope)  # noqa: S102 -- our own text
     call = scope[name]
     call.native = True  # (tests ask which path a kernel took)
+    call.entry = name  # (step_program finds the entry behind a recorded call)
     return call
 
 
@@ -469,4 +570,5 @@ class KernelModule:
         return fn
 
 
-_ENTRY_NAMES = {(module, function): name for name, (module, function, _a, _r) in ENTRIES.items()}
+_ENTRY_NAMES = {(module, function): name for name, (module, function, _a, ret) in ENTRIES.items()
+                if ret != "step"}

@@ -6,8 +6,7 @@ run_step comes through kernel_calls.step_kernels(), as machine code when machine
 """
 import numpy as np
 
-from ..kernels.codes import (OP_ATTENTION, OP_LAYER_NORM, OP_PRODUCT, OP_QUANTIZE, OP_RMS_NORM, OP_ROWS, SHARED_ROWS,
-                             WIDTH)
+from ..kernels.codes import OP_ATTENTION, OP_CALL, OP_LAYER_NORM, OP_PRODUCT, OP_QUANTIZE, OP_ROWS, SHARED_ROWS, WIDTH
 from .threads import CHUNKS_PER_THREAD
 
 # A program's chunk costs one atomic add (no hand-off through Python, as kernel_calls's
@@ -62,9 +61,8 @@ def build(entries):
     """The Program of a recording's (fn, args) entries, or None when one is not a kernel call
     run_step knows or an array is not contiguous; and under NUMBA_DISABLE_JIT=1 (its atomics are
     compiled code)."""
-    from . import capture
     from ..kernels import machine_code
-    from . import kernel_calls
+    from . import capture, kernel_calls
     if machine_code.jit_disabled():
         return None
     ints, decode = kernel_calls.int_kernels(), kernel_calls.decode_kernels()
@@ -99,10 +97,6 @@ def build(entries):
                 chunks = min(n, threads * CHUNKS_PER_THREAD) if raw.size >= SHARE_MIN_BYTES and threads > 1 else 1
                 row(OP_PRODUCT, fmt, bs, bb, at(raw, u8), at(qx, i16), at(dx, f32), at(sx, i32), at(out, f32),
                     at(bias, f32), int(gated), act, m, k, out.shape[1], bias.size, raw.size, shared=(n, chunks))
-            elif fn is decode.add_rms_norm:
-                x, r, w, real, total, normed = args
-                m, d = x.shape
-                row(OP_RMS_NORM, at(x, f32), at(r, f32), at(w, f32), at(total, f32), at(normed, f32), m, d, w.size)
             elif fn is decode.add_layer_norm:
                 x, r, w, bias, real, total, normed = args
                 m, d = x.shape
@@ -124,8 +118,14 @@ def build(entries):
                 n_rows, (fmt, bs, bb, raw, ids, k, _table, out) = args
                 row(OP_ROWS, fmt, bs, bb, at(raw, u8), at(ids, i64), k, at(out, f32), ids.size, raw.size)
                 checks.append((kernel_calls.check_ids, (ids, n_rows)))
-            else:
-                return None
+            else:  # a kernel declared with a step form (codes.entry(step=True)): its row is its arguments
+                name = machine_code.step_entry(fn)
+                address = None if name is None else machine_code.step_form(name)
+                values = None if address is None else machine_code.step_args(name, args)
+                if values is None or len(values) > SHARED_ROWS - 2:
+                    return None
+                keep.extend(a for a in args if isinstance(a, np.ndarray))
+                row(OP_CALL, address, *values)
             reals.append(float(real))
     except _NotProgram:
         return None
