@@ -9,6 +9,7 @@ itself. Ctrl-C or SIGTERM ends it: Serve and the local cluster are shut down (on
 cluster only this app is deleted, and Serve too when this command started it)."""
 import logging
 import math
+import os
 import re
 import signal
 import sys
@@ -55,7 +56,10 @@ def _connect(ray, address, timeout):
     try:
         _join(ray, address, timeout, named)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise Error(f"{named}: cannot reach a Ray cluster: {e}") from None
+        # Ray 2.60 joins a token-authenticated cluster (`ray start`'s default) by address only when told to
+        hint = "" if os.environ.get("RAY_AUTH_MODE") else \
+            "; if the cluster uses token authentication, set RAY_AUTH_MODE=token (the token: ~/.ray/auth_token)"
+        raise Error(f"{named}: cannot reach a Ray cluster: {e}{hint}") from None
     return True
 
 
@@ -94,6 +98,16 @@ def _failure(serve, name):
     return re.sub(r"^tallow\.errors\.\w+: ", "", last)  # as the CLI prints a tallow error: its message
 
 
+def _running_proxy_url():
+    """The URL of the Serve proxies already running on a joined cluster (None if unknown)."""
+    try:
+        from ray.serve.context import _get_global_client  # no public API says it (Ray 2.60)
+        http = _get_global_client().http_config
+        return f"http://{http.host}:{http.port}/"
+    except Exception:  # a private API: if it moved, the message above still says what happens
+        return None
+
+
 def run(args, limits, bind, url):
     """Serve until Ctrl-C / SIGTERM. bind(host, port) checks the port is free (and picks one
     for 0) before Ray starts; url(sock) is the address printed once the replicas answer."""
@@ -115,6 +129,11 @@ def run(args, limits, bind, url):
         if started_serve:
             serve.start(http_options={"host": args.host, "port": port, "keep_alive_timeout_s": 5},
                         logging_config={"log_level": "WARNING"})
+        else:  # its proxies keep the host and port they were started with
+            address = _running_proxy_url() or address
+            print(f"tallow serve: Serve already runs on this Ray cluster: the app replaces any app named "
+                  f"{app_name!r} and answers on its proxies' host and port, not --host/--port",
+                  file=sys.stderr, flush=True)
         load = {"device": args.device, "max_queue": args.max_queue}
         if getattr(args, "max_batch", None) is not None:  # --max-batch, where this tallow has it
             load["max_batch"] = args.max_batch
