@@ -88,6 +88,13 @@ _X86_MADD = "llvm.x86.avx2.pmadd.wd" if _has_avx2() else None
 
 def _pair_madd(builder, a, b):
     """<16 x i16> a, b -> <8 x i32>: a[2i]*b[2i] + a[2i+1]*b[2i+1]."""
+    if builder.module.triple.startswith("wasm"):  # wasm/build.py: SIMD128's i32x4.dot_i16x8_s on each half
+        fnty = ir.FunctionType(_vec(_I32, 4), [_vec(_I16, 8), _vec(_I16, 8)])
+        dot = cgutils.get_or_insert_function(builder.module, fnty, "llvm.wasm.dot")
+        halves = [builder.call(dot, [builder.shuffle_vector(a, a, _const_vec(_I32, range(h, h + 8))),
+                                     builder.shuffle_vector(b, b, _const_vec(_I32, range(h, h + 8)))])
+                  for h in (0, 8)]
+        return builder.shuffle_vector(halves[0], halves[1], _const_vec(_I32, range(8)))
     if _X86_MADD:
         fnty = ir.FunctionType(_vec(_I32, 8), [_vec(_I16, 16), _vec(_I16, 16)])
         return builder.call(cgutils.get_or_insert_function(builder.module, fnty, _X86_MADD), [a, b])
