@@ -42,6 +42,13 @@ class Backend:
         """Dict describing the device (adapter name, f16 support, ...), shown by `tallow devices`."""
         return {}
 
+    def batch_rows(self, wdtype, dtype):
+        """The most rows of x (of dtype) whose product with a weight of wdtype computes each row
+        exactly as a product of that row alone does (the same kernel and summation order): a
+        batched decode step (CausalLM.decode_batch) shares products among at most this many
+        sequences, so each gets the logits it gets alone. 1: no such guarantee here."""
+        return 1
+
     # ---- capture and replay (tallow.capture) ----------------------------------
     def can_capture(self):
         """Whether begin_capture/end_capture/replay work here (tallow.capture falls back to eager when not)."""

@@ -269,6 +269,14 @@ class GpuBackend(StepCapture, Backend):
         """Whether the float matvec kernels read b (k, n), a Linear's transposed weight, as it lies."""
         return False
 
+    def batch_rows(self, wdtype, dtype):
+        """The quantised matvec kernels compute each of their rows of x alone (a workgroup's
+        dot over k in one order, whatever the row count): qmatvec_max_rows; a float weight's
+        few-row products may be another kernel (matvec_max_rows)."""
+        if wdtype.is_quantized:
+            return self.qmatvec_max_rows if in_kernel_quant(wdtype) else 1
+        return self.matvec_max_rows
+
     def _reads_blocks(self, w, wdtype, rows, k):
         """Whether the quantised matvec kernels read `rows` rows of k of w's blocks in place."""
         return in_kernel_quant(wdtype)

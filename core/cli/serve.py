@@ -29,8 +29,11 @@ def add_arguments(parser):
     parser.add_argument("--max-body-mb", type=positive_float, default=1.0, help="largest JSON body (default 1 MB)")
     parser.add_argument("--max-upload-mb", type=positive_float, default=200.0,
                         help="largest audio upload (default 200 MB; it streams to --upload-dir, not memory)")
+    parser.add_argument("--max-batch", type=positive_int, default=8,
+                        help="requests a language model decodes together, one token each per step (default 8; "
+                             "1: one at a time)")
     parser.add_argument("--max-queue", type=positive_int, default=16,
-                        help="requests that may wait per model while it runs one (default 16; more get 429)")
+                        help="requests that may wait per model while it runs its batch (default 16; more get 429)")
     parser.add_argument("--max-requests", type=positive_int, default=64,
                         help="requests in flight in all, uploads included (default 64; more get 429)")
     parser.add_argument("--request-timeout", type=positive_float, default=600.0,
@@ -111,7 +114,8 @@ def run(args):
         return run_ray(args, limits, _bind, _url)
     sock = _bind(args.host, args.port)
     log = lambda line: print(f"tallow serve: {line}", file=sys.stderr, flush=True)
-    served = ServedModels.load(args.model, device=args.device, max_queue=args.max_queue, log=log)
+    served = ServedModels.load(args.model, device=args.device, max_queue=args.max_queue, log=log,
+                               max_batch=args.max_batch)
     config = uvicorn.Config(create_app(served, limits, args.api_key), log_config=LOGGING,
                             access_log=not args.no_access_log, lifespan="off", timeout_keep_alive=5,
                             timeout_graceful_shutdown=5)

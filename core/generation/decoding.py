@@ -24,7 +24,6 @@ import bisect
 import heapq
 import itertools
 import math
-import time
 
 from ..creation import generator, manual_seed
 from ..errors import ContextWindowError, DTypeError, Error, FormatError, IndexRangeError
@@ -283,32 +282,13 @@ def _generate(model, ids, max_tokens, sampler, stop_ids, cache, stats):
 
 
 def _decode(model, ids, max_tokens, sampler, stop_ids, cache, stats):
-    window = model.context_window
-    t0 = time.perf_counter()
-    for n in range(max_tokens):
-        if len(ids) >= window:
-            if stats is not None:
-                stats.finish_reason = "context"
-            return
-        logits, reused = _feed(model, ids, cache)
-        token = sampler(logits, ids)
-        now = time.perf_counter()
-        if stats is not None:
-            if n == 0:
-                stats.prompt_tokens, stats.cached_tokens, stats.prefill_seconds = len(ids), reused, now - t0
-            else:
-                stats.decode_seconds += now - t0
-        t0 = now
-        if token in stop_ids:
-            if stats is not None:
-                stats.finish_reason = "stop"
-            return
-        ids.append(token)
-        if stats is not None:
-            stats.token_ids.append(token)
+    # the loop is batching.Sequence's, stepped alone (the server's scheduler steps several together)
+    from .batching import Sequence
+    seq = Sequence(model, ids, max_tokens, sampler, stop_ids, cache, stats)
+    token = seq.prefill()
+    while token is not None:
         yield token
-    if stats is not None:
-        stats.finish_reason = "length"
+        token = seq.next()
 
 
 def _prompt_ids(model, prompt, add_special_tokens=True):

@@ -67,6 +67,11 @@ class Step:
                 keys = range(self.key_start, total)
                 self.mask = tensor([[p > q - window for p in keys] for q in range(offset, total)], device=device)
 
+    def rotate(self, x, rotary_dim, interleaved=False):
+        """x (b, heads, t, head_dim) with its first rotary_dim features rotated at these positions
+        (a partial rotary applied before attend(); full-width rotary goes through attend_rotary)."""
+        return apply_rotary(x, self.cos, self.sin, rotary_dim, interleaved)
+
     def attend(self, q, k, v, kv_cache, scale=None):
         """Append k, v to the layer's cache and attend causally over everything it holds, as one
         op (functional.cache_attention). scale: of the scores (default head_dim**-0.5; Gemma 3:
@@ -90,3 +95,28 @@ class Step:
                                 key_start, mask)
         kv_cache.advance(k.shape[2])
         return out
+
+
+class BatchStep:
+    """One decode step of several sequences, one new token each, as one batch: row i of q, k
+    and v (batch, heads, 1, head_dim) belongs to the sequence whose KV cache is kv_caches[i],
+    at its own position offsets[i]. Each row is rotated, written into its own cache and
+    attended over it exactly as that sequence's Step alone does (the same ops on the same
+    shapes), so a batched step computes each row as a single step would: only the products
+    around attention run on all the rows at once."""
+
+    def __init__(self, offsets, rotary, window=None, device=None):
+        self.steps = [Step(offset, 1, rotary, window, device) for offset in offsets]
+
+    def rotate(self, x, rotary_dim, interleaved=False):
+        return cat([s.rotate(x.narrow(0, i, 1), rotary_dim, interleaved) for i, s in enumerate(self.steps)], 0)
+
+    def attend(self, q, k, v, kv_caches, scale=None):
+        return self._each(q, k, v, kv_caches, lambda s, q, k, v, c: s.attend(q, k, v, c, scale))
+
+    def attend_rotary(self, q, k, v, kv_caches, interleaved=False, scale=None):
+        return self._each(q, k, v, kv_caches, lambda s, q, k, v, c: s.attend_rotary(q, k, v, c, interleaved, scale))
+
+    def _each(self, q, k, v, kv_caches, attend):
+        return cat([attend(s, q.narrow(0, i, 1), k.narrow(0, i, 1), v.narrow(0, i, 1), c)
+                    for i, (s, c) in enumerate(zip(self.steps, kv_caches))], 0)

@@ -30,11 +30,11 @@ import threading
 
 from .. import dtypes as D
 from ..step_capture import StepReplays
-from ..creation import tensor
+from ..creation import cat, tensor
 from ..errors import ContextWindowError, IndexRangeError, ShapeError
 from ..nn import KVCache, Module, RotaryEmbedding
 from ..tensor import Tensor
-from .attention import Step
+from .attention import BatchStep, Step
 
 
 def _one_token(input_ids):
@@ -93,6 +93,13 @@ class DecoderCache:
         del self.token_ids[length:]
 
 
+class _BatchLayers:
+    """What run_layers reads of a cache, for a batch: per layer, the sequences' KVCaches."""
+
+    def __init__(self, layers):
+        self.layers = layers
+
+
 class CausalLM(Module):
     """Subclasses build `self.layers` (each `layer(hidden, step, kv_cache)`), and
     define `embed(ids)`, `final_norm(hidden)` and `lm_head(hidden)`; they may override
@@ -111,6 +118,7 @@ class CausalLM(Module):
         self.cache = None
         self._lock = threading.RLock()
         self._cache_in_use = False
+        self._weight_dtypes = None  # of the 2-D weights (batch_rows), found once
 
     def _finish_init(self):
         self.cache = self.new_cache()
@@ -177,6 +185,47 @@ class CausalLM(Module):
         self._check_fits(cache, ids.shape[1])
         with self._lock:
             return self._forward(ids, cache, last_only)
+
+    def decode_batch(self, tokens, caches):
+        """Logits (len(tokens), vocab): one decode step of several sequences, token i appended to
+        caches[i] (each a different cache, from new_cache() or the model's own), as each would
+        step alone: row i equals forward([tokens[i]], cache=caches[i], last_only=True)."""
+        if len(tokens) != len(caches) or not tokens:
+            raise ShapeError(f"decode_batch: {len(tokens)} tokens for {len(caches)} caches (one token per cache)")
+        if len({id(c) for c in caches}) != len(caches):
+            raise ShapeError("decode_batch: a cache is given twice (each sequence needs its own)")
+        vocab = self.config.vocab_size
+        for t, cache in zip(tokens, caches):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise IndexRangeError(f"decode_batch: token id {t!r} is outside the vocabulary (0 to {vocab - 1})")
+            self._check_fits(cache, 1)
+        rows = self.batch_rows()
+        parts = [self._decode_rows(tokens[i:i + rows], caches[i:i + rows]) for i in range(0, len(tokens), rows)]
+        return parts[0] if len(parts) == 1 else cat(parts, 0)
+
+    def batch_rows(self):
+        """How many sequences one batched step runs together: the fewest rows any of the model's
+        weights' products computes row by row as it computes one (backend.batch_rows); larger
+        batches step in groups of this many, and 1 steps each sequence alone."""
+        if self._weight_dtypes is None:
+            self._weight_dtypes = {p.dtype for _, p in self.named_parameters() if p.ndim == 2}
+        backend = self.device.backend  # asked each time: it may follow settings ($TALLOW_CPU)
+        return max(1, min((backend.batch_rows(d, self.dtype) for d in self._weight_dtypes), default=1))
+
+    def _decode_rows(self, tokens, caches):
+        vocab = self.config.vocab_size
+        if len(tokens) == 1:  # one sequence: the one-token path (captured and replayed where the device can)
+            return self.forward([tokens[0]], cache=caches[0], last_only=True).reshape(1, vocab)
+        with self._lock:
+            cfg = self.config
+            ids = tensor([[t] for t in tokens], D.i64, self.device)
+            offsets = [c.length for c in caches]
+            steps = {kind: BatchStep(offsets, self.rotaries[kind], cfg.window(kind), self.device)
+                     for kind in set(cfg.layer_types)}
+            layers = [[c.layers[i] for c in caches] for i in range(cfg.num_layers)]
+            hidden, pending = self.run_layers(self.embed(ids), [steps[kind] for kind in cfg.layer_types],
+                                              _BatchLayers(layers))
+            return self.lm_head(self.final_add_norm(hidden, pending)).reshape(len(tokens), vocab)
 
     def _check_fits(self, cache, new):
         if cache.length + new > self.context_window:

@@ -23,7 +23,7 @@ class Limits:
     max_body_bytes: int = 1 * MB       # JSON requests
     max_upload_bytes: int = 200 * MB   # audio uploads (they stream to disk)
     max_tokens: int = 2048             # new tokens per request (also the default when a request names none)
-    max_queue: int = 16                # requests waiting per model, beyond the one it runs
+    max_queue: int = 16                # requests waiting per model, beyond the ones it runs
     max_requests: int = 64             # requests in flight in all (reading a body, queued, running)
     request_timeout: float = 600.0     # seconds from the first byte of the body to the last of the answer
     upload_dir: str = dataclasses.field(default_factory=tempfile.gettempdir)

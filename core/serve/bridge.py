@@ -9,9 +9,12 @@ from .workers import Cancelled, Job
 CLIENT_GONE = ApiError(499, "the client closed the request", code="client_closed_request")
 
 
-def submit(served, fn):
-    """Queue fn(job) on the model's worker; 429 when its queue is full."""
+def submit(served, fn=None, task=None):
+    """Queue fn(job) on the model's worker, or for a language model's BatchWorker the job whose
+    task is task(job); 429 when its queue is full."""
     job = Job(fn, asyncio.get_running_loop())
+    if task is not None:
+        job.task = task(job)
     if not served.worker.submit(job):
         raise busy(f"{served.id} is busy: its queue of waiting requests is full (tallow serve --max-queue); "
                    f"retry shortly")

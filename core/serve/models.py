@@ -9,7 +9,7 @@ import time
 
 from ..errors import Error
 from .errors import ApiError, bad_request
-from .workers import Worker
+from .workers import BatchWorker, Worker
 
 KINDS = {"llm": "a language model", "whisper": "a Whisper speech model"}
 
@@ -26,11 +26,12 @@ def model_id(spec):
 
 
 class ServedModel:
-    def __init__(self, id, model, max_queue):
+    def __init__(self, id, model, max_queue, max_batch=1):
         self.id, self.model = id, model
         self.kind = getattr(model, "kind", None)
         self.created = int(time.time())
-        self.worker = Worker(id, max_queue)
+        # a language model decodes up to max_batch requests together; Whisper runs one at a time
+        self.worker = BatchWorker(id, max_queue, model, max_batch) if self.kind == "llm" else Worker(id, max_queue)
 
     def card(self):
         """The /v1/models entry."""
@@ -42,7 +43,7 @@ class ServedModels:
         self.by_id = {m.id: m for m in served}
 
     @classmethod
-    def load(cls, specs, device=None, max_queue=16, log=None):
+    def load(cls, specs, device=None, max_queue=16, log=None, max_batch=8):
         """Load each --model value once (a known name is fetched on first use)."""
         from ..models import load_model
         served = []
@@ -57,7 +58,7 @@ class ServedModels:
                 raise Error(f"--model {spec!r} is neither a language model nor a Whisper model")
             if kind == "llm" and getattr(model, "tokenizer", None) is None:
                 raise Error(f"--model {spec!r} has no tokenizer, so it cannot serve text")
-            served.append(ServedModel(served_id, model, max_queue))
+            served.append(ServedModel(served_id, model, max_queue, max_batch))
             if log:
                 log(f"loaded {served_id} ({KINDS[kind]}) in {time.perf_counter() - start:.1f} s")
         return cls(served)
@@ -81,9 +82,10 @@ class ServedModels:
         return found
 
     def health(self):
-        """Each model's worker: running or not, requests waiting, and counts since start."""
+        """Each model's worker: running or not, requests waiting, the most it decodes together
+        (max_batch) and counts since start (a language model's: peak_batch too)."""
         return [{"id": m.id, "kind": m.kind, "running": m.worker.running, "waiting": m.worker.waiting,
-                 **m.worker.stats} for m in self.by_id.values()]
+                 "max_batch": m.worker.max_batch, **m.worker.stats} for m in self.by_id.values()]
 
     def cards(self):
         return [m.card() for m in self.by_id.values()]

@@ -8,39 +8,53 @@ import uuid
 
 from starlette.responses import JSONResponse, StreamingResponse
 
-from ..generation import Sampler, StopText, TextStream, chat_prompt_ids, generate_ids
+from ..generation import Sampler, StopText, TextStream, chat_prompt_ids, sequence
 from . import params
 from .bridge import Waiter, read_body, submit
 from .errors import bad_request, error_for
 
 
-def generate(model, ids, settings, job):
-    """Runs in the model's worker thread: emits text pieces as they are final (stop strings held
-    back, as tallow.generation.stream does) and checks the cancel flag between tokens."""
-    stats = TextStream(None)
-    # A private generator seeded like manual_seed(seed): the same stream, no state shared between requests.
-    sampler = Sampler(settings["temperature"], top_p=settings["top_p"], rng=random.Random(settings["seed"]))
-    decoder = model.tokenizer.stream_decoder(skip_special_tokens=True)
-    stops = StopText(settings["stop"])
-    tokens = generate_ids(model, list(ids), settings["max_tokens"], sampler, stats=stats)
-    try:
-        for token in tokens:
-            job.tokens += 1
-            piece = stops.feed(decoder.step(token))
-            if piece:
-                job.emit(piece)
-            if stops.stopped:
-                break
-            job.check()
-        else:
-            tail = stops.feed(decoder.flush()) + stops.finish()
+class Generation:
+    """One request's generation as the model's BatchWorker steps it (workers.py): text pieces
+    emitted as they are final (stop strings held back, as tallow.generation.stream does), the
+    cancel flag checked between tokens. The tokens are the ones generate_ids gives alone."""
+
+    def __init__(self, model, ids, settings, job):
+        self.model, self.ids, self.settings, self.job = model, list(ids), settings, job
+        self.stats = TextStream(None)
+        # A private generator seeded like manual_seed(seed): the same stream, no state shared between requests.
+        self.sampler = Sampler(settings["temperature"], top_p=settings["top_p"], rng=random.Random(settings["seed"]))
+        self.decoder = model.tokenizer.stream_decoder(skip_special_tokens=True)
+        self.stops = StopText(settings["stop"])
+        self.sequence = None
+
+    def start(self, cache):
+        """Prefill the prompt on cache; False when the request is already complete."""
+        self.sequence = sequence(self.model, self.ids, self.settings["max_tokens"], self.sampler, cache=cache,
+                                 stats=self.stats)
+        return self.feed(self.sequence.prefill())
+
+    def feed(self, token):
+        """Report the next token (None: the sequence stopped); False when the request is complete."""
+        job, stops = self.job, self.stops
+        if token is None:
+            tail = stops.feed(self.decoder.flush()) + stops.finish()
             if tail:
                 job.emit(tail)
-    finally:
-        tokens.close()  # gives the model's cache back now, not at garbage collection
-    reason = "stop" if stops.stopped else stats.finish_reason
-    return {"finish_reason": "length" if reason in ("length", "context") else "stop",
-            "completion_tokens": len(stats.token_ids)}
+            return False
+        job.tokens += 1
+        piece = stops.feed(self.decoder.step(token))
+        if piece:
+            job.emit(piece)
+        if stops.stopped:
+            return False
+        job.check()
+        return True
+
+    def result(self):
+        reason = "stop" if self.stops.stopped else self.stats.finish_reason
+        return {"finish_reason": "length" if reason in ("length", "context") else "stop",
+                "completion_tokens": len(self.stats.token_ids)}
 
 
 def _fit(served, ids, settings, max_tokens_limit):
@@ -84,7 +98,7 @@ async def _complete(request, chat):
         text = params.prompt(data)
         ids = await asyncio.to_thread(model.tokenizer.encode, text, add_special_tokens=True)
     _fit(served, ids, settings, limits.max_tokens)
-    job = submit(served, lambda job: generate(model, ids, settings, job))
+    job = submit(served, task=lambda job: Generation(model, ids, settings, job))
     reply = Reply(chat, served.id, len(ids))
     if settings["stream"]:
         async with Waiter(job, deadline, limits.request_timeout, request) as waiter:

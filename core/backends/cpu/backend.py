@@ -618,6 +618,15 @@ class NumpyBackend(StepCapture, Backend):
         return self.store(kernel_calls.gated_qmatmul(self.view(x, lx), w, wdtype, n, k, act, record=self._recorder()),
                           dtype)
 
+    def batch_rows(self, wdtype, dtype):
+        """The integer-dot kernels compute each of up to FUSED_MAX_ROWS rows of x exactly as they
+        compute that row alone (vector_ir's tile_dot sums each row's blocks in dot's order);
+        BLAS's products (float weights, TALLOW_CPU=numpy, more rows) may sum in another order."""
+        if dtype is f32 and wdtype.is_quantized and kernel_calls.supports(wdtype) \
+                and _DEQUANT_CACHE.budget_bytes(True) == 0:
+            return kernel_calls.FUSED_MAX_ROWS
+        return 1
+
     @staticmethod
     def _decode_product(lx, dtype, w, wdtype, k):
         """True when a quantised product is a decoding step for the integer-dot kernels: f32 x

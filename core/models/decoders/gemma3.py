@@ -16,7 +16,7 @@ from ... import functional as F
 from ...creation import tensor
 from ...nn import Embedding, FusedLinear, Linear, Module
 from ..architectures import Architecture, refuse, register
-from ..attention import activation_op, apply_rotary, merge_heads, split_heads
+from ..attention import activation_op, merge_heads, split_heads
 from ..causal_lm import CausalLM
 from ..gguf_names import LLAMA_BLOCKS, QK_NORM_BLOCKS
 
@@ -61,8 +61,8 @@ class Gemma3Attention(Module):
         q = self.q_norm(split_heads(q, cfg.num_heads, cfg.head_dim))
         k = self.k_norm(split_heads(k, cfg.num_kv_heads, cfg.head_dim))
         v = split_heads(v, cfg.num_kv_heads, cfg.head_dim)
-        q = apply_rotary(q, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
-        k = apply_rotary(k, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
+        q = step.rotate(q, cfg.rotary_dim, cfg.rope_interleaved)
+        k = step.rotate(k, cfg.rotary_dim, cfg.rope_interleaved)
         return self.o_proj(merge_heads(step.attend(q, k, v, kv_cache, scale=cfg.attention_scale)))
 
 

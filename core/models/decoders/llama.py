@@ -8,7 +8,7 @@ Weight names are the Hugging Face checkpoint's (model.layers.N.self_attn.q_proj.
 from ... import functional as F
 from ...nn import Embedding, FusedLinear, Linear, Module, RMSNorm
 from ..architectures import Architecture, register
-from ..attention import activation_op, apply_rotary, merge_heads, split_heads
+from ..attention import activation_op, merge_heads, split_heads
 from ..causal_lm import CausalLM
 from ..gguf_names import LLAMA_BLOCKS, QK_NORM_BLOCKS
 
@@ -48,8 +48,8 @@ class LlamaAttention(Module):
         if cfg.rotary_dim == cfg.head_dim:
             out = step.attend_rotary(q, k, v, kv_cache, cfg.rope_interleaved)
         else:
-            q = apply_rotary(q, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
-            k = apply_rotary(k, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
+            q = step.rotate(q, cfg.rotary_dim, cfg.rope_interleaved)
+            k = step.rotate(k, cfg.rotary_dim, cfg.rope_interleaved)
             out = step.attend(q, k, v, kv_cache)
         return self.o_proj(merge_heads(out))
 

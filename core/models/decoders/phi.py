@@ -8,7 +8,7 @@ LayerNorm on q and k (qk_layernorm), a final LayerNorm and an lm_head with bias.
 from ... import functional as F
 from ...nn import Embedding, LayerNorm, Linear, Module
 from ..architectures import GGUF_TOP, Architecture, register
-from ..attention import activation, apply_rotary, merge_heads, split_heads
+from ..attention import activation, merge_heads, split_heads
 from ..causal_lm import CausalLM
 from ..gguf_names import ATTENTION_BLOCKS
 
@@ -32,8 +32,8 @@ class PhiAttention(Module):
         v = split_heads(self.v_proj(x), cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_layernorm:
             q, k = self.q_layernorm(q), self.k_layernorm(k)
-        q = apply_rotary(q, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
-        k = apply_rotary(k, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
+        q = step.rotate(q, cfg.rotary_dim, cfg.rope_interleaved)
+        k = step.rotate(k, cfg.rotary_dim, cfg.rope_interleaved)
         return self.dense(merge_heads(step.attend(q, k, v, kv_cache)))
 
 

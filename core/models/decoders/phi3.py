@@ -8,7 +8,7 @@ factors past it, cos/sin scaled by the attention factor), partial rotary
 from ... import functional as F
 from ...nn import Linear, Module, RMSNorm
 from ..architectures import Architecture, register
-from ..attention import activation_op, apply_rotary, merge_heads, split_heads
+from ..attention import activation_op, merge_heads, split_heads
 from ..gguf_names import ATTENTION_BLOCKS
 from .llama import LlamaBlock, LlamaForCausalLM
 
@@ -36,8 +36,8 @@ class Phi3Attention(Module):
         v = split_heads(qkv.narrow(-1, q_size + kv_size, kv_size), cfg.num_kv_heads, cfg.head_dim)
         if cfg.rotary_dim == cfg.head_dim:
             return self.o_proj(merge_heads(step.attend_rotary(q, k, v, kv_cache, cfg.rope_interleaved)))
-        q = apply_rotary(q, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)  # Phi-4-mini's partial rotary
-        k = apply_rotary(k, step.cos, step.sin, cfg.rotary_dim, cfg.rope_interleaved)
+        q = step.rotate(q, cfg.rotary_dim, cfg.rope_interleaved)  # Phi-4-mini's partial rotary
+        k = step.rotate(k, cfg.rotary_dim, cfg.rope_interleaved)
         return self.o_proj(merge_heads(step.attend(q, k, v, kv_cache)))
 
 
