@@ -448,8 +448,10 @@ def _vector_exp(builder, x):
 
     def c(v):
         return _const_vec(_F32, [v] * EXP_LANES)
-    fmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf]), "llvm.minnum.v16f32")
-    fmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf]), "llvm.maxnum.v16f32")
+    # (wasm: minnum would be a libm call per lane; SIMD128's min/max are `minimum`, NaN handled below either way)
+    kind = "imum" if builder.module.triple.startswith("wasm") else "num"
+    fmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf]), f"llvm.min{kind}.v16f32")
+    fmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf]), f"llvm.max{kind}.v16f32")
     rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf]), "llvm.rint.v16f32")
     low = builder.fcmp_ordered("<", x, c(_EXP_LO))
     nan = builder.fcmp_unordered("uno", x, x)
