@@ -150,7 +150,7 @@ class RayServer:
 @pytest.fixture(scope="module")
 def server(smollm2_gguf, tmp_path_factory):
     s = RayServer(["--replicas", "2", "--replica-cpus", "0.5", "--model", f"smollm2={smollm2_gguf}",
-                   "--api-key", KEY, "--max-tokens", "256"], tmp_path_factory.mktemp("log") / "serve-ray.log")
+                   "--api-key", KEY, "--max-tokens", "256", "--max-batch", "4"], tmp_path_factory.mktemp("log") / "serve-ray.log")
     yield s
     if s.proc.poll() is None:
         s.kill()
@@ -167,6 +167,7 @@ def test_both_replicas_load_the_model_and_answer(server):
     replicas = server.health_of_each_replica()
     assert len(replicas) == 2, f"only {sorted(replicas)} answered /health: {server.stderr()[-2000:]}"
     assert all(m["id"] == "smollm2" and m["kind"] == "llm" for m in replicas.values())
+    assert all(m["max_batch"] == 4 for m in replicas.values())  # the options reach every replica
     assert [m.id for m in server.client().models.list()] == ["smollm2"]
 
 

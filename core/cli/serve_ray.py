@@ -134,9 +134,7 @@ def run(args, limits, bind, url):
             print(f"tallow serve: Serve already runs on this Ray cluster: the app replaces any app named "
                   f"{app_name!r} and answers on its proxies' host and port, not --host/--port",
                   file=sys.stderr, flush=True)
-        load = {"device": args.device, "max_queue": args.max_queue}
-        if getattr(args, "max_batch", None) is not None:  # --max-batch, where this tallow has it
-            load["max_batch"] = args.max_batch
+        load = {"device": args.device, "max_queue": args.max_queue, "max_batch": args.max_batch}
         app = deployment(args.model, load, limits, args.api_key, replicas, args.replica_cpus)
         failed = []
 
