@@ -17,9 +17,9 @@ How it measures:
 * Every request has its own prompt (a different window of the same English passage, exactly
   --prompt-tokens tokens by tallow's tokenizer, which matches the model's; llama-cpp-python
   reuses the KV cache of a shared prefix, so no two requests share one). Before timing, each
-  server answers every prompt once with one token in its first round (checking that its
-  `usage.prompt_tokens` is --prompt-tokens), and one full-length streamed warm-up request in every
-  round.
+  server answers the round's prompts and a warm-up prompt with one token each (checking that its
+  `usage.prompt_tokens` is --prompt-tokens; this warms prefill up), then streams the warm-up
+  prompt in full.
 * Generated tokens per request: the stream's `usage` when the server sends it (tallow does, with
   `stream_options.include_usage`; llama-cpp-python does not), else --new-tokens when
   `finish_reason` is `length`, else the streamed text re-tokenized (a request that stopped at
@@ -317,17 +317,18 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server_round(name, cmd_env, prompts, plan, args, count_tokens, check):
-    """Start a server, (check every prompt's token count when check,) warm it up, run each
-    concurrency of plan ({clients: its prompts}) once, stop it: {clients: row}."""
+def server_round(name, cmd_env, warm, plan, args, count_tokens):
+    """Start a server; check the token count of the prompt warm and of the round's prompts (one
+    new token each: this warms its prefill up too) and stream warm in full; run each concurrency
+    of plan ({clients: its prompts}) once; stop it: {clients: row}."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     cmd, env = cmd_env(port)
     rows = {}
     with serving(name, cmd, env, base, args.ready_timeout) as proc:
-        if check:
-            check_prompts(base, prompts, args.prompt_tokens, args.request_timeout)
-        asyncio.run(one_round(base, prompts[:1], args.new_tokens, args.request_timeout))  # warm-up
+        check_prompts(base, [warm] + [p for timed in plan.values() for p in timed], args.prompt_tokens,
+                      args.request_timeout)
+        asyncio.run(one_round(base, [warm], args.new_tokens, args.request_timeout))
         for c, timed in plan.items():
             cpu = cpu_seconds(proc.pid)
             streams = asyncio.run(one_round(base, timed, args.new_tokens, args.request_timeout))
@@ -426,7 +427,7 @@ def main(argv=None):
         plan = {c: prompts[1 + r * sum(args.clients) + o:][:c] for c, o in zip(args.clients, offsets)}
         for side, (name, cmd_env) in list(sides.items()):
             try:
-                rows = server_round(name, cmd_env, prompts, plan, args, count_tokens, check=r == 0)
+                rows = server_round(name, cmd_env, prompts[0], plan, args, count_tokens)
             except (RuntimeError, OSError, httpx.HTTPError) as e:
                 if side == "tallow":
                     raise
