@@ -109,3 +109,24 @@ def test_k_quant_logits_match_transformers(tmp_path, arch, scale):
         # int16 activations (one scale per 32 values) against float32: a small relative error
         err = float(np.abs(g - w).max())
         assert err <= 2e-3 * scale_, f"step {i}: max |diff| {err:.3g} (logits up to {scale_:.3g})"
+
+
+def test_mixed_qkv_first_layer_is_still_one_recorded_step(tmp_path):
+    """A Q4_K_M file's first layers hold attn_v in more bits than q and k (use_more_bits), so
+    the three cannot join into one product. The first layer has no residual to fuse its norm
+    into, and a lone norm is not recorded on the CPU: each part then takes its own norm +
+    product op, so the decoding step is still captured whole (eagerly, op by op, it ran at
+    about half the speed on the 0.5B file)."""
+    pytest.importorskip("numba")
+    path = tmp_path / "qwen2.gguf"
+    maker.write(str(path), "qwen2", "q4_k_m", scale=1 / 32, layers=8, vocab=1024)
+    model = tallow.load_model(str(path), device="cpu")
+    assert model.layers[0].self_attn.qkv_proj.separate is not None  # q/k Q5_0, v Q8_0: not joined
+    cache = model.new_cache()
+    eager = model([5, 9, 13], cache=cache, last_only=True).numpy()
+    assert np.isfinite(eager).all()
+    assert tallow.can_capture("cpu")
+    with tallow.capture("cpu", position=cache.length) as graph:
+        ids = graph.input([[4]])
+        graph.output(model(ids, cache=cache, last_only=True))
+    assert not graph.recording.host_computed, graph.recording.host_computed

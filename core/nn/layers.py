@@ -84,6 +84,14 @@ class FusedLinear(Module):
         """(hidden, parts(norm(hidden))) with hidden = x + residual (x when residual is None): the
         residual add, the norm module and the joined projection as one op where the rows joined."""
         if self.separate is not None:
+            if residual is None:
+                # The first block (no residual add to fuse the norm into): each part's own norm +
+                # product op, the norm of a row repeated per part, so a decoding step stays one
+                # recordable program on the CPU (a lone norm is not recorded there). A Q4_K_M
+                # file's first layers never join q/k/v: attn_v is Q6_K there, q and k Q4_K.
+                outs = [F.add_norm_linear(x, None, norm.weight, norm.bias, p.weight, p.bias, norm.kind, norm.eps)
+                        for p in self.separate]
+                return outs[0][0], [y for _, y in outs]
             hidden, normed = _add_norm(x, residual, norm)
             return hidden, self.parts(normed)
         hidden, y = F.add_norm_linear(x, residual, norm.weight, norm.bias, self.weight, self.bias, norm.kind,
