@@ -1,0 +1,13 @@
+"""The wasm device's package (issue 31), for now its kernels: the CPU device's LLVM vector IR
+(cpu/kernels/vector_ir.py, kquant_ir.py) lowered to WebAssembly with SIMD128, so the page
+without a GPU computes at wasm-SIMD speed and the two CPU targets share one kernel source.
+No module here is imported by the rest of tallow yet (docs/wasm.md: what comes next).
+
+  kernels_ir.py  the kernel module as LLVM IR (triple wasm32-unknown-unknown): GGUF block
+                 products and dequantisation from the CPU generators, activation quantisation,
+                 f32 rows, add + RMS norm, softmax, SiLU, GELU
+  build.py       IR -> object (llvmlite) -> kernels.wasm (wasm-ld, memory imported), cached by a
+                 hash of the kernel sources; `python -m tallow.backends.wasm.build` ships it here
+  native.py      kernels.wasm under wasmtime: the tests, the bench, and later device="wasm" natively
+  kernels.wasm   the built module (git-ignored; package data of the wheel, copied into the web site)
+"""

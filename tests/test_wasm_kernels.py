@@ -1,0 +1,217 @@
+"""kernels.wasm (tallow.backends.wasm: the CPU kernels' IR lowered to wasm32 + SIMD128) run under
+wasmtime against numpy: the quantised products against dequantise-then-numpy (dequant_numpy is
+bit-exact with gguf), within float32 rounding of the quantised activations and within the
+activation-quantisation bound of the float ones; dequantisation and the f16 table bit-exact;
+the float kernels to 1e-5 relative."""
+import math
+import os
+
+import numpy as np
+import pytest
+
+from tallow.dtypes import get_dtype
+from tallow.quant import dequantize_numpy
+
+pytest.importorskip("numba", reason="building kernels.wasm needs llvmlite and numba (the cpu extra)")
+pytest.importorskip("wasmtime", reason="running kernels.wasm natively needs wasmtime (the dev extra)")
+from tallow.backends.wasm import build  # noqa: E402
+from tallow.backends.wasm.native import Kernels  # noqa: E402
+
+if build.linker() is None:
+    pytest.skip("no wasm-ld here: apt-get install lld (scripts/system_deps.sh does) or pip install ziglang",
+                allow_module_level=True)
+
+FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
+SCALE_AT = {"q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0], "q4_k": [0, 2], "q5_k": [0, 2],
+            "q6_k": [208]}
+QMAX = 32767
+
+
+@pytest.fixture(scope="module")
+def wasm():
+    return Kernels(build.build())
+
+
+def _blocks(q, n_blocks, rng):
+    """Random bytes with finite, moderate f16 scale fields (every bit of the quants exercised)."""
+    d = get_dtype(q)
+    raw = rng.integers(0, 256, size=(n_blocks, d.block_bytes), dtype=np.uint8)
+    for at in SCALE_AT[q]:
+        raw[:, at:at + 2] = rng.uniform(-2, 2, size=n_blocks).astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+    return raw.reshape(-1)
+
+
+def _activation_reference(x):
+    """int_dot.quantize_rows' blocks (16 bits), rounded by gguf's np_roundf (half away from zero)."""
+    from gguf.quants import np_roundf
+    m, k = x.shape
+    blocks = x.reshape(m, k // 32, 32)
+    d = (np.abs(blocks).max(axis=2, keepdims=True) / np.float32(QMAX)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    return np_roundf(blocks * inv).astype(np.int32).reshape(m, k), d.reshape(m, k // 32)
+
+
+def _quantize(wasm, x):
+    """x (m, k) quantised by the module: (qx, dx, sx offsets, and the values read back)."""
+    m, k = x.shape
+    qx, dx, sx = wasm.alloc(m * k * 2), wasm.alloc(m * k // 8), wasm.alloc(m * k // 8)
+    for i in range(m):
+        wasm("quantize_row", wasm.put(x[i]), k, qx + i * k * 2, dx + i * k // 8, sx + i * k // 8)
+    return (qx, dx, sx), (wasm.get(qx, (m, k), np.int16), wasm.get(dx, (m, k // 32), np.float32),
+                          wasm.get(sx, (m, k // 32), np.int32))
+
+
+def test_module_imports_its_memory_and_exports_the_kernels():
+    """One import, the memory (JS will own it); every kernel exported, nothing else but __heap_base."""
+    import wasmtime
+    module = wasmtime.Module.from_file(wasmtime.Engine(), build.build())
+    assert [(i.module, i.name, type(i.type).__name__) for i in module.imports] == [("env", "memory", "MemoryType")]
+    names = {e.name for e in module.exports}
+    expected = {"f16_table", "quantize_row", "f32_matvec", "add_rms_norm", "softmax", "silu", "gelu", "__heap_base"}
+    expected |= {f"matmul_{q}" for q in FORMATS} | {f"dequant_{q}" for q in FORMATS}
+    assert names == expected
+
+
+def test_build_is_cached_by_source_hash(tmp_path):
+    """A second build of the same sources is the same file, untouched; ship() copies it out."""
+    first = build.build()
+    stamp = os.stat(first).st_mtime_ns
+    assert build.build() == first and os.stat(first).st_mtime_ns == stamp
+    assert os.path.basename(first) == f"{build.key()}.wasm"
+    shipped = build.ship(str(tmp_path / "kernels.wasm"))
+    assert open(shipped, "rb").read() == open(first, "rb").read()
+
+
+def test_missing_linker_is_one_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(build, "linker", lambda: None)
+    with pytest.raises(build.ToolchainError, match="apt-get install lld"):
+        build.link(b"", [], str(tmp_path / "x.wasm"))
+
+
+def test_f16_table_is_bit_exact(wasm):
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    want = bits.view(np.float16).astype(np.float32)
+    got = wasm.get(wasm.table, (65536,), np.float32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # NaN payloads and -0 included
+
+
+def test_quantize_row_matches_gguf_rounding(wasm):
+    """Scales, values and block sums as int_dot.quantize_rows (16 bits): an all-zero block, exact .5
+    ties, a value just below a tie."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    x[0, :32] = 0
+    x[1, :32] = np.arange(32, dtype=np.float32) - 15.5
+    x[2, 5] = 0.49999997 * float(np.abs(x[2, :32]).max()) / QMAX
+    _, (qx, dx, sx) = _quantize(wasm, x)
+    qs, d = _activation_reference(x)
+    assert np.array_equal(qx, qs)
+    assert np.array_equal(dx, d)
+    assert np.array_equal(sx, qs.reshape(3, 3, 32).sum(axis=2, dtype=np.int32))
+
+
+@pytest.mark.parametrize("q", FORMATS)
+def test_dequant_is_bit_exact(wasm, q):
+    rng = np.random.default_rng(FORMATS.index(q) + 20)
+    bs = get_dtype(q).block_size
+    raw = _blocks(q, 5, rng)
+    out = wasm.alloc(5 * bs * 4)
+    wasm(f"dequant_{q}", wasm.put(raw), 5, wasm.table, out)
+    want = dequantize_numpy(raw, q, 5 * bs).astype(np.float32)
+    assert np.array_equal(wasm.get(out, (5 * bs,), np.float32).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("q", FORMATS)
+def test_matmul_matches_dequantised_numpy(wasm, q):
+    """One activation row (decode), a tile of 4 and a tile plus a remainder (a prompt); odd row
+    counts (the last weight-row pair is a single row); rows of several blocks."""
+    rng = np.random.default_rng(FORMATS.index(q))
+    bs = get_dtype(q).block_size
+    for n, k, m in ((1, bs, 1), (37, 3 * bs, 1), (21, 5 * bs, 4), (6, 2 * bs, 7)):
+        raw = _blocks(q, n * k // bs, rng)
+        w = dequantize_numpy(raw, q, n * k).reshape(n, k).astype(np.float64)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        (qx, dx, sx), (qs, d, _) = _quantize(wasm, x)
+        out = wasm.alloc(m * n * 4)
+        wasm(f"matmul_{q}", wasm.put(raw), n, k // bs, m, qx, dx, sx, wasm.table, out)
+        got = wasm.get(out, (m, n), np.float32)
+        # against the dequantised activations: float32 rounding only (the block dots are exact integers)
+        xq = (qs.reshape(m, k // 32, 32) * d[..., None].astype(np.float64)).reshape(m, k)
+        scale = np.abs(xq) @ np.abs(w).T
+        assert np.all(np.abs(got - xq @ w.T) <= 2e-5 * scale + 1e-6), (q, n, k, m)
+        # against the float activations: each value off by at most half a step, d/2 per block
+        bound = (np.abs(w).reshape(n, k // 32, 32).sum(axis=2) @ (d.astype(np.float64) / 2).T).T
+        assert np.all(np.abs(got - x.astype(np.float64) @ w.T) <= bound + 2e-5 * scale + 1e-6), (q, n, k, m)
+
+
+def test_matmul_matches_native_cpu_kernel(wasm):
+    """The same Q4_1 product as the native CPU device's decode kernel (the same IR, another target):
+    equal up to float32 summation order."""
+    from tallow.backends.cpu.runtime import kernel_calls
+    rng = np.random.default_rng(5)
+    n, k = 64, 576
+    raw = _blocks("q4_1", n * k // 32, rng)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    native = kernel_calls.qmatmul(x, raw, "q4_1", n, k)
+    (qx, dx, sx), _ = _quantize(wasm, x)
+    out = wasm.alloc(n * 4)
+    wasm("matmul_q4_1", wasm.put(raw), n, k // 32, 1, qx, dx, sx, wasm.table, out)
+    got = wasm.get(out, (1, n), np.float32)
+    w = dequantize_numpy(raw, "q4_1", n * k).reshape(n, k)
+    scale = np.abs(x).astype(np.float64) @ np.abs(w).T.astype(np.float64)
+    assert np.all(np.abs(got - native) <= 1e-5 * scale + 1e-6)
+
+
+def _close(got, want, rel=1e-5):
+    want = np.asarray(want, np.float64)
+    assert np.all(np.abs(got - want) <= rel * np.maximum(np.abs(want), 1e-3)), np.abs(got - want).max()
+
+
+def test_f32_matvec(wasm):
+    rng = np.random.default_rng(3)
+    for n, k in ((5, 576), (3, 37)):  # a tail of k % 16
+        w, x = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal(k).astype(np.float32)
+        out = wasm.alloc(n * 4)
+        wasm("f32_matvec", wasm.put(w), n, k, wasm.put(x), out)
+        got, want = wasm.get(out, (n,), np.float32), w.astype(np.float64) @ x
+        assert np.all(np.abs(got - want) <= 1e-5 * (np.abs(w) @ np.abs(x)))
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_add_rms_norm(wasm, weighted):
+    """fused_ops.add_rms_norm for one row: total = x + r exactly, normed to 1e-5 (d = 576 and a tail)."""
+    rng = np.random.default_rng(4)
+    for d in (576, 45):
+        x, r, w = (rng.standard_normal(d).astype(np.float32) for _ in range(3))
+        total, normed = wasm.alloc(d * 4), wasm.alloc(d * 4)
+        wasm("add_rms_norm", wasm.put(x), wasm.put(r), wasm.put(w) if weighted else 0, d, 1e-5, total, normed)
+        t = (x + r).astype(np.float64)
+        assert np.array_equal(wasm.get(total, (d,), np.float32), x + r)
+        want = t / np.sqrt(np.mean(t * t) + 1e-5) * (w if weighted else 1)
+        _close(wasm.get(normed, (d,), np.float32), want)
+
+
+def test_softmax(wasm):
+    rng = np.random.default_rng(6)
+    for n in (1500, 23, 1):
+        x = (rng.standard_normal(n) * 8).astype(np.float32)
+        if n > 2:
+            x[1] = -np.inf  # a masked key
+        at = wasm.put(x)
+        wasm("softmax", at, n)
+        e = np.exp(x.astype(np.float64) - x.max())
+        got = wasm.get(at, (n,), np.float32)
+        assert np.all(np.abs(got - e / e.sum()) <= 1e-5 * (e / e.sum()).max() + 1e-12)
+
+
+def test_silu_and_gelu(wasm):
+    rng = np.random.default_rng(7)
+    x = np.concatenate([(rng.standard_normal(1000) * 4), [0.0, -30.0, 30.0, -90.0, 90.0]]).astype(np.float32)
+    x64 = x.astype(np.float64)
+    erf = np.vectorize(math.erf)
+    for name, want in (("silu", x64 / (1 + np.exp(-x64))), ("gelu", 0.5 * x64 * (1 + erf(x64 / math.sqrt(2))))):
+        out = wasm.alloc(x.size * 4)
+        wasm(name, wasm.put(x), x.size, out)
+        got = wasm.get(out, (x.size,), np.float32)
+        assert np.all(np.abs(got - want) <= 1e-5 * np.abs(want) + 1e-6), (name, np.abs(got - want).max())
