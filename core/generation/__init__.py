@@ -5,10 +5,10 @@ so the models (CausalLM.generate/stream/chat) build on it and it never imports t
     from tallow.generation import chat, generate, stream, generate_ids
     from tallow.generation import sequence, step   # continuous batching (batching.py)
 """
-from .batching import Sequence, sequence, step
+from .batching import sequence, step
 from .chat_history import chat_prompt_ids, fit_history
-from .decoding import (HISTORY_POLICIES, Sampler, StopText, TextStream, chat, check_prompt_fits, generate,
-                       generate_ids, stream)
+from .decoding import (HISTORY_POLICIES, Sampler, Sequence, StopText, TextStream, chat, check_prompt_fits,
+                       generate, generate_ids, stream)
 
 __all__ = ["HISTORY_POLICIES", "Sampler", "Sequence", "StopText", "TextStream", "chat", "chat_prompt_ids",
            "check_prompt_fits", "fit_history", "generate", "generate_ids", "sequence", "step", "stream"]

@@ -24,6 +24,7 @@ import bisect
 import heapq
 import itertools
 import math
+import time
 
 from ..creation import generator, manual_seed
 from ..errors import ContextWindowError, DTypeError, Error, FormatError, IndexRangeError
@@ -282,13 +283,84 @@ def _generate(model, ids, max_tokens, sampler, stop_ids, cache, stats):
 
 
 def _decode(model, ids, max_tokens, sampler, stop_ids, cache, stats):
-    # the loop is batching.Sequence's, stepped alone (the server's scheduler steps several together)
-    from .batching import Sequence
+    # the loop is Sequence's, stepped alone (batching.step steps several together)
     seq = Sequence(model, ids, max_tokens, sampler, stop_ids, cache, stats)
     token = seq.prefill()
     while token is not None:
         yield token
         token = seq.next()
+
+
+class Sequence:
+    """One generation's state between steps: its ids (prompt + generated), cache, sampler and
+    limits. Mirrors the generate_ids loop: each step first checks the room left (begin), then
+    one forward (alone: next(); batched: step()) and one sampled token (take)."""
+
+    def __init__(self, model, ids, max_tokens, sampler, stop_ids, cache, stats=None):
+        self.model, self.ids, self.max_tokens = model, ids, max_tokens
+        self.sampler, self.stop_ids, self.cache, self.stats = sampler, stop_ids, cache, stats
+        self.window = model.context_window
+        self.sampled = 0  # tokens sampled (stop tokens included): the loop's iteration count
+        self.finished = False
+        self.reused = 0
+        self.t0 = time.perf_counter()
+
+    def _end(self, reason):
+        self.finished = True
+        if self.stats is not None:
+            self.stats.finish_reason = reason
+
+    def begin(self):
+        """True when the sequence takes another step; else it ends here ("length": max_tokens
+        sampled; "context": the window is full) and finish_reason says why."""
+        if self.finished:
+            return False
+        if self.sampled >= self.max_tokens:
+            self._end("length")
+        elif len(self.ids) >= self.window:
+            self._end("context")
+        return not self.finished
+
+    def prefill(self):
+        """The first token (the prompt run alone, reusing the cache's prefix), or None."""
+        return self.next()
+
+    def next(self):
+        """One step of this sequence alone (the prompt, or the last token through the
+        one-token path): the next token, or None when it stopped."""
+        if not self.begin():
+            return None
+        logits, reused = _feed(self.model, self.ids, self.cache)
+        if self.sampled == 0:
+            self.reused = reused
+        return self.take(logits)
+
+    def batchable(self):
+        """A decode step (not the prompt) that decode_batch computes as next() would: not a
+        longrope model's switch to its long factors, which recomputes the whole context."""
+        switch = self.model.config.longrope_switch
+        return self.sampled > 0 and (switch is None or len(self.ids) <= switch or self.cache.long_rope)
+
+    def take(self, logits):
+        """Sample from this step's logits (1-D): the token, or None for a stop token."""
+        token = self.sampler(logits, self.ids)
+        now = time.perf_counter()
+        stats = self.stats
+        if stats is not None:
+            if self.sampled == 0:
+                stats.prompt_tokens, stats.cached_tokens = len(self.ids), self.reused
+                stats.prefill_seconds = now - self.t0
+            else:
+                stats.decode_seconds += now - self.t0
+        self.t0 = now
+        self.sampled += 1
+        if token in self.stop_ids:
+            self._end("stop")
+            return None
+        self.ids.append(token)
+        if stats is not None:
+            stats.token_ids.append(token)
+        return token
 
 
 def _prompt_ids(model, prompt, add_special_tokens=True):

@@ -122,6 +122,16 @@ class Worker:
             pass
 
 
+def _shared(a, b):
+    """How many leading ids a and b share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class BatchWorker(Worker):
     """Continuous batching for a language model: up to max_batch jobs decode together.
 
@@ -188,10 +198,9 @@ class BatchWorker(Worker):
 
     def _cache(self, ids):
         """The free cache holding the longest prefix of ids, else a new one."""
-        from ..generation.decoding import _prefix_length
         if not self._free:
             return self.model.new_cache()
-        best = max(range(len(self._free)), key=lambda i: _prefix_length(self._free[i].token_ids, ids))
+        best = max(range(len(self._free)), key=lambda i: _shared(self._free[i].token_ids, ids))
         return self._free.pop(best)
 
     def _guard(self, job, run, arg):
