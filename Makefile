@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 export TALLOW_HOME ?= $(HOME)/.cache/tallow
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup system-deps demo test check lint bench models wheel clean
+.PHONY: setup system-deps demo test check lint bench models wheel wasm clean
 
 # System packages (Chromium for the browser tests, lavapipe for WebGPU without a GPU).
 system-deps:
@@ -24,8 +24,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 models: $(VENV)/.installed
 	$(BIN)/tallow fetch whisper-tiny.en smollm2-135m-instruct
 
+# kernels.wasm: the CPU kernels' IR lowered to WebAssembly (llvmlite + wasm-ld, ~5 s; cached by a hash
+# of the kernel sources) into core/backends/wasm/, package data of the wheel and part of the web site.
+wasm: $(VENV)/.installed
+	$(BIN)/python -m tallow.backends.wasm.build
+
 # `tallow warmup` compiles the CPU kernels into the cache once (~30 s), so the first run is as fast as the next.
-setup: system-deps $(VENV)/.installed models
+setup: system-deps $(VENV)/.installed models wasm
 	$(BIN)/tallow warmup
 	bash scripts/pyodide_setup.sh
 	cd web && npm ci --no-audit --no-fund --prefer-offline >/dev/null
@@ -54,7 +59,7 @@ check: lint
 bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-wheel: $(VENV)/.installed
+wheel: $(VENV)/.installed wasm
 	$(BIN)/python -m build --wheel --outdir dist .
 
 clean:

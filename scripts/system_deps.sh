@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the system packages the demo and the tests need, on Debian/Ubuntu:
 # Chromium (browser tests), lavapipe (WebGPU without a GPU), ffmpeg (audio
-# decoding), node + npm (Pyodide). Does nothing when all are present.
+# decoding), node + npm (Pyodide), lld (wasm-ld: links kernels.wasm). Does nothing when all are present.
 # Works as root (no sudo needed) and as a user with sudo. Any other box gets a
 # one-line message naming what is missing and how to install it.
 set -euo pipefail
@@ -11,6 +11,7 @@ command -v chromium >/dev/null || missing+=(chromium)
 command -v ffmpeg >/dev/null || missing+=(ffmpeg)
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
+command -v wasm-ld >/dev/null || missing+=(lld)
 ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || missing+=(mesa-vulkan-drivers)
 [ ${#missing[@]} -eq 0 ] && exit 0
 

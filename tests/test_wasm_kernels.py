@@ -25,6 +25,7 @@ FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
 SCALE_AT = {"q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0], "q4_k": [0, 2], "q5_k": [0, 2],
             "q6_k": [208]}
 QMAX = 32767
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +216,38 @@ def test_silu_and_gelu(wasm):
         wasm(name, wasm.put(x), x.size, out)
         got = wasm.get(out, (x.size,), np.float32)
         assert np.all(np.abs(got - want) <= 1e-5 * np.abs(want) + 1e-6), (name, np.abs(got - want).max())
+
+
+def test_web_build_puts_the_module_in_the_site(tmp_path, monkeypatch):
+    """`tallow web build` copies the shipped kernels.wasm to the site's root; without one it says so and
+    leaves no stale copy."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tallow_web_build_wasm", os.path.join(REPO_ROOT, "web", "build.py"))
+    web_build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(web_build)
+    shipped = build.ship(str(tmp_path / "kernels.wasm"))
+    monkeypatch.setattr(web_build, "WASM_KERNELS", shipped)
+    site = tmp_path / "site"
+    site.mkdir()
+    assert web_build.copy_wasm_kernels(str(site)) is True
+    assert (site / "kernels.wasm").read_bytes() == open(shipped, "rb").read()
+    monkeypatch.setattr(web_build, "WASM_KERNELS", str(tmp_path / "absent.wasm"))
+    assert web_build.copy_wasm_kernels(str(site)) is False
+    assert not (site / "kernels.wasm").exists()
+
+
+@pytest.mark.slow
+def test_the_wheel_carries_the_module(tmp_path):
+    """A wheel built from a checkout where `make wasm` ran holds kernels.wasm as package data, byte for
+    byte: users need neither LLVM nor a linker."""
+    import sys
+    import zipfile
+    build.ship()
+    sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "pyodide"))
+    try:
+        import node_runner
+    finally:
+        sys.path.pop(0)
+    wheel, _ = node_runner.build_wheel(str(tmp_path))
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read("tallow/backends/wasm/kernels.wasm") == open(build.SHIPPED, "rb").read()

@@ -10,6 +10,8 @@ It gets:
     site.json       the Python modules the worker installs, the example clip, the runtime's size
     .nojekyll       so GitHub Pages serves the folder as it is
     examples/       jfk.wav, the page's example clip
+    kernels.wasm    the wasm device's kernels (docs/wasm.md), when built (`make wasm`); the page
+                    does not load it yet
     pyodide/        the Pyodide runtime files from web/node_modules/pyodide (npm ci in web/)
     wheels/         the tallow wheel (built from this checkout), jinja2's wheel and a
                     pure-Python markupsafe archive, listed in wheels/index.json
@@ -48,6 +50,7 @@ SITE_FILES = ("index.html", "app.js", "tallow.mjs", "audio.js", "recorder-workle
               "worker.mjs", "worker.py")
 TEST_HOOKS = "test_hooks.py"  # web/testing/: only in test builds (evaluates Python on request)
 EXAMPLE_CLIP = os.path.join(REPO_ROOT, "tests", "data", "jfk.wav")
+WASM_KERNELS = os.path.join(REPO_ROOT, "core", "backends", "wasm", "kernels.wasm")  # `make wasm` builds it
 MB = 10**6
 MAX_FILE_BYTES = 100 * MB  # GitHub Pages refuses files over 100 MB
 DEFAULT_PART_MB = 90
@@ -288,6 +291,19 @@ def check_static(dist):
                          f"every file must be a real file under {MAX_FILE_BYTES // MB} MB")
 
 
+def copy_wasm_kernels(dist, quiet=True):
+    """kernels.wasm at the site's root (fetched by URL, so a browser compiles it as it streams in),
+    or a one-line note when it was not built; a stale copy is removed. True when copied."""
+    target = os.path.join(dist, "kernels.wasm")
+    if os.path.isfile(WASM_KERNELS):
+        shutil.copy2(WASM_KERNELS, target)
+        return True
+    if os.path.lexists(target):
+        os.remove(target)
+    _log(quiet, "web build: no kernels.wasm (run `make wasm`: it needs lld); the page does not use it yet")
+    return False
+
+
 def build(dist=DEFAULT_DIST, models=True, wheel=True, quiet=False, home=None, part_bytes=None, test_hooks=False):
     """Assemble the site; returns a summary dict. Raises BuildError when a requirement is missing.
     test_hooks=True adds the `run` request (evaluate Python in the worker) that the browser tests use."""
@@ -307,6 +323,7 @@ def build(dist=DEFAULT_DIST, models=True, wheel=True, quiet=False, home=None, pa
     with open(index_path) as f:
         summary["archives"] = json.load(f)["archives"]
     copy_site(dist, test_hooks)
+    summary["wasm_kernels"] = copy_wasm_kernels(dist, quiet)
     summary["runtime_bytes"] = write_site_config(dist, summary["archives"], test_hooks)["runtime_bytes"]
     if models:
         summary["models"] = {k: v["missing"] or v["bytes"]

@@ -2,9 +2,8 @@
 and the start of `device="wasm"` off the page. Arrays are copied into the module's memory at
 offsets handed out by a bump allocator (as JS will place weights in its WebAssembly.Memory) and
 the kernels are called with those byte offsets.
+(numpy is imported where used: this module must import inside Pyodide, tests/test_pyodide.py.)
 """
-import numpy as np
-
 from ...errors import DeviceError
 
 PAGE = 65536  # bytes per wasm memory page
@@ -48,6 +47,7 @@ class Kernels:
 
     def put(self, array):
         """Copy a C-contiguous numpy array into fresh memory; returns its offset."""
+        import numpy as np
         data = np.ascontiguousarray(array).tobytes()
         at = self.alloc(len(data))
         self.memory.write(self.store, data, at)
@@ -55,6 +55,7 @@ class Kernels:
 
     def get(self, at, shape, dtype):
         """A numpy copy of the array at offset `at`."""
+        import numpy as np
         dtype = np.dtype(dtype)
         n = int(np.prod(shape)) * dtype.itemsize
         return np.frombuffer(self.memory.read(self.store, at, at + n), dtype=dtype).reshape(shape).copy()
