@@ -1,6 +1,7 @@
 """kernels.wasm under wasmtime against the native CPU kernels, on the same matrices: SmolLM2-135M's
 layer shapes (Q4_1: attn_q 576x576, ffn_gate 1536x576, ffn_down 576x1536; the Q8_0 output/embedding
-49152x576), its own weights when the GGUF is in the tallow cache, random blocks otherwise.
+49152x576), its own weights when the GGUF is in the tallow cache, random blocks otherwise; and
+random Q4_K and Q6_K blocks of ffn_down's shape.
 
     python bench/wasm_kernels.py [--repeat 30]
 
@@ -21,8 +22,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = (("attn_q", "q4_1", 576, 576), ("ffn_gate", "q4_1", 1536, 576), ("ffn_down", "q4_1", 576, 1536),
-          ("output", "q8_0", 49152, 576))
-BLOCK = {"q4_1": (32, 20), "q8_0": (32, 34)}
+          ("output", "q8_0", 49152, 576), ("k-quant", "q4_k", 576, 1536), ("k-quant", "q6_k", 576, 1536))
+BLOCK = {"q4_1": (32, 20), "q8_0": (32, 34), "q4_k": (256, 144), "q6_k": (256, 210)}  # values, bytes a block
+SCALES_AT = {"q4_1": (0, 2), "q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}  # the f16 scale fields
 # A SmolLM2-135M decode step: per layer q, k, v, o, gate, up, down (n x k), 30 layers; then the output.
 STEP = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)] * 30
 
@@ -40,9 +42,8 @@ def _gguf():
 def _random(q, n, k, rng):
     bs, bb = BLOCK[q]
     raw = rng.integers(0, 256, size=(n * k // bs, bb), dtype=np.uint8)
-    raw[:, 0:2] = rng.uniform(-0.1, 0.1, size=(n * k // bs, 1)).astype(np.float16).view(np.uint8)
-    if q == "q4_1":
-        raw[:, 2:4] = rng.uniform(-0.1, 0.1, size=(n * k // bs, 1)).astype(np.float16).view(np.uint8)
+    for at in SCALES_AT[q]:
+        raw[:, at:at + 2] = rng.uniform(-0.1, 0.1, size=(n * k // bs, 1)).astype(np.float16).view(np.uint8)
     return raw.reshape(-1)
 
 

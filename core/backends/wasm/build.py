@@ -103,7 +103,10 @@ def build(force=False):
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = f"{out}.{os.getpid()}.tmp"
     link(obj, exports(m), tmp)
-    os.replace(tmp, out)  # atomic: a reader never sees half a module
+    if os.path.exists(out):  # another process built the same sources meanwhile: keep its file
+        os.remove(tmp)
+    else:
+        os.replace(tmp, out)  # atomic: a reader never sees half a module
     return out
 
 
