@@ -197,3 +197,73 @@ def test_smollm2_batched_greedy_on_wgpu(smollm2_gguf, smollm2_prompts, wgpu):
     _rows_match_single_steps(model, smollm2_prompts[:4], 2)
     got, peak = _schedule(model, smollm2_prompts[:4], 8, stop_tokens=[])
     assert got == _alone(model, smollm2_prompts[:4], 8, stop_tokens=[]) and peak == 4
+
+
+# ---- the server's scheduler (tallow serve's BatchWorker), without HTTP ----------------------------
+def _serve_run(model, requests, max_batch, cancel_after=None, join_later=()):
+    """Run requests [(prompt ids, settings)] through a BatchWorker of max_batch; the ones in
+    join_later are submitted once the first request has emitted 3 pieces. cancel_after: the
+    index of a request cancelled after its 3rd piece. Returns (texts, outcomes, worker stats)."""
+    import asyncio
+
+    from tallow.serve.text import Generation
+    from tallow.serve.workers import BatchWorker, Job
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        worker = BatchWorker("tiny", 16, model, max_batch)
+        jobs = [None] * len(requests)
+
+        def submit(i):
+            ids, settings = requests[i]
+            jobs[i] = Job(None, loop)
+            jobs[i].task = Generation(model, ids, dict(settings), jobs[i])
+            assert worker.submit(jobs[i])
+
+        for i in range(len(requests)):
+            if i not in join_later:
+                submit(i)
+
+        async def read(i):
+            while jobs[i] is None:
+                await asyncio.sleep(0.01)
+            pieces = []
+            while True:
+                kind, value = await asyncio.wait_for(jobs[i].events.get(), 300)
+                if kind != "event":
+                    return "".join(pieces), kind
+                pieces.append(value)
+                if len(pieces) == 3 and i == 0:
+                    for j in join_later:
+                        submit(j)
+                if len(pieces) == 3 and i == cancel_after:
+                    jobs[i].cancel.set()
+
+        done = await asyncio.gather(*(read(i) for i in range(len(requests))))
+        worker.stop()
+        return [t for t, _ in done], [k for _, k in done], dict(worker.stats), [j.tokens for j in jobs]
+    return asyncio.run(main())
+
+
+def test_the_servers_scheduler_batches_joins_and_drops_requests(tmp_path):
+    """Requests joining a running batch, one cancelled mid-way (it leaves at once), seeded
+    sampling and a stop string: each gets what it gets with --max-batch 1. (This tiny model's
+    float products step each sequence alone: the scheduler's bookkeeping is what is checked
+    here; test_serve.py's eight streams batch SmolLM2's rows for real.)"""
+    pytest.importorskip("starlette")
+    from tiny_llama import save_tiny_llama
+    save_tiny_llama(tmp_path, ["hello world, the quick brown fox jumps over the lazy dog"] * 8)
+    model = tallow.load_model(tmp_path, device="cpu")
+    greedy = dict(temperature=0.0, top_p=1.0, seed=None, stop=[], max_tokens=40)
+    texts = ["hello", "the quick brown", "fox jumps", "over the lazy dog", "world"]
+    requests = [(model.tokenizer.encode(t), greedy) for t in texts]
+    requests[3] = (requests[3][0], dict(greedy, temperature=1.0, top_p=0.9, seed=5))  # sampled, seeded
+    requests[4] = (requests[4][0], dict(greedy, stop=["do"]))  # (this random model says "doov" on the way)
+    alone, _, one_stats, alone_tokens = _serve_run(model, requests, max_batch=1)
+    assert one_stats["peak_batch"] == 1 and alone_tokens[4] < 40  # the stop string ended it
+    got, outcomes, stats, tokens = _serve_run(model, requests, max_batch=4, cancel_after=1, join_later=(3, 4))
+    assert outcomes == ["done", "error", "done", "done", "done"]  # the cancelled one ends with Cancelled
+    assert [g for i, g in enumerate(got) if i != 1] == [a for i, a in enumerate(alone) if i != 1]
+    assert got[1] and alone[1].startswith(got[1])  # what it got before it left is what it gets alone
+    assert tokens[1] < 40 and stats["cancelled"] == 1 and stats["completed"] == 4
+    assert stats["peak_batch"] >= 2
