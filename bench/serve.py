@@ -191,7 +191,7 @@ def ratio_line(clients, tallow_rows, peer_rows, why_not=None):
         t, p = tallow_rows.get(c), peer_rows.get(c)
         parts.append(f"c{c}={t['tok_s'] / p['tok_s']:.2f}" if t and p else f"c{c}=n/a")
     line = "serve_vs_llamacpp " + " ".join(parts)
-    return line + (f" ({why_not})" if why_not else "")
+    return line + (f" ({' '.join(why_not.split())})" if why_not else "")  # one line, whatever pip said
 
 
 # ---- the servers ----

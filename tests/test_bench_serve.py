@@ -119,7 +119,8 @@ def test_ratio_line(bench):
     t = {1: {"tok_s": 30.0}, 4: {"tok_s": 60.0}, 8: {"tok_s": 90.0}}
     p = {1: {"tok_s": 40.0}, 4: {"tok_s": 40.0}, 8: {"tok_s": 45.0}}
     assert bench.ratio_line([1, 4, 8], t, p) == "serve_vs_llamacpp c1=0.75 c4=1.50 c8=2.00"
-    assert bench.ratio_line([1, 4, 8], t, {}, "no wheel") == "serve_vs_llamacpp c1=n/a c4=n/a c8=n/a (no wheel)"
+    assert bench.ratio_line([1, 4, 8], t, {}, "no\nwheel ") == "serve_vs_llamacpp c1=n/a c4=n/a c8=n/a (no wheel)"
+    assert bench.ratio_line([1, 4], t, {1: p[1]}, "it died") == "serve_vs_llamacpp c1=0.75 c4=n/a (it died)"
 
 
 def test_clients_argument(bench):
@@ -193,3 +194,29 @@ def test_cpu_seconds_matches_os_times(bench):
     t = os.times()
     assert bench.cpu_seconds(os.getpid()) == pytest.approx(t.user + t.system, abs=0.05)
     assert bench.cpu_seconds(2**22 + 12345) is None  # no such process
+
+
+PEER_MISSING = """
+import sys
+sys.path.insert(0, {bench_dir!r})
+import llama_cpp_setup
+llama_cpp_setup.ensure_llama_cpp = lambda build=True: "no llama-cpp-python wheel here (simulated)"
+import serve
+sys.exit(serve.main(sys.argv[1:]))
+"""
+
+
+def test_missing_peer_is_said_not_faked(smollm2_gguf):
+    """Without llama-cpp-python the bench still prints tallow's figures, then a last line that
+    says why the ratios are missing, and exits 1."""
+    pytest.importorskip("uvicorn", reason="tallow serve needs the serve extra: pip install -e '.[serve]'")
+    pytest.importorskip("httpx", reason="the bench's client is httpx: pip install -e '.[dev]'")
+    script = PEER_MISSING.format(bench_dir=str(BENCH.parent))
+    done = subprocess.run([sys.executable, "-c", script, "--gguf", os.fspath(smollm2_gguf), "--clients", "1",
+                           "--new-tokens", "4", "--rounds", "1", "--ready-timeout", "300", "--request-timeout", "300"],
+                          capture_output=True, text=True, timeout=HANG_GUARD)
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == "serve_vs_llamacpp c1=n/a (no llama-cpp-python wheel here (simulated))"
+    assert any(re.match(r"tallow +1 +4 ", line) for line in lines) and not any("llama-cpp-python " in line
+                                                                               for line in lines[:-1])
