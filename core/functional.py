@@ -163,6 +163,15 @@ def cache_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: T
     return ops.cache_attention(q, k, v, k_cache, v_cache, position, cos, sin, interleaved, scale, key_start, mask)
 
 
+
+def batch_cache_attention(q: Tensor, k: Tensor, v: Tensor, k_caches: Sequence[Tensor], v_caches: Sequence[Tensor],
+                          positions: Sequence[int], cos: Tensor | None = None, sin: Tensor | None = None,
+                          interleaved: bool = False, scale: float | None = None,
+                          key_starts: Sequence[int] | None = None) -> Tensor:
+    """cache_attention of a batch of sequences, one new position each: row i is written into its own
+    caches k_caches[i], v_caches[i] at positions[i] (rotated by row i of cos/sin) and attends over them."""
+    return ops.batch_cache_attention(q, k, v, k_caches, v_caches, positions, cos, sin, interleaved, scale, key_starts)
+
 # ---- losses ------------------------------------------------------------------------------------
 def cross_entropy(logits: Tensor, targets: Tensor | Sequence[int]) -> Tensor:
     """Mean negative log-likelihood of integer class targets under softmax(logits); logits (n, classes)."""

@@ -307,6 +307,24 @@ class Backend:
             vc, values = self._repeat_heads(vc, values, rep, dtype), Layout((b, h, n, lvc.shape[3]))
         return self.attention(q, lq, kc, keys, vc, values, mask, lmask, dtype, scale, True)
 
+    def batch_cache_attention(self, q, lq, k, lk, v, lv, caches, cos, lcos, sin, lsin, dtype, positions, key_starts,
+                              scale, interleaved):
+        """cache_attention of b sequences, one new position each, every one with its own caches:
+        row i of q (b, h, 1, d), k/v (b, hk, 1, d/dv) and cos/sin (b, d/2) (or None) is written into
+        caches[i] = (kc, lkc, vc, lvc), each (1, hk, capacity, d/dv), at positions[i] and attends
+        over its keys [key_starts[i], positions[i] + 1). Returns contiguous (b, h, 1, dv), row i
+        as cache_attention of that row alone. Default: exactly that, row by row."""
+        b, h = lq.shape[:2]
+        dv = lv.shape[3]
+        out, whole, one = self.full(b * h * dv, 0.0, dtype), Layout((b, h, 1, dv)), Layout((1, h, 1, dv))
+        for i, (kc, lkc, vc, lvc) in enumerate(caches):
+            rc, rs = (None, None) if cos is None else (lcos.narrow(0, i, 1), lsin.narrow(0, i, 1))
+            st = self.cache_attention(q, lq.narrow(0, i, 1), k, lk.narrow(0, i, 1), v, lv.narrow(0, i, 1), kc, lkc,
+                                      vc, lvc, cos, rc, sin, rs, None, None, dtype, positions[i], key_starts[i],
+                                      scale, interleaved)
+            self.assign(out, whole.narrow(0, i, 1), st, one, dtype)
+        return out
+
     def _repeat_heads(self, st, lay, rep, dtype):
         """Contiguous (b, hk * rep, n, d) from (b, hk, n, d): every head `rep` times in a row."""
         b, hk, n, d = lay.shape

@@ -101,22 +101,38 @@ class BatchStep:
     """One decode step of several sequences, one new token each, as one batch: row i of q, k
     and v (batch, heads, 1, head_dim) belongs to the sequence whose KV cache is kv_caches[i],
     at its own position offsets[i]. Each row is rotated, written into its own cache and
-    attended over it exactly as that sequence's Step alone does (the same ops on the same
-    shapes), so a batched step computes each row as a single step would: only the products
-    around attention run on all the rows at once."""
+    attended over it exactly as that sequence's Step alone does: the rotation, cache writes and
+    attention of all the rows are one op a layer (functional.batch_cache_attention, which gives
+    each row what cache_attention gives it alone); the products around attention run on all
+    the rows at once."""
 
     def __init__(self, offsets, rotary, window=None, device=None):
         self.steps = [Step(offset, 1, rotary, window, device) for offset in offsets]
+        self._rows = None
 
     def rotate(self, x, rotary_dim, interleaved=False):
         return cat([s.rotate(x.narrow(0, i, 1), rotary_dim, interleaved) for i, s in enumerate(self.steps)], 0)
 
     def attend(self, q, k, v, kv_caches, scale=None):
-        return self._each(q, k, v, kv_caches, lambda s, q, k, v, c: s.attend(q, k, v, c, scale))
+        return self._attend(q, k, v, kv_caches, scale)
 
     def attend_rotary(self, q, k, v, kv_caches, interleaved=False, scale=None):
-        return self._each(q, k, v, kv_caches, lambda s, q, k, v, c: s.attend_rotary(q, k, v, c, interleaved, scale))
+        if self._rows is None:  # each row's rotary row, once a step (the layers share them)
+            self._rows = (cat([s.cos for s in self.steps], 0), cat([s.sin for s in self.steps], 0))
+        return self._attend(q, k, v, kv_caches, scale, *self._rows, interleaved)
 
-    def _each(self, q, k, v, kv_caches, attend):
-        return cat([attend(s, q.narrow(0, i, 1), k.narrow(0, i, 1), v.narrow(0, i, 1), c)
-                    for i, (s, c) in enumerate(zip(self.steps, kv_caches))], 0)
+    def _attend(self, q, k, v, kv_caches, scale, cos=None, sin=None, interleaved=False):
+        positions, key_starts = [], []
+        for i, (s, c) in enumerate(zip(self.steps, kv_caches)):
+            if c.k is None or not c.length or c.length >= c.k.shape[2]:  # no room (or a reset cache): Step's reserve
+                c.reserve(k.narrow(0, i, 1), v.narrow(0, i, 1))
+            key_start = s.key_start  # (one query: never a mask, Step's window is its key_start)
+            if c.max_len is not None:  # a cache that keeps only its last max_len positions
+                key_start = max(key_start, c.length + 1 - c.max_len)
+            positions.append(c.length)
+            key_starts.append(key_start)
+        out = F.batch_cache_attention(q, k, v, [c.k for c in kv_caches], [c.v for c in kv_caches], positions, cos,
+                                      sin, interleaved, scale, key_starts)
+        for c in kv_caches:
+            c.advance(1)
+        return out

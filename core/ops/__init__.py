@@ -15,8 +15,8 @@ projection, KV-cache writes), quantized (GGUF block tensors), new (tensors on an
 input's device).
 """
 from .arguments import dim_index
-from .decode import (GATE_ACTS, add_layer_norm, add_norm_linear, add_rms_norm, cache_attention, gated_linear, kv_write,
-                     rope_kv_write)
+from .decode import (GATE_ACTS, add_layer_norm, add_norm_linear, add_rms_norm, batch_cache_attention, cache_attention,
+                     gated_linear, kv_write, rope_kv_write)
 from .elementwise import (COMPARISONS, UNARY, binary, cast, clone, gelu, logical, parse_target, pow, to_device, unary,
                           where)
 from .index import as_index, assign, gather, index_select, scatter_add
@@ -28,7 +28,8 @@ from .shape import (cat, chunk, contiguous, expand, flatten, narrow, pad, permut
                     transpose, unsqueeze)
 
 __all__ = [
-    "dim_index", "GATE_ACTS", "add_layer_norm", "add_norm_linear", "add_rms_norm", "cache_attention", "gated_linear",
+    "dim_index", "GATE_ACTS", "add_layer_norm", "add_norm_linear", "add_rms_norm", "batch_cache_attention",
+    "cache_attention", "gated_linear",
     "kv_write", "rope_kv_write",
     "linear",
     "COMPARISONS", "UNARY", "binary", "cast", "clone", "gelu", "logical", "parse_target", "pow",

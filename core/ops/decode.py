@@ -9,6 +9,9 @@
     kv_write(k, v, kc, vc)                  -> k and v written into the cache slots
     cache_attention(q, k, v, kc, vc, pos)   -> k, v (rope(k) with cos/sin) written into the cache at pos,
                                                causal attention of q (rope(q)) over the cache
+    batch_cache_attention(q, k, v, kcs, vcs, positions)
+                                            -> cache_attention of each row on its own cache at its own
+                                               position (a batched decoding step)
 
 Each is one backend primitive (core/backends/base.py composes it from the others for
 backends without a kernel). With a gradient to record they run the same maths through
@@ -25,7 +28,7 @@ from .index import assign
 from .linalg import linear, matmul
 from .new import new_full
 from .nn import attention, layer_norm, rms_norm, rotary_emb
-from .shape import narrow, reshape, t
+from .shape import cat, narrow, reshape, t
 
 # The activations a gated projection may apply to its gate half (unary op names).
 GATE_ACTS = ("silu", "gelu", "gelu_tanh", "relu")
@@ -221,6 +224,67 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
                                           interleaved)
     return q._new(st, (b, h, t, dv), dtype)
 
+
+
+def batch_cache_attention(q, k, v, k_caches, v_caches, positions, cos=None, sin=None, interleaved=False, scale=None,
+                          key_starts=None):
+    """cache_attention of a batch of sequences, one new position each, every row with its own KV
+    cache, as one op (a batched decoding step's attention for one layer).
+
+    Row i of q (b, h, 1, d), k (b, hk, 1, d) and v (b, hk, 1, dv) is written into k_caches[i] and
+    v_caches[i] (1, hk, capacity, d/dv; each its own capacity) at positions[i] (k rotated by row
+    i of cos/sin (b, d/2) when given) and attends over that cache's keys [key_starts[i],
+    positions[i] + 1) (default 0). Returns (b, h, 1, dv); row i equals cache_attention of that
+    row alone."""
+    what = "batch_cache_attention"
+    q, k, v = float_input(q, what), float_input(k, what), float_input(v, what)
+    b = len(k_caches)
+    key_starts = [0] * b if key_starts is None else list(key_starts)
+    positions = list(positions)
+    if not b or not len(v_caches) == len(positions) == len(key_starts) == b:
+        raise ShapeError(f"{what}: {len(k_caches)} key caches, {len(v_caches)} value caches, {len(positions)} "
+                         f"positions and {len(key_starts)} key starts: give one of each per sequence (at least one)")
+    check_devices(what, q, k, v, cos, sin, *k_caches, *v_caches)
+    if not len(q.shape) == len(k.shape) == len(v.shape) == 4 or q.shape[0] != b or q.shape[2] != 1:
+        raise ShapeError(f"{what}: q {q.shape}, k {k.shape} and v {v.shape} must be (batch, heads, 1, head_dim) "
+                         f"with one row per cache ({b})")
+    h, d = q.shape[1], q.shape[3]
+    hk, dv = k.shape[1], v.shape[3]
+    if k.shape != (b, hk, 1, d) or v.shape != (b, hk, 1, dv) or hk == 0 or h % hk:
+        raise ShapeError(f"{what}: q {q.shape}, k {k.shape} and v {v.shape} do not fit (same batch, one position, "
+                         "k with q's head_dim, q's heads a multiple of k's)")
+    dtype = k_caches[0].dtype
+    if not dtype.is_float:
+        raise DTypeError(f"{what}: the caches must have a float dtype, got {dtype.name}")
+    for i, (kc, vc) in enumerate(zip(k_caches, v_caches)):
+        cap = kc.shape[2] if len(kc.shape) == 4 else -1
+        if kc.shape != (1, hk, cap, d) or vc.shape != (1, hk, cap, dv):
+            raise ShapeError(f"{what}: caches {kc.shape} and {vc.shape} of row {i} must be (1, kv heads, capacity, "
+                             f"head_dim) for k {k.shape} and v {v.shape}")
+        if kc.dtype is not dtype or vc.dtype is not dtype:
+            raise DTypeError(f"{what}: every key and value cache must have one float dtype ({dtype.name}), got "
+                             f"{kc.dtype.name} and {vc.dtype.name} in row {i}")
+        if not 0 <= key_starts[i] <= positions[i] < cap:
+            raise ShapeError(f"{what}: position {positions[i]} (keys from {key_starts[i]}) of row {i} does not fit "
+                             f"a cache of capacity {cap}: grow the cache first (nn.KVCache.reserve does)")
+    if (cos is None) != (sin is None):
+        raise ShapeError(f"{what}: give both cos and sin (rotary) or neither")
+    if cos is not None and (d % 2 or cos.shape != (b, d // 2) or sin.shape != (b, d // 2)):
+        raise ShapeError(f"{what}: cos/sin must have shape {(b, d // 2)} (one rotary row per sequence) for q "
+                         f"{q.shape} (an even head_dim), got {cos.shape} and {sin.shape}")
+    q, k, v, cos, sin = _cast(dtype, q, k, v, cos, sin)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if needs_grad(q, k, v, cos, sin):
+        rows = [cache_attention(narrow(q, 0, i, 1), narrow(k, 0, i, 1), narrow(v, 0, i, 1), k_caches[i], v_caches[i],
+                                positions[i], None if cos is None else narrow(cos, 0, i, 1),
+                                None if sin is None else narrow(sin, 0, i, 1), interleaved, scale, key_starts[i])
+                for i in range(b)]
+        return cat(rows, 0)
+    caches = [(kc._storage, kc._layout, vc._storage, vc._layout) for kc, vc in zip(k_caches, v_caches)]
+    st = q.device.backend.batch_cache_attention(q._storage, q._layout, k._storage, k._layout, v._storage, v._layout,
+                                                caches, *parts(cos), *parts(sin), dtype, positions, key_starts, scale,
+                                                interleaved)
+    return q._new(st, (b, h, 1, dv), dtype)
 
 NORM_KINDS = ("rms", "layer")
 

@@ -145,6 +145,24 @@ def _decode_kernels(dtype):
     return kernel_calls.decode_kernels()
 
 
+def _batch_kernels(dtype):
+    """backends/cpu/kernels/batch_attention.py where _decode_kernels gives fused_ops, else None."""
+    return None if _decode_kernels(dtype) is None else kernel_calls.batch_kernels()
+
+
+def _cache_table(caches, positions, key_starts):
+    """batch_attention's table of the rows' caches (address, address, capacity, position, key
+    start), or None when a row's caches are not whole writable arrays, or its keys are more than
+    the single step's kernel takes (NumpyBackend.cache_attention's conditions)."""
+    rows = []
+    for (kc, lkc, vc, lvc), position, key_start in zip(caches, positions, key_starts):
+        if (position + 1 - key_start > DECODE_ATTENTION_MAX_KEYS or not _whole(kc, lkc) or not _whole(vc, lvc)
+                or not (kc.flags.writeable and vc.flags.writeable)):
+            return None
+        rows.append((kc.ctypes.data, vc.ctypes.data, lkc.shape[2], position, key_start))
+    return np.array(rows, np.int64)
+
+
 def _whole(st, layout):
     """True when the layout covers the whole storage in order (no view needed)."""
     if layout.offset or not layout.is_contiguous():
@@ -679,6 +697,23 @@ class NumpyBackend(StepCapture, Backend):
             else:
                 rec(capture.cache_attention, dec.cache_attention, rec.recording.step, whole[2], *qkv, whole[0],
                     whole[1], *caches, key_start, np.float32(scale), bool(interleaved), out)
+        return out.reshape(-1)
+
+    def batch_cache_attention(self, q, lq, k, lk, v, lv, caches, cos, lcos, sin, lsin, dtype, positions, key_starts,
+                              scale, interleaved):
+        # A batched decoding step: every row's fused_ops.cache_attention in one kernel call over a
+        # table of the rows' caches (one op a layer where the rows' own ops cost ~100 us each).
+        # A row the single step would not run on that kernel sends the batch row by row (base.py).
+        dec = _batch_kernels(dtype)
+        table = None if dec is None else _cache_table(caches, positions, key_starts)
+        if table is None:
+            return super().batch_cache_attention(q, lq, k, lk, v, lv, caches, cos, lcos, sin, lsin, dtype, positions,
+                                                 key_starts, scale, interleaved)
+        out = np.empty(lq.shape[:3] + lv.shape[3:], np.float32)
+        rows = (_NO_TABLE, _NO_TABLE) if cos is None else \
+            (np.ascontiguousarray(self.view(cos, lcos)), np.ascontiguousarray(self.view(sin, lsin)))
+        qkv = tuple(np.ascontiguousarray(self.view(st, lay)) for st, lay in ((q, lq), (k, lk), (v, lv)))
+        dec.batch_cache_attention(*qkv, *rows, table, np.float32(scale), bool(interleaved), out)
         return out.reshape(-1)
 
     def _target(self, st, layout):

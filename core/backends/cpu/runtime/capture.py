@@ -135,7 +135,7 @@ COMPUTE_PRIMITIVES = (
     "matmul", "qmatmul", "dequantize", "index_select", "gather", "scatter_add", "conv1d", "conv2d", "softmax",
     "layer_norm", "rms_norm", "rope", "attention", "concat_rows", "add_rms_norm", "add_layer_norm",
     "matmul_bias", "qmatmul_bias", "gated_matmul", "gated_qmatmul", "add_norm_linear", "kv_write",
-    "rope_kv_write", "cache_attention", "custom",
+    "rope_kv_write", "cache_attention", "batch_cache_attention", "custom",
 )
 
 

@@ -58,6 +58,7 @@ def kernels():
         _state["int"] = KernelModule("int_dot", QK=codes.QK, ACT_CODES=codes.ACT_CODES)
         _state["decode"] = KernelModule("fused_ops")
         _state["step"] = KernelModule("step_loop")
+        _state["batch"] = KernelModule("batch_attention")
         _state["no_bias"] = np.empty(0, dtype=np.float32)
         from ..kernels import machine_code
         machine_code.load_all()  # before any weight is read: LLVM's page spike at low RSS (see there)
@@ -125,6 +126,15 @@ def decode_kernels():
         return None
     return _state["decode"] if kernels() is not None else None
 
+
+
+def batch_kernels():
+    """The batched decoding step's attention (batch_attention.py) where decode_kernels() is not None,
+    but not under NUMBA_DISABLE_JIT=1 (its pointer intrinsics are compiled code only)."""
+    if decode_kernels() is None:
+        return None
+    from ..kernels import machine_code
+    return None if machine_code.jit_disabled() else _state["batch"]
 
 def supports(qtype):
     """True when the kernels compute on this format directly (the others keep the numpy path)."""
