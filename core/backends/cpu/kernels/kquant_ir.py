@@ -1,5 +1,6 @@
 """The K-quant blocks' dot products (q4_k, q5_k, q6_k: 256 values a block) as vector IR, for
-the decoding-step kernels in vector_ir.py (which calls kernel_body for these formats).
+the decoding-step kernels in vector_ir.py: importing this module registers kernel_body as
+their block loop (vector_ir.BLOCK_LOOPS; int_dot.py imports it before compiling).
 
 The blocks' 6-bit (q4_k, q5_k) or 8-bit (q6_k) sub-block scales are unpacked once per block
 into vectors (ggml's utmp shuffle for the packed 6-bit ones), and everything a sub-block needs
@@ -24,6 +25,7 @@ from llvmlite import ir
 
 from numba.core import cgutils
 
+from . import vector_ir
 from .vector_ir import (_F32, _I8, _I16, _I32, _I64, _Activations, _const_vec, _f16_scale, _fmuladd, _hsum, _load,
                         _pair_madd, _splat, _vec)
 
@@ -173,3 +175,6 @@ def _q6_terms(builder, raw, p, xs, coefs, totals):
                                    _pair_madd(builder, scaled[1], x.chunk(2 * a + 1)))
                 terms[r].append(builder.fmul(builder.sitofp(isum, f8), _lane(builder, coefs[r], a)))
     return [builder.fadd(total, _tree_sum(builder, ts)) for total, ts in zip(totals, terms)]
+
+
+vector_ir.BLOCK_LOOPS.update({5: kernel_body, 6: kernel_body, 7: kernel_body})

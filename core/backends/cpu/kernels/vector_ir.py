@@ -23,7 +23,7 @@ NUMBA_DISABLE_JIT=1 cannot run IR: `dot_py` is the same product in numpy (the de
 times the dequantised activations), which the tests compare against the compiled kernels and
 which runs in their place when the JIT is off.
 
-numba's on-disk cache keys a compiled function on its own file only: after editing this file,
+numba's on-disk cache keys a compiled function on its own file only: after editing this file
 (or kquant_ir.py), touch int_dot.py and step_loop.py (whose cached kernels inline this IR) or
 delete their __pycache__.
 """
@@ -299,6 +299,12 @@ def _kernel_body(builder, code, rows, raw_p, table_p, x_rows, oa, ob, blocks, bl
     return [builder.fadd(builder.load(e), _hsum(builder, builder.load(a))) for a, e in zip(accs, extras)]
 
 
+# Format code -> its own block loop, registered by the module that writes it (kquant_ir.py for
+# the K-quants, imported by int_dot.py before any kernel compiles; it imports this module, so
+# this one does not import it back). Unregistered formats use _kernel_body.
+BLOCK_LOOPS: dict = {}
+
+
 def _make_kernel(rows):
     """The kernel that multiplies two weight rows by `rows` activation rows."""
     @intrinsic
@@ -336,8 +342,7 @@ def _make_kernel(rows):
             for code, block in cases.items():
                 switch.add_case(ir.Constant(_I64, code), block)
                 builder.position_at_end(block)
-                from . import kquant_ir  # (the K-quants' block loop, kquant_ir.py; it imports this module)
-                body = kquant_ir.kernel_body if code >= 5 else _kernel_body
+                body = BLOCK_LOOPS.get(code, _kernel_body)
                 values = body(builder, code, rows, raw_p, arys[9].data, x_rows, i64(2), i64(3), i64(4), i64(5))
                 for slot, value in zip(results, values):
                     builder.store(value, slot)
