@@ -17,18 +17,7 @@ pytest.importorskip("numba")
 from tallow.backends.cpu.kernels import atomics
 from tallow.backends.cpu.runtime import kernel_calls, polls
 
-FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
-SCALE_AT = {"q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0], "q4_k": [0, 2], "q5_k": [0, 2],
-            "q6_k": [208]}
-
-
-def _blocks(q, n_blocks, rng):
-    """Random bytes with finite, moderate f16 scale fields (every bit of the quants exercised)."""
-    d = get_dtype(q)
-    raw = rng.integers(0, 256, size=(n_blocks, d.block_bytes), dtype=np.uint8)
-    for at in SCALE_AT[q]:
-        raw[:, at:at + 2] = rng.uniform(-2, 2, size=n_blocks).astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
-    return raw.reshape(-1)
+from random_blocks import FORMATS, random_blocks as _blocks  # noqa: E402,F401
 
 
 @pytest.fixture(autouse=True)
