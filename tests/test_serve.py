@@ -6,7 +6,6 @@ model.chat/generate, transcripts with model.transcribe and the JFK sentence.
 Most tests share one server (module scope); the queue-bound and time-limit tests get a second
 one with small limits. Nothing here asserts a duration: cancellation is checked by counts (the
 tokens the cancelled request generated), and timeouts only guard against hangs."""
-import http.client
 import json
 import os
 import re
@@ -16,58 +15,29 @@ import warnings
 from pathlib import Path
 
 import pytest
-from cli_entry import entry_point
 
 openai = pytest.importorskip("openai", reason="the serve tests need the openai client: pip install -e '.[dev]'")
 pytest.importorskip("uvicorn", reason="tallow serve needs the serve extra: pip install -e '.[serve]'")
 
 import tallow  # noqa: E402
+from cli_entry import entry_point  # noqa: E402
+from serve_process import HANG_GUARD, ServeProcess  # noqa: E402
 from tallow.generation import chat_prompt_ids  # noqa: E402
 
 JFK_TEXT = ("And so my fellow Americans ask not what your country can do for you, "
             "ask what you can do for your country.")
 KEY = "test-key-1234"
-HANG_GUARD = 300  # seconds: only so that a broken server fails the test instead of hanging the run
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-class Server:
+class Server(ServeProcess):
     """`tallow serve --port 0 ARGS` until stop(); .url from the line it prints."""
 
     def __init__(self, args, log_path):
-        self.log = open(log_path, "w+")
-        self.proc = subprocess.Popen([entry_point(), "serve", "--port", "0", "--device", "cpu", *map(str, args)],
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
-        guard = threading.Timer(HANG_GUARD, self.proc.kill)  # a server that never gets ready fails the test
-        guard.start()
-        try:
-            line = self.proc.stdout.readline()  # printed once the models are loaded and the socket listens
-        finally:
-            guard.cancel()
-        match = re.fullmatch(r"tallow serve: (http://127\.0\.0\.1:(\d+)/)\n", line)
+        super().__init__(args, log_path, KEY)
+        line, match = self.wait_for_url()
         if not match:
-            self.stop()
-            pytest.fail(f"tallow serve printed {line!r}, exit {self.proc.returncode}: {self.stderr()[-3000:]}")
-        self.url, self.port = match.group(1), int(match.group(2))
-
-    def stderr(self):
-        if self.log.closed:
-            return self.final_log
-        self.log.seek(0)
-        return self.log.read()
-
-    def client(self, key=KEY, **kw):
-        return openai.OpenAI(base_url=self.url + "v1", api_key=key, max_retries=0, timeout=HANG_GUARD, **kw)
-
-    def request(self, method, path, body=None, headers=None):
-        """(status, headers, body bytes) of one raw HTTP request."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=HANG_GUARD)
-        try:
-            conn.request(method, path, body=body, headers={"Authorization": f"Bearer {KEY}", **(headers or {})})
-            response = conn.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        finally:
-            conn.close()
+            self.fail_to_start(line)
 
     def health(self):
         status, _, body = self.request("GET", "/health")

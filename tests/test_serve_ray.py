@@ -10,7 +10,6 @@ duration: the timeouts only guard against hangs."""
 import http.client
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -19,17 +18,16 @@ import tempfile
 import threading
 
 import pytest
-from cli_entry import entry_point
 
 openai = pytest.importorskip("openai", reason="the serve tests need the openai client: pip install -e '.[dev]'")
 pytest.importorskip("ray.serve", reason="tallow serve --ray needs Ray Serve: pip install -e '.[serve-ray]'")
 
 import tallow  # noqa: E402
+from serve_process import HANG_GUARD, ServeProcess  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a Ray cluster and two model loads: 30-60 s on 2 cores
 
 KEY = "ray-key-5678"
-HANG_GUARD = 300  # seconds: only so that a broken server fails the test instead of hanging the run
 QUESTIONS = ["What is the capital of France?", "What is 2 + 2?", "Name a fruit.", "What colour is the sky?",
              "Say hello in French.", "Name a planet."]
 
@@ -65,45 +63,18 @@ def alive(processes):
     return {pid: started for pid, started in processes.items() if (_stat(pid) or (None, None))[1] == started}
 
 
-class RayServer:
+class RayServer(ServeProcess):
     """`tallow serve --ray ARGS --port 0` in its own session, until stop()."""
 
     def __init__(self, args, log_path):
         self.ray_dir = tempfile.mkdtemp(prefix="tallow-ray-", dir="/tmp")  # short: Ray puts sockets in it
-        self.log = open(log_path, "w+")
-        self.proc = subprocess.Popen(
-            [entry_point(), "serve", "--ray", "--port", "0", "--device", "cpu", "--no-access-log", *map(str, args)],
-            stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True,
-            env={**os.environ, "RAY_TMPDIR": self.ray_dir, "RAY_ADDRESS": ""})
         self.started = {}
-        guard = threading.Timer(HANG_GUARD, self.proc.kill)
-        guard.start()
-        try:
-            line = self.proc.stdout.readline()  # printed once both replicas answer
-        finally:
-            guard.cancel()
+        super().__init__(["--ray", "--no-access-log", *args], log_path, KEY, new_session=True,
+                         env={**os.environ, "RAY_TMPDIR": self.ray_dir, "RAY_ADDRESS": ""})
+        line, match = self.wait_for_url()  # printed once both replicas answer
         self.started = descendants(self.proc.pid)
-        match = re.fullmatch(r"tallow serve: (http://127\.0\.0\.1:(\d+)/)\n", line)
         if not match:
-            self.stop()
-            pytest.fail(f"tallow serve --ray printed {line!r}, exit {self.proc.returncode}: {self.stderr()[-3000:]}")
-        self.url, self.port = match.group(1), int(match.group(2))
-
-    def stderr(self):
-        self.log.seek(0)
-        return self.log.read()
-
-    def client(self, key=KEY):
-        return openai.OpenAI(base_url=self.url + "v1", api_key=key, max_retries=0, timeout=HANG_GUARD)
-
-    def request(self, method, path, body=None, headers=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=HANG_GUARD)
-        try:
-            conn.request(method, path, body=body, headers={"Authorization": f"Bearer {KEY}", **(headers or {})})
-            response = conn.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        finally:
-            conn.close()
+            self.fail_to_start(line)
 
     def health_of_each_replica(self, replicas=2, tries=100):
         """{replica name: its model's /health entry}, asking until every replica has answered once."""
