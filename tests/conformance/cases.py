@@ -534,6 +534,54 @@ def _(np):
     return results
 
 
+
+# name, rotary, (cache capacity, position, first key) of each sequence (2 KV heads, 4 query heads)
+_BATCH_ATTENTION_CASES = (("rotary_gqa", True, ((6, 3, 1), (9, 0, 0), (7, 6, 2))),
+                          ("plain_long_cache", False, ((6, 5, 0), (1030, 1029, 0))))
+
+
+@case("batch_cache_attention", rtol=2e-5, atol=2e-6, torch=True)
+def batch_cache_attention(dev):
+    """A batched decoding step's attention: each row written into its own cache (each its own
+    capacity) at its own position and attending over it from its own first key, with a rotary
+    row each; one sequence at the end of a cache of 1,030 slots (split-K on wgpu)."""
+    F = tallow.functional
+    results = {}
+    for name, rotary, rows in _BATCH_ATTENTION_CASES:
+        b = len(rows)
+        q, k, v = T(dev, b, 4, 1, 8), T(dev, b, 2, 1, 8, seed=1), T(dev, b, 2, 1, 8, seed=2)
+        kcs = [T(dev, 1, 2, cap, 8, seed=3 + i) for i, (cap, _p, _s) in enumerate(rows)]
+        vcs = [T(dev, 1, 2, cap, 8, seed=13 + i) for i, (cap, _p, _s) in enumerate(rows)]
+        cos, sin = (T(dev, b, 4, seed=5), T(dev, b, 4, seed=6)) if rotary else (None, None)
+        y = F.batch_cache_attention(q, k, v, kcs, vcs, [p for _c, p, _s in rows], cos, sin,
+                                    key_starts=[s for _c, _p, s in rows])
+        results[name] = {"out": out(y), **{f"k_cache{i}": out(c) for i, c in enumerate(kcs)},
+                         **{f"v_cache{i}": out(c) for i, c in enumerate(vcs)}}
+    return results
+
+
+@batch_cache_attention.reference
+def _(np):
+    import torch
+    t = lambda *s, seed=0: torch.tensor(_N(np, *s, seed=seed))  # noqa: E731
+    results = {}
+    for name, rotary, rows in _BATCH_ATTENTION_CASES:
+        b = len(rows)
+        q, k, v = t(b, 4, 1, 8), t(b, 2, 1, 8, seed=1), t(b, 2, 1, 8, seed=2)
+        if rotary:
+            cos, sin = t(b, 4, seed=5)[:, None, None], t(b, 4, seed=6)[:, None, None]
+            q, k = (_half_split_rope(torch, x, cos, sin) for x in (q, k))
+        result, ys = {}, []
+        for i, (cap, pos, start) in enumerate(rows):
+            kc, vc = t(1, 2, cap, 8, seed=3 + i), t(1, 2, cap, 8, seed=13 + i)
+            kc[:, :, pos], vc[:, :, pos] = k[i, :, 0], v[i, :, 0]
+            keys = kc[:, :, start:pos + 1].repeat_interleave(2, 1)
+            values = vc[:, :, start:pos + 1].repeat_interleave(2, 1)
+            ys.append(torch.nn.functional.scaled_dot_product_attention(q[i:i + 1], keys, values))
+            result[f"k_cache{i}"], result[f"v_cache{i}"] = kc.numpy(), vc.numpy()
+        results[name] = {"out": torch.cat(ys, 0).numpy(), **result}
+    return results
+
 # ---- joining and picking -------------------------------------------------------------
 @case("cat_stack_split")
 def cat_stack_split(dev):
