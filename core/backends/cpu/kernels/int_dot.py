@@ -31,7 +31,7 @@ import math
 import numpy as np
 from numba import njit
 
-from . import atomics, kquant_ir, vector_ir  # noqa: F401 -- (kquant_ir registers the K-quants' dot loop)
+from . import atomics, vector_ir
 from .codes import ACT_CODES, QK, entry  # noqa: F401 -- (QK: activation values per block; callers read both here too)
 
 

@@ -1,6 +1,6 @@
 """The K-quant blocks' dot products (q4_k, q5_k, q6_k: 256 values a block) as vector IR, for
-the decoding-step kernels in vector_ir.py: importing this module registers kernel_body as
-their block loop (vector_ir.BLOCK_LOOPS; int_dot.py imports it before compiling).
+the decoding-step kernels in vector_ir.py, which uses kernel_body for these formats (and
+hands this module its IR helpers as it loads: bind).
 
 The blocks' 6-bit (q4_k, q5_k) or 8-bit (q6_k) sub-block scales are unpacked once per block
 into vectors (ggml's utmp shuffle for the packed 6-bit ones), and everything a sub-block needs
@@ -21,13 +21,30 @@ float scale product, scalar loads and a scalar min term for every 32 values.
 
 The result is the same product as before (dot_py's statement), up to float32 rounding.
 """
-from llvmlite import ir
+from typing import Any
 
+from llvmlite import ir
 from numba.core import cgutils
 
-from . import vector_ir
-from .vector_ir import (_F32, _I8, _I16, _I32, _I64, _Activations, _const_vec, _f16_scale, _fmuladd, _hsum, _load,
-                        _pair_madd, _splat, _vec)
+_I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+# vector_ir's IR helpers, bound by vector_ir as it loads (bind below): it chooses this module's
+# loop for the K-quants, so this module does not import it back (no import cycle).
+_Activations: Any = None
+_const_vec: Any = None
+_f16_scale: Any = None
+_fmuladd: Any = None
+_hsum: Any = None
+_load: Any = None
+_pair_madd: Any = None
+_splat: Any = None
+_vec: Any = None
+
+
+def bind(v):
+    """Take vector_ir's helpers (v: the vector_ir module, calling this as it loads)."""
+    global _Activations, _const_vec, _f16_scale, _fmuladd, _hsum, _load, _pair_madd, _splat, _vec
+    _Activations, _const_vec, _f16_scale, _fmuladd = v._Activations, v._const_vec, v._f16_scale, v._fmuladd
+    _hsum, _load, _pair_madd, _splat, _vec = v._hsum, v._load, v._pair_madd, v._splat, v._vec
 
 
 def _bytes(builder, raw, p, at):
@@ -175,6 +192,3 @@ def _q6_terms(builder, raw, p, xs, coefs, totals):
                                    _pair_madd(builder, scaled[1], x.chunk(2 * a + 1)))
                 terms[r].append(builder.fmul(builder.sitofp(isum, f8), _lane(builder, coefs[r], a)))
     return [builder.fadd(total, _tree_sum(builder, ts)) for total, ts in zip(totals, terms)]
-
-
-vector_ir.BLOCK_LOOPS.update({5: kernel_body, 6: kernel_body, 7: kernel_body})

@@ -28,11 +28,14 @@ numba's on-disk cache keys a compiled function on its own file only: after editi
 delete their __pycache__.
 """
 import functools
+import sys
 
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, config, types
 from numba.extending import intrinsic
+
+from . import kquant_ir  # the K-quants' block loop (it takes this module's helpers: bind, below)
 
 QK = 32
 # Byte offsets in a block: the f16 scale d is at 0; then the f16 min (q4_1, q5_1), the 32 fifth
@@ -299,10 +302,7 @@ def _kernel_body(builder, code, rows, raw_p, table_p, x_rows, oa, ob, blocks, bl
     return [builder.fadd(builder.load(e), _hsum(builder, builder.load(a))) for a, e in zip(accs, extras)]
 
 
-# Format code -> its own block loop, registered by the module that writes it (kquant_ir.py for
-# the K-quants, imported by int_dot.py before any kernel compiles; it imports this module, so
-# this one does not import it back). Unregistered formats use _kernel_body.
-BLOCK_LOOPS: dict = {}
+kquant_ir.bind(sys.modules[__name__])
 
 
 def _make_kernel(rows):
@@ -342,7 +342,7 @@ def _make_kernel(rows):
             for code, block in cases.items():
                 switch.add_case(ir.Constant(_I64, code), block)
                 builder.position_at_end(block)
-                body = BLOCK_LOOPS.get(code, _kernel_body)
+                body = kquant_ir.kernel_body if code >= 5 else _kernel_body
                 values = body(builder, code, rows, raw_p, arys[9].data, x_rows, i64(2), i64(3), i64(4), i64(5))
                 for slot, value in zip(results, values):
                     builder.store(value, slot)
