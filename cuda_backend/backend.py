@@ -26,7 +26,8 @@ class CudaBackend(KernelBackend):
         major, minor = d.compute_capability
         feats = {"backend": "cuda", "adapter": d.device_name, "compute_capability": f"{major}.{minor}",
                  "cupy": d.cp.__version__, "f16": True, "bf16": True, "native_bf16": major >= 8,
-                 "cuda_graphs": d.can_replay and d.graph_error is None}  # captured decode steps replay as graphs
+                 "cuda_graphs": d.can_replay and d.graph_error is None,  # captured decode steps replay as graphs
+                 **self.plan_features()}
         if d.graph_error:
             feats["cuda_graph_error"] = d.graph_error
         return feats

@@ -24,7 +24,7 @@ class MetalBackend(KernelBackend):
     def features(self):
         dev = self.driver.device
         return {"backend": "metal", "adapter": str(dev.name()), "unified_memory": bool(dev.hasUnifiedMemory()),
-                "f16": True, "bf16": True, "f64": False}
+                "f16": True, "bf16": True, "f64": False, **self.plan_features()}
 
     source_language = "msl"
 

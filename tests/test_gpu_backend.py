@@ -7,7 +7,7 @@ import pytest
 
 from tallow import dtypes
 from tallow.backends.buffer_pool import MIB, BufferPool, size_class
-from tallow.backends.gpu_backend import GpuBackend
+from tallow.backends.gpu_backend import OPTIONAL_FUSED, GpuBackend
 from tallow.backends.kernel.backend import KernelBackend
 from tallow.backends.kernel.null_driver import NullKernelDriver
 from tallow.errors import UnsupportedError
@@ -93,6 +93,27 @@ def test_both_planners_take_the_shared_plans():
         assert getattr(WgpuBackend, op) is getattr(KernelBackend, op) is getattr(GpuBackend, op), op
 
 
+def test_the_optional_fused_ops_are_planned_once_and_say_where_they_compose():
+    """qmatmul_bias, add_norm_linear and cache_attention: GpuBackend's plan on both planners (no
+    override outside it); one launch where fused_kernels lists the op, else composed, as
+    plan_features (`tallow devices`) reports."""
+    from tallow_wgpu.backend import WgpuBackend
+    for op in OPTIONAL_FUSED:
+        assert getattr(WgpuBackend, op) is getattr(KernelBackend, op) is getattr(GpuBackend, op), op
+    assert set(WgpuBackend.fused_kernels) == set(OPTIONAL_FUSED)
+    be = KernelBackend(NullKernelDriver())
+    assert be.plan_features() == {"fused_ops": "qmatmul_bias", "composed_ops": "add_norm_linear,cache_attention"}
+    f32, q8_0 = dtypes.f32, dtypes.get_dtype("q8_0")
+    x, b, w = be.full(64, 1.0, f32), be.full(12, 0.5, f32), be.from_bytes(bytes(34 * 2 * 12), q8_0)
+    before = be.driver.launches
+    be.qmatmul_bias(x, Layout((1, 64)), f32, w, q8_0, 12, 64, b, Layout((12,)))
+    assert be.driver.launches - before == 1  # the biased matvec: one kernel, no add after it
+    before = be.driver.launches
+    be.add_norm_linear(x, Layout((1, 64)), x, Layout((1, 64)), b, Layout((64,)), None, None, w, Layout((12, 64)),
+                       q8_0, b, Layout((12,)), f32, 1e-5, False, None, False)
+    assert be.driver.launches - before == 2  # composed: add + RMS norm, then the biased matvec
+
+
 def test_cache_offsets_beyond_int32_are_refused():
     with pytest.raises(UnsupportedError, match="int32"):
         GpuBackend._slot_words(Layout((1, 2, 4, 8), (1 << 32, 32, 8, 1)), 0, 2)
@@ -113,4 +134,8 @@ def test_each_gpu_backend_fills_the_whole_kernel_table():
         if backend is KernelBackend:  # its im2col columns always fit (_im2col_fits): no direct convolution
             assert KernelBackend._im2col_fits is GpuBackend._im2col_fits
             missing.remove("_direct_conv_kernel")
+        # An optional fused op's hooks may be missing only where the plan composes that op.
+        for op, op_hooks in OPTIONAL_FUSED.items():
+            if op not in backend.fused_kernels:
+                missing = [h for h in missing if h not in op_hooks]
         assert missing == [], f"{backend.__name__} lacks {missing}"

@@ -87,3 +87,21 @@ def test_gated_quantised_matvec_is_one_launch_and_reads_the_blocks(emulator, qty
     want = (torch.nn.functional.silu(y[:, :n]) * y[:, n:]).numpy()
     # f32 dot products of 256 terms against the float64 reference of the same dequantised weights
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("qtype", ["q4_k", "q8_0"])
+def test_biased_quantised_matvec_is_one_launch(emulator, qtype):
+    """qmatmul_bias (a Linear with a quantised weight and a bias: Whisper's) is the quantised matvec
+    adding the bias itself, not a matvec and an add."""
+    dev, driver = emulator
+    kind = gguf.GGMLQuantizationType[qtype.upper()]
+    n, k = 6, 256
+    x, bias = RNG.standard_normal((2, k)).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
+    blocks = _random_blocks(qtype, n, k)
+    ref_w = gguf.quants.dequantize(blocks, kind).reshape(n, k)
+    wq = tallow.from_buffer(blocks.tobytes(), qtype, (n, k), device=dev)
+    xt, bt = _t(x, dev), _t(bias, dev)
+    got, launches = _launches(driver, lambda: F.linear(xt, wq, bt))
+    assert launches == 1
+    want = x.astype(np.float64) @ ref_w.astype(np.float64).T + bias
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-3)

@@ -107,16 +107,11 @@ class AttentionOps:
         self._run("attend", {"X": dtype}, binds, words, self._grid(rows, "attention"), label="attention",
                   prelude=prelude, extra=("workgroup_max_sum",))
 
-    def cache_attention(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask, dtype,
-                        position, key_start, scale, interleaved):
-        if lq.shape[2] != 1 or mask is not None or not self._attend_fits(lkc, lvc):
-            return super().cache_attention(q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask,
-                                           dtype, position, key_start, scale, interleaved)
-        return self._cache_attend(q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, dtype, position,
-                                  key_start, scale, interleaved)
+    def _cache_attention_fits(self, lkc, lvc):
+        return self._attend_fits(lkc, lvc)
 
-    def _cache_attend(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, dtype, position,
-                      key_start, scale, interleaved):
+    def _cache_attention_kernel(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, dtype, position,
+                                key_start, scale, interleaved):
         """One-token decode: kernels/cache_attend.wgsl rotates, appends and attends in one dispatch;
         over a long cache its splits' partial results take a second (kernels/attend_combine.wgsl)."""
         b, h, _, d = lq.shape

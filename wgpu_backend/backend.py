@@ -74,6 +74,7 @@ class WgpuBackend(MemoryOps, ElementwiseOps, IndexOps, MatmulOps, AttentionOps, 
             "i8/u8/bool": "widened to 32 bits on the GPU",
             "quantized_in_kernel": list(IN_KERNEL_QUANTS),
             "max_storage_binding": self.limits["max_storage_binding"],
+            **self.plan_features(),
         }
 
     # ---- plumbing ---------------------------------------------------------------

@@ -136,12 +136,13 @@ class MatmulOps:
             raise UnsupportedError(f"wgpu {what}: no in-kernel decoder for {wdtype.name}")
         return ("quant_common", wdtype.name)
 
-    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k):
+    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, bias=None, lbias=None):
         m = lx.numel() // k
         out = self._new(m * n, dtype)
         xs, xoff = self._contiguous(x, lx, dtype)
         self._qmatmul_piece(w, xs, out, m, n, k, wdtype.nbytes(k), xoff, dtype, wdtype,
-                            self._quant_kernel(wdtype, "quantised matmul"))
+                            self._quant_kernel(wdtype, "quantised matmul"),
+                            None if bias is None else (bias, lbias.offset, lbias.strides[0]))
         return out
 
     def _qmatmul_kernel(self, x, lx, dtype, w, wdtype, n, k):
@@ -246,6 +247,10 @@ class MatmulOps:
     matvec_max_rows = 1  # matvec_rows.wgsl: one row of x times w^T
     qmatvec_max_rows = QMATVEC_MAX_ROWS
     activations = ex.FLOAT_UNARY
+    # GpuBackend's optional fused ops: all three have WGSL kernels (add_norm_linear: matvec_rows /
+    # qmatvec with norm_input.wgsl; cache_attention: cache_attend.wgsl, in attention.py).
+    fused_kernels = frozenset({"qmatmul_bias", "add_norm_linear", "cache_attention"})
+    norm_linear_max_k = NORM_INPUT_MAX_K
 
     def _fits_binding(self, st):
         return (st.nbytes + 3) // 4 * 4 <= self.limits["max_storage_binding"]
@@ -284,32 +289,10 @@ class MatmulOps:
                   ("quant_common", wdtype.name) + _QMATVEC_INPUT, f"gated qmatvec {wdtype.name} {act}", ex.MATH)
         return out
 
-    def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
-        m = lx.numel() // k if k else 0
-        if not (runs_matvec(m, self.qmatvec_max_rows, wdtype) and self._reads_blocks(w, wdtype, n, k)):
-            return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
-        out = self._new(m * n, dtype)
-        if m * n:
-            xs, xoff = self._contiguous(x, lx, dtype)
-            self._qmatmul_piece(w, xs, out, m, n, k, wdtype.nbytes(k), xoff, dtype, wdtype,
-                                self._quant_kernel(wdtype, "quantised matmul"), (bias, lbias.offset, lbias.strides[0]))
-        return out
-
-    def add_norm_linear(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center, act,
-                        gated):
-        """One row (decoding): one dispatch of the matvec kernel with norm_input.wgsl, each
-        workgroup normalising the row itself. Otherwise the composed default."""
+    def _norm_linear_kernel(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center,
+                            act, gated, n):
+        """One dispatch of the matvec kernel with norm_input.wgsl, each workgroup normalising the row itself."""
         k = lx.shape[-1]
-        m = lx.numel() // k if k else 0
-        rows = lw.shape[0]
-        n = rows // 2 if gated else rows
-        if wdtype.is_quantized:
-            fits = self._reads_blocks(w, wdtype, rows, k)
-        else:  # w (rows, k) read as b = w^T (k, rows)
-            fits = self._matvec_fits(w, Layout((k, rows), lw.strides[::-1], lw.offset), k, dtype)
-        if not (fits and m == 1 and n and 0 < k <= NORM_INPUT_MAX_K and (act is None or act in ex.FLOAT_UNARY)):
-            return super().add_norm_linear(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
-                                           center, act, gated)
         xs, xoff = self._contiguous(x, lx, dtype)
         rs, roff = self._contiguous(r, lr, dtype) if r is not None else (xs, 0)
         # hidden is always bound (written only with a residual): a fresh buffer, as a writable

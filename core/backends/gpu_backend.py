@@ -13,8 +13,9 @@ KernelBackend (CUDA C / MSL, tallow.backends.kernel) -- over the one driver prot
   planning     each op whose plan does not depend on the kernel language is planned here once:
                reductions, scans, softmax, the norms, rope, row lookups, the quantised product
                (matvec or many-row path), attention, convolution, the fused decode ops (residual
-               add + norm, KV-cache writes, biased and gated matvecs), a custom op's checks. A
-               plan ends in a call of the subclass's `_<op>_kernel`
+               add + norm, KV-cache writes, biased and gated matvecs; and OPTIONAL_FUSED, one
+               launch only where the subclass lists it in `fused_kernels`), a custom op's checks.
+               A plan ends in a call of the subclass's `_<op>_kernel`
 
 What stays in a subclass is its kernel table: those `_*_kernel` launches, which operands its
 kernels take (`_attention_fits`, `_matvec_fits`, `_reads_blocks`, the matvec row limits, the
@@ -37,6 +38,12 @@ from .reduce_plan import plan_reduce
 from .step_recording import StepCapture
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+# Fused decode ops not every kernel table has: planned here, one launch where the subclass lists
+# the op in `fused_kernels`, else the composed default of base.py (plan_features says which).
+# Each with the kernel-table hooks its one launch needs (a subclass listing the op has them).
+OPTIONAL_FUSED = {"qmatmul_bias": ("_qmatvec_kernel",), "add_norm_linear": ("_norm_linear_kernel",),
+                  "cache_attention": ("_cache_attention_kernel",)}
 
 
 class ConvGeometry(NamedTuple):
@@ -264,6 +271,10 @@ class GpuBackend(StepCapture, Backend):
     matvec_max_rows = 1    # rows of x the float matvec kernels take (gpu_plan.runs_matvec)
     qmatvec_max_rows = 1   # rows of x the quantised matvec kernels take
     activations: Container[str] = ()  # the unary ops a gated kernel applies to its gate
+    # The fused ops of OPTIONAL_FUSED this kernel table runs as one launch (the others compose,
+    # base.py), and the widest row add_norm_linear's kernel normalises.
+    fused_kernels: Container[str] = frozenset()
+    norm_linear_max_k = 0
 
     def _matvec_fits(self, b, lb, k, dtype):
         """Whether the float matvec kernels read b (k, n), a Linear's transposed weight, as it lies."""
@@ -293,6 +304,17 @@ class GpuBackend(StepCapture, Backend):
             return self._qmatvec_kernel(x, lx, dtype, w, wdtype, n, k)
         return self._qmatmul_kernel(x, lx, dtype, w, wdtype, n, k)
 
+    def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
+        """qmatmul + bias (n,) in one launch of the quantised matvec, where qmatmul would run the
+        matvec and the kernel table has its biased form ("qmatmul_bias" in fused_kernels); else
+        composed (qmatmul, then an add)."""
+        m = lx.numel() // k if k else 0
+        if not ("qmatmul_bias" in self.fused_kernels and m * n and runs_matvec(m, self.qmatvec_max_rows, wdtype)
+                and self._reads_blocks(w, wdtype, n, k)):
+            return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
+        self._check(dtype, "qmatmul_bias")
+        return self._qmatvec_kernel(x, lx, dtype, w, wdtype, n, k, bias, lbias)
+
     def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
         m, k = la.shape
         n = lb.shape[1]
@@ -315,6 +337,46 @@ class GpuBackend(StepCapture, Backend):
             return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
         self._check(dtype, "gated_qmatmul")
         return self._gated_qmatvec_kernel(x, lx, dtype, w, wdtype, n, k, act)
+
+    def add_norm_linear(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center, act,
+                        gated):
+        """One row (a decode step) whose norm width the kernel takes (norm_linear_max_k): one launch
+        of the matvec kernel that normalises its input row itself ("add_norm_linear" in
+        fused_kernels). Otherwise composed: add + norm (one launch), then the (biased, gated) matvec."""
+        k = lx.shape[-1]
+        m = lx.numel() // k if k else 0
+        rows = lw.shape[0]
+        n = rows // 2 if gated else rows
+        if wdtype.is_quantized:
+            fits = self._reads_blocks(w, wdtype, rows, k)
+        else:  # w (rows, k) read as b = w^T (k, rows)
+            fits = self._matvec_fits(w, Layout((k, rows), lw.strides[::-1], lw.offset), k, dtype)
+        if not ("add_norm_linear" in self.fused_kernels and fits and m == 1 and n
+                and 0 < k <= self.norm_linear_max_k and (act is None or act in self.activations)):
+            return super().add_norm_linear(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
+                                           center, act, gated)
+        self._check(dtype, "add_norm_linear")
+        return self._norm_linear_kernel(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
+                                        center, act, gated, n)
+
+    def cache_attention(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask, dtype,
+                        position, key_start, scale, interleaved):
+        """A one-token step without a mask, over caches the kernel reads (_cache_attention_fits): one
+        launch that rotates, appends and attends ("cache_attention" in fused_kernels). Otherwise
+        composed: rope_kv_write (or kv_write), then attention, each one launch."""
+        if not ("cache_attention" in self.fused_kernels and lq.shape[2] == 1 and mask is None
+                and self._cache_attention_fits(lkc, lvc)):
+            return super().cache_attention(q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask,
+                                           dtype, position, key_start, scale, interleaved)
+        self._check(dtype, "cache_attention")
+        return self._cache_attention_kernel(q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, dtype,
+                                            position, key_start, scale, interleaved)
+
+    def plan_features(self):
+        """What `tallow devices` shows of the plan: the optional fused ops this kernel table runs as
+        one launch, and those it composes from the other primitives."""
+        return {"fused_ops": ",".join(op for op in OPTIONAL_FUSED if op in self.fused_kernels) or "none",
+                "composed_ops": ",".join(op for op in OPTIONAL_FUSED if op not in self.fused_kernels) or "none"}
 
     def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
         # A 1-D convolution is a 2-D one over a height of 1.
@@ -454,8 +516,9 @@ class GpuBackend(StepCapture, Backend):
         """dims: (batch, q heads, kv heads, tokens, pairs per head)."""
         raise NotImplementedError
 
-    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k):
-        """x . w^T by the quantised matvec: the result storage."""
+    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, bias=None, lbias=None):
+        """x . w^T (+ bias (n,), only where "qmatmul_bias" is in fused_kernels) by the quantised
+        matvec: the result storage."""
         raise NotImplementedError
 
     def _qmatmul_kernel(self, x, lx, dtype, w, wdtype, n, k):
@@ -471,6 +534,20 @@ class GpuBackend(StepCapture, Backend):
         raise NotImplementedError
 
     def _gated_qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, act):
+        raise NotImplementedError
+
+    def _norm_linear_kernel(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center,
+                            act, gated, n):
+        """add_norm_linear of one row in one launch, n output columns: (hidden or None, y)."""
+        raise NotImplementedError
+
+    def _cache_attention_fits(self, lkc, lvc):
+        """Whether the one-launch cache attention reads these caches."""
+        return False
+
+    def _cache_attention_kernel(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, dtype, position,
+                                key_start, scale, interleaved):
+        """cache_attention of one token in one launch (or two: a split-K combine): the result storage."""
         raise NotImplementedError
 
     def _im2col_kernel(self, xs, cols, col_numel, g, dtype):

@@ -278,12 +278,14 @@ class KernelBackend(GpuBackend):
         return self.copy(scanned, back, out_dtype)
 
     # ---- linear algebra and indexing ---------------------------------------------------
-    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k):
+    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, bias=None, lbias=None):
         m = lx.numel() // k
         xf = self._as(x, lx, dtype, f32)
+        bf = xf if bias is None else self._as(bias, lbias, dtype, f32)  # the kernel adds an f32 bias
         out = self._new(m * n, f32)  # the quantised kernels write f32
         grid, block = grid_qmatvec(n, m)
-        self._launch("quant", f"qmatvec_{wdtype.name}", grid, block, [w, xf, out, I32(n), I32(k), I32(m)])
+        self._launch("quant", f"qmatvec_{wdtype.name}", grid, block,
+                     [w, xf, bf, out, I32(n), I32(k), I32(m), I32(bias is not None)])
         return out if dtype is f32 else self.cast(out, Layout((m * n,)), f32, dtype)
 
     def _qmatmul_kernel(self, x, lx, dtype, w, wdtype, n, k):
@@ -452,6 +454,10 @@ class KernelBackend(GpuBackend):
     # output column, up to QMATVEC_MAX_ROWS rows of x.
     matvec_max_rows = qmatvec_max_rows = QMATVEC_MAX_ROWS
     activations = UNARY_CODES
+    # Of GpuBackend's optional fused ops, the biased quantised matvec is one launch here;
+    # add_norm_linear composes (add_norm, then the matvec) and cache_attention composes
+    # (rope_kv_write, then the decode attention kernel): two launches each.
+    fused_kernels = frozenset({"qmatmul_bias"})
 
     def _matvec_fits(self, b, lb, k, dtype):
         # b k contiguous (a Linear's transposed weight): a warp's lanes read it together; f32 sums.
