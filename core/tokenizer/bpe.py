@@ -15,8 +15,10 @@ _CACHE_LIMIT = 100_000
 
 class BPE:
     def __init__(self, vocab, merges, unk_token=None, fuse_unk=False, byte_fallback=False,
-                 ignore_merges=False, continuing_subword_prefix="", end_of_word_suffix=""):
-        """vocab: {token: id}; merges: list of (left, right) pairs in rank order."""
+                 ignore_merges=False, continuing_subword_prefix="", end_of_word_suffix="", pair_ranks=None):
+        """vocab: {token: id}; merges: list of (left, right) pairs in rank order, or instead
+        pair_ranks: an object whose get((left id, right id)) gives (rank, merged id) or None
+        (gguf_spm.PairRanks: a SentencePiece vocabulary's merges, never listed)."""
         self.vocab = vocab
         self.unk_token = unk_token
         self.fuse_unk = fuse_unk
@@ -27,7 +29,7 @@ class BPE:
         if unk_token is not None and unk_token not in vocab:
             raise FormatError(f"BPE unk_token {unk_token!r} is not in the vocabulary")
         # (left id, right id) -> (rank, merged id)
-        self.merges = {}
+        self.merges = {} if pair_ranks is None else pair_ranks
         for rank, (left, right) in enumerate(merges):
             merged = left + (right[len(self.prefix):] if self.prefix else right)
             try:

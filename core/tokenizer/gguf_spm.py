@@ -8,6 +8,11 @@ add_space_prefix is on. The same thing as a tokenizer.json: a byte-fallback
 BPE whose merges are every split of every token into two tokens, ranked by
 the joined token's score (how transformers reads these files, too), with the
 normalizer Prepend("▁") + Replace(" ", "▁") of Llama 2's own tokenizer.json.
+
+Listing those merges costs seconds for a 262,144-token vocabulary (Gemma 3), and
+the `tokenizers` library half a second more to read them; so they stay unlisted
+(DerivedMerges) and the pure-Python BPE asks PairRanks for a pair's rank, computed
+from the joined token, only when it meets the pair.
 """
 from ..errors import FormatError
 
@@ -19,10 +24,11 @@ def _scores(meta, tokens, source):
     if scores is None:
         return [0.0] * len(tokens)  # llama.cpp's default when a file has none
     if (not isinstance(scores, list) or len(scores) != len(tokens)
-            or not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in scores)):
+            or not (set(map(type, scores)) <= {float, int}  # checked at C speed; bool is not int here
+                    or all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in scores))):
         raise FormatError(f"{source}: tokenizer.ggml.scores = {scores!r:.80}: must be an array of "
                           f"{len(tokens)} numbers (one per token)")
-    return [float(s) for s in scores]
+    return list(map(float, scores))
 
 
 def derive_merges(tokens, vocab, scores):
@@ -43,6 +49,51 @@ def derive_merges(tokens, vocab, scores):
     return [[left, right] for _score, left, right in found]
 
 
+class DerivedMerges:
+    """The merges derive_merges would list, not listed until asked: pairs() lists them
+    (the `tokenizers` library needs the list), ranks() ranks a pair when it is met."""
+
+    def __init__(self, tokens, vocab, scores):
+        self.tokens, self.vocab, self.scores = tokens, vocab, scores
+
+    def pairs(self):
+        return derive_merges(self.tokens, self.vocab, self.scores)
+
+    def ranks(self):
+        return PairRanks(self.tokens, self.vocab, self.scores)
+
+
+class PairRanks:
+    """(left id, right id) -> (rank, merged id) or None, like BPE.merges, for the merges of
+    derive_merges: a pair merges when the joined string is a token, and it ranks by
+    derive_merges' sort key (-score, -len(left), -len(right), then the joined token's id, the
+    order its stable sort leaves equal keys in) packed into one int. The ids met are first ids
+    of their strings (vocab's), so tokens[id] is the string."""
+
+    def __init__(self, tokens, vocab, scores):
+        self.tokens, self.vocab, self.scores = tokens, vocab, scores
+        self.span = max(map(len, vocab), default=1) + 1  # > any length: packs the lengths
+        self.count = len(tokens)
+        self._score_rank = None
+
+    def _rank_of_score(self):
+        """score -> its place among the distinct scores, best first (made on first use)."""
+        if self._score_rank is None:
+            self._score_rank = {s: r for r, s in enumerate(sorted(set(self.scores), reverse=True))}
+        return self._score_rank
+
+    def get(self, pair):
+        tokens = self.tokens
+        left, right = tokens[pair[0]], tokens[pair[1]]
+        merged = self.vocab.get(left + right)
+        if merged is None:
+            return None
+        span = self.span
+        rank = self._rank_of_score()[self.scores[merged]]
+        rank = ((rank * span + span - len(left)) * span + span - len(right)) * self.count + merged
+        return rank, merged
+
+
 def components(meta, tokens, vocab, source):
     """(model, normalizer, pre_tokenizer, decoder) of a tokenizer.json for an SPM vocabulary."""
     architecture = meta.get("general.architecture")
@@ -50,14 +101,15 @@ def components(meta, tokens, vocab, source):
     if isinstance(architecture, str) and architecture.startswith("gemma"):
         # Gemma files store runs of spaces as real spaces and rank merges by file order,
         # not by score (what transformers' Gemma reader does too).
-        tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
-        vocab = {}
-        for i, t in enumerate(tokens):
-            vocab.setdefault(t, i)
-        scores = [-float(i) for i in range(len(tokens))]
+        if any(t and not t.strip(" ") for t in tokens):
+            tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
+            vocab = {}
+            for i, t in enumerate(tokens):
+                vocab.setdefault(t, i)
+        scores = list(map(float, range(0, -len(tokens), -1)))
     merges = meta.get("tokenizer.ggml.merges")
     if merges is None:
-        merges = derive_merges(tokens, vocab, scores)
+        merges = DerivedMerges(tokens, vocab, scores)
     elif not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
         raise FormatError(f"{source}: tokenizer.ggml.merges = {merges!r:.80}: must be an array of strings")
     add_space = meta.get("tokenizer.ggml.add_space_prefix", True)

@@ -96,9 +96,11 @@ def to_tokenizer_json(meta, source="GGUF metadata"):
     if len(types) != len(tokens):
         raise FormatError(f"{source}: {len(types)} token types for {len(tokens)} tokens")
 
-    vocab = {}
-    for i, t in enumerate(tokens):
-        vocab.setdefault(t, i)  # a duplicated string keeps its first id, like llama.cpp
+    vocab = dict(zip(tokens, range(len(tokens))))  # at C speed: 262,144-token vocabularies
+    if len(vocab) != len(tokens):
+        vocab = {}
+        for i, t in enumerate(tokens):
+            vocab.setdefault(t, i)  # a duplicated string keeps its first id, like llama.cpp
     if model == "llama":
         model_spec, normalizer, pre_tokenizer, decoder = gguf_spm.components(meta, tokens, vocab, source)
         default_bos = True  # llama.cpp adds bos to SentencePiece text unless the file says not to
@@ -107,7 +109,8 @@ def to_tokenizer_json(meta, source="GGUF metadata"):
     added = [
         {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": ty != _USER_DEFINED}
-        for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (_CONTROL, _USER_DEFINED, _UNKNOWN)
+        for i, t, ty in ((i, tokens[i], types[i]) for i, ty in enumerate(types)
+                         if ty == _CONTROL or ty == _USER_DEFINED or ty == _UNKNOWN)
     ]
     special = special_token_ids(meta, source)
     template = []

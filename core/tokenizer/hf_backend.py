@@ -2,6 +2,7 @@
 import json
 
 from ..errors import FormatError, UnsupportedError
+from .gguf_spm import DerivedMerges
 from .regex_safety import check_spec
 
 _FIRST_PREFIX = 1 << 16  # characters encoded whole, limit or not
@@ -34,6 +35,9 @@ class LibraryTokenizer:
             raise UnsupportedError("backend='tokenizers' needs the `tokenizers` package "
                                    "(pip install tokenizers)") from None
         check_spec(spec, source)  # Oniguruma would give up with a panic at encode time
+        model = spec.get("model")
+        if isinstance(model, dict) and isinstance(model.get("merges"), DerivedMerges):
+            spec = dict(spec, model=dict(model, merges=model["merges"].pairs()))  # the library needs the list
         try:
             # unescaped text parses faster (byte-level vocabularies are mostly non-ASCII): -20 ms
             self.tok = tokenizers.Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))

@@ -1,7 +1,7 @@
 """Pure-Python tokenizer: runs a tokenizer.json description without the
 `tokenizers` library (Pyodide), giving the library's ids token for token."""
 from ..errors import Error, FormatError, UnsupportedError
-from . import decoders, normalizers, post_processors, pre_tokenizers
+from . import decoders, gguf_spm, normalizers, post_processors, pre_tokenizers
 from .added_tokens import AddedToken, AddedTokenMatcher
 from .bpe import BPE
 from .unigram import Unigram
@@ -133,9 +133,13 @@ def _bpe(model, source):
     if model.get("dropout"):
         raise UnsupportedError(f"{source}: BPE dropout is not supported (it makes encoding random)")
     vocab = model.get("vocab")
-    if not isinstance(vocab, dict) or not all(type(i) is int and i >= 0 for i in vocab.values()):
+    ids = vocab.values() if isinstance(vocab, dict) else ()
+    if not isinstance(vocab, dict) or not (set(map(type, ids)) <= {int} and min(ids, default=0) >= 0):
         raise FormatError(f"{source}: model.vocab must be an object of token -> id (an integer >= 0)")
     merges = model.get("merges", [])
+    pair_ranks = None
+    if isinstance(merges, gguf_spm.DerivedMerges):
+        merges, pair_ranks = [], merges.ranks()
     if not isinstance(merges, list) or not all(
             isinstance(m, str) or (isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m))
             for m in merges):
@@ -145,7 +149,7 @@ def _bpe(model, source):
         unk_token=model.get("unk_token"), fuse_unk=model.get("fuse_unk", False),
         byte_fallback=model.get("byte_fallback", False), ignore_merges=model.get("ignore_merges", False),
         continuing_subword_prefix=model.get("continuing_subword_prefix") or "",
-        end_of_word_suffix=model.get("end_of_word_suffix") or "",
+        end_of_word_suffix=model.get("end_of_word_suffix") or "", pair_ranks=pair_ranks,
     )
 
 

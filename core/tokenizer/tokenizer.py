@@ -5,7 +5,7 @@ import os
 
 from ..errors import DTypeError, FormatError, IndexRangeError, UnsupportedError
 from ..json_file import read_json
-from . import chat_template, hf_backend, timestamps
+from . import chat_template, gguf_spm, hf_backend, timestamps
 from .gguf_vocab import to_tokenizer_json
 from .piece_cache import PieceCache
 from .python_backend import PythonTokenizer
@@ -19,7 +19,12 @@ _FALLBACK_NAMES = {"bos": ("<|begin_of_text|>", "<s>"), "eos": ("<|endoftext|>",
 
 def _make_backend(spec, backend, source):
     if backend in (None, "auto"):
-        backend = "tokenizers" if hf_backend.available() else "python"
+        # A SentencePiece GGUF vocabulary without stored merges: the pure-Python BPE ranks pairs as
+        # it meets them, where the library must be handed every merge (Gemma 3's 262,144 tokens:
+        # ~280k merges, 3-4 s to list and parse at load); the ids are the same (tests compare).
+        model = spec.get("model")
+        derived = isinstance(model, dict) and isinstance(model.get("merges"), gguf_spm.DerivedMerges)
+        backend = "tokenizers" if hf_backend.available() and not derived else "python"
     if backend == "tokenizers":
         return hf_backend.LibraryTokenizer(spec, source)
     if backend == "python":
