@@ -49,7 +49,7 @@ def test_as_root_without_sudo_installs_with_apt_get_directly(box):
     assert calls[0] == "apt-get update -qq DEBIAN_FRONTEND=noninteractive"
     install = calls[1]
     assert install.startswith("apt-get install -y -qq --no-install-recommends ")
-    for pkg in ("chromium", "ffmpeg", "nodejs", "npm"):  # (lavapipe is looked up on the real disk)
+    for pkg in ("chromium", "ffmpeg", "nodejs", "npm", "lld"):  # (lavapipe is looked up on the real disk)
         assert pkg in install.split(), install
     assert install.endswith("DEBIAN_FRONTEND=noninteractive")
 
@@ -67,7 +67,7 @@ def test_as_a_user_with_sudo_goes_through_sudo(box):
 def test_without_root_or_sudo_says_what_to_install(box):
     proc, calls = box(uid=1000, sudo=False)
     assert proc.returncode == 1 and calls == []
-    assert "missing chromium ffmpeg nodejs npm" in proc.stderr
+    assert "missing chromium ffmpeg nodejs npm lld" in proc.stderr
     assert "apt-get install -y" in proc.stderr
 
 
@@ -81,7 +81,7 @@ def test_without_apt_get_names_the_missing_packages(box):
 @pytest.mark.skipif(BASH is None, reason="bash is not installed")
 def test_nothing_to_do_when_everything_is_present(box, tmp_path):
     bin_dir = tmp_path / "bin"
-    for tool in ("chromium", "ffmpeg", "node", "npm"):
+    for tool in ("chromium", "ffmpeg", "node", "npm", "wasm-ld"):
         _stub(bin_dir, tool, "true")
     icd = "/usr/share/vulkan/icd.d"
     if not (os.path.isdir(icd) and any(p.startswith("lvp_icd.") for p in os.listdir(icd))):
