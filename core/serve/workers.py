@@ -10,6 +10,7 @@ the event loop's asyncio queue; `cancel` is the flag checked between tokens (set
 client disconnects or the request runs out of time).
 """
 import asyncio
+import os
 import queue
 import sys
 import threading
@@ -123,13 +124,8 @@ class Worker:
 
 
 def _shared(a, b):
-    """How many leading ids a and b share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading ids a and b share (commonprefix compares any two sequences item by item)."""
+    return len(os.path.commonprefix([list(a), list(b)]))
 
 
 class BatchWorker(Worker):
