@@ -12,6 +12,7 @@ import random
 import time
 
 from tallow import dtypes as D
+from tallow.backends.operand import Operand
 from tallow.backends.python_backend import PythonBackend
 from tallow.layout import Layout
 
@@ -49,13 +50,13 @@ def main():
     b_vals = [rnd.gauss(0, 1) for _ in range(k * n)]
     a, b = be.from_list(a_vals, D.f32), be.from_list(b_vals, D.f32)
     la, lb = Layout((m, k)), Layout((k, n))
-    t_backend = best_of(lambda: be.matmul(a, la, b, lb, D.f32), args.repeat)
+    t_backend = best_of(lambda: be.matmul(Operand(a, la), Operand(b, lb), D.f32), args.repeat)
     a32, b32 = a.tolist(), b.tolist()
     t_naive = best_of(lambda: naive_matmul(a32, b32, m, k, n), max(1, args.repeat // 2))
     print(f"matmul 64^3 f32     : backend {t_backend * 1e3:8.2f} ms | naive triple loop {t_naive * 1e3:8.2f} ms"
           f" | {t_naive / t_backend:5.1f}x faster")
     lbt = Layout((n, k)).permute((1, 0))  # a transposed operand (as x @ W.T in Linear)
-    t_t = best_of(lambda: be.matmul(a, la, b, lbt, D.f32), args.repeat)
+    t_t = best_of(lambda: be.matmul(Operand(a, la), Operand(b, lbt), D.f32), args.repeat)
     print(f"matmul 64^3 b^T     : backend {t_t * 1e3:8.2f} ms")
 
     try:
@@ -83,8 +84,9 @@ def main():
     cases = [
         ("softmax 64x512 f32", lambda: be.softmax(x, lx, D.f32), np_softmax),
         ("softmax 64x512 f16", lambda: be.softmax(x, lx, D.f16), None),
-        ("layer_norm 64x512", lambda: be.layer_norm(x, lx, w, lw, bias, lw, D.f32, 1e-5), np_layer_norm),
-        ("rms_norm 64x512", lambda: be.rms_norm(x, lx, w, lw, D.f32, 1e-6), None),
+        ("layer_norm 64x512", lambda: be.layer_norm(Operand(x, lx), Operand(w, lw), Operand(bias, lw), D.f32, 1e-5),
+         np_layer_norm),
+        ("rms_norm 64x512", lambda: be.rms_norm(Operand(x, lx), Operand(w, lw), D.f32, 1e-6), None),
         ("gelu 64x512", lambda: be.unary("gelu", x, lx, D.f32), None),
         ("add 64x512 + row", lambda: be.binary("add", x, lx, w, lw.broadcast_to((rows, cols)), D.f32),
          (lambda: xn + xn[0]) if np else None),

@@ -33,6 +33,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 import numpy as np  # noqa: E402
 
 from tallow import dtypes as D  # noqa: E402
+from tallow.backends.operand import Operand, QuantWeight  # noqa: E402
 from tallow.layout import Layout  # noqa: E402
 from tallow_wgpu.backend import WgpuBackend  # noqa: E402
 
@@ -132,20 +133,21 @@ def main():
         def gpu():
             out = None
             for _ in range(reps):
-                out = be.matmul(sa, lay, sb, lay, D.f32)
+                out = be.matmul(Operand(sa, lay), Operand(sb, lay), D.f32)
             be.to_bytes(out, Layout((1,)), D.f32)  # sync
 
         flops = 2 * size ** 3
         t_gpu = best(gpu, reps)
         t_np = best(lambda: a @ b, 1)
-        got = np.frombuffer(be.to_bytes(be.matmul(sa, lay, sb, lay, D.f32), lay, D.f32), np.float32).reshape(size, size)
+        out = be.matmul(Operand(sa, lay), Operand(sb, lay), D.f32)
+        got = np.frombuffer(be.to_bytes(out, lay, D.f32), np.float32).reshape(size, size)
         err = float(np.abs(got - a @ b).max())
         print(f"matmul {size}^3 f32: wgpu {flops / t_gpu / 1e9:7.2f} GFLOP/s   numpy {flops / t_np / 1e9:7.2f} GFLOP/s"
               f"   ratio {t_np / t_gpu:.3f}   max|diff| {err:.1e}")
         lbt = Layout((size, size)).permute((1, 0))  # a @ b.T: rows of both operands contiguous
 
         def gpu_t():
-            be.to_bytes(be.matmul(sa, lay, sb, lbt, D.f32), Layout((1,)), D.f32)
+            be.to_bytes(be.matmul(Operand(sa, lay), Operand(sb, lbt), D.f32), Layout((1,)), D.f32)
 
         t_gpu = best(gpu_t, 1)
         t_np = best(lambda: a @ b.T, 1)
@@ -165,7 +167,7 @@ def main():
     def gpu_f32():
         out = None
         for _ in range(reps):
-            out = be.matmul(sx, lx, sw, lw, D.f32)
+            out = be.matmul(Operand(sx, lx), Operand(sw, lw), D.f32)
         be.to_bytes(out, Layout((1,)), D.f32)
 
     t_gpu = best(gpu_f32, reps)
@@ -183,13 +185,14 @@ def main():
         def gpu_q():
             out = None
             for _ in range(reps):
-                out = be.qmatmul(sx, lx, D.f32, qw, qdt, n, k)
+                out = be.qmatmul(Operand(sx, lx), QuantWeight(qw, qdt, n, k), D.f32)
             be.to_bytes(out, Layout((1,)), D.f32)
 
         t_gpu = best(gpu_q, reps)
         t_np = best(lambda: q.qmatmul_numpy(x, raw, qdt, n, k), 1)
         t_np_f32 = best(lambda: x @ w.T, 1)
-        got = np.frombuffer(be.to_bytes(be.qmatmul(sx, lx, D.f32, qw, qdt, n, k), Layout((1, n)), D.f32), np.float32)
+        out = be.qmatmul(Operand(sx, lx), QuantWeight(qw, qdt, n, k), D.f32)
+        got = np.frombuffer(be.to_bytes(out, Layout((1, n)), D.f32), np.float32)
         err = float(np.abs(got - q.qmatmul_numpy(x, raw, qdt, n, k).reshape(-1)).max())
         print(f"matvec {name} ({n}x{k}, {len(raw) / 1e6:.1f} MB): wgpu {len(raw) / t_gpu / 1e9:6.2f} GB/s   "
               f"numpy (dequantise + dot) {len(raw) / t_np / 1e9:6.2f} GB/s   ratio {t_np / t_gpu:.3f}   "

@@ -8,6 +8,7 @@ its matmul runs in f32 on cuBLAS (cupy has no bf16 dtype). GGUF blocks stay on t
 as bytes: Q8_0, Q4_0, Q4_1, Q4_K and Q6_K are dequantised inside the kernels.
 """
 from tallow.backends.kernel.backend import KernelBackend
+from tallow.backends.operand import Operand
 from tallow.dtypes import bf16, f32
 from tallow.layout import Layout, numel_of
 
@@ -45,14 +46,15 @@ class CudaBackend(KernelBackend):
         return cp.ndarray(layout.shape, dtype=arr.dtype, memptr=arr.data + layout.offset * item,
                           strides=tuple(s * item for s in layout.strides))
 
-    def matmul(self, a, la, b, lb, dtype):
+    def matmul(self, a, b, dtype):
         self._check(dtype, "matmul")
+        (a, la), (b, lb) = a, b
         few_rows = self._rows_matvec(a, la, b, lb, dtype)  # a decode step's projection: one kernel, graph-capturable
         if few_rows is not None:
             return few_rows
         if dtype is bf16:  # no bf16 in cupy: multiply in f32, round once at the end
             af, bf = self.cast(a, la, bf16, f32), self.cast(b, lb, bf16, f32)
-            out = self.matmul(af, Layout(la.shape), bf, Layout(lb.shape), f32)
+            out = self.matmul(Operand(af, Layout(la.shape)), Operand(bf, Layout(lb.shape)), f32)
             return self.cast(out, Layout((out.numel,)), f32, bf16)
         cp = self.driver.cp
         shape = la.shape[:-1] + lb.shape[-1:]

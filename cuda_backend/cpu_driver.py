@@ -19,6 +19,7 @@ import struct
 from tallow.backends.kernel.backend import KernelBackend
 from tallow.backends.kernel.emulator import FIBERS, EmulatedDriver, compile_emulated, source_file
 from tallow.backends.kernel.host import Meta
+from tallow.backends.operand import Operand
 from tallow.dtypes import bf16, f16
 from tallow.layout import numel_of
 
@@ -95,12 +96,13 @@ class CudaCpuEmulatorBackend(CudaBackend):
     def features(self):
         return {"backend": "cuda kernels on the CPU emulator (test-only)", "f16": True, "bf16": True}
 
-    def matmul(self, a, la, b, lb, dtype):
+    def matmul(self, a, b, dtype):
+        (a, la), (b, lb) = a, b
         few_rows = self._rows_matvec(a, la, b, lb, dtype)  # as CudaBackend.matmul: a few rows take the kernel
         if few_rows is not None:
             return few_rows
         if dtype is bf16:
-            return super().matmul(a, la, b, lb, dtype)  # f32 through the cast kernels, then back here
+            return super().matmul(Operand(a, la), Operand(b, lb), dtype)  # f32 through the cast kernels, then back here
         np = self.driver.np
         shape = la.shape[:-1] + lb.shape[-1:]
         out = self.driver.alloc(dtype, numel_of(shape))

@@ -31,7 +31,8 @@ class MetalBackend(KernelBackend):
     def custom_source(self, op):
         return op.msl
 
-    def matmul(self, a, la, b, lb, dtype):
+    def matmul(self, a, b, dtype):
+        (a, la), (b, lb) = a, b
         if dtype not in MATMUL_DTYPES:
             self._missing(f"matmul on {dtype.name}")
         batch = la.shape[:-2]

@@ -10,6 +10,8 @@ from tallow.backends.buffer_pool import MIB, BufferPool, size_class
 from tallow.backends.gpu_backend import OPTIONAL_FUSED, GpuBackend
 from tallow.backends.kernel.backend import KernelBackend
 from tallow.backends.kernel.null_driver import NullKernelDriver
+from tallow.backends.operand import Operand, QuantWeight
+from tallow.backends.specs import LinearSpec, NormSpec
 from tallow.errors import UnsupportedError
 from tallow.layout import Layout
 
@@ -106,11 +108,13 @@ def test_the_optional_fused_ops_are_planned_once_and_say_where_they_compose():
     f32, q8_0 = dtypes.f32, dtypes.get_dtype("q8_0")
     x, b, w = be.full(64, 1.0, f32), be.full(12, 0.5, f32), be.from_bytes(bytes(34 * 2 * 12), q8_0)
     before = be.driver.launches
-    be.qmatmul_bias(x, Layout((1, 64)), f32, w, q8_0, 12, 64, b, Layout((12,)))
+    qw = QuantWeight(w, q8_0, 12, 64)
+    be.qmatmul_bias(Operand(x, Layout((1, 64))), qw, Operand(b, Layout((12,))), f32)
     assert be.driver.launches - before == 1  # the biased matvec: one kernel, no add after it
     before = be.driver.launches
-    be.add_norm_linear(x, Layout((1, 64)), x, Layout((1, 64)), b, Layout((64,)), None, None, w, Layout((12, 64)),
-                       q8_0, b, Layout((12,)), f32, 1e-5, False, None, False)
+    row = Operand(x, Layout((1, 64)))
+    be.add_norm_linear(row, row, NormSpec(Operand(b, Layout((64,))), None, 1e-5), LinearSpec(qw, Operand(b, Layout((12,)))),
+                       f32)
     assert be.driver.launches - before == 2  # composed: add + RMS norm, then the biased matvec
 
 

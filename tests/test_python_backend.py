@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from tallow import dtypes as D
+from tallow.backends.operand import Operand
 from tallow.backends.python_backend import PythonBackend
+from tallow.backends.specs import ConvSpec
 from tallow.errors import ShapeError
 from tallow.layout import Layout
 
@@ -54,24 +56,24 @@ def test_both_dot_paths(monkeypatch, fast_dot):
                         if fast_dot == "sumprod" else None)
     a = RNG.standard_normal((2, 3, 5)).astype(np.float32)
     b = RNG.standard_normal((2, 5, 4)).astype(np.float32)
-    close(result(B.matmul(*place(a, D.f32, "strided"), *place(b, D.f32, "transposed"), D.f32), (2, 3, 4)), a @ b)
+    close(result(B.matmul(Operand(*place(a, D.f32, "strided")), Operand(*place(b, D.f32, "transposed")), D.f32), (2, 3, 4)), a @ b)
     x = RNG.standard_normal((1, 2, 9)).astype(np.float32)
     w = RNG.standard_normal((3, 2, 2)).astype(np.float32)
     ref = F.conv1d(torch.from_numpy(x), torch.from_numpy(w), None, 2, 1).numpy()
-    close(result(B.conv1d(*place(x, D.f32), *place(w, D.f32), D.f32, 2, 1, 1, 1), ref.shape), ref)
+    close(result(B.conv1d(Operand(*place(x, D.f32)), Operand(*place(w, D.f32)), D.f32, ConvSpec(2, 1, 1, 1)), ref.shape), ref)
 
 
 # ---- beyond the contract: the front end never asks for these, the pure-Python backend allows them ----
 def test_matmul_broadcasts_batch_dims_itself():
     a = RNG.standard_normal((2, 1, 3, 4)).astype(np.float32)
     b = RNG.standard_normal((5, 4, 2)).astype(np.float32)
-    close(result(B.matmul(*place(a, D.f32), *place(b, D.f32, "transposed"), D.f32), (2, 5, 3, 2)), np.matmul(a, b))
+    close(result(B.matmul(Operand(*place(a, D.f32)), Operand(*place(b, D.f32, "transposed")), D.f32), (2, 5, 3, 2)), np.matmul(a, b))
 
 
 def test_where_broadcasts_itself():
     c = np.array([[True], [False]])
     a = RNG.standard_normal((2, 3)).astype(np.float32)
-    got = B.where(*place(c, D.bool_), *place(a, D.f32), *place(np.float32(5.0), D.f32), D.f32)
+    got = B.where(Operand(*place(c, D.bool_)), Operand(*place(a, D.f32)), Operand(*place(np.float32(5.0), D.f32)), D.f32)
     close(result(got, (2, 3)), np.where(c, a, np.float32(5)))
 
 
@@ -80,9 +82,9 @@ def test_index_select_checks_ids_itself():
     st, lay = place(RNG.standard_normal((4, 5)).astype(np.float32), D.f32)
     for dim in (0, 1):
         with pytest.raises(ShapeError, match="out of range"):
-            B.index_select(st, lay, D.f32, *place(np.array([0, 9]), D.i64), dim)
+            B.index_select(Operand(st, lay), Operand(*place(np.array([0, 9]), D.i64)), D.f32, dim)
     ids = np.array([2, 0, -1, 2])  # Python-style negative ids wrap here
-    np.testing.assert_array_equal(result(B.index_select(st, lay, D.f32, *place(ids, D.i64), 0), (4, 5)),
+    np.testing.assert_array_equal(result(B.index_select(Operand(st, lay), Operand(*place(ids, D.i64)), D.f32, 0), (4, 5)),
                                   np.array(B.to_list(st, lay, D.f32)).reshape(4, 5)[ids])
 
 
@@ -99,7 +101,8 @@ def test_quantised_rows_of_a_narrowed_view(qname):
     raw = quantize(RNG.standard_normal((n, k)).astype(np.float32), qtype).tobytes()
     ref_w = dequantize(np.frombuffer(raw, np.uint8).reshape(n, -1), qtype).reshape(n, k)
     # rows 2..5 of the matrix as a narrowed (offset) layout: its rows 1 and 3 are rows 3 and 5
-    got = B.index_select(B.from_bytes(raw, qd), Layout((n, k)).narrow(0, 2, 4), qd, *place(np.array([1, 3]), D.i64), 0)
+    got = B.index_select(Operand(B.from_bytes(raw, qd), Layout((n, k)).narrow(0, 2, 4)),
+                         Operand(*place(np.array([1, 3]), D.i64)), qd, 0)
     np.testing.assert_array_equal(result(got, (2, k)), ref_w[[3, 5]])
 
 
@@ -108,9 +111,10 @@ def test_backend_imports_and_runs_without_numpy():
     code = (
         "import sys; sys.modules['numpy'] = None\n"
         "from tallow.backends.python_backend import PythonBackend\n"
+        "from tallow.backends.operand import Operand\n"
         "from tallow.layout import Layout\nfrom tallow import dtypes as D\n"
         "b = PythonBackend(); s = b.from_list([1.0, 2.0, 3.0, 4.0], D.f32)\n"
-        "out = b.matmul(s, Layout((2, 2)), s, Layout((2, 2)).permute((1, 0)), D.f32)\n"
+        "out = b.matmul(Operand(s, Layout((2, 2))), Operand(s, Layout((2, 2)).permute((1, 0))), D.f32)\n"
         "print(b.to_list(out, Layout((4,)), D.f32))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

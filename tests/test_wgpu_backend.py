@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from tallow import dtypes as D
+from tallow.backends.operand import Operand
+from tallow.backends.specs import ConvSpec
 from tallow.errors import DeviceError, UnsupportedError
 from tallow.layout import Layout
 
@@ -46,12 +48,13 @@ def test_conv1d_conv2d_direct_kernel_vs_torch(be, monkeypatch):
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
     x, w = rnd(2, 6, 17), rnd(4, 3, 3)
-    got = be.conv1d(up(be, x, D.f32), Layout(x.shape), up(be, w, D.f32), Layout(w.shape), D.f32, 2, 1, 2, 2)
+    got = be.conv1d(Operand(up(be, x, D.f32), Layout(x.shape)), Operand(up(be, w, D.f32), Layout(w.shape)), D.f32,
+                    ConvSpec(2, 1, 2, 2))
     want = F.conv1d(torch.from_numpy(x), torch.from_numpy(w), stride=2, padding=1, dilation=2, groups=2).numpy()
     np.testing.assert_allclose(down(be, got, want.shape, D.f32), want, rtol=1e-5, atol=1e-5)
     x2, w2 = rnd(1, 3, 9, 8), rnd(5, 3, 3, 2)
-    got = be.conv2d(up(be, x2, D.f32), Layout(x2.shape), up(be, w2, D.f32), Layout(w2.shape), D.f32,
-                    (2, 1), (1, 0), (1, 2), 1)
+    got = be.conv2d(Operand(up(be, x2, D.f32), Layout(x2.shape)), Operand(up(be, w2, D.f32), Layout(w2.shape)), D.f32,
+                    ConvSpec((2, 1), (1, 0), (1, 2), 1))
     want = F.conv2d(torch.from_numpy(x2), torch.from_numpy(w2), stride=(2, 1), padding=(1, 0), dilation=(1, 2)).numpy()
     np.testing.assert_allclose(down(be, got, want.shape, D.f32), want, rtol=1e-5, atol=1e-5)
 

@@ -175,9 +175,10 @@ COSTS_TILED_WINS = {"matmul_rows": 0.010, "matmul tiled64": 0.003, "matmul tiled
 
 def linear(be, m, k, n):
     from tallow import dtypes as D
+    from tallow.backends.operand import Operand
     from tallow.layout import Layout
     a, w = be.from_bytes(bytes(4 * m * k), D.f32), be.from_bytes(bytes(4 * n * k), D.f32)
-    return be.matmul(a, Layout((m, k)), w, Layout((k, n), (1, k)), D.f32)
+    return be.matmul(Operand(a, Layout((m, k))), Operand(w, Layout((k, n), (1, k))), D.f32)
 
 
 def test_first_use_measures_picks_the_fastest_and_caches_it(tmp_path, monkeypatch):

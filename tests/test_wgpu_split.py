@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tallow import dtypes as D
+from tallow.backends.operand import Operand, QuantWeight
 from tallow.errors import DeviceError, Error, UnsupportedError
 from tallow.layout import Layout
 
@@ -82,13 +83,13 @@ def test_quantized_matmul_and_embedding_split_by_rows(be, monkeypatch, qname, n,
         monkeypatch.setattr(matmul_module, "QMATVEC_MAX_ROWS", matvec_rows)
         be.calls.clear()
         x = RNG.standard_normal((m, k)).astype(np.float32)
-        got = down(be, be.qmatmul(up(be, x, D.f32), Layout((m, k)), D.f32, sw, qdt, n, k), (m, n))
+        got = down(be, be.qmatmul(Operand(up(be, x, D.f32), Layout((m, k))), QuantWeight(sw, qdt, n, k), D.f32), (m, n))
         bound = np.abs(x) @ np.abs(w_ref).T
         assert np.all(np.abs(got - x @ w_ref.T) <= 3e-5 * bound + 1e-6), m
         assert _split_happened(be)
     be.calls.clear()
     ids = np.array([n - 1, 0, n // 2, 5, n - 1, -1], np.int64)
-    rows = be.index_select(sw, Layout((n, k)), qdt, up(be, ids, D.i64), Layout((len(ids),)), 0)
+    rows = be.index_select(Operand(sw, Layout((n, k))), Operand(up(be, ids, D.i64), Layout((len(ids),))), qdt, 0)
     np.testing.assert_array_equal(down(be, rows, (len(ids), k)), w_ref[ids].astype(np.float32))
     assert _split_happened(be)
 
@@ -100,7 +101,7 @@ def test_f32_linear_weight_split_by_columns(be, m, k):
     x = RNG.standard_normal((m, k)).astype(np.float32)
     assert w.nbytes > LIMIT
     be.calls.clear()
-    got = down(be, be.matmul(up(be, x, D.f32), Layout((m, k)), up(be, w, D.f32), Layout((k, n), (1, k)), D.f32),
+    got = down(be, be.matmul(Operand(up(be, x, D.f32), Layout((m, k))), Operand(up(be, w, D.f32), Layout((k, n), (1, k))), D.f32),
                (m, n))
     np.testing.assert_allclose(got, x @ w.T, rtol=1e-5, atol=1e-4)
     assert _split_happened(be)
@@ -110,7 +111,7 @@ def test_unsplittable_operand_is_refused_by_name(be):
     k, n = 160, 128  # a row-major (k, n) right operand: its columns are interleaved, not pieces of rows
     b = RNG.standard_normal((k, n)).astype(np.float32)
     with pytest.raises(UnsupportedError, match="columns are not stored apart"):
-        be.matmul(up(be, np.ones((2, k)), D.f32), Layout((2, k)), up(be, b, D.f32), Layout((k, n)), D.f32)
+        be.matmul(Operand(up(be, np.ones((2, k)), D.f32), Layout((2, k))), Operand(up(be, b, D.f32), Layout((k, n))), D.f32)
     big = up(be, np.ones(LIMIT // 4 + 64), D.f32)  # element-wise ops are not split: a clear refusal
     with pytest.raises(UnsupportedError, match="storage binding limit"):
         be.unary("exp", big, Layout((LIMIT // 4 + 64,)), D.f32)

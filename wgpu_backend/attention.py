@@ -3,6 +3,7 @@
 KV-cache writes."""
 
 from tallow.backends.gpu_plan import f32_bits
+from tallow.backends.operand import Operand, parts
 from tallow.dtypes import f32
 from tallow.layout import Layout
 
@@ -81,19 +82,20 @@ class AttentionOps:
         return all(lay.shape[3] <= 256 and lay.shape[3] % 4 == 0 and lay.strides[3] == 1 and lay.offset % 4 == 0
                    and all(st % 4 == 0 for st in lay.strides[:3]) for lay in (lk, lv))
 
-    def _attention_unfused(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+    def _attention_unfused(self, q, k, v, mask, dtype, spec):
         """Three dispatches: scores = q k^T (strided matmul, or matvec when decoding), a fused
         scale + mask + causal softmax, then p v."""
-        *batch, tq, _ = lq.shape
+        lk = k.layout
+        *batch, tq, _ = q.layout.shape
         tk = lk.shape[-2]
         nd = len(lk.shape)
         kt = lk.permute(list(range(nd - 2)) + [nd - 1, nd - 2])
-        scores = self.matmul(q, lq, k, kt, dtype)
+        scores = self.matmul(q, Operand(k.storage, kt), dtype)
         sl = Layout(tuple(batch) + (tq, tk))
         probs = self._new(sl.numel(), dtype)
         if sl.numel():
-            self._softmax_kernel(scores, sl, probs, False, dtype, scale, mask, lmask, causal)
-        return self.matmul(probs, sl, v, lv, dtype)
+            self._softmax_kernel(scores, sl, probs, False, dtype, spec.scale, *parts(mask), spec.causal)
+        return self.matmul(Operand(probs, sl), v, dtype)
 
     def _attention_kernel(self, q, lq, k, lk, v, lv, mask, lmask, out, scale, causal, over_cache, dtype):
         """One dispatch: kernels/attend.wgsl, one workgroup per query row."""
@@ -110,10 +112,14 @@ class AttentionOps:
     def _cache_attention_fits(self, lkc, lvc):
         return self._attend_fits(lkc, lvc)
 
-    def _cache_attention_kernel(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, dtype, position,
-                                key_start, scale, interleaved):
+    def _cache_attention_kernel(self, qkv, cache, rotary, dtype, spec):
         """One-token decode: kernels/cache_attend.wgsl rotates, appends and attends in one dispatch;
         over a long cache its splits' partial results take a second (kernels/attend_combine.wgsl)."""
+        (q, lq), (k, lk), (v, lv) = qkv
+        (kc, lkc), (vc, lvc) = cache
+        (cos, lcos), (sin, lsin) = ((None, None), (None, None)) if rotary is None else rotary[:2]
+        interleaved = rotary is not None and rotary.interleaved
+        position, key_start, scale = spec.position, spec.key_start, spec.scale
         b, h, _, d = lq.shape
         hk, capacity, dv = lk.shape[1], lkc.shape[2], lv.shape[3]
         rows = b * h

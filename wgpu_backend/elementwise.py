@@ -90,7 +90,8 @@ class ElementwiseOps:
             raise UnsupportedError(f"the wgpu backend has no compare {op}")
         return self._binary(op, f"select(0u, 1u, {sym})", a, la, b, lb, dtype, bool_)
 
-    def where(self, cond, lc, a, la, b, lb, dtype):
+    def where(self, cond, a, b, dtype):
+        (cond, lc), (a, la), (b, lb) = cond, a, b
         out = self._new(la.numel(), dtype)
         cdtype = bool_
         self._ew("where", "where", {"C": cdtype, "X": dtype},

@@ -1,6 +1,7 @@
 """The wgpu backend's index ops (index_select, gather, scatter_add) and convolution."""
 
 from tallow.backends.gpu_plan import MAX_DIMS
+from tallow.backends.operand import Operand
 from tallow.dtypes import f32, i32
 from tallow.layout import Layout
 
@@ -11,7 +12,7 @@ class IndexOps:
     def _quantized_rows(self, storage, layout, dtype, ids, lids, dim):
         rows, k = layout.shape
         if storage.dequantized:  # a format without in-kernel decoding: dequantised on upload
-            return self.index_select(storage, Layout((rows, k)), f32, ids, lids, dim)
+            return self.index_select(Operand(storage, Layout((rows, k))), Operand(ids, lids), f32, dim)
         count = lids.numel()
         if not lids.is_contiguous() or lids.offset:
             ids, lids = self.copy(ids, lids, self._ids_dtype), Layout((count,))
@@ -35,7 +36,8 @@ class IndexOps:
                  [(storage, layout.offset, layout.strides), (ids, lids.offset, lids.strides)], out, lids.shape,
                  [dim, layout.shape[dim]], coalesce=False)
 
-    def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
+    def scatter_add(self, dst, ids, src, dtype, dim):
+        (dst, ld), (ids, lids), (src, ls) = dst, ids, src
         out = self._new(ld.numel(), dtype)
         ids_shape = list(lids.shape) + [0] * (MAX_DIMS - len(lids.shape))
         self._ew("scatter_add", "scatter_add", {"X": dtype, "I": self._ids_dtype},

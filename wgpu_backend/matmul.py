@@ -2,6 +2,7 @@
 tuning.py chooses among, weights bound in pieces (split.py), and the fused decode matvecs."""
 
 from tallow.backends.gpu_plan import f32_bits, in_kernel_quant, runs_matvec
+from tallow.backends.operand import Operand, QuantWeight, parts
 from tallow.dtypes import f32, i32, i64
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout, coalesce_dims, numel_of
@@ -38,10 +39,12 @@ class MatmulOps:
         bstride = bstrides[-1] if batch else 0
         return st, layout.offset, bstride, strides[-2], strides[-1]
 
-    def matmul(self, a, la, b, lb, dtype):
+    def matmul(self, a, b, dtype):
+        (a, la), (b, lb) = a, b
         if dtype is i64:
             return self._exact_i64("matmul", la.shape[:-1] + lb.shape[-1:],
-                                   lambda host, up: host.matmul(*up(a, la, dtype), *up(b, lb, dtype), dtype))
+                                   lambda host, up: host.matmul(Operand(*up(a, la, dtype)), Operand(*up(b, lb, dtype)),
+                                                                dtype))
         m, k = la.shape[-2:]
         n = lb.shape[-1]
         batch = numel_of(la.shape[:-2])
@@ -202,7 +205,7 @@ class MatmulOps:
         xd = x if dtype is f32 else self.cast(x, lx, dtype, f32)
         lxd = lx if dtype is f32 else Layout(lx.shape)
         xs, xoff = self._contiguous(xd, lxd, f32)
-        y = self.matmul(xs, Layout((m, k), None, xoff), w, Layout((k, n), (1, k)), f32)
+        y = self.matmul(Operand(xs, Layout((m, k), None, xoff)), Operand(w, Layout((k, n), (1, k))), f32)
         return y if dtype is f32 else self.cast(y, Layout((m * n,)), f32, dtype)
 
     def _run_quant(self, kernel, types, storages, words, groups, extra, label):
@@ -289,9 +292,12 @@ class MatmulOps:
                   ("quant_common", wdtype.name) + _QMATVEC_INPUT, f"gated qmatvec {wdtype.name} {act}", ex.MATH)
         return out
 
-    def _norm_linear_kernel(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center,
-                            act, gated, n):
+    def _norm_linear_kernel(self, x, r, norm, linear, dtype, n):
         """One dispatch of the matvec kernel with norm_input.wgsl, each workgroup normalising the row itself."""
+        (x, lx), (r, lr), (nw, lnw), (nb, lnb) = x, parts(r), parts(norm.weight), parts(norm.bias)
+        eps, center, w, act, gated = norm.eps, norm.center, linear.weight, linear.act, linear.gated
+        (bias, lbias), quantised = parts(linear.bias), isinstance(w, QuantWeight)
+        wdtype, lw, w = (w.dtype, None, w.storage) if quantised else (dtype, w.layout, w.storage)
         k = lx.shape[-1]
         xs, xoff = self._contiguous(x, lx, dtype)
         rs, roff = self._contiguous(r, lr, dtype) if r is not None else (xs, 0)
@@ -308,7 +314,7 @@ class MatmulOps:
                 **{f"NB{i}": str(first + i) for i in range(4)}}
         bias_st, bias_words = (xs, [0, 0, 0]) if bias is None else (bias, [1, lbias.offset, lbias.strides[0]])
         label = f"{'layer' if center else 'rms'}_norm {'gated ' if gated else ''}"
-        if wdtype.is_quantized:
+        if quantised:
             words = _qmatvec_words(1, n, k, wdtype.nbytes(k), 0)
             kernel = "qmatvec_glu" if gated else "qmatvec"
             extra = ("quant_common", wdtype.name, "qmatvec_block")

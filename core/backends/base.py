@@ -1,12 +1,32 @@
 """The backend contract: the short list of primitives every backend implements.
 
 Storage is whatever the backend likes (a numpy array, an array.array, a GPU
-buffer). Inputs arrive as (storage, Layout) pairs -- any strides, including 0
-for broadcast dims -- and every op returns new *contiguous* storage holding
-`layout.numel()` elements of the result in row-major order. The tensor front
-end does all shape checking, broadcasting and dtype promotion before calling
-here, so a backend only computes. Anything a backend does not implement
+buffer). A tensor reaches a backend as its storage and a Layout -- any strides,
+including 0 for broadcast dims -- and every op returns new *contiguous* storage
+holding `layout.numel()` elements of the result in row-major order. The tensor
+front end does all shape checking, broadcasting and dtype promotion before
+calling here, so a backend only computes. Anything a backend does not implement
 raises UnsupportedError naming the backend and the op: never a silent fallback.
+
+How arguments are passed (two conventions, by primitive; no primitive takes more
+than 6 parameters besides self, tests/test_backend_contract.py checks every backend):
+
+  Operands (OPERAND_PRIMITIVES): where, matmul, qmatmul, index_select, gather,
+      scatter_add, conv1d, conv2d, layer_norm, rms_norm, rope, attention and every
+      fused decode op. Each tensor is one Operand (storage, layout) NamedTuple --
+      a backend unpacks it as `x, lx = op` -- or None where the tensor is optional;
+      operands that travel together are grouped (operand.py: QuantWeight, KVCache,
+      QKV, Rotary). The order is always: operands, then the dtype computed in, then
+      the options -- one plain value (eps, act, dim) or one frozen spec dataclass
+      (specs.py: ConvSpec, AttentionSpec, CacheAttentionSpec, NormSpec, ...).
+  (storage, layout) pairs as positional arguments: the rest -- memory (from/to
+      bytes and lists, full, arange, overwrite, concat_rows), copy, assign, cast,
+      unary, binary, compare, reduce, cumsum, softmax, dequantize, to_numpy,
+      custom: single-tensor or element-wise primitives whose few parameters need no
+      grouping, kept as pairs so the hottest calls build no tuples.
+
+A new primitive with more than one tensor or more than one option takes Operands
+and a spec; a helper adding one adds its spec class to specs.py.
 
 Unary op names:  neg abs exp log sqrt rsqrt sin cos tanh sigmoid relu gelu
                  gelu_tanh silu square reciprocal floor ceil round sign
@@ -24,6 +44,16 @@ checks them once for every backend (core/index_check.py), so a backend need not.
 from ..dtypes import bf16
 from ..errors import FormatError, UnsupportedError
 from ..layout import Layout
+from .operand import KVCache, Operand, QKV, QuantWeight, Rotary
+from .specs import AttentionSpec, CacheAttentionSpec
+
+
+# The primitives whose tensors arrive as Operands (the module docstring's first convention).
+OPERAND_PRIMITIVES = frozenset((
+    "where", "matmul", "qmatmul", "index_select", "gather", "scatter_add", "conv1d", "conv2d", "layer_norm",
+    "rms_norm", "rope", "attention", "add_rms_norm", "add_layer_norm", "matmul_bias", "qmatmul_bias",
+    "gated_matmul", "gated_qmatmul", "add_norm_linear", "kv_write", "rope_kv_write", "cache_attention",
+    "batch_cache_attention"))
 
 
 class Backend:
@@ -118,7 +148,8 @@ class Backend:
     def compare(self, op, a, la, b, lb, dtype):
         self._missing(f"compare {op}")
 
-    def where(self, cond, lc, a, la, b, lb, dtype):
+    def where(self, cond, a, b, dtype):
+        """a where cond else b; the three Operands have the result's shape (broadcast views)."""
         self._missing("where")
 
     # ---- reductions and scans ---------------------------------------------
@@ -130,37 +161,37 @@ class Backend:
         self._missing("cumsum")
 
     # ---- linear algebra and indexing --------------------------------------
-    def matmul(self, a, la, b, lb, dtype):
-        """la: (*batch, m, k), lb: (*batch, k, n) with identical batch dims -> (*batch, m, n)."""
+    def matmul(self, a, b, dtype):
+        """a (*batch, m, k), b (*batch, k, n) with identical batch dims -> (*batch, m, n)."""
         self._missing("matmul")
 
-    def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
-        """x (..., k) float times the transpose of quantised w (n rows of k) -> (..., n)."""
-        self._missing(f"quantised matmul ({wdtype.name})")
+    def qmatmul(self, x, w, dtype):
+        """x (..., k) float times the transpose of w, a QuantWeight of n rows of k -> (..., n)."""
+        self._missing(f"quantised matmul ({w.dtype.name})")
 
     def dequantize(self, w, wdtype, numel, dtype):
         """Contiguous float storage from quantised blocks."""
         self._missing(f"dequantize {wdtype.name}")
 
-    def index_select(self, storage, layout, dtype, ids, lids, dim):
+    def index_select(self, x, ids, dtype, dim):
         """Pick entries along dim with a 1-D integer index. For a quantised dtype
         (layout contiguous, dim 0) the picked rows come back dequantised to f32."""
         self._missing("index_select")
 
-    def gather(self, storage, layout, dtype, ids, lids, dim):
+    def gather(self, x, ids, dtype, dim):
         """out[i][j][k] = src[i][ids[i][j][k]][k] (for dim 1); ids has the output's shape."""
         self._missing("gather")
 
-    def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
+    def scatter_add(self, dst, ids, src, dtype, dim):
         """A copy of dst with src added at ids along dim (ids has src's shape)."""
         self._missing("scatter_add")
 
-    def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
-        """x (b, cin, l), w (cout, cin/groups, kl) -> (b, cout, lout); padding is zeros on both ends."""
+    def conv1d(self, x, w, dtype, spec):
+        """x (b, cin, l), w (cout, cin/groups, kl) -> (b, cout, lout); spec a ConvSpec of ints."""
         self._missing("conv1d")
 
-    def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
-        """x (b, cin, h, w), w (cout, cin/groups, kh, kw); stride/padding/dilation are pairs."""
+    def conv2d(self, x, w, dtype, spec):
+        """x (b, cin, h, w), w (cout, cin/groups, kh, kw); spec a ConvSpec of (h, w) pairs."""
         self._missing("conv2d")
 
     # ---- fused ops --------------------------------------------------------
@@ -168,21 +199,21 @@ class Backend:
         """(log-)softmax over the last dim, computed in at least f32."""
         self._missing("softmax")
 
-    def layer_norm(self, x, lx, w, lw, b, lb, dtype, eps):
+    def layer_norm(self, x, w, b, dtype, eps):
         """Normalise over the last dim; w and b (shape (d,)) may be None."""
         self._missing("layer_norm")
 
-    def rms_norm(self, x, lx, w, lw, dtype, eps):
+    def rms_norm(self, x, w, dtype, eps):
         self._missing("rms_norm")
 
-    def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
-        """x (b, h, t, d); cos/sin (t, d/2). Half-split form rotates (x[:d/2], x[d/2:]);
-        interleaved rotates (x[0::2], x[1::2])."""
+    def rope(self, x, rotary, dtype):
+        """x (b, h, t, d) rotated by rotary (a Rotary: cos/sin (t, d/2) and their pairing)."""
         self._missing("rope")
 
-    def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
-        """softmax(q k^T * scale + mask) v. q (b, h, tq, d), k/v (b, h, tk, d[v]); mask is
-        additive, already broadcast to (b, h, tq, tk), or None. causal masks key j > i + (tk - tq)."""
+    def attention(self, q, k, v, mask, dtype, spec):
+        """softmax(q k^T * scale + mask) v (spec an AttentionSpec). q (b, h, tq, d), k/v (b, h, tk,
+        d[v]); mask is additive, already broadcast to (b, h, tq, tk), or None. causal masks key
+        j > i + (tk - tq)."""
         self._missing("attention")
 
     def concat_rows(self, parts, dtype):
@@ -194,105 +225,112 @@ class Backend:
     # ---- fused decode ops: defaults composed from the primitives above ---------
     # One-token decoding issues a few dispatches per layer only if these are single kernels;
     # a backend that has no kernel for one inherits the composition, with the same result.
-    def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
+    def add_rms_norm(self, x, r, w, dtype, eps):
         """(x + r, rms_norm(x + r) * w), both contiguous: a residual add and the next norm.
-        lx and lr have the same shape; w (d,) may be None."""
-        total = self.binary("add", x, lx, r, lr, dtype)
-        return total, self.rms_norm(total, Layout(lx.shape), w, lw, dtype, eps)
+        x and r have the same shape; w (d,) may be None."""
+        total = self.binary("add", x.storage, x.layout, r.storage, r.layout, dtype)
+        return total, self.rms_norm(Operand(total, Layout(x.layout.shape)), w, dtype, eps)
 
-    def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
+    def add_layer_norm(self, x, r, w, b, dtype, eps):
         """(x + r, layer_norm(x + r) * w + b), both contiguous; w and b (d,) may be None."""
-        total = self.binary("add", x, lx, r, lr, dtype)
-        return total, self.layer_norm(total, Layout(lx.shape), w, lw, b, lb, dtype, eps)
+        total = self.binary("add", x.storage, x.layout, r.storage, r.layout, dtype)
+        return total, self.layer_norm(Operand(total, Layout(x.layout.shape)), w, b, dtype, eps)
 
-    def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
-        """a . b + bias: a Linear layer with its bias. la (m, k), lb (k, n), bias (n,) -> (m, n)."""
-        m, n = la.shape[0], lb.shape[1]
-        y = self.matmul(a, la, b, lb, dtype)
-        return self.binary("add", y, Layout((m, n)), bias, lbias.broadcast_to((m, n), "bias"), dtype)
+    def matmul_bias(self, a, b, bias, dtype):
+        """a . b + bias: a Linear layer with its bias. a (m, k), b (k, n), bias (n,) -> (m, n)."""
+        m, n = a.layout.shape[0], b.layout.shape[1]
+        return self._add_bias(self.matmul(a, b, dtype), m, n, bias, dtype)
 
-    def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
+    def qmatmul_bias(self, x, w, bias, dtype):
         """qmatmul plus a bias (n,): x (..., k) -> (..., n)."""
-        m = lx.numel() // k if k else 0
-        y = self.qmatmul(x, lx, dtype, w, wdtype, n, k)
-        return self.binary("add", y, Layout((m, n)), bias, lbias.broadcast_to((m, n), "bias"), dtype)
+        k = w.cols
+        m = x.layout.numel() // k if k else 0
+        return self._add_bias(self.qmatmul(x, w, dtype), m, w.rows, bias, dtype)
 
-    def gated_matmul(self, a, la, b, lb, dtype, act):
-        """act(a . b[:, :n]) * (a . b[:, n:]): a gate/up projection with its GLU. la (m, k),
-        lb (k, 2n) (the transpose of [gate; up] rows) -> (m, n). act is a unary op name."""
-        return self._gate(self.matmul(a, la, b, lb, dtype), la.shape[0], lb.shape[1] // 2, dtype, act)
+    def _add_bias(self, y, m, n, bias, dtype):
+        return self.binary("add", y, Layout((m, n)), bias.storage, bias.layout.broadcast_to((m, n), "bias"), dtype)
 
-    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
-        """As gated_matmul with quantised w of 2n rows of k ([gate; up]): x (..., k) -> (..., n)."""
-        m = lx.numel() // k if k else 0
-        return self._gate(self.qmatmul(x, lx, dtype, w, wdtype, 2 * n, k), m, n, dtype, act)
+    def gated_matmul(self, a, b, dtype, act):
+        """act(a . b[:, :n]) * (a . b[:, n:]): a gate/up projection with its GLU. a (m, k),
+        b (k, 2n) (the transpose of [gate; up] rows) -> (m, n). act is a unary op name."""
+        return self._gate(self.matmul(a, b, dtype), a.layout.shape[0], b.layout.shape[1] // 2, dtype, act)
+
+    def gated_qmatmul(self, x, w, dtype, act):
+        """As gated_matmul with w a QuantWeight of 2n rows of k ([gate; up]): x (..., k) -> (..., n)."""
+        k = w.cols
+        m = x.layout.numel() // k if k else 0
+        return self._gate(self.qmatmul(x, w, dtype), m, w.rows // 2, dtype, act)
 
     def _gate(self, y, m, n, dtype, act):
         gate = self.unary(act, y, Layout((m, n), (2 * n, 1), 0), dtype)
         return self.binary("mul", gate, Layout((m, n)), y, Layout((m, n), (2 * n, 1), n), dtype)
 
-    def add_norm_linear(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center, act,
-                        gated):
+    def add_norm_linear(self, x, r, norm, linear, dtype):
         """A residual add, the norm after it and the projection that reads it: (hidden, y) with
         hidden = x + r (contiguous; None when r is None: hidden is x) and, over the m rows of
         norm(hidden) (m, k), y = act(norm . w^T + bias) (m, rows), or gated, act(gate) * up
-        (m, rows / 2) for w's rows [gate; up] as gated_matmul. The norm is layer_norm (center)
-        or rms_norm, weight nw and bias nb (k,) each may be None. w: rows of k, float of dtype
-        (any layout lw of shape (rows, k)) or quantised (wdtype; the whole stored matrix);
-        bias (rows,) or None (never with gated); act a unary op name or None."""
+        (m, rows / 2) for w's rows [gate; up] as gated_matmul. norm: a NormSpec (layer norm when
+        center, else RMS norm; weight and bias (k,) may be None); linear: a LinearSpec (w an
+        Operand (rows, k) of dtype in any layout, or a QuantWeight; bias (rows,) or None, never
+        with gated; act a unary op name or None)."""
+        lx = x.layout
         k = lx.shape[-1]
         m = lx.numel() // k if k else 0
         if r is None:
             total = None
-            normed = (self.layer_norm(x, lx, nw, lnw, nb, lnb, dtype, eps) if center
-                      else self.rms_norm(x, lx, nw, lnw, dtype, eps))
-        elif center:
-            total, normed = self.add_layer_norm(x, lx, r, lr, nw, lnw, nb, lnb, dtype, eps)
+            normed = (self.layer_norm(x, norm.weight, norm.bias, dtype, norm.eps) if norm.center
+                      else self.rms_norm(x, norm.weight, dtype, norm.eps))
+        elif norm.center:
+            total, normed = self.add_layer_norm(x, r, norm.weight, norm.bias, dtype, norm.eps)
         else:
-            total, normed = self.add_rms_norm(x, lx, r, lr, nw, lnw, dtype, eps)
-        ln, rows = Layout((m, k)), lw.shape[0]
-        if wdtype.is_quantized:
-            if gated:
-                return total, self.gated_qmatmul(normed, ln, dtype, w, wdtype, rows // 2, k, act)
-            y = (self.qmatmul(normed, ln, dtype, w, wdtype, rows, k) if bias is None
-                 else self.qmatmul_bias(normed, ln, dtype, w, wdtype, rows, k, bias, lbias))
+            total, normed = self.add_rms_norm(x, r, norm.weight, dtype, norm.eps)
+        hidden, w, bias, act = Operand(normed, Layout((m, k))), linear.weight, linear.bias, linear.act
+        if isinstance(w, QuantWeight):
+            rows = w.rows
+            if linear.gated:
+                return total, self.gated_qmatmul(hidden, w, dtype, act)
+            y = self.qmatmul(hidden, w, dtype) if bias is None else self.qmatmul_bias(hidden, w, bias, dtype)
         else:
-            wt = lw.permute([1, 0])
-            if gated:
-                return total, self.gated_matmul(normed, ln, w, wt, dtype, act)
-            y = (self.matmul(normed, ln, w, wt, dtype) if bias is None
-                 else self.matmul_bias(normed, ln, w, wt, bias, lbias, dtype))
+            rows = w.layout.shape[0]
+            wt = Operand(w.storage, w.layout.permute([1, 0]))
+            if linear.gated:
+                return total, self.gated_matmul(hidden, wt, dtype, act)
+            y = self.matmul(hidden, wt, dtype) if bias is None else self.matmul_bias(hidden, wt, bias, dtype)
         return total, y if act is None else self.unary(act, y, Layout((m, rows)), dtype)
 
-    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
-        """In place: k into kc at lkc and v into vc at lvc (a KV cache's new positions; all 4-D)."""
-        self.assign(kc, lkc, k, lk, dtype)
-        self.assign(vc, lvc, v, lv, dtype)
+    def kv_write(self, k, v, slots, dtype):
+        """In place: k into slots.keys and v into slots.values (a KV cache's new positions; all 4-D)."""
+        self.assign(*slots.keys, *k, dtype)
+        self.assign(*slots.values, *v, dtype)
 
-    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
+    def rope_kv_write(self, qkv, rotary, slots, dtype):
         """Rotary embedding fused with the KV-cache write: returns rope(q) (contiguous) and, in
-        place, writes rope(k) into kc at lkc and v into vc at lvc. q (b, h, t, d); k, v and the
-        cache slots lkc, lvc (b, hk, t, d); cos/sin (t, d/2); every operand of dtype."""
-        k_rot = self.rope(k, lk, cos, lcos, sin, lsin, dtype, interleaved)
-        self.assign(kc, lkc, k_rot, Layout(lk.shape), dtype)
-        self.assign(vc, lvc, v, lv, dtype)
-        return self.rope(q, lq, cos, lcos, sin, lsin, dtype, interleaved)
+        place, writes rope(k) into slots.keys and v into slots.values. q (b, h, t, d); k, v and
+        the cache slots (b, hk, t, d); rotary's cos/sin (t, d/2); every operand of dtype."""
+        q, k, v = qkv
+        k_rot = self.rope(k, rotary, dtype)
+        self.assign(*slots.keys, k_rot, Layout(k.layout.shape), dtype)
+        self.assign(*slots.values, *v, dtype)
+        return self.rope(q, rotary, dtype)
 
-    def cache_attention(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask, dtype,
-                        position, key_start, scale, interleaved):
-        """Append inside attention: writes k (rope(k) when cos is not None) and v into the caches kc
-        (b, hk, capacity, d) and vc (b, hk, capacity, dv) at positions [position, position + t) and
-        returns causal attention (contiguous (b, h, t, dv)) of q (rope(q)) over the cache's keys
-        [key_start, position + t). q (b, h, t, d), k/v (b, hk, t, d/dv), h a multiple of hk;
-        cos/sin (t, d/2) or None; mask additive, broadcast to (b, h, t, keys), or None."""
+    def cache_attention(self, qkv, cache, rotary, mask, dtype, spec):
+        """Append inside attention: writes k (rope(k) when rotary is not None) and v into the caches
+        (b, hk, capacity, d/dv) at positions [spec.position, spec.position + t) and returns causal
+        attention (contiguous (b, h, t, dv)) of q (rope(q)) over the cache's keys [spec.key_start,
+        position + t), scores times spec.scale (a CacheAttentionSpec). q (b, h, t, d), k/v (b, hk,
+        t, d/dv), h a multiple of hk; mask additive, broadcast to (b, h, t, keys), or None."""
+        q, k, v = qkv
+        (kc, lkc), (vc, lvc) = cache
+        position, key_start = spec.position, spec.key_start
+        lq = q.layout
         b, h, t, d = lq.shape
-        hk = lk.shape[1]
-        slots = lkc.narrow(2, position, t), lvc.narrow(2, position, t)
-        if cos is None:
-            self.kv_write(k, lk, v, lv, kc, slots[0], vc, slots[1], dtype)
+        hk = k.layout.shape[1]
+        slots = KVCache(Operand(kc, lkc.narrow(2, position, t)), Operand(vc, lvc.narrow(2, position, t)))
+        if rotary is None:
+            self.kv_write(k, v, slots, dtype)
+            qs = q.storage
         else:
-            q = self.rope_kv_write(q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, slots[0], vc, slots[1], dtype,
-                                   interleaved)
+            qs = self.rope_kv_write(qkv, rotary, slots, dtype)
             lq = Layout(lq.shape)
         n = position + t - key_start
         keys, values = lkc.narrow(2, key_start, n), lvc.narrow(2, key_start, n)
@@ -301,27 +339,32 @@ class Backend:
             # The query heads that share a KV head become its query rows (one query masks nothing).
             sb, sh, _, sd = lq.strides
             lq = Layout((b, hk, rep, d), (sb, rep * sh, sh, sd), lq.offset)
-            return self.attention(q, lq, kc, keys, vc, values, None, None, dtype, scale, False)
+            return self.attention(Operand(qs, lq), Operand(kc, keys), Operand(vc, values), None, dtype,
+                                  AttentionSpec(spec.scale, False))
         if rep > 1:  # each query head gets its own copy of its KV head
             kc, keys = self._repeat_heads(kc, keys, rep, dtype), Layout((b, h, n, d))
             vc, values = self._repeat_heads(vc, values, rep, dtype), Layout((b, h, n, lvc.shape[3]))
-        return self.attention(q, lq, kc, keys, vc, values, mask, lmask, dtype, scale, True)
+        return self.attention(Operand(qs, lq), Operand(kc, keys), Operand(vc, values), mask, dtype,
+                              AttentionSpec(spec.scale, True))
 
-    def batch_cache_attention(self, q, lq, k, lk, v, lv, caches, cos, lcos, sin, lsin, dtype, positions, key_starts,
-                              scale, interleaved):
+    def batch_cache_attention(self, qkv, caches, rotary, dtype, spec):
         """cache_attention of b sequences, one new position each, every one with its own caches:
-        row i of q (b, h, 1, d), k/v (b, hk, 1, d/dv) and cos/sin (b, d/2) (or None) is written into
-        caches[i] = (kc, lkc, vc, lvc), each (1, hk, capacity, d/dv), at positions[i] and attends
-        over its keys [key_starts[i], positions[i] + 1). Returns contiguous (b, h, 1, dv), row i
-        as cache_attention of that row alone. Default: exactly that, row by row."""
-        b, h = lq.shape[:2]
-        dv = lv.shape[3]
+        row i of q (b, h, 1, d), k/v (b, hk, 1, d/dv) and rotary's cos/sin (b, d/2) (rotary may be
+        None) is written into caches[i] (a KVCache, each (1, hk, capacity, d/dv)) at
+        spec.positions[i] and attends over its keys [spec.key_starts[i], positions[i] + 1) (a
+        BatchCacheAttentionSpec). Returns contiguous (b, h, 1, dv), row i as cache_attention of
+        that row alone. Default: exactly that, row by row."""
+        q, k, v = qkv
+        b, h = q.layout.shape[:2]
+        dv = v.layout.shape[3]
         out, whole, one = self.full(b * h * dv, 0.0, dtype), Layout((b, h, 1, dv)), Layout((1, h, 1, dv))
-        for i, (kc, lkc, vc, lvc) in enumerate(caches):
-            rc, rs = (None, None) if cos is None else (lcos.narrow(0, i, 1), lsin.narrow(0, i, 1))
-            st = self.cache_attention(q, lq.narrow(0, i, 1), k, lk.narrow(0, i, 1), v, lv.narrow(0, i, 1), kc, lkc,
-                                      vc, lvc, cos, rc, sin, rs, None, None, dtype, positions[i], key_starts[i],
-                                      scale, interleaved)
+        for i, cache in enumerate(caches):
+            row = QKV(*(Operand(op.storage, op.layout.narrow(0, i, 1)) for op in qkv))
+            rot = None if rotary is None else Rotary(Operand(rotary.cos.storage, rotary.cos.layout.narrow(0, i, 1)),
+                                                     Operand(rotary.sin.storage, rotary.sin.layout.narrow(0, i, 1)),
+                                                     rotary.interleaved)
+            st = self.cache_attention(row, cache, rot, None, dtype,
+                                      CacheAttentionSpec(spec.positions[i], spec.key_starts[i], spec.scale))
             self.assign(out, whole.narrow(0, i, 1), st, one, dtype)
         return out
 

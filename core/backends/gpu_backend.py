@@ -34,7 +34,9 @@ from tallow.layout import Layout, numel_of
 from .base import Backend
 from .buffer_pool import MIB, BufferPool
 from .gpu_plan import conv_output_size, in_kernel_quant, runs_matvec
+from .operand import Operand, QuantWeight, parts
 from .reduce_plan import plan_reduce
+from .specs import ConvSpec
 from .step_recording import StepCapture
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -154,11 +156,11 @@ class GpuBackend(StepCapture, Backend):
             self._softmax_kernel(st, layout, out, log, dtype)
         return out
 
-    def layer_norm(self, x, lx, w, lw, b, lb, dtype, eps):
-        return self._norm(x, lx, w, lw, b, lb, dtype, eps, True)
+    def layer_norm(self, x, w, b, dtype, eps):
+        return self._norm(*x, *parts(w), *parts(b), dtype, eps, True)
 
-    def rms_norm(self, x, lx, w, lw, dtype, eps):
-        return self._norm(x, lx, w, lw, None, None, dtype, eps, False)
+    def rms_norm(self, x, w, dtype, eps):
+        return self._norm(*x, *parts(w), None, None, dtype, eps, False)
 
     def _norm(self, x, lx, w, lw, b, lb, dtype, eps, center):
         out = self._row_output("layer_norm" if center else "rms_norm", lx, dtype)
@@ -173,14 +175,16 @@ class GpuBackend(StepCapture, Backend):
             self._missing(f"{op} on {dtype.name}")
         return self._new(layout.numel(), dtype)
 
-    def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
+    def rope(self, x, rotary, dtype):
         self._check(dtype, "rope")
+        (x, lx), (cos, lcos), (sin, lsin), interleaved = x, rotary.cos, rotary.sin, rotary.interleaved
         out = self._new(lx.numel(), dtype)
         if lx.numel():
             self._rope_kernel(x, lx, cos, lcos, sin, lsin, out, interleaved, dtype)
         return out
 
-    def index_select(self, st, layout, dtype, ids, lids, dim):
+    def index_select(self, x, ids, dtype, dim):
+        (st, layout), (ids, lids) = x, ids
         if dtype.is_quantized:  # rows of a block-format embedding table, dequantised to f32
             return self._quantized_rows(st, layout, dtype, ids, lids, dim)
         shape = list(layout.shape)
@@ -190,17 +194,18 @@ class GpuBackend(StepCapture, Backend):
             self._index_select_kernel(st, layout, dtype, ids, lids, dim, shape, out)
         return out
 
-    def gather(self, st, layout, dtype, ids, lids, dim):
+    def gather(self, x, ids, dtype, dim):
+        (st, layout), (ids, lids) = x, ids
         out = self._new(lids.numel(), dtype)
         if lids.numel():
             self._gather_kernel(st, layout, dtype, ids, lids, dim, out)
         return out
 
-    def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
-        return self._add_norm(x, lx, r, lr, w, lw, None, None, dtype, eps, False)
+    def add_rms_norm(self, x, r, w, dtype, eps):
+        return self._add_norm(*x, *r, *parts(w), None, None, dtype, eps, False)
 
-    def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
-        return self._add_norm(x, lx, r, lr, w, lw, b, lb, dtype, eps, True)
+    def add_layer_norm(self, x, r, w, b, dtype, eps):
+        return self._add_norm(*x, *r, *parts(w), *parts(b), dtype, eps, True)
 
     def _add_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps, center):
         """(x + r, norm(x + r) * w + b) in one launch (centred: a layer norm, else RMS)."""
@@ -211,11 +216,12 @@ class GpuBackend(StepCapture, Backend):
             self._add_norm_kernel(x, lx, r, lr, w, lw, b, lb, total, out, dtype, eps, center)
         return total, out
 
-    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
+    def kv_write(self, k, v, slots, dtype):
         """k and v into their cache slots in one launch. Words: k's and v's shapes, then the
         (offset, strides) of k, v and both cache slots (_slot_words; the slots relative to a
         captured step's position, which the kernel adds back from the step buffer)."""
         self._check(dtype, "kv_write")
+        (k, lk), (v, lv), ((kc, lkc), (vc, lvc)) = k, v, slots
         nk, nv = lk.numel(), lv.numel()
         if nk + nv == 0:
             return
@@ -225,16 +231,17 @@ class GpuBackend(StepCapture, Backend):
             words += self._slot_words(lay, at, 2)
         self._kv_write_kernel(k, v, kc, vc, words, nk, nv, dtype)
 
-    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
+    def rope_kv_write(self, qkv, rotary, slots, dtype):
         """Rotate q and k, write k and v into their cache slots, in one launch over the rotated
         pairs of q, k and v (v's pairs are copied). Words: the (offset, strides) of q, k, v, both
         cache slots and the cos and sin rows, the last four relative to a captured step's position."""
         self._check(dtype, "rope_kv_write")
+        (q, lq), (k, lk), (v, lv) = qkv
         b, hq, t, d = lq.shape
         hk = lk.shape[1]
         if lv.shape != lk.shape:  # the kernels pair v's elements with k's
-            return super().rope_kv_write(q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype,
-                                         interleaved)
+            return super().rope_kv_write(qkv, rotary, slots, dtype)
+        ((kc, lkc), (vc, lvc)), ((cos, lcos), (sin, lsin), interleaved) = slots, rotary
         out = self._new(lq.numel(), dtype)
         pairs = b * (hq + 2 * hk) * t * (d // 2)
         if pairs == 0:
@@ -248,13 +255,14 @@ class GpuBackend(StepCapture, Backend):
                                    interleaved, dtype)
         return out
 
-    def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+    def attention(self, q, k, v, mask, dtype, spec):
         """softmax(q k^T * scale + mask) v in one launch where the kernel takes these operands
         (_attention_fits), else the subclass's _attention_unfused. Over the whole KV cache a
         captured step wrote, the kernel's key count comes from the step buffer."""
         self._check(dtype, "attention")
-        if not self._attention_fits(lq, lk, lv):
-            return self._attention_unfused(q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal)
+        if not self._attention_fits(q.layout, k.layout, v.layout):
+            return self._attention_unfused(q, k, v, mask, dtype, spec)
+        (q, lq), (k, lk), (v, lv), (mask, lmask), scale, causal = q, k, v, parts(mask), spec.scale, spec.causal
         b, h, tq, _ = lq.shape
         numel = b * h * tq * lv.shape[3]
         if numel == 0:
@@ -292,11 +300,12 @@ class GpuBackend(StepCapture, Backend):
         """Whether the quantised matvec kernels read `rows` rows of k of w's blocks in place."""
         return in_kernel_quant(wdtype)
 
-    def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
+    def qmatmul(self, x, w, dtype):
         """x (m, k) . w^T for w (n, k) in a block format: the quantised matvec where x has a few
         rows (a decode step, a short prompt; gpu_plan.runs_matvec) and the kernel reads w's blocks
         where they lie, else the subclass's many-row product."""
         self._check(dtype, "qmatmul")
+        (x, lx), (w, wdtype, n, k) = x, w
         m = lx.numel() // k if k else 0
         if m * n == 0:
             return self._new(m * n, dtype)
@@ -304,73 +313,73 @@ class GpuBackend(StepCapture, Backend):
             return self._qmatvec_kernel(x, lx, dtype, w, wdtype, n, k)
         return self._qmatmul_kernel(x, lx, dtype, w, wdtype, n, k)
 
-    def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
+    def qmatmul_bias(self, x, w, bias, dtype):
         """qmatmul + bias (n,) in one launch of the quantised matvec, where qmatmul would run the
         matvec and the kernel table has its biased form ("qmatmul_bias" in fused_kernels); else
         composed (qmatmul, then an add)."""
-        m = lx.numel() // k if k else 0
+        (w, wdtype, n, k) = qw = w
+        m = x.layout.numel() // k if k else 0
         if not ("qmatmul_bias" in self.fused_kernels and m * n and runs_matvec(m, self.qmatvec_max_rows, wdtype)
                 and self._reads_blocks(w, wdtype, n, k)):
-            return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
+            return super().qmatmul_bias(x, qw, bias, dtype)
         self._check(dtype, "qmatmul_bias")
-        return self._qmatvec_kernel(x, lx, dtype, w, wdtype, n, k, bias, lbias)
+        return self._qmatvec_kernel(*x, dtype, w, wdtype, n, k, *bias)
 
-    def matmul_bias(self, a, la, b, lb, bias, lbias, dtype):
-        m, k = la.shape
-        n = lb.shape[1]
-        if not (m * n * k and runs_matvec(m, self.matvec_max_rows) and self._matvec_fits(b, lb, k, dtype)):
-            return super().matmul_bias(a, la, b, lb, bias, lbias, dtype)
-        return self._matvec_kernel(a, la, b, lb, dtype, bias, lbias)
+    def matmul_bias(self, a, b, bias, dtype):
+        m, k = a.layout.shape
+        n = b.layout.shape[1]
+        if not (m * n * k and runs_matvec(m, self.matvec_max_rows) and self._matvec_fits(*b, k, dtype)):
+            return super().matmul_bias(a, b, bias, dtype)
+        return self._matvec_kernel(*a, *b, dtype, *bias)
 
-    def gated_matmul(self, a, la, b, lb, dtype, act):
-        m, k = la.shape
-        n = lb.shape[1] // 2
+    def gated_matmul(self, a, b, dtype, act):
+        m, k = a.layout.shape
+        n = b.layout.shape[1] // 2
         if not (m * n * k and act in self.activations and runs_matvec(m, self.matvec_max_rows)
-                and self._matvec_fits(b, lb, k, dtype)):
-            return super().gated_matmul(a, la, b, lb, dtype, act)
-        return self._gated_matvec_kernel(a, la, b, lb, dtype, act)
+                and self._matvec_fits(*b, k, dtype)):
+            return super().gated_matmul(a, b, dtype, act)
+        return self._gated_matvec_kernel(*a, *b, dtype, act)
 
-    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
-        m = lx.numel() // k if k else 0
+    def gated_qmatmul(self, x, w, dtype, act):
+        (w, wdtype, rows, k) = qw = w
+        n = rows // 2
+        m = x.layout.numel() // k if k else 0
         if not (m * n and dtype.is_float and act in self.activations and runs_matvec(m, self.qmatvec_max_rows, wdtype)
                 and self._reads_blocks(w, wdtype, 2 * n, k)):
-            return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
+            return super().gated_qmatmul(x, qw, dtype, act)
         self._check(dtype, "gated_qmatmul")
-        return self._gated_qmatvec_kernel(x, lx, dtype, w, wdtype, n, k, act)
+        return self._gated_qmatvec_kernel(*x, dtype, w, wdtype, n, k, act)
 
-    def add_norm_linear(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center, act,
-                        gated):
+    def add_norm_linear(self, x, r, norm, linear, dtype):
         """One row (a decode step) whose norm width the kernel takes (norm_linear_max_k): one launch
         of the matvec kernel that normalises its input row itself ("add_norm_linear" in
         fused_kernels). Otherwise composed: add + norm (one launch), then the (biased, gated) matvec."""
+        lx, w, act, gated = x.layout, linear.weight, linear.act, linear.gated
         k = lx.shape[-1]
         m = lx.numel() // k if k else 0
-        rows = lw.shape[0]
-        n = rows // 2 if gated else rows
-        if wdtype.is_quantized:
-            fits = self._reads_blocks(w, wdtype, rows, k)
+        if isinstance(w, QuantWeight):
+            rows = w.rows
+            fits = self._reads_blocks(w.storage, w.dtype, rows, k)
         else:  # w (rows, k) read as b = w^T (k, rows)
-            fits = self._matvec_fits(w, Layout((k, rows), lw.strides[::-1], lw.offset), k, dtype)
+            lw = w.layout
+            rows = lw.shape[0]
+            fits = self._matvec_fits(w.storage, Layout((k, rows), lw.strides[::-1], lw.offset), k, dtype)
+        n = rows // 2 if gated else rows
         if not ("add_norm_linear" in self.fused_kernels and fits and m == 1 and n
                 and 0 < k <= self.norm_linear_max_k and (act is None or act in self.activations)):
-            return super().add_norm_linear(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
-                                           center, act, gated)
+            return super().add_norm_linear(x, r, norm, linear, dtype)
         self._check(dtype, "add_norm_linear")
-        return self._norm_linear_kernel(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
-                                        center, act, gated, n)
+        return self._norm_linear_kernel(x, r, norm, linear, dtype, n)
 
-    def cache_attention(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask, dtype,
-                        position, key_start, scale, interleaved):
+    def cache_attention(self, qkv, cache, rotary, mask, dtype, spec):
         """A one-token step without a mask, over caches the kernel reads (_cache_attention_fits): one
         launch that rotates, appends and attends ("cache_attention" in fused_kernels). Otherwise
         composed: rope_kv_write (or kv_write), then attention, each one launch."""
-        if not ("cache_attention" in self.fused_kernels and lq.shape[2] == 1 and mask is None
-                and self._cache_attention_fits(lkc, lvc)):
-            return super().cache_attention(q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask,
-                                           dtype, position, key_start, scale, interleaved)
+        if not ("cache_attention" in self.fused_kernels and qkv.q.layout.shape[2] == 1 and mask is None
+                and self._cache_attention_fits(cache.keys.layout, cache.values.layout)):
+            return super().cache_attention(qkv, cache, rotary, mask, dtype, spec)
         self._check(dtype, "cache_attention")
-        return self._cache_attention_kernel(q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, dtype,
-                                            position, key_start, scale, interleaved)
+        return self._cache_attention_kernel(qkv, cache, rotary, dtype, spec)
 
     def plan_features(self):
         """What `tallow devices` shows of the plan: the optional fused ops this kernel table runs as
@@ -378,16 +387,20 @@ class GpuBackend(StepCapture, Backend):
         return {"fused_ops": ",".join(op for op in OPTIONAL_FUSED if op in self.fused_kernels) or "none",
                 "composed_ops": ",".join(op for op in OPTIONAL_FUSED if op not in self.fused_kernels) or "none"}
 
-    def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+    def conv1d(self, x, w, dtype, spec):
         # A 1-D convolution is a 2-D one over a height of 1.
+        (x, lx), (w, lw) = x, w
         lx2 = Layout(lx.shape[:2] + (1,) + lx.shape[2:], lx.strides[:2] + (0,) + lx.strides[2:], lx.offset)
         lw2 = Layout(lw.shape[:2] + (1,) + lw.shape[2:], lw.strides[:2] + (0,) + lw.strides[2:], lw.offset)
-        return self.conv2d(x, lx2, w, lw2, dtype, (1, stride), (0, padding), (1, dilation), groups)
+        return self.conv2d(Operand(x, lx2), Operand(w, lw2), dtype,
+                           ConvSpec((1, spec.stride), (0, spec.padding), (1, spec.dilation), spec.groups))
 
-    def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+    def conv2d(self, x, w, dtype, spec):
         """im2col on the device, then one batched matmul of the grouped weights by the columns;
         where the columns would not fit (_im2col_fits), a direct convolution kernel."""
         self._check(dtype, "conv")
+        (x, lx), (w, lw) = x, w
+        stride, padding, dilation, groups = spec.stride, spec.padding, spec.dilation, spec.groups
         b, cin, h, wd = lx.shape
         cout, cin_g, kh, kw = lw.shape
         oh, ow = self._conv_output(lx, lw, stride, padding, dilation, groups)
@@ -405,8 +418,8 @@ class GpuBackend(StepCapture, Backend):
         cols = self._new(col_numel, dtype)
         self._im2col_kernel(xs, cols, col_numel, g, dtype)
         # (b, groups, cout_g, taps) @ (b, groups, taps, oh * ow): the weight is shared across the batch (stride 0).
-        return self.matmul(ws, Layout((b, groups, cout_g, taps), (0, cout_g * taps, taps, 1)), cols,
-                           Layout((b, groups, taps, oh * ow)), dtype)
+        return self.matmul(Operand(ws, Layout((b, groups, cout_g, taps), (0, cout_g * taps, taps, 1))),
+                           Operand(cols, Layout((b, groups, taps, oh * ow))), dtype)
 
     def _im2col_fits(self, col_numel, dtype):
         """Whether im2col's columns fit where the matmul can read them (wgpu: one binding)."""
@@ -488,8 +501,9 @@ class GpuBackend(StepCapture, Backend):
     def _attention_fits(self, lq, lk, lv):
         raise NotImplementedError
 
-    def _attention_unfused(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
-        """Attention where the kernel does not fit: composed, or a refusal naming the limit."""
+    def _attention_unfused(self, q, k, v, mask, dtype, spec):
+        """Attention (the primitive's Operands and AttentionSpec) where the kernel does not fit:
+        composed, or a refusal naming the limit."""
         raise NotImplementedError
 
     def _attention_kernel(self, q, lq, k, lk, v, lv, mask, lmask, out, scale, causal, over_cache, dtype):
@@ -536,18 +550,18 @@ class GpuBackend(StepCapture, Backend):
     def _gated_qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, act):
         raise NotImplementedError
 
-    def _norm_linear_kernel(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center,
-                            act, gated, n):
-        """add_norm_linear of one row in one launch, n output columns: (hidden or None, y)."""
+    def _norm_linear_kernel(self, x, r, norm, linear, dtype, n):
+        """add_norm_linear (the primitive's arguments) of one row in one launch, n output columns:
+        (hidden or None, y)."""
         raise NotImplementedError
 
     def _cache_attention_fits(self, lkc, lvc):
         """Whether the one-launch cache attention reads these caches."""
         return False
 
-    def _cache_attention_kernel(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, dtype, position,
-                                key_start, scale, interleaved):
-        """cache_attention of one token in one launch (or two: a split-K combine): the result storage."""
+    def _cache_attention_kernel(self, qkv, cache, rotary, dtype, spec):
+        """cache_attention (the primitive's arguments; no mask) of one token in one launch (or two:
+        a split-K combine): the result storage."""
         raise NotImplementedError
 
     def _im2col_kernel(self, xs, cols, col_numel, g, dtype):

@@ -7,6 +7,7 @@ from ..device import Device
 from ..dtypes import f32, i64
 from ..errors import DeviceError
 from ..layout import Layout
+from .operand import Operand
 
 
 def host_device():
@@ -29,6 +30,6 @@ def dequantize_rows_on_host(blocks, wdtype, k, ids):
     host = host_device().backend
     rows = len(memoryview(blocks).cast("B")) // wdtype.block_bytes * wdtype.block_size // k
     count = len(ids) // 8
-    picked = host.index_select(host.from_bytes(blocks, wdtype), Layout((rows, k)), wdtype,
-                               host.from_bytes(ids, i64), Layout((count,)), 0)
+    picked = host.index_select(Operand(host.from_bytes(blocks, wdtype), Layout((rows, k))),
+                               Operand(host.from_bytes(ids, i64), Layout((count,))), wdtype, 0)
     return host.to_bytes(picked, Layout((count, k)), f32)

@@ -52,3 +52,8 @@ class Rotary(NamedTuple):
 def operand_of(tensor):
     """The Operand of a tensor, or None for None (an optional input)."""
     return None if tensor is None else Operand(tensor._storage, tensor._layout)
+
+
+def parts(op):
+    """(storage, layout) of an optional Operand: (None, None) for None."""
+    return (None, None) if op is None else op

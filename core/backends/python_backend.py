@@ -18,10 +18,12 @@ from . import python_elementwise as ew
 from . import python_fused as fused
 from . import python_linalg as linalg
 from .base import Backend
+from .operand import Operand, parts
 from .python_storage import (
     bf16_from_bytes, bf16_to_bytes, f16_from_bytes, f16_to_bytes, from_le_bytes, offsets, pack,
     read, read_list, to_ints, to_le_bytes,
 )
+from .specs import ConvSpec
 
 
 def _numel(shape):
@@ -142,7 +144,8 @@ class PythonBackend(Backend):
         la, lb = self._same_shape(la, lb, op)
         return pack(ew.compare(op, read(a, la), read(b, lb)), bool_)
 
-    def where(self, cond, lc, a, la, b, lb, dtype):
+    def where(self, cond, a, b, dtype):
+        (cond, lc), (a, la), (b, lb) = cond, a, b
         if not (lc.shape == la.shape == lb.shape):
             shape = broadcast_shapes(broadcast_shapes(lc.shape, la.shape, "where"), lb.shape, "where")
             lc, la, lb = (lay.broadcast_to(shape, "where") for lay in (lc, la, lb))
@@ -221,7 +224,8 @@ class PythonBackend(Backend):
         return read(result, Layout([shape[d] for d in perm]).permute(inverse_permutation(perm)))
 
     # ---- linear algebra and indexing ----------------------------------------------------------
-    def matmul(self, a, la, b, lb, dtype):
+    def matmul(self, a, b, dtype):
+        (a, la), (b, lb) = a, b
         if len(la.shape) < 2 or len(lb.shape) < 2 or la.shape[-1] != lb.shape[-2]:
             raise ShapeError(f"matmul: shapes {la.shape} and {lb.shape} do not fit")
         if la.shape[:-2] != lb.shape[:-2]:  # batch dims broadcast, as numpy
@@ -230,9 +234,9 @@ class PythonBackend(Backend):
             lb = lb.broadcast_to(batch + lb.shape[-2:], "matmul")
         return pack(linalg.matmul(a, la, b, lb), dtype)
 
-    def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
+    def qmatmul(self, x, w, dtype):
         from ..quant import qmatmul_python
-        out = qmatmul_python(read_list(x, lx), w, wdtype, n, k)
+        out = qmatmul_python(read_list(*x), *w)
         return out if dtype is f32 else pack(out, dtype)
 
     def dequantize(self, w, wdtype, numel, dtype):
@@ -240,7 +244,8 @@ class PythonBackend(Backend):
         out = dequantize_python(w, wdtype, numel)
         return out if dtype is f32 else pack(out, dtype)
 
-    def index_select(self, storage, layout, dtype, ids, lids, dim):
+    def index_select(self, x, ids, dtype, dim):
+        (storage, layout), (ids, lids) = x, ids
         size = layout.shape[dim]
         picked = _checked_ids(read_list(ids, lids), size, "index_select")
         if dtype.is_quantized:
@@ -263,7 +268,8 @@ class PythonBackend(Backend):
                 out.extend(storage[base:base + (last - 1) * lstride + 1:lstride])
         return out
 
-    def gather(self, storage, layout, dtype, ids, lids, dim):
+    def gather(self, x, ids, dtype, dim):
+        (storage, layout), (ids, lids) = x, ids
         shape = lids.shape
         if len(shape) != len(layout.shape) or any(
                 s > t for d, (s, t) in enumerate(zip(shape, layout.shape)) if d != dim):
@@ -275,7 +281,8 @@ class PythonBackend(Backend):
         get = storage.__getitem__
         return array(storage.typecode, [get(b + i * stride) for b, i in zip(offsets(layout.offset, steps), picked)])
 
-    def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
+    def scatter_add(self, dst, ids, src, dtype, dim):
+        (dst, ld), (ids, lids), (src, ls) = dst, ids, src
         shape = lids.shape
         if ls.shape != shape or len(shape) != len(ld.shape) or any(
                 s > t for d, (s, t) in enumerate(zip(shape, ld.shape)) if d != dim):
@@ -291,11 +298,13 @@ class PythonBackend(Backend):
             out[base + i * stride] += v
         return pack(out, dtype)
 
-    def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
-        lx2, lw2, s, p, d = linalg.conv1d_as_2d(lx, lw, stride, padding, dilation)
-        return self.conv2d(x, lx2, w, lw2, dtype, s, p, d, groups)
+    def conv1d(self, x, w, dtype, spec):
+        lx2, lw2, s, p, d = linalg.conv1d_as_2d(x.layout, w.layout, spec.stride, spec.padding, spec.dilation)
+        return self.conv2d(Operand(x.storage, lx2), Operand(w.storage, lw2), dtype, ConvSpec(s, p, d, spec.groups))
 
-    def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+    def conv2d(self, x, w, dtype, spec):
+        (x, lx), (w, lw) = x, w
+        stride, padding, dilation, groups = spec.stride, spec.padding, spec.dilation, spec.groups
         if lx.shape[1] != lw.shape[1] * groups or lw.shape[0] % groups:
             raise ShapeError(f"conv: input {lx.shape} and weight {lw.shape} do not fit with groups={groups}")
         return pack(linalg.conv2d(x, lx, w, lw, stride, padding, dilation, groups), dtype)
@@ -304,17 +313,17 @@ class PythonBackend(Backend):
     def softmax(self, storage, layout, dtype, log=False):
         return pack(fused.softmax(storage, layout, log), dtype)
 
-    def layer_norm(self, x, lx, w, lw, b, lb, dtype, eps):
-        return pack(fused.layer_norm(x, lx, w, lw, b, lb, eps), dtype)
+    def layer_norm(self, x, w, b, dtype, eps):
+        return pack(fused.layer_norm(*x, *parts(w), *parts(b), eps), dtype)
 
-    def rms_norm(self, x, lx, w, lw, dtype, eps):
-        return pack(fused.rms_norm(x, lx, w, lw, eps), dtype)
+    def rms_norm(self, x, w, dtype, eps):
+        return pack(fused.rms_norm(*x, *parts(w), eps), dtype)
 
-    def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
-        return pack(fused.rope(x, lx, cos, lcos, sin, lsin, interleaved), dtype)
+    def rope(self, x, rotary, dtype):
+        return pack(fused.rope(*x, *rotary.cos, *rotary.sin, rotary.interleaved), dtype)
 
-    def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
-        return pack(fused.attention(q, lq, k, lk, v, lv, mask, lmask, scale, causal), dtype)
+    def attention(self, q, k, v, mask, dtype, spec):
+        return pack(fused.attention(*q, *k, *v, *parts(mask), spec.scale, spec.causal), dtype)
 
     def custom(self, op, inputs, out_shape, out_dtype):
         from ..layout import numel_of

@@ -49,8 +49,3 @@ def float_input(x, op):
     if x.dtype.is_quantized:
         raise DTypeError(f"{op}: quantised input; dequantise it first with .to(tallow.f32)")
     return x if x.dtype.is_float else x.to(D.f32)
-
-
-def parts(t):
-    """(storage, layout) of an optional tensor, as the backend primitives take them."""
-    return (None, None) if t is None else (t._storage, t._layout)

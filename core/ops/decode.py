@@ -21,8 +21,10 @@ import math
 
 from .. import dtypes as D
 from ..autograd import needs_grad
+from ..backends.operand import QKV, KVCache, Operand, QuantWeight, Rotary, operand_of
+from ..backends.specs import BatchCacheAttentionSpec, CacheAttentionSpec, LinearSpec, NormSpec
 from ..errors import DTypeError, ShapeError, UnsupportedError
-from .arguments import check_devices, float_input, parts
+from .arguments import check_devices, float_input
 from .elementwise import binary, unary
 from .index import assign
 from .linalg import linear, matmul
@@ -49,8 +51,7 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6):
     if needs_grad(x, residual, w):
         total = binary(x, residual, "add")
         return total, rms_norm(total, w, eps)
-    total, normed = x.device.backend.add_rms_norm(x._storage, x._layout, residual._storage, residual._layout,
-                                                  *parts(w), dtype, eps)
+    total, normed = x.device.backend.add_rms_norm(operand_of(x), operand_of(residual), operand_of(w), dtype, eps)
     return x._new(total, x.shape, dtype), x._new(normed, x.shape, dtype)
 
 
@@ -70,8 +71,8 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5):
     if needs_grad(x, residual, w, b):
         total = binary(x, residual, "add")
         return total, layer_norm(total, w, b, eps)
-    total, normed = x.device.backend.add_layer_norm(x._storage, x._layout, residual._storage, residual._layout,
-                                                    *parts(w), *parts(b), dtype, eps)
+    total, normed = x.device.backend.add_layer_norm(operand_of(x), operand_of(residual), operand_of(w),
+                                                    operand_of(b), dtype, eps)
     return x._new(total, x.shape, dtype), x._new(normed, x.shape, dtype)
 
 
@@ -96,7 +97,8 @@ def gated_linear(x, weight, act="silu"):
         dtype = x.dtype
         if needs_grad(x):
             return _gate_composed(matmul(x, t(weight)), n, act)
-        st = x.device.backend.gated_qmatmul(x._storage, x._layout, dtype, weight._storage, weight.dtype, n, k, act)
+        st = x.device.backend.gated_qmatmul(operand_of(x), QuantWeight(weight._storage, weight.dtype, n2, k), dtype,
+                                            act)
         return x._new(st, lead + (n,), dtype)
     if not weight.dtype.is_float:
         raise DTypeError(f"gated_linear: weight dtype {weight.dtype.name} is not a float or GGUF block type")
@@ -104,7 +106,7 @@ def gated_linear(x, weight, act="silu"):
     x2, wt = reshape(x.to(dtype), (-1, k)), t(weight.to(dtype))
     if needs_grad(x2, wt):
         return reshape(_gate_composed(matmul(x2, wt), n, act), lead + (n,))
-    st = x.device.backend.gated_matmul(x2._storage, x2._layout, wt._storage, wt._layout, dtype, act)
+    st = x.device.backend.gated_matmul(operand_of(x2), operand_of(wt), dtype, act)
     return x._new(st, lead + (n,), dtype)
 
 
@@ -125,8 +127,8 @@ def kv_write(k, v, k_slot, v_slot):
     dtype = k_slot.dtype
     k, v = float_input(k, "kv_write").to(dtype), float_input(v, "kv_write").to(dtype)
     if k_slot.numel() or v_slot.numel():
-        k.device.backend.kv_write(k._storage, k._layout, v._storage, v._layout, k_slot._storage, k_slot._layout,
-                                  v_slot._storage, v_slot._layout, dtype)
+        k.device.backend.kv_write(operand_of(k), operand_of(v), KVCache(operand_of(k_slot), operand_of(v_slot)),
+                                  dtype)
 
 
 def rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, interleaved=False):
@@ -157,9 +159,8 @@ def rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, interleaved=False):
         assign(k_slot, k_slot._layout, rotary_emb(k, c, s, interleaved))
         assign(v_slot, v_slot._layout, v)
         return rotary_emb(q, c, s, interleaved)
-    st = q.device.backend.rope_kv_write(q._storage, q._layout, k._storage, k._layout, v._storage, v._layout,
-                                        c._storage, c._layout, s._storage, s._layout, k_slot._storage,
-                                        k_slot._layout, v_slot._storage, v_slot._layout, dtype, interleaved)
+    st = q.device.backend.rope_kv_write(_qkv(q, k, v), Rotary(operand_of(c), operand_of(s), interleaved),
+                                        KVCache(operand_of(k_slot), operand_of(v_slot)), dtype)
     return q._new(st, q.shape, dtype)
 
 
@@ -217,11 +218,10 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
             q = rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, interleaved)
         return attention(q, narrow(k_cache, 2, key_start, tk), narrow(v_cache, 2, key_start, tk), mask, True, scale)
     lmask = None if mask is None else mask._layout.broadcast_to((b, h, t, tk), "cache_attention mask")
-    st = q.device.backend.cache_attention(q._storage, q._layout, k._storage, k._layout, v._storage, v._layout,
-                                          k_cache._storage, k_cache._layout, v_cache._storage, v_cache._layout,
-                                          *parts(cos), *parts(sin), None if mask is None else mask._storage,
-                                          lmask, dtype, position, key_start, scale,
-                                          interleaved)
+    st = q.device.backend.cache_attention(_qkv(q, k, v), KVCache(operand_of(k_cache), operand_of(v_cache)),
+                                          _rotary(cos, sin, interleaved),
+                                          None if mask is None else Operand(mask._storage, lmask), dtype,
+                                          CacheAttentionSpec(position, key_start, scale))
     return q._new(st, (b, h, t, dv), dtype)
 
 
@@ -280,10 +280,9 @@ def batch_cache_attention(q, k, v, k_caches, v_caches, positions, cos=None, sin=
                                 None if sin is None else narrow(sin, 0, i, 1), interleaved, scale, key_starts[i])
                 for i in range(b)]
         return cat(rows, 0)
-    caches = [(kc._storage, kc._layout, vc._storage, vc._layout) for kc, vc in zip(k_caches, v_caches)]
-    st = q.device.backend.batch_cache_attention(q._storage, q._layout, k._storage, k._layout, v._storage, v._layout,
-                                                caches, *parts(cos), *parts(sin), dtype, positions, key_starts, scale,
-                                                interleaved)
+    caches = [KVCache(operand_of(kc), operand_of(vc)) for kc, vc in zip(k_caches, v_caches)]
+    st = q.device.backend.batch_cache_attention(_qkv(q, k, v), caches, _rotary(cos, sin, interleaved), dtype,
+                                                BatchCacheAttentionSpec(tuple(positions), tuple(key_starts), scale))
     return q._new(st, (b, h, 1, dv), dtype)
 
 NORM_KINDS = ("rms", "layer")
@@ -345,11 +344,20 @@ def add_norm_linear(x, residual, norm_weight, norm_bias, weight, bias=None, kind
             return hidden, gated_linear(normed, w, act)
         y = linear(normed, w, b)
         return hidden, y if act is None else unary(y, act)
+    weight_op = QuantWeight(w._storage, w.dtype, *w.shape) if quantised else operand_of(w)
     total, y = x.device.backend.add_norm_linear(
-        x._storage, x._layout, *parts(r), *parts(nw), *parts(nb),
-        w._storage, w._layout, w.dtype, *parts(b), dtype, eps, kind == "layer", act, gated)
+        operand_of(x), operand_of(r), NormSpec(operand_of(nw), operand_of(nb), eps, kind == "layer"),
+        LinearSpec(weight_op, operand_of(b), act, gated), dtype)
     hidden = x if total is None else x._new(total, shape, dtype)
     return hidden, x._new(y, shape[:-1] + (rows // 2 if gated else rows,), dtype)
+
+
+def _qkv(q, k, v):
+    return QKV(operand_of(q), operand_of(k), operand_of(v))
+
+
+def _rotary(cos, sin, interleaved):
+    return None if cos is None else Rotary(operand_of(cos), operand_of(sin), interleaved)
 
 
 def _cast(dtype, *tensors):

@@ -5,6 +5,7 @@ import math
 from .. import dtypes as D
 from .. import grad_rules as G
 from ..autograd import _Mode, record, record_if_needed
+from ..backends.operand import Operand
 from ..device import Device
 from ..errors import DTypeError
 from ..layout import Layout, broadcast_shapes
@@ -186,8 +187,8 @@ def where(cond, a, b):
     dtype = D.promote(ta.dtype, tb.dtype)
     ta, tb = ta.to(dtype), tb.to(dtype)
     shape = broadcast_shapes(broadcast_shapes(cond.shape, ta.shape, "where"), tb.shape, "where")
-    st = cond.device.backend.where(cond._storage, cond._layout.broadcast_to(shape), ta._storage,
-                                   ta._layout.broadcast_to(shape), tb._storage, tb._layout.broadcast_to(shape), dtype)
+    st = cond.device.backend.where(*(Operand(x._storage, x._layout.broadcast_to(shape)) for x in (cond, ta, tb)),
+                                   dtype)
     return record_if_needed(ta._new(st, shape, dtype), (None, ta, tb), lambda: G.where(cond))
 
 

@@ -3,6 +3,7 @@ and the in-place write behind t[key] = value."""
 from .. import dtypes as D
 from .. import grad_rules as G
 from ..autograd import record_if_needed
+from ..backends.operand import operand_of
 from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError
 from ..index_check import check_ids
 from ..tensor_base import TensorBase
@@ -37,7 +38,7 @@ def index_select(x, dim, index):
         if dim != 0:
             raise UnsupportedError("index_select on a quantised tensor picks rows (dim 0) only")
         return rows(x, index, shape)
-    st = x.device.backend.index_select(x._storage, x._layout, x.dtype, index._storage, index._layout, dim)
+    st = x.device.backend.index_select(operand_of(x), operand_of(index), x.dtype, dim)
     return record_if_needed(x._new(st, shape), (x,), lambda: G.index_select(x, dim, index))
 
 
@@ -50,7 +51,7 @@ def gather(x, dim, index):
         if d != dim and si > sx:
             raise ShapeError(f"gather: index shape {index.shape} is larger than input {x.shape} in dim {d}")
     check_ids(index, x.shape[dim], "gather", dim)
-    st = x.device.backend.gather(x._storage, x._layout, x.dtype, index._storage, index._layout, dim)
+    st = x.device.backend.gather(operand_of(x), operand_of(index), x.dtype, dim)
     return record_if_needed(x._new(st, index.shape), (x,), lambda: G.gather(x, dim, index))
 
 
@@ -61,8 +62,7 @@ def scatter_add(x, dim, index, src):
         raise ShapeError(f"scatter_add: index shape {index.shape} must equal src shape {src.shape}")
     check_ids(index, x.shape[dim], "scatter_add", dim)
     src = src.to(x.dtype)
-    st = x.device.backend.scatter_add(x._storage, x._layout, x.dtype, index._storage, index._layout, src._storage,
-                                      src._layout, dim)
+    st = x.device.backend.scatter_add(operand_of(x), operand_of(index), operand_of(src), x.dtype, dim)
     return record_if_needed(x._new(st, x.shape), (x, src), lambda: G.scatter_add(dim, index))
 
 

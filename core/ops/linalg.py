@@ -3,6 +3,7 @@ right operand goes to the backend's fused dequantising kernel)."""
 from .. import dtypes as D
 from .. import grad_rules as G
 from ..autograd import needs_grad, record_if_needed
+from ..backends.operand import Operand, QuantWeight, operand_of
 from ..errors import ShapeError
 from ..layout import broadcast_shapes
 from ..tensor_base import TensorBase
@@ -26,8 +27,8 @@ def linear(x, weight, bias=None):
             # (a decoding step's o_proj and down_proj: 60 views per SmolLM2 token)
             same_device("linear", x, weight)
             x = x.to(dtype)
-            st = x.device.backend.qmatmul(x._storage, x._layout, dtype, weight._storage, weight.dtype,
-                                          weight.shape[0], weight.shape[1])
+            st = x.device.backend.qmatmul(operand_of(x), QuantWeight(weight._storage, weight.dtype, *weight.shape),
+                                          dtype)
             return x._new(st, x.shape[:-1] + (weight.shape[0],), dtype)
     else:
         dtype = D.promote(x.dtype, weight.dtype)
@@ -41,11 +42,10 @@ def linear(x, weight, bias=None):
     be = x.device.backend
     if weight.dtype.is_quantized:
         x = x.to(dtype)
-        st = be.qmatmul_bias(x._storage, x._layout, dtype, weight._storage, weight.dtype, n, k, bias._storage,
-                             bias._layout)
+        st = be.qmatmul_bias(operand_of(x), QuantWeight(weight._storage, weight.dtype, n, k), operand_of(bias), dtype)
         return x._new(st, lead + (n,), dtype)
     x2, wt = reshape(x.to(dtype), (-1, k)), t(weight.to(dtype))
-    st = be.matmul_bias(x2._storage, x2._layout, wt._storage, wt._layout, bias._storage, bias._layout, dtype)
+    st = be.matmul_bias(operand_of(x2), operand_of(wt), operand_of(bias), dtype)
     return x._new(st, lead + (n,), dtype)
 
 
@@ -79,8 +79,8 @@ def matmul(a, b):
     batch = broadcast_shapes(x.shape[:-2], y.shape[:-2], "matmul")
     lx = x._layout.broadcast_to(batch + x.shape[-2:], "matmul")
     ly = y._layout.broadcast_to(batch + y.shape[-2:], "matmul")
-    out = x._new(x.device.backend.matmul(x._storage, lx, y._storage, ly, dtype), batch + (x.shape[-2], y.shape[-1]),
-                 dtype)
+    out = x._new(x.device.backend.matmul(Operand(x._storage, lx), Operand(y._storage, ly), dtype),
+                 batch + (x.shape[-2], y.shape[-1]), dtype)
     out = record_if_needed(out, (x, y), lambda: G.matmul(x, y))
     if squeeze_x:
         out = out.squeeze(-2)

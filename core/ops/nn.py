@@ -9,8 +9,10 @@ import math
 
 from .. import dtypes as D
 from ..autograd import _Mode, needs_grad, record
+from ..backends.operand import Operand, Rotary, operand_of
+from ..backends.specs import AttentionSpec, ConvSpec
 from ..errors import ShapeError
-from .arguments import check_devices, float_input, parts
+from .arguments import check_devices, float_input
 from .new import new_arange, new_full
 from .shape import cat, pad, stack
 
@@ -33,7 +35,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
         y = c * ((c * c).mean(-1, keepdim=True) + eps).rsqrt()
         y = y * w if w is not None else y
         return y + b if b is not None else y
-    return x._new(x.device.backend.layer_norm(x._storage, x._layout, *parts(w), *parts(b), x.dtype, eps), x.shape)
+    return x._new(x.device.backend.layer_norm(operand_of(x), operand_of(w), operand_of(b), x.dtype, eps), x.shape)
 
 
 def rms_norm(x, weight=None, eps=1e-6):
@@ -44,7 +46,7 @@ def rms_norm(x, weight=None, eps=1e-6):
     if needs_grad(x, w):
         y = x * ((x * x).mean(-1, keepdim=True) + eps).rsqrt()
         return y * w if w is not None else y
-    return x._new(x.device.backend.rms_norm(x._storage, x._layout, *parts(w), x.dtype, eps), x.shape)
+    return x._new(x.device.backend.rms_norm(operand_of(x), operand_of(w), x.dtype, eps), x.shape)
 
 
 def rotary_emb(x, cos, sin, interleaved=False):
@@ -65,8 +67,7 @@ def rotary_emb(x, cos, sin, interleaved=False):
             return stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).reshape(x.shape)
         x1, x2 = x.narrow(-1, 0, h), x.narrow(-1, h, h)
         return cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
-    st = x.device.backend.rope(x._storage, x._layout, c._storage, c._layout, s._storage, s._layout, x.dtype,
-                               interleaved)
+    st = x.device.backend.rope(operand_of(x), Rotary(operand_of(c), operand_of(s), interleaved), x.dtype)
     return x._new(st, x.shape)
 
 
@@ -115,8 +116,9 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None):
             banned = new_arange(q, tk).unsqueeze(0) > (new_arange(q, tq).unsqueeze(1) + (tk - tq))
             scores = scores.masked_fill(banned, float("-inf"))
         return scores.softmax(-1) @ v
-    st = q.device.backend.attention(q._storage, q._layout, k._storage, k._layout, v._storage, v._layout,
-                                    None if mask is None else mask._storage, lmask, dtype, scale, is_causal)
+    st = q.device.backend.attention(operand_of(q), operand_of(k), operand_of(v),
+                                    None if mask is None else Operand(mask._storage, lmask), dtype,
+                                    AttentionSpec(scale, is_causal))
     return q._new(st, (b, h, tq, v.shape[3]), dtype)
 
 
@@ -145,10 +147,9 @@ def conv(op, x, w, b, stride, padding, dilation, groups, nd):
     else:
         be = x.device.backend
         if nd == 1:
-            st = be.conv1d(x._storage, x._layout, w._storage, w._layout, dtype, stride[0], padding[0], dilation[0],
-                           groups)
+            st = be.conv1d(operand_of(x), operand_of(w), dtype, ConvSpec(stride[0], padding[0], dilation[0], groups))
         else:
-            st = be.conv2d(x._storage, x._layout, w._storage, w._layout, dtype, stride, padding, dilation, groups)
+            st = be.conv2d(operand_of(x), operand_of(w), dtype, ConvSpec(stride, padding, dilation, groups))
         y = x._new(st, (x.shape[0], cout, *outs), dtype)
     return y if b is None else y + b.to(dtype).reshape((1, cout) + (1,) * nd)
 

@@ -2,6 +2,7 @@
 and row lookups. A quantised tensor is used whole or transposed, never as a strided view."""
 from .. import dtypes as D
 from ..autograd import record_if_needed
+from ..backends.operand import QuantWeight, operand_of
 from ..errors import ShapeError, UnsupportedError
 from ..layout import Layout
 
@@ -45,7 +46,7 @@ def qmatmul(x, w_t):
         raise ShapeError(f"matmul: shapes {x.shape} and {w_t.shape} do not fit ({x.shape[-1]} vs {k})")
     dtype = x.dtype if x.dtype.is_float else D.f32
     x = x.to(dtype)
-    st = x.device.backend.qmatmul(x._storage, x._layout, dtype, w._storage, w.dtype, n, k)
+    st = x.device.backend.qmatmul(operand_of(x), QuantWeight(w._storage, w.dtype, n, k), dtype)
     out = x._new(st, x.shape[:-1] + (n,), dtype)
     return record_if_needed(out, (x,), lambda: (lambda g: (g @ w.to(dtype),)))
 
@@ -53,5 +54,4 @@ def qmatmul(x, w_t):
 def rows(t, index, shape):
     """index_select(0, index) of a quantised table: f32 rows, dequantised by the backend."""
     w = base_quant(t, "index_select")
-    return t._new(t.device.backend.index_select(w._storage, w._layout, w.dtype, index._storage, index._layout, 0),
-                  shape, D.f32)
+    return t._new(t.device.backend.index_select(operand_of(w), operand_of(index), w.dtype, 0), shape, D.f32)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from tallow import dtypes as D
+from tallow.backends.operand import Operand, QuantWeight, Rotary
+from tallow.backends.specs import AttentionSpec, ConvSpec
 from tallow.errors import ShapeError, UnsupportedError
 from tallow.layout import Layout
 
@@ -199,8 +201,8 @@ def test_pow_negative_base_and_compare_where(device):
         assert down(be, c, (4, 3), D.bool_).tolist() == fn(x, y).tolist(), op
     cond = RNG.integers(0, 2, (4, 1)).astype(bool)
     sc = up(be, cond, D.bool_)
-    got = down(be, be.where(sc, Layout((4, 1)).broadcast_to((4, 3)), sx, l2, sy, Layout((3, 4)).permute((1, 0)),
-                            D.f32), (4, 3), D.f32)
+    got = down(be, be.where(Operand(sc, Layout((4, 1)).broadcast_to((4, 3))), Operand(sx, l2),
+                            Operand(sy, Layout((3, 4)).permute((1, 0))), D.f32), (4, 3), D.f32)
     np.testing.assert_array_equal(got, np.where(cond, x, y.reshape(3, 4).T))
 
 
@@ -246,7 +248,7 @@ def test_zero_size_inputs(device):
     assert be.to_list(be.unary("exp", st, empty, D.f32), empty, D.f32) == []
     assert be.to_list(be.binary("add", st, empty, st, empty, D.f32), empty, D.f32) == []
     assert be.to_list(be.reduce("sum", st, empty, D.f32, (0,)), Layout((3,)), D.f32) == [0.0, 0.0, 0.0]
-    assert be.to_list(be.matmul(st, Layout((0, 3)), st, Layout((3, 0)), D.f32), Layout((0, 0)), D.f32) == []
+    assert be.to_list(be.matmul(Operand(st, Layout((0, 3))), Operand(st, Layout((3, 0))), D.f32), Layout((0, 0)), D.f32) == []
     with pytest.raises(ShapeError):
         be.reduce("max", st, empty, D.f32, (0,))
 
@@ -303,7 +305,7 @@ def test_matmul_batched_and_strided(device, m, k, n):
     bt = rnd(2, 3, n, k)  # b is used transposed: a strided (k, n) view
     sa, sb = up(be, a, D.f32), up(be, bt, D.f32)
     lb = Layout(bt.shape).permute((0, 1, 3, 2))
-    got = down(be, be.matmul(sa, Layout(a.shape), sb, lb, D.f32), (2, 3, m, n), D.f32)
+    got = down(be, be.matmul(Operand(sa, Layout(a.shape)), Operand(sb, lb), D.f32), (2, 3, m, n), D.f32)
     np.testing.assert_allclose(got, a.astype(np.float64) @ np.swapaxes(bt, -1, -2), rtol=1e-5, atol=1e-5)
 
 
@@ -321,18 +323,18 @@ def test_matvec_through_linear_weights(device, dtype):
     lw = Layout(wt.shape).narrow(2, 1, n).permute((0, 1, 3, 2))  # offset k: still whole vec4s
     lx = Layout(x.shape).permute((0, 1, 3, 2))
     wr, xr = down(be, sw, wt.shape, dtype)[:, :, 1:], down(be, sx, x.shape, dtype)
-    got = down(be, be.matmul(sx, lx, sw, lw, dtype), (2, 3, 1, n), dtype)
+    got = down(be, be.matmul(Operand(sx, lx), Operand(sw, lw), dtype), (2, 3, 1, n), dtype)
     np.testing.assert_allclose(got, np.swapaxes(xr, -1, -2).astype(np.float64) @ np.swapaxes(wr, -1, -2), **tol)
     x6 = rnd(2, 3, 6, k)
     s6 = up(be, x6, dtype)
-    got = down(be, be.matmul(s6, Layout(x6.shape), sw, lw, dtype), (2, 3, 6, n), dtype)
+    got = down(be, be.matmul(Operand(s6, Layout(x6.shape)), Operand(sw, lw), dtype), (2, 3, 6, n), dtype)
     want = down(be, s6, x6.shape, dtype).astype(np.float64) @ np.swapaxes(wr, -1, -2)
     np.testing.assert_allclose(got, want, **tol)
     # k not a multiple of 4 takes the scalar matvec
     sw2 = up(be, wt[..., :9], dtype)
     lw2 = Layout((2, 3, n + 1, 9)).permute((0, 1, 3, 2))
     x2 = rnd(2, 3, 1, 9)
-    got = down(be, be.matmul(up(be, x2, dtype), Layout(x2.shape), sw2, lw2, dtype), (2, 3, 1, n + 1), dtype)
+    got = down(be, be.matmul(Operand(up(be, x2, dtype), Layout(x2.shape)), Operand(sw2, lw2), dtype), (2, 3, 1, n + 1), dtype)
     want = down(be, up(be, x2, dtype), x2.shape, dtype) @ np.swapaxes(down(be, sw2, (2, 3, n + 1, 9), dtype), -1, -2)
     np.testing.assert_allclose(got, want, **tol)
 
@@ -343,17 +345,17 @@ def test_matmul_broadcast_batch_non_mergeable_and_f16(device):
     b = rnd(8, 5)
     sa, sb = up(be, a, D.f32), up(be, b, D.f32)
     lb = Layout((8, 5)).broadcast_to((4, 8, 5))  # batch stride 0
-    got = down(be, be.matmul(sa, Layout(a.shape), sb, lb, D.f32), (4, 6, 5), D.f32)
+    got = down(be, be.matmul(Operand(sa, Layout(a.shape)), Operand(sb, lb), D.f32), (4, 6, 5), D.f32)
     np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
     # batch dims that cannot merge into one stride: (2, 3) taken from a (3, 2, ...) tensor
     a2 = rnd(3, 2, 6, 8)
     sa2 = up(be, a2, D.f32)
     la2 = Layout(a2.shape).permute((1, 0, 2, 3))
     lb2 = Layout((8, 5)).broadcast_to((2, 3, 8, 5))
-    got = down(be, be.matmul(sa2, la2, sb, lb2, D.f32), (2, 3, 6, 5), D.f32)
+    got = down(be, be.matmul(Operand(sa2, la2), Operand(sb, lb2), D.f32), (2, 3, 6, 5), D.f32)
     np.testing.assert_allclose(got, np.transpose(a2, (1, 0, 2, 3)) @ b, rtol=1e-5, atol=1e-5)
     ha, hb = up(be, a, D.f16), up(be, b, D.f16)
-    got = down(be, be.matmul(ha, Layout(a.shape), hb, lb, D.f16), (4, 6, 5), D.f16)
+    got = down(be, be.matmul(Operand(ha, Layout(a.shape)), Operand(hb, lb), D.f16), (4, 6, 5), D.f16)
     want = down(be, ha, a.shape, D.f16) @ down(be, hb, b.shape, D.f16)
     np.testing.assert_allclose(got, want, **F16)
 
@@ -385,7 +387,7 @@ def test_quantized_matvec_matmul_dequantize(device, qname, n, k):
     sw = be.from_bytes(blocks.tobytes(), qdt)
     for m, xdt in ((1, D.f32), (3, D.f32), (6, D.f32), (1, D.f16), (3, D.f16)):
         x = down(be, up(be, rnd(m, k), xdt), (m, k), xdt).astype(np.float64)
-        got = down(be, be.qmatmul(up(be, x, xdt), Layout((m, k)), xdt, sw, qdt, n, k), (m, n), xdt)
+        got = down(be, be.qmatmul(Operand(up(be, x, xdt), Layout((m, k))), QuantWeight(sw, qdt, n, k), xdt), (m, n), xdt)
         # f32 accumulation over k terms (f16 output rounding): bound the error by the sum of |terms|
         bound = np.abs(x) @ np.abs(w_ref).T
         rel = 3e-5 if xdt is D.f32 else 1e-3
@@ -393,7 +395,7 @@ def test_quantized_matvec_matmul_dequantize(device, qname, n, k):
     got = down(be, be.dequantize(sw, qdt, n * k, D.f32), (n * k,), D.f32)
     np.testing.assert_array_equal(got, w_ref.reshape(-1).astype(np.float32))
     ids = np.array([3, 0, n - 1, 3], np.int64)
-    rows = be.index_select(sw, Layout((n, k)), qdt, up(be, ids, D.i64), Layout((4,)), 0)
+    rows = be.index_select(Operand(sw, Layout((n, k))), Operand(up(be, ids, D.i64), Layout((4,))), qdt, 0)
     np.testing.assert_array_equal(down(be, rows, (4, k), D.f32), w_ref[ids].astype(np.float32))
     assert be.to_bytes(sw, Layout((n, k)), qdt) == blocks.tobytes()
 
@@ -409,7 +411,7 @@ def test_other_block_formats_are_dequantized_on_upload(device):
     qdt = D.get_dtype("q5_0")
     sw = be.from_bytes(blocks.tobytes(), qdt)
     x = rnd(3, 64)
-    got = down(be, be.qmatmul(up(be, x, D.f32), Layout((3, 64)), D.f32, sw, qdt, 8, 64), (3, 8), D.f32)
+    got = down(be, be.qmatmul(Operand(up(be, x, D.f32), Layout((3, 64))), QuantWeight(sw, qdt, 8, 64), D.f32), (3, 8), D.f32)
     assert_quantised_product_close(got, x, ref)
 
 
@@ -422,17 +424,17 @@ def test_index_select_gather_scatter_add(device):
     sid = up(be, ids, D.i64)
     for dim in range(3):
         sel = ids
-        got = be.index_select(st, lay, D.f32, sid, Layout((5,)), dim)
+        got = be.index_select(Operand(st, lay), Operand(sid, Layout((5,))), D.f32, dim)
         want = np.take(xv, sel, axis=dim)
         np.testing.assert_array_equal(down(be, got, want.shape, D.f32), want)
     gidx = RNG.integers(0, 5, (4, 3, 6)).astype(np.int64)
-    got = be.gather(st, lay, D.f32, up(be, gidx, D.i64), Layout(gidx.shape), 1)
+    got = be.gather(Operand(st, lay), Operand(up(be, gidx, D.i64), Layout(gidx.shape)), D.f32, 1)
     np.testing.assert_array_equal(down(be, got, gidx.shape, D.f32), np.take_along_axis(xv, gidx, 1))
     dst = rnd(4, 6)
     src = rnd(7, 3)
     sidx = RNG.integers(0, 4, (7, 3)).astype(np.int64)  # repeated ids must accumulate
-    got = be.scatter_add(up(be, dst, D.f32), Layout((4, 6)), D.f32, up(be, sidx, D.i64), Layout((7, 3)),
-                         up(be, src, D.f32), Layout((7, 3)), 0)
+    got = be.scatter_add(Operand(up(be, dst, D.f32), Layout((4, 6))), Operand(up(be, sidx, D.i64), Layout((7, 3))),
+                         Operand(up(be, src, D.f32), Layout((7, 3))), D.f32, 0)
     want = dst.astype(np.float64).copy()
     np.add.at(want, (sidx, np.arange(3)[None, :].repeat(7, 0)), src)
     np.testing.assert_allclose(down(be, got, (4, 6), D.f32), want, **F32)
@@ -442,12 +444,13 @@ def test_index_select_gather_scatter_add(device):
 def test_conv1d_conv2d_strided_dilated_grouped(device):
     be = device.backend
     x, w = rnd(2, 6, 17), rnd(4, 3, 3)
-    got = be.conv1d(up(be, x, D.f32), Layout(x.shape), up(be, w, D.f32), Layout(w.shape), D.f32, 2, 1, 2, 2)
+    got = be.conv1d(Operand(up(be, x, D.f32), Layout(x.shape)), Operand(up(be, w, D.f32), Layout(w.shape)), D.f32,
+                    ConvSpec(2, 1, 2, 2))
     want = F.conv1d(torch.from_numpy(x), torch.from_numpy(w), stride=2, padding=1, dilation=2, groups=2).numpy()
     np.testing.assert_allclose(down(be, got, want.shape, D.f32), want, rtol=1e-5, atol=1e-5)
     x2, w2 = rnd(1, 3, 9, 8), rnd(5, 3, 3, 2)
-    got = be.conv2d(up(be, x2, D.f32), Layout(x2.shape), up(be, w2, D.f32), Layout(w2.shape), D.f32,
-                    (2, 1), (1, 0), (1, 2), 1)
+    got = be.conv2d(Operand(up(be, x2, D.f32), Layout(x2.shape)), Operand(up(be, w2, D.f32), Layout(w2.shape)), D.f32,
+                    ConvSpec((2, 1), (1, 0), (1, 2), 1))
     want = F.conv2d(torch.from_numpy(x2), torch.from_numpy(w2), stride=(2, 1), padding=(1, 0), dilation=(1, 2)).numpy()
     np.testing.assert_allclose(down(be, got, want.shape, D.f32), want, rtol=1e-5, atol=1e-5)
 
@@ -466,12 +469,12 @@ def test_softmax_and_norms(device):
     sw, sb = up(be, w, D.f32), up(be, b, D.f32)
     mu = xd.mean(-1, keepdims=True)
     ln = (xd - mu) / np.sqrt(((xd - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
-    got = be.layer_norm(st, lay, sw, Layout((100,)), sb, Layout((100,)), D.f32, 1e-5)
+    got = be.layer_norm(Operand(st, lay), Operand(sw, Layout((100,))), Operand(sb, Layout((100,))), D.f32, 1e-5)
     np.testing.assert_allclose(down(be, got, xv.shape, D.f32), ln, rtol=1e-5, atol=1e-5)
     rms = xd / np.sqrt((xd ** 2).mean(-1, keepdims=True) + 1e-6) * w
-    got = be.rms_norm(st, lay, sw, Layout((100,)), D.f32, 1e-6)
+    got = be.rms_norm(Operand(st, lay), Operand(sw, Layout((100,))), D.f32, 1e-6)
     np.testing.assert_allclose(down(be, got, xv.shape, D.f32), rms, rtol=1e-5, atol=1e-5)
-    got = be.layer_norm(st, lay, None, None, None, None, D.f32, 1e-5)
+    got = be.layer_norm(Operand(st, lay), None, None, D.f32, 1e-5)
     np.testing.assert_allclose(down(be, got, xv.shape, D.f32), (xd - mu) / np.sqrt(((xd - mu) ** 2).mean(-1, keepdims=True) + 1e-5),
                                rtol=1e-5, atol=1e-5)
     sh = up(be, xv, D.f16)
@@ -489,8 +492,8 @@ def test_rope_of_a_permuted_view(device, interleaved):
     st, lay, xv = view(be, x, D.f32, (0, 2, 1, 3))  # (b, h, t, d) view of (b, t, h, d) storage
     ang = rnd(t, d // 2, lo=0, hi=6)
     c, s = np.cos(ang), np.sin(ang)
-    got = down(be, be.rope(st, lay, up(be, c, D.f32), Layout(c.shape), up(be, s, D.f32), Layout(s.shape),
-                           D.f32, interleaved), xv.shape, D.f32)
+    got = down(be, be.rope(Operand(st, lay), Rotary(Operand(up(be, c, D.f32), Layout(c.shape)),
+                                                    Operand(up(be, s, D.f32), Layout(s.shape)), interleaved), D.f32), xv.shape, D.f32)
     if interleaved:
         x1, x2 = xv[..., 0::2], xv[..., 1::2]
         want = np.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).reshape(xv.shape)
@@ -511,8 +514,8 @@ def test_attention_over_a_strided_kv_cache(device, tq, causal, masked):
     scale = 1 / math.sqrt(d)
     sm = up(be, mask, D.f32) if masked else None
     lm = Layout(mask.shape).broadcast_to((bsz, h, tq, tk)) if masked else None
-    got = be.attention(up(be, q, D.f32), Layout(q.shape), sk, lk, up(be, v, D.f32), Layout(v.shape), sm, lm, D.f32,
-                       scale, causal)
+    got = be.attention(Operand(up(be, q, D.f32), Layout(q.shape)), Operand(sk, lk), Operand(up(be, v, D.f32), Layout(v.shape)),
+                       None if sm is None else Operand(sm, lm), D.f32, AttentionSpec(scale, causal))
     tmask = torch.from_numpy(mask) if masked else torch.zeros(1, 1, tq, tk)
     if causal:
         banned = torch.arange(tk)[None, :] > torch.arange(tq)[:, None] + (tk - tq)

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from tallow import dtypes as D
+from tallow.backends.operand import Operand, QuantWeight, Rotary
+from tallow.backends.specs import AttentionSpec, ConvSpec
 from tallow.errors import FormatError, ShapeError
 from tallow.layout import Layout
 
@@ -364,7 +366,7 @@ def test_compare_and_where(device, dtype):
         got = B.to_list(B.compare(op, sa, la, sb, lb, dtype), Layout(a.shape), D.bool_)
         assert got == fn(a, b).ravel().tolist(), op
     c, sc, lc = make(B, (5, 4), D.bool_, "strided")
-    got = result(B, B.where(sc, lc, sa, la, sb, lb, dtype), a.shape, dtype)
+    got = result(B, B.where(Operand(sc, lc), Operand(sa, la), Operand(sb, lb), dtype), a.shape, dtype)
     check(got, np.where(c, a, b), dtype if dtype.is_float else D.i64)
 
 
@@ -449,7 +451,7 @@ def test_matmul(device, dtype, shapes):
     sa, sb = shapes
     a, st_a, la = make(B, sa, dtype, "transposed", scale=1.0)
     b, st_b, lb = make(B, sb, dtype, "offset", scale=1.0)
-    got = result(B, B.matmul(st_a, la, st_b, lb, dtype), sa[:-1] + sb[-1:], dtype)
+    got = result(B, B.matmul(Operand(st_a, la), Operand(st_b, lb), dtype), sa[:-1] + sb[-1:], dtype)
     if dtype.is_float:
         ref = as_dtype(np.matmul(a.astype(np.float64), b.astype(np.float64)), dtype)
         rtol, atol = TOL[dtype]
@@ -463,7 +465,7 @@ def test_matmul_broadcast_batch(device):
     a, st_a, la = make(B, (3, 2, 4), D.f32)
     w, st_w, lw = make(B, (1, 4, 5), D.f32)
     lw = lw.broadcast_to((3, 4, 5))
-    check(result(B, B.matmul(st_a, la, st_w, lw, D.f32), (3, 2, 5), D.f32), a @ w, D.f32)
+    check(result(B, B.matmul(Operand(st_a, la), Operand(st_w, lw), D.f32), (3, 2, 5), D.f32), a @ w, D.f32)
 
 
 @pytest.mark.parametrize("dim", [0, 1, 2])
@@ -475,7 +477,7 @@ def test_index_select(device, dim, dtype):
     arr, st, lay = make(B, (4, 5, 6), dtype, "transposed")
     ids = np.array([2, 0, 3, 2], np.int64)
     sid, lid = place(B, ids, D.i64, "strided")
-    got = result(B, B.index_select(st, lay, dtype, sid, lid, dim), np.take(arr, ids, axis=dim).shape, dtype)
+    got = result(B, B.index_select(Operand(st, lay), Operand(sid, lid), dtype, dim), np.take(arr, ids, axis=dim).shape, dtype)
     check(got, np.take(arr, ids, axis=dim), dtype if dtype.is_float else D.i64)
 
 
@@ -485,10 +487,10 @@ def test_gather_and_scatter_add(device, dim):
     src, st, lay = make(B, (4, 5), D.f32, "transposed")
     ids = RNG.integers(0, src.shape[dim], (3, 4))
     sid, lid = place(B, ids, D.i64, "transposed")
-    got = result(B, B.gather(st, lay, D.f32, sid, lid, dim), ids.shape, D.f32)
+    got = result(B, B.gather(Operand(st, lay), Operand(sid, lid), D.f32, dim), ids.shape, D.f32)
     check(got, torch.gather(torch.from_numpy(src), dim, torch.from_numpy(ids)).numpy(), D.f32)
     vals, sv, lv = make(B, (3, 4), D.f32, "offset")
-    got = result(B, B.scatter_add(st, lay, D.f32, sid, lid, sv, lv, dim), src.shape, D.f32)
+    got = result(B, B.scatter_add(Operand(st, lay), Operand(sid, lid), Operand(sv, lv), D.f32, dim), src.shape, D.f32)
     ref = torch.from_numpy(src.copy()).scatter_add(dim, torch.from_numpy(ids), torch.from_numpy(vals)).numpy()
     check(got, ref, D.f32)
 
@@ -501,7 +503,7 @@ def test_conv1d(device, stride, padding, dilation, groups, dtype):
     w, sw, lw = make(B, (4, 8 // groups, 3), dtype, "offset", scale=1.0)
     ref = F.conv1d(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(w.astype(np.float64)), None, stride,
                    padding, dilation, groups)
-    got = result(B, B.conv1d(sx, lx, sw, lw, dtype, stride, padding, dilation, groups), tuple(ref.shape), dtype)
+    got = result(B, B.conv1d(Operand(sx, lx), Operand(sw, lw), dtype, ConvSpec(stride, padding, dilation, groups)), tuple(ref.shape), dtype)
     check(got, as_dtype(ref.numpy(), dtype), dtype)
 
 
@@ -511,7 +513,7 @@ def test_conv2d(device, stride, padding, dilation, groups):
     x, sx, lx = make(B, (2, 4, 7, 6), D.f32, "strided", scale=1.0)
     w, sw, lw = make(B, (6, 4 // groups, 3, 2), D.f32, "transposed", scale=1.0)
     ref = F.conv2d(torch.from_numpy(x), torch.from_numpy(w), None, stride, padding, dilation, groups)
-    got = result(B, B.conv2d(sx, lx, sw, lw, D.f32, stride, padding, dilation, groups), tuple(ref.shape), D.f32)
+    got = result(B, B.conv2d(Operand(sx, lx), Operand(sw, lw), D.f32, ConvSpec(stride, padding, dilation, groups)), tuple(ref.shape), D.f32)
     np.testing.assert_allclose(got, ref.numpy(), rtol=1e-5, atol=1e-5)
 
 
@@ -541,11 +543,11 @@ def test_layer_norm_and_rms_norm(device, dtype):
     w, sw, lw = make(B, (16,), dtype, "strided")
     b, sb, lb = make(B, (16,), dtype, "offset")
     xt, wt, bt = (torch.from_numpy(v.astype(np.float64)) for v in (x, w, b))
-    got = result(B, B.layer_norm(sx, lx, sw, lw, sb, lb, dtype, 1e-5), x.shape, dtype)
+    got = result(B, B.layer_norm(Operand(sx, lx), Operand(sw, lw), Operand(sb, lb), dtype, 1e-5), x.shape, dtype)
     check(got, as_dtype(F.layer_norm(xt, (16,), wt, bt, 1e-5).numpy(), dtype), dtype)
-    got = result(B, B.layer_norm(sx, lx, None, None, None, None, dtype, 1e-5), x.shape, dtype)
+    got = result(B, B.layer_norm(Operand(sx, lx), None, None, dtype, 1e-5), x.shape, dtype)
     check(got, as_dtype(F.layer_norm(xt, (16,), None, None, 1e-5).numpy(), dtype), dtype)
-    got = result(B, B.rms_norm(sx, lx, sw, lw, dtype, 1e-6), x.shape, dtype)
+    got = result(B, B.rms_norm(Operand(sx, lx), Operand(sw, lw), dtype, 1e-6), x.shape, dtype)
     check(got, as_dtype(F.rms_norm(xt, (16,), wt, 1e-6).numpy(), dtype), dtype)
 
 
@@ -559,7 +561,7 @@ def test_rope(device, interleaved, dtype):
     cos, sin = as_dtype(np.cos(ang), dtype), as_dtype(np.sin(ang), dtype)
     sc, lc = place(B, cos, dtype)
     ss, ls = place(B, sin, dtype, "offset")
-    got = result(B, B.rope(sx, lx, sc, lc, ss, ls, dtype, interleaved), x.shape, dtype)
+    got = result(B, B.rope(Operand(sx, lx), Rotary(Operand(sc, lc), Operand(ss, ls), interleaved), dtype), x.shape, dtype)
     # Reference: complex multiplication by e^{i angle} (torch), pairs chosen per form.
     xt = torch.from_numpy(x.astype(np.float64))
     if interleaved:
@@ -588,7 +590,8 @@ def test_attention(device, tq, tk, causal, with_mask, dtype):
         sm, lm = place(B, m, dtype)
         lm = lm.broadcast_to((b, h, tq, tk))
         mask_t = torch.from_numpy(m.astype(np.float64))
-    got = result(B, B.attention(sq, lq, sk, lk, sv, lv, sm, lm, dtype, scale, causal), (b, h, tq, dv), dtype)
+    got = result(B, B.attention(Operand(sq, lq), Operand(sk, lk), Operand(sv, lv), None if sm is None else Operand(sm, lm), dtype,
+                                AttentionSpec(scale, causal)), (b, h, tq, dv), dtype)
     # Reference: torch SDPA with a boolean/additive mask encoding "key j > i + (tk - tq) is masked".
     attn_mask = torch.zeros(tq, tk, dtype=torch.float64)
     if causal:
@@ -620,8 +623,8 @@ def test_quantised_dequantize_qmatmul_and_row_select(device, qname):
     np.testing.assert_array_equal(result(B, B.dequantize(st, qd, n * k, D.f32), (n, k), D.f32), ref_w)
     check(result(B, B.dequantize(st, qd, n * k, D.bf16), (n, k), D.bf16), bf16_round(ref_w), D.bf16)
     x, sx, lx = make(B, (3, k), D.f32, "transposed", scale=1.0)
-    got = result(B, B.qmatmul(sx, lx, D.f32, st, qd, n, k), (3, n), D.f32)
+    got = result(B, B.qmatmul(Operand(sx, lx), QuantWeight(st, qd, n, k), D.f32), (3, n), D.f32)
     assert_quantised_product_close(got, x, ref_w)
     ids, lid = place(B, np.array([5, 0, n - 1, 2]), D.i64)
-    got = result(B, B.index_select(st, Layout((n, k)), qd, ids, lid, 0), (4, k), D.f32)
+    got = result(B, B.index_select(Operand(st, Layout((n, k))), Operand(ids, lid), qd, 0), (4, k), D.f32)
     np.testing.assert_array_equal(got, ref_w[[5, 0, n - 1, 2]])

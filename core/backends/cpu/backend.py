@@ -16,9 +16,10 @@ from ...errors import ShapeError, UnsupportedError
 from ...layout import numel_of
 from .runtime import kernel_calls  # (pure Python until the kernels are asked for: they load then)
 from ...settings import settings
-from . import attention
+from . import attention, blas_rows, float_steps
 from .runtime import capture
 from ..base import Backend
+from ..operand import QuantWeight, parts
 from ..step_recording import StepCapture
 
 
@@ -155,7 +156,7 @@ def _cache_table(caches, positions, key_starts):
     start), or None when a row's caches are not whole writable arrays, or its keys are more than
     the single step's kernel takes (NumpyBackend.cache_attention's conditions)."""
     rows = []
-    for (kc, lkc, vc, lvc), position, key_start in zip(caches, positions, key_starts):
+    for ((kc, lkc), (vc, lvc)), position, key_start in zip(caches, positions, key_starts):
         if (position + 1 - key_start > DECODE_ATTENTION_MAX_KEYS or not _whole(kc, lkc) or not _whole(vc, lvc)
                 or not (kc.flags.writeable and vc.flags.writeable)):
             return None
@@ -337,6 +338,11 @@ class NumpyBackend(StepCapture, Backend):
         return self.store(x, dst)
 
     def unary(self, op, st, layout, dtype, arg=None):
+        rec = self._recorder()
+        if op == "gelu" and dtype is f32 and _whole(st, layout) and _decode_kernels(dtype) is not None:
+            return float_steps.gelu(st, rec)  # (one kernel call, recorded: a float step's MLP)
+        if rec is not None:
+            rec.refuse(f"{op} off the kernels")
         if arg is None and dtype.name in ("f32", "f64") and _whole(st, layout):
             return _UNARY[op](st)  # fast path: the whole flat storage
         x = self.load(st, layout, dtype)
@@ -363,7 +369,8 @@ class NumpyBackend(StepCapture, Backend):
     def compare(self, op, a, la, b, lb, dtype):
         return self.store(_COMPARE[op](self.load(a, la, dtype), self.load(b, lb, dtype)), bool_)
 
-    def where(self, c, lc, a, la, b, lb, dtype):
+    def where(self, cond, a, b, dtype):
+        (c, lc), (a, la), (b, lb) = cond, a, b
         return self.store(np.where(self.view(c, lc), self.load(a, la, dtype), self.load(b, lb, dtype)), dtype)
 
     # ---- reductions -----------------------------------------------------------
@@ -387,15 +394,38 @@ class NumpyBackend(StepCapture, Backend):
         return self.store(np.cumsum(self.load(st, layout, dtype), axis=dim), out)
 
     # ---- linear algebra and indexing ------------------------------------------
-    def matmul(self, a, la, b, lb, dtype):
-        x, w = self.load(a, la, dtype), self.load(b, lb, dtype)
-        if x.ndim == 2 and x.shape[0] == 1:
-            # One row (decoding): BLAS's matrix-vector path; np.matmul would take the
-            # matrix-matrix one (measured 3x the CPU time per token with 2 threads).
-            return self.store(np.matmul(w.T, x[0]), dtype)
-        return self.store(np.matmul(x, w), dtype)
+    def matmul(self, a, b, dtype):
+        y = self._float_step_product(a, b, None, dtype)
+        if y is not None:
+            return y
+        (a, la), (b, lb) = a, b
+        return self.store(_product(self.load(a, la, dtype), self.load(b, lb, dtype)), dtype)
 
-    def qmatmul(self, x, lx, dtype, w, wdtype, n, k):
+    def matmul_bias(self, a, b, bias, dtype):
+        y = self._float_step_product(a, b, bias, dtype)
+        if y is not None:
+            return y
+        if dtype is not f32 or len(a.layout.shape) != 2:
+            return super().matmul_bias(a, b, bias, dtype)
+        y = _product(self.load(*a, dtype), self.load(*b, dtype))
+        y += self.view(*bias)  # in place on the product's own new array
+        return self.store(y, dtype)
+
+    def _float_step_product(self, a, b, bias, dtype):
+        """A decoding step's product by a float32 matrix stored exactly in f16, on the kernels
+        (float_steps.py), or None; inside a capture None refuses the step."""
+        rec = self._recorder()
+        y = None
+        if _decode_kernels(dtype) is not None:
+            (a, la), (b, lb) = a, b
+            bv = None if bias is None else self.view(*bias)
+            y = float_steps.product(self.view(a, la), b, lb, bv, rec)
+        if y is None and rec is not None:
+            rec.refuse("a float product off the f16 kernel")
+        return None if y is None else y.reshape(-1)
+
+    def qmatmul(self, x, w, dtype):
+        (x, lx), (w, wdtype, n, k) = x, w
         rec = self._recorder()
         if self._decode_product(lx, dtype, w, wdtype, k):  # the integer-dot kernels on the blocks, as below
             return self.store(kernel_calls.qmatmul(self.view(x, lx), w, wdtype, n, k, record=rec), dtype)
@@ -419,27 +449,37 @@ class NumpyBackend(StepCapture, Backend):
         from ...quant import dequantize_numpy
         return self.store(dequantize_numpy(w, wdtype, numel), dtype)
 
-    def index_select(self, st, layout, dtype, ids, lids, dim):
+    def index_select(self, x, ids, dtype, dim):
+        (st, layout), (ids, lids) = x, ids
         idx = self.view(ids, lids)
         rec = self._recorder()
         if dtype.is_quantized and kernel_calls.supports(dtype):
             if rec is not None:
                 rec.bound(idx, ids, "an embedding lookup's ids")
             return self.store(kernel_calls.dequant_rows(st, dtype, layout.shape[1], idx, record=rec), f32)
-        if rec is not None:
-            rec.refuse("index_select off the decode kernels")
+        if rec is not None or (dim == 0 and _decode_kernels(dtype) is not None):
+            rows = None if dim or _decode_kernels(dtype) is None else \
+                float_steps.take_rows(self.view(st, layout), idx, rec)
+            if rows is not None:
+                if rec is not None:
+                    rec.bound(idx, ids, "an embedding lookup's ids")
+                return rows.reshape(-1)
+            if rec is not None:
+                rec.refuse("index_select off the decode kernels")
         if dtype.is_quantized:
             from ...quant import dequantize_rows_numpy
             return self.store(dequantize_rows_numpy(st, dtype, layout.shape[1], idx), f32)
         return self.store(np.take(self.view(st, layout), idx, axis=dim), dtype)
 
-    def gather(self, st, layout, dtype, ids, lids, dim):
+    def gather(self, x, ids, dtype, dim):
+        (st, layout), (ids, lids) = x, ids
         idx = self.view(ids, lids).astype(np.int64)
         # As torch: the index may be shorter than the input in the other dims (take_along_axis wants them equal).
         src = self.view(st, layout)[tuple(slice(None) if d == dim else slice(0, n) for d, n in enumerate(idx.shape))]
         return self.store(np.take_along_axis(src, idx, axis=dim), dtype)
 
-    def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
+    def scatter_add(self, dst, ids, src, dtype, dim):
+        (dst, ld), (ids, lids), (src, ls) = dst, ids, src
         out = np.array(self.load(dst, ld, dtype), copy=True)
         idx = self.view(ids, lids).astype(np.int64)
         values = self.load(src, ls, dtype)
@@ -449,14 +489,17 @@ class NumpyBackend(StepCapture, Backend):
         np.add.at(out, tuple(grid), values)
         return self.store(out, dtype)
 
-    def conv1d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
-        return self._conv(self.load(x, lx, dtype), self.load(w, lw, dtype), dtype, (stride,), (padding,), (dilation,),
-                          groups)
+    def conv1d(self, x, w, dtype, spec):
+        return self._conv(self.load(*x, dtype), self.load(*w, dtype), dtype, (spec.stride,), (spec.padding,),
+                          (spec.dilation,), spec.groups)
 
-    def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
-        return self._conv(self.load(x, lx, dtype), self.load(w, lw, dtype), dtype, stride, padding, dilation, groups)
+    def conv2d(self, x, w, dtype, spec):
+        return self._conv(self.load(*x, dtype), self.load(*w, dtype), dtype, spec.stride, spec.padding, spec.dilation,
+                          spec.groups)
 
     def _conv(self, x, w, dtype, stride, padding, dilation, groups):
+        if len(stride) == 1 and groups == 1 and dilation == (1,) and x.dtype == np.float32 == w.dtype:
+            return self.store(_conv1d_rows(x, w, stride[0], padding[0]), dtype)
         # im2col over any number of spatial dims, then one matmul per group.
         nd = len(stride)
         x = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
@@ -490,8 +533,11 @@ class NumpyBackend(StepCapture, Backend):
             y = e / np.sum(e, axis=-1, keepdims=True)
         return self.store(y, dtype)
 
-    def layer_norm(self, x, lx, w, lw, b, lb, dtype, eps):
+    def layer_norm(self, x, w, b, dtype, eps):
+        (x, lx), (w, lw), (b, lb) = x, parts(w), parts(b)
         v = self.load(x, lx, dtype)
+        if dtype is f32 and v.ndim >= 2 and v.shape[-1] and w is not None and b is not None:
+            return self.store(_layer_norm_rows(v, self.view(w, lw), self.view(b, lb), eps), dtype)
         mean = v.mean(axis=-1, keepdims=True)
         c = v - mean
         y = c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
@@ -501,17 +547,18 @@ class NumpyBackend(StepCapture, Backend):
             y = y + self.load(b, lb, dtype)
         return self.store(y, dtype)
 
-    def rms_norm(self, x, lx, w, lw, dtype, eps):
+    def rms_norm(self, x, w, dtype, eps):
+        (x, lx), (w, lw) = x, parts(w)
         v = self.load(x, lx, dtype)
         y = v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps)
         if w is not None:
             y = y * self.load(w, lw, dtype)
         return self.store(y, dtype)
 
-    def rope(self, x, lx, cos, lcos, sin, lsin, dtype, interleaved):
-        v = self.load(x, lx, dtype)
-        c, s = self.load(cos, lcos, dtype), self.load(sin, lsin, dtype)
-        if interleaved:
+    def rope(self, x, rotary, dtype):
+        v = self.load(*x, dtype)
+        c, s = self.load(*rotary.cos, dtype), self.load(*rotary.sin, dtype)
+        if rotary.interleaved:
             x1, x2 = v[..., 0::2], v[..., 1::2]
             out = np.empty_like(v)
             out[..., 0::2] = x1 * c - x2 * s
@@ -522,7 +569,20 @@ class NumpyBackend(StepCapture, Backend):
             out = np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
         return self.store(out, dtype)
 
-    def attention(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
+    def attention(self, q, k, v, mask, dtype, spec):
+        (q, lq), (k, lk), (v, lv), (mask, lmask) = q, k, v, parts(mask)
+        scale, causal = spec.scale, spec.causal
+        rec = self._recorder()
+        if mask is None and not causal and lq.shape[2] <= DECODE_ATTENTION_MAX_ROWS and _decode_kernels(dtype):
+            # a few queries over every key (a decoder's cross-attention over the audio)
+            views = [self.view(st, lay) for st, lay in ((q, lq), (k, lk), (v, lv))]
+            y = float_steps.cross_attention(*views, scale, rec)
+            if y is not None:
+                if rec is not None:
+                    rec.bound(views[0], q, "an attention's queries")
+                return y.reshape(-1)
+        if rec is not None:
+            rec.refuse("attention off the cross-attention kernel")
         few = (mask is None and lq.shape[2] <= DECODE_ATTENTION_MAX_ROWS and lk.shape[2] <= DECODE_ATTENTION_MAX_KEYS
                and lk.strides[3] == lv.strides[3] == 1)
         dec = _decode_kernels(dtype) if few else None
@@ -554,10 +614,11 @@ class NumpyBackend(StepCapture, Backend):
 
     # ---- fused decode ops: one numba call each when the CPU kernels are installed -----------
     # (backends/cpu/kernels/fused_ops.py); otherwise, and for other dtypes, base.py's compositions.
-    def add_rms_norm(self, x, lx, r, lr, w, lw, dtype, eps):
+    def add_rms_norm(self, x, r, w, dtype, eps):
         dec = _decode_kernels(dtype)
         if dec is None:
-            return super().add_rms_norm(x, lx, r, lr, w, lw, dtype, eps)
+            return super().add_rms_norm(x, r, w, dtype, eps)
+        (x, lx), (r, lr), (w, lw) = x, r, parts(w)
         xv, rv, total, normed = self._norm_operands(x, lx, r, lr)
         args = (xv, rv, self._vector(w, lw), float(eps), total, normed)
         dec.add_rms_norm(*args)
@@ -566,45 +627,51 @@ class NumpyBackend(StepCapture, Backend):
             self._record_norm(rec, dec.add_rms_norm, args, x, r)
         return total.reshape(-1), normed.reshape(-1)
 
-    def add_layer_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps):
+    def add_layer_norm(self, x, r, w, b, dtype, eps):
         dec = _decode_kernels(dtype)
         if dec is None:
-            return super().add_layer_norm(x, lx, r, lr, w, lw, b, lb, dtype, eps)
+            return super().add_layer_norm(x, r, w, b, dtype, eps)
+        (x, lx), (r, lr), (w, lw), (b, lb) = x, r, parts(w), parts(b)
         xv, rv, total, normed = self._norm_operands(x, lx, r, lr)
-        dec.add_layer_norm(xv, rv, self._vector(w, lw), self._vector(b, lb), float(eps), total, normed)
+        args = (xv, rv, self._vector(w, lw), self._vector(b, lb), float(eps), total, normed)
+        dec.add_layer_norm(*args)
+        rec = self._recorder()
+        if rec is not None:
+            self._record_norm(rec, dec.add_layer_norm, args, x, r)
         return total.reshape(-1), normed.reshape(-1)
 
-    def add_norm_linear(self, x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps, center, act,
-                        gated):
+    def add_norm_linear(self, x, r, norm, linear, dtype):
         # A decoding step on the kernels: the norm kernel's output array goes straight into the
         # integer-dot product (base.py's composition stores it, then views and checks it again).
         # The first layer has no residual: the add kernel adds zeros (exact), so that step is
         # recorded like the others.
-        k = lx.shape[-1]
+        k = x.layout.shape[-1]
         dec = _decode_kernels(dtype)
-        if (dec is None or (act is not None and not gated) or not wdtype.is_quantized
-                or not self._decode_product(lx, dtype, w, wdtype, k)):
-            return super().add_norm_linear(x, lx, r, lr, nw, lnw, nb, lnb, w, lw, wdtype, bias, lbias, dtype, eps,
-                                           center, act, gated)
+        act, gated, qw = linear.act, linear.gated, linear.weight
+        if (dec is None or (act is not None and not gated) or not isinstance(qw, QuantWeight)
+                or not self._decode_product(x.layout, dtype, qw.storage, qw.dtype, k)):
+            return super().add_norm_linear(x, r, norm, linear, dtype)
+        (x, lx), (r, lr), (w, wdtype, rows, _) = x, parts(r), qw
+        (nw, lnw), (nb, lnb), eps = parts(norm.weight), parts(norm.bias), norm.eps
+        bias = linear.bias
         xv, rv, total, normed = self._norm_operands(x, lx, r, lr)
         if rv is None:
             r, rv = _ZEROS, np.zeros(xv.shape, np.float32)
-        if center:
-            norm, args = dec.add_layer_norm, (xv, rv, self._vector(nw, lnw), self._vector(nb, lnb), float(eps),
-                                              total, normed)
+        if norm.center:
+            kernel, args = dec.add_layer_norm, (xv, rv, self._vector(nw, lnw), self._vector(nb, lnb), float(eps),
+                                                total, normed)
         else:
-            norm, args = dec.add_rms_norm, (xv, rv, self._vector(nw, lnw), float(eps), total, normed)
-        norm(*args)
+            kernel, args = dec.add_rms_norm, (xv, rv, self._vector(nw, lnw), float(eps), total, normed)
+        kernel(*args)
         rec = self._recorder()
         if rec is not None:
-            self._record_norm(rec, norm, args, x, r)
-        rows = lw.shape[0]
+            self._record_norm(rec, kernel, args, x, r)
         if gated:
             y = kernel_calls.gated_qmatmul(normed, w, wdtype, rows // 2, k, act, record=rec)
         elif bias is None:
             y = kernel_calls.qmatmul(normed, w, wdtype, rows, k, record=rec)
         else:
-            y = kernel_calls.qmatmul_bias(normed, w, wdtype, rows, k, self.view(bias, lbias), record=rec)
+            y = kernel_calls.qmatmul_bias(normed, w, wdtype, rows, k, self.view(*bias), record=rec)
         return None if r is _ZEROS else total.reshape(-1), y.reshape(-1)
 
     @staticmethod
@@ -624,17 +691,17 @@ class NumpyBackend(StepCapture, Backend):
     def _vector(self, st, layout):
         return _NO_VECTOR if st is None else self.view(st, layout)
 
-    def qmatmul_bias(self, x, lx, dtype, w, wdtype, n, k, bias, lbias):
-        if not self._decode_product(lx, dtype, w, wdtype, k):
-            return super().qmatmul_bias(x, lx, dtype, w, wdtype, n, k, bias, lbias)
-        return self.store(kernel_calls.qmatmul_bias(self.view(x, lx), w, wdtype, n, k, self.view(bias, lbias),
-                                                  record=self._recorder()), dtype)
-
-    def gated_qmatmul(self, x, lx, dtype, w, wdtype, n, k, act):
-        if not self._decode_product(lx, dtype, w, wdtype, k):
-            return super().gated_qmatmul(x, lx, dtype, w, wdtype, n, k, act)
-        return self.store(kernel_calls.gated_qmatmul(self.view(x, lx), w, wdtype, n, k, act, record=self._recorder()),
+    def qmatmul_bias(self, x, w, bias, dtype):
+        if not self._decode_product(x.layout, dtype, w.storage, w.dtype, w.cols):
+            return super().qmatmul_bias(x, w, bias, dtype)
+        return self.store(kernel_calls.qmatmul_bias(self.view(*x), *w, self.view(*bias), record=self._recorder()),
                           dtype)
+
+    def gated_qmatmul(self, x, w, dtype, act):
+        if not self._decode_product(x.layout, dtype, w.storage, w.dtype, w.cols):
+            return super().gated_qmatmul(x, w, dtype, act)
+        return self.store(kernel_calls.gated_qmatmul(self.view(*x), w.storage, w.dtype, w.rows // 2, w.cols, act,
+                                                     record=self._recorder()), dtype)
 
     def batch_rows(self, wdtype, dtype):
         """The integer-dot kernels compute each of up to FUSED_MAX_ROWS rows of x exactly as they
@@ -653,34 +720,36 @@ class NumpyBackend(StepCapture, Backend):
             return False
         return kernel_calls.supports(wdtype) and _DEQUANT_CACHE.budget_bytes(True) == 0
 
-    def kv_write(self, k, lk, v, lv, kc, lkc, vc, lvc, dtype):
+    def kv_write(self, k, v, slots, dtype):
         dec = _decode_kernels(dtype)
         if dec is None:
-            return super().kv_write(k, lk, v, lv, kc, lkc, vc, lvc, dtype)
-        dec.kv_write(self.view(k, lk), self.view(v, lv), self._target(kc, lkc), self._target(vc, lvc))
+            return super().kv_write(k, v, slots, dtype)
+        dec.kv_write(self.view(*k), self.view(*v), self._target(*slots.keys), self._target(*slots.values))
 
-    def rope_kv_write(self, q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype, interleaved):
+    def rope_kv_write(self, qkv, rotary, slots, dtype):
         dec = _decode_kernels(dtype)
         if dec is None:
-            return super().rope_kv_write(q, lq, k, lk, v, lv, cos, lcos, sin, lsin, kc, lkc, vc, lvc, dtype,
-                                         interleaved)
-        q_out = np.empty(lq.shape, np.float32)
-        dec.rope_kv_write(self.view(q, lq), self.view(k, lk), self.view(v, lv), self.view(cos, lcos),
-                          self.view(sin, lsin), self._target(kc, lkc), self._target(vc, lvc), q_out,
-                          bool(interleaved))
+            return super().rope_kv_write(qkv, rotary, slots, dtype)
+        q, k, v = qkv
+        q_out = np.empty(q.layout.shape, np.float32)
+        dec.rope_kv_write(self.view(*q), self.view(*k), self.view(*v), self.view(*rotary.cos), self.view(*rotary.sin),
+                          self._target(*slots.keys), self._target(*slots.values), q_out, bool(rotary.interleaved))
         return q_out.reshape(-1)
 
-    def cache_attention(self, q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask, dtype,
-                        position, key_start, scale, interleaved):
+    def cache_attention(self, qkv, cache, rotary, mask, dtype, spec):
         # A decoding step over whole contiguous caches: rotation, cache write and attention as one
         # kernel call (base.py's composition makes 2 kernel calls and 5 numpy views: ~30 us a layer).
         dec = _decode_kernels(dtype)
+        (q, lq), (k, lk), (v, lv) = qkv
+        (kc, lkc), (vc, lvc) = cache
+        position, key_start, scale = spec.position, spec.key_start, spec.scale
         t = lq.shape[2]
         if (dec is None or mask is not None or t > DECODE_ATTENTION_MAX_ROWS
                 or position + t - key_start > DECODE_ATTENTION_MAX_KEYS or not _whole(kc, lkc) or not _whole(vc, lvc)
                 or not (kc.flags.writeable and vc.flags.writeable)):
-            return super().cache_attention(q, lq, k, lk, v, lv, kc, lkc, vc, lvc, cos, lcos, sin, lsin, mask, lmask,
-                                           dtype, position, key_start, scale, interleaved)
+            return super().cache_attention(qkv, cache, rotary, mask, dtype, spec)
+        (cos, lcos), (sin, lsin) = ((None, None), (None, None)) if rotary is None else rotary[:2]
+        interleaved = rotary is not None and rotary.interleaved
         out = np.empty(lq.shape[:3] + lvc.shape[3:], np.float32)
         table = (self.view(cos, lcos), self.view(sin, lsin)) if cos is not None else (_NO_TABLE, _NO_TABLE)
         # a few rows (a short prompt) arrive as strided views: copied, so numba loads one version
@@ -699,21 +768,21 @@ class NumpyBackend(StepCapture, Backend):
                     whole[1], *caches, key_start, np.float32(scale), bool(interleaved), out)
         return out.reshape(-1)
 
-    def batch_cache_attention(self, q, lq, k, lk, v, lv, caches, cos, lcos, sin, lsin, dtype, positions, key_starts,
-                              scale, interleaved):
+    def batch_cache_attention(self, qkv, caches, rotary, dtype, spec):
         # A batched decoding step: every row's fused_ops.cache_attention in one kernel call over a
         # table of the rows' caches (one op a layer where the rows' own ops cost ~100 us each).
         # A row the single step would not run on that kernel sends the batch row by row (base.py).
         dec = _batch_kernels(dtype)
-        table = None if dec is None else _cache_table(caches, positions, key_starts)
+        table = None if dec is None else _cache_table(caches, spec.positions, spec.key_starts)
         if table is None:
-            return super().batch_cache_attention(q, lq, k, lk, v, lv, caches, cos, lcos, sin, lsin, dtype, positions,
-                                                 key_starts, scale, interleaved)
-        out = np.empty(lq.shape[:3] + lv.shape[3:], np.float32)
-        rows = (_NO_TABLE, _NO_TABLE) if cos is None else \
-            (np.ascontiguousarray(self.view(cos, lcos)), np.ascontiguousarray(self.view(sin, lsin)))
-        qkv = tuple(np.ascontiguousarray(self.view(st, lay)) for st, lay in ((q, lq), (k, lk), (v, lv)))
-        dec.batch_cache_attention(*qkv, *rows, table, np.float32(scale), bool(interleaved), out)
+            return super().batch_cache_attention(qkv, caches, rotary, dtype, spec)
+        q, _, v = qkv
+        out = np.empty(q.layout.shape[:3] + v.layout.shape[3:], np.float32)
+        rows = (_NO_TABLE, _NO_TABLE) if rotary is None else \
+            (np.ascontiguousarray(self.view(*rotary.cos)), np.ascontiguousarray(self.view(*rotary.sin)))
+        interleaved = rotary is not None and rotary.interleaved
+        arrays = tuple(np.ascontiguousarray(self.view(*op)) for op in qkv)
+        dec.batch_cache_attention(*arrays, *rows, table, np.float32(spec.scale), bool(interleaved), out)
         return out.reshape(-1)
 
     def _target(self, st, layout):
@@ -729,6 +798,47 @@ class NumpyBackend(StepCapture, Backend):
             raise ShapeError(f"custom op {op.name!r}: cpu() returned shape {y.shape}, "
                              f"output_shape() said {tuple(out_shape)}")
         return self.store(y, out_dtype)
+
+
+def _product(x, w):
+    """x @ w for loaded operands: one row by BLAS's matrix-vector path (np.matmul would take the
+    matrix-matrix one: measured 3x the CPU time per token with 2 threads), many rows split among
+    threads (blas_rows.py)."""
+    if x.ndim == 2 and x.shape[0] == 1:
+        return np.matmul(w.T, x[0])
+    if x.ndim == 2 and w.ndim == 2:
+        return blas_rows.matmul(x, w)
+    return np.matmul(x, w)
+
+
+def _layer_norm_rows(v, w, b, eps):
+    """LayerNorm over v's last axis (population variance) with few temporaries: the encoder's
+    (1500, 384) rows 13 -> ~4 ms a call."""
+    c = v - v.mean(axis=-1, keepdims=True)
+    var = np.einsum("...j,...j->...", c, c)[..., None]
+    var *= np.float32(1.0 / v.shape[-1])
+    var += np.float32(eps)
+    c /= np.sqrt(var)
+    c *= w
+    c += b
+    return c
+
+
+def _conv1d_rows(x, w, stride, pad):
+    """conv1d of x (b, cin, frames) by w (cout, cin, k) as one product per batch row over an
+    im2col matrix of k consecutive frames of every channel (time-major), then the (frames, cout)
+    result transposed back: the einsum path below took 3x as long on Whisper's convolutions."""
+    b, cin, frames = x.shape
+    cout, _, k = w.shape
+    wt = np.ascontiguousarray(w.transpose(0, 2, 1).reshape(cout, k * cin)).T  # (k * cin, cout)
+    n = (frames + 2 * pad - k) // stride + 1
+    out = np.empty((b, cout, n), np.float32)
+    for i in range(b):
+        xp = np.zeros((frames + 2 * pad, cin), np.float32)
+        xp[pad:pad + frames] = x[i].T
+        rows = as_strided(xp, (n, k * cin), (xp.strides[0] * stride, 4), writeable=False)
+        out[i] = _product(np.ascontiguousarray(rows), wt).T
+    return out
 
 
 LAZY_ZEROS_BYTES = 1 << 17
@@ -784,4 +894,5 @@ def _adjacent_view(arrays):
 # Inside a capture the compute primitives the CPU decode path does not record make the step
 # unreplayable (capture.py); the recorded ones mark their own other paths.
 capture.guard_unrecorded(NumpyBackend, ("qmatmul", "qmatmul_bias", "gated_qmatmul", "index_select",
-                                            "add_rms_norm", "add_norm_linear", "cache_attention"))
+                                            "add_rms_norm", "add_norm_linear", "cache_attention", "matmul",
+                                            "matmul_bias", "unary", "attention", "add_layer_norm"))

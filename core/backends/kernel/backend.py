@@ -18,6 +18,7 @@ from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, REDUCE_COD
 from ..driver_protocol import nbytes_of
 from ..gpu_backend import GpuBackend
 from ..gpu_plan import in_kernel_quant, runs_matvec
+from ..operand import Operand
 from ..step_buffer import STEP_BYTES
 from .recording import entry_signature
 
@@ -235,7 +236,8 @@ class KernelBackend(GpuBackend):
                   [a, b, out, pack_meta(la.shape, [la, lb], op), I64(n), I32(COMPARE_CODES[op])])
         return out
 
-    def where(self, cond, lc, a, la, b, lb, dtype):
+    def where(self, cond, a, b, dtype):
+        (cond, lc), (a, la), (b, lb) = cond, a, b
         self._check(dtype, "where")
         if cond.dtype is not bool_:
             cond, lc = self.cast(cond, lc, cond.dtype, bool_), Layout(lc.shape)
@@ -293,7 +295,7 @@ class KernelBackend(GpuBackend):
         m = lx.numel() // k
         xf = self._as(x, lx, dtype, f32)
         wf = self.dequantize(w, wdtype, n * k, f32)
-        out = self.matmul(xf, Layout((m, k)), wf, Layout((k, n), (1, k)), f32)
+        out = self.matmul(Operand(xf, Layout((m, k))), Operand(wf, Layout((k, n), (1, k))), f32)
         return out if dtype is f32 else self.cast(out, Layout((m * n,)), f32, dtype)
 
     def dequantize(self, w, wdtype, numel, dtype):
@@ -347,7 +349,8 @@ class KernelBackend(GpuBackend):
         self._run("index", width_kernel("gather", dtype), n,
                   [st, ids64, out, meta, I64(n), I64(dim_stride), I64(layout.shape[dim])])
 
-    def scatter_add(self, dst, ld, dtype, ids, lids, src, ls, dim):
+    def scatter_add(self, dst, ids, src, dtype, dim):
+        (dst, ld), (ids, lids), (src, ls) = dst, ids, src
         work = SCATTER_WORK_DTYPES[dtype.name]
         if work is i64 and not self.driver.atomic64:
             raise UnsupportedError(f"the {self.name} backend cannot scatter_add {dtype.name} (no 64-bit atomics); "
@@ -364,10 +367,10 @@ class KernelBackend(GpuBackend):
                   [out, ids64, values, meta, I64(n), I64(dim_stride), I64(ld.shape[dim])])
         return out if work is dtype else self.cast(out, Layout(ld.shape), work, dtype)
 
-    def conv2d(self, x, lx, w, lw, dtype, stride, padding, dilation, groups):
+    def conv2d(self, x, w, dtype, spec):
         if not dtype.is_float:
             self._missing(f"conv on {dtype.name}")
-        return super().conv2d(x, lx, w, lw, dtype, stride, padding, dilation, groups)
+        return super().conv2d(x, w, dtype, spec)
 
     def _im2col_kernel(self, xs, cols, n, g, dtype):
         self._run("index", kernel_name("im2col", dtype), n,
@@ -404,8 +407,8 @@ class KernelBackend(GpuBackend):
     def _attention_fits(self, lq, lk, lv):
         return max(lq.shape[3], lv.shape[3]) <= ATTENTION_MAX_HEAD_DIM  # q and the output row in shared memory
 
-    def _attention_unfused(self, q, lq, k, lk, v, lv, mask, lmask, dtype, scale, causal):
-        d = max(lq.shape[3], lv.shape[3])
+    def _attention_unfused(self, q, k, v, mask, dtype, spec):
+        d = max(q.layout.shape[3], v.layout.shape[3])
         raise UnsupportedError(f"{self.name} attention: head dim {d} > {ATTENTION_MAX_HEAD_DIM}")
 
     def _attention_kernel(self, q, lq, k, lk, v, lv, mask, lmask, out, scale, causal, over_cache, dtype):

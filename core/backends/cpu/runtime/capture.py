@@ -17,6 +17,8 @@ graph input's storage, which Graph.replay overwrites in place. What depends on t
 its scalar arguments and each array's dtype and shape, so two captures at two positions match
 only when nothing but the step buffer depends on the position.
 """
+import functools
+
 import numpy as np
 
 from ....errors import ShapeError
@@ -149,12 +151,11 @@ def guard_unrecorded(cls, recorded):
 
 
 def _guarded(name, eager):
+    @functools.wraps(eager)  # (inspect.signature then shows the primitive's own parameters)
     def guarded(self, *args, **kwargs):
         if self._captures:
             rec = self._capture()
             if rec is not None:
                 rec.computed_on_host(f"{name} (not recorded on the cpu device)")
         return eager(self, *args, **kwargs)
-    guarded.__name__ = guarded.__qualname__ = name
-    guarded.__doc__ = eager.__doc__
     return guarded
