@@ -148,33 +148,106 @@ def test_without_webgpu_the_page_says_so_and_uses_pure_python(demo):
 # The worker's Python asks for the adapter and init scripts do not reach workers, so worker.mjs is
 # served with the same override in front of it.
 NO_ADAPTER = "if (self.navigator && navigator.gpu) navigator.gpu.requestAdapter = async () => null;\n"
+# Older Safari and Firefox: no navigator.gpu at all (a getter of the worker's navigator that answers undefined).
+NO_WEBGPU = ("if (self.WorkerNavigator) Object.defineProperty(WorkerNavigator.prototype, 'gpu', {get: () => undefined});\n"
+             "if (self.Navigator) Object.defineProperty(Navigator.prototype, 'gpu', {get: () => undefined});\n")
 
 
-def test_webgpu_without_an_adapter_runs_on_the_cpu_and_says_so_without_an_error(demo):
+@pytest.mark.parametrize("query", ["", "?device=wgpu"])
+@pytest.mark.parametrize("override, says", [(NO_ADAPTER, "no WebGPU adapter (navigator.gpu.requestAdapter() found none"),
+                                            (NO_WEBGPU, "this browser has no WebGPU (navigator.gpu is missing)")],
+                         ids=["null_adapter", "no_navigator_gpu"])
+def test_webgpu_without_an_adapter_runs_on_the_cpu_and_says_so_without_an_error(demo, query, override, says):
+    """Also when the page is told to use WebGPU (?device=wgpu): the CPU, and the reason shown."""
     page = demo.context.new_page()
     demo.watch(page)
-    page.add_init_script(NO_ADAPTER)
+    page.add_init_script(override)
 
     def with_override(route):
         response = route.fetch()
-        route.fulfill(response=response, body=NO_ADAPTER + response.text())
+        route.fulfill(response=response, body=override + response.text())
 
     page.route("**/worker.mjs*", with_override)
     seen = len(demo.console)
     try:
-        demo.goto(page)
+        demo.goto(page, query)
         info = page.evaluate("window.tallowDemo.ready")
         assert info["device"] == "python" and "gpu" not in info and info["cpu_speed"]["flops_per_s"] > 0
-        assert info["gpu_error"].startswith("no WebGPU adapter (navigator.gpu.requestAdapter() found none"), info
-        assert demo.run(page, "import js\njs.navigator.gpu is not None")  # WebGPU is there; its adapter is not
+        assert info["cpu_speed"]["device"] == "python"
+        assert info["gpu_error"].startswith(says), info
+        if query:
+            assert info["device_note"].startswith(f"?device=wgpu: WebGPU is not usable here ({says}")
+            assert "?device=wgpu: WebGPU is not usable here" in page.inner_text("#device")
+        has_gpu = demo.run(page, "import js\ngetattr(js.navigator, 'gpu', None) is not None")
+        assert has_gpu is (override == NO_ADAPTER)  # the null adapter: WebGPU is there, its adapter is not
         device = page.inner_text("#device")
-        assert "not available, running on the CPU fallback: no WebGPU adapter" in device and "Error" not in device
+        assert f"not available, running on the CPU fallback: {says}" in device and "Error" not in device
         assert page.is_hidden("#error") and page.inner_text("#speech-status").startswith("No WebGPU: on this CPU")
         assert demo.run(page, "import tallow\n(tallow.ones(2, device='python') + 1).tolist()") == [2, 2]
         errors = [e for e in demo.errors() if e in demo.console[seen:]]
         assert not errors, errors
     finally:
         page.close()
+
+
+def test_device_python_overrides_webgpu_and_the_estimate_is_measured_there(demo):
+    """?device=python on a browser with WebGPU: the page computes in pure Python, and the speed it
+    estimates from is measured on that device."""
+    page = demo.open("?device=python")
+    try:
+        info = page.evaluate("window.tallowDemo.ready")
+        assert info["device"] == "python" and info["requested"] == "python" and info["device_note"] is None
+        assert "gpu" not in info and info["gpu_error"] is None  # WebGPU was not asked for
+        assert info["cpu_speed"]["device"] == "python" and info["cpu_speed"]["flops_per_s"] > 0
+        assert "small matmuls on the CPU (pure Python)" in page.inner_text("#device")
+        assert page.is_visible("#cpu-note") and "computes on the CPU (pure Python)" in page.inner_text("#cpu-note")
+        assert demo.run(page, "import tallow\n(tallow.ones(2) + 1).tolist()") == [2, 2]
+        assert page.is_hidden("#error")
+    finally:
+        page.close()
+
+
+def test_device_wasm_is_named_as_not_in_the_page_yet_and_the_page_still_boots(demo):
+    page = demo.open("?device=wasm")
+    try:
+        info = page.evaluate("window.tallowDemo.ready")
+        assert "the WebAssembly device does not run models in the page yet" in info["device_note"]
+        assert info["device"] in ("wgpu", "python") and page.is_hidden("#error")
+        assert "device choice" in page.inner_text("#device")
+    finally:
+        page.close()
+
+
+def test_a_software_webgpu_adapter_gets_a_cpu_speed_estimate(demo, ui):
+    """SwiftShader (what Chromium gives a machine without a GPU driver) computes on the CPU: the
+    page measures its speed on the chosen device and warns as it does without WebGPU."""
+    info = ui.evaluate("window.tallowDemo.ready")
+    assert info["device"] == "wgpu", info["gpu_error"]
+    if not info["gpu"]["cpu_emulated"]:
+        pytest.skip(f"a hardware adapter ({info['gpu']['adapter']}): no estimate is shown for it")
+    assert info["measure_speed"] and info["cpu_speed"]["device"] == "wgpu" and info["cpu_speed"]["flops_per_s"] > 0
+    assert "small matmuls on WebGPU" in ui.inner_text("#device")
+    note = ui.inner_text("#cpu-note")
+    assert ui.is_visible("#cpu-note") and "WebGPU here is emulated on the CPU" in note and "64-token reply takes about" in note
+
+
+def test_chromium_with_webgpu_disabled_boots_on_the_cpu(demo):
+    """Chromium's --disable-webgpu (without --enable-unsafe-webgpu) keeps navigator.gpu, and its
+    requestAdapter() resolves null, as on Linux without a GPU driver: the real null adapter, not a
+    stub. The page runs on the CPU, says why, and shows no error."""
+    with demo.other_browser(["--disable-webgpu"], without=["--enable-unsafe-webgpu"]) as browser:
+        page = browser.new_page()
+        demo.watch(page)
+        seen = len(demo.console)
+        demo.goto(page)
+        info = page.evaluate("window.tallowDemo.ready")
+        assert info["device"] == "python" and "gpu" not in info, info
+        assert info["gpu_error"].startswith("no WebGPU adapter (navigator.gpu.requestAdapter() found none"), info
+        assert info["cpu_speed"]["device"] == "python" and info["cpu_speed"]["flops_per_s"] > 0
+        assert "not available, running on the CPU fallback: no WebGPU adapter" in page.inner_text("#device")
+        assert page.is_hidden("#error") and page.is_visible("#cpu-note")
+        errors = [e for e in demo.errors() if e in demo.console[seen:]]
+        assert not errors, errors
 
 
 def test_boot_shows_the_runtime_download_in_mb_and_enables_controls_when_ready(demo):
@@ -594,10 +667,17 @@ def test_a_plain_static_server_runs_the_example_clip_with_progress_and_segments(
     downloads = [t for t in texts if t.startswith("Downloading model.safetensors")]
     assert downloads and "3 parts" in downloads[-1] and " MB of " in downloads[-1], texts
     assert "Transcribing jfk.wav…" in texts and "Loading the speech model…" in texts, texts
-    # the first run on this device: no estimate up front, then progress inside the window
-    assert "Transcribing jfk.wav (11 s of audio)…" in texts, texts
-    assert "Transcribing jfk.wav: 0 of 11 s of audio done; listening to the next 11 s…" in texts, texts
-    decoding = [t for t in texts if t.startswith("Transcribing jfk.wav: 0 of 11 s of audio done; writing it down, ")]
+    # the first run on this device: an estimate up front only from a CPU speed measured at boot
+    # (WebGPU emulated on the CPU: SwiftShader), then progress inside the window
+    if page.evaluate("window.tallowDemo.ready")["gpu"]["cpu_emulated"]:
+        assert any(t.startswith("Transcribing jfk.wav (11 s of audio): about ") and t.endswith(" on WebGPU…")
+                   for t in texts), texts
+    else:
+        assert "Transcribing jfk.wav (11 s of audio)…" in texts, texts
+    # (with an estimate, "done" goes on with ", about N s left")
+    assert any(t.startswith("Transcribing jfk.wav: 0 of 11 s of audio done") and t.endswith("; listening to the next 11 s…")
+               for t in texts), texts
+    decoding = [t for t in texts if t.startswith("Transcribing jfk.wav: 0 of 11 s of audio done") and "; writing it down, " in t]
     assert len(decoding) >= 10 and decoding[0].endswith(", 1 word piece so far…"), texts
     assert "Transcribing jfk.wav: 11 of 11 s of audio done." in texts, texts  # the window's progress message
     assert texts[-1] == f"Transcribed jfk.wav: {len(result['segments'])} segment{'s' if len(result['segments']) > 1 else ''}."

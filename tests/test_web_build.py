@@ -243,3 +243,61 @@ def test_empty_audio_is_refused_with_a_readable_error(worker):
 def test_cpu_speed_measures_a_positive_rate(worker):
     out = json.loads(worker.cpu_speed(0.05))
     assert out["flops_per_s"] > 0 and out["device"] == "cpu"
+
+
+# ---- the page's device choice (worker.py's boot), natively: WebGPU is never there, so each
+# request for it must fall back and say why, never fail the boot ----
+def _fresh_worker():
+    return _load("tallow_web_worker_boot_test", REPO_ROOT / "web" / "src" / "worker.py")
+
+
+def _boot(requested, want_gpu=True):
+    import asyncio
+    module = _fresh_worker()
+    return module, json.loads(asyncio.run(module.boot(want_gpu, None, requested)))
+
+
+def test_device_python_overrides_the_automatic_choice_and_measures_that_device():
+    module, info = _boot("python")
+    assert info["device"] == "python" and info["device_note"] is None and "gpu" not in info
+    assert info["gpu_error"] is None  # WebGPU was not even asked for
+    assert info["measure_speed"] is True
+    speed = json.loads(module.cpu_speed(0.02))
+    assert speed["device"] == "python" and speed["flops_per_s"] > 0
+
+
+def test_device_cpu_runs_on_numpy():
+    pytest.importorskip("numpy")
+    module, info = _boot("cpu")
+    assert info["device"] == "cpu" and info["device_note"] is None
+    assert json.loads(module.cpu_speed(0.02))["device"] == "cpu"
+
+
+def test_device_wgpu_without_webgpu_falls_back_and_says_why():
+    _, info = _boot("wgpu")
+    assert info["device"] in ("cpu", "python")
+    assert info["device_note"].startswith("?device=wgpu: WebGPU is not usable here (") and info["gpu_error"], info
+
+
+@pytest.mark.parametrize("requested, says", [("wasm", "the WebAssembly device does not run models in the page yet"),
+                                             ("tpu", "?device=tpu is not a device of this page (auto, wgpu, wasm")])
+def test_a_device_the_page_cannot_run_is_named_and_the_choice_is_automatic(requested, says):
+    _, info = _boot(requested)
+    assert says in info["device_note"] and info["device"] in ("cpu", "python") and info["requested"] == requested
+
+
+def test_device_wgpu_with_cpu_keeps_the_cpu():
+    _, info = _boot("wgpu", want_gpu=False)
+    assert "?cpu wins" in info["device_note"] and info["device"] in ("cpu", "python") and info["gpu_error"] is None
+
+
+@pytest.mark.parametrize("gpu_info, emulated, software", [
+    ({"adapter": "SwiftShader Device (Subzero)", "vendor": "google"}, False, True),
+    ({"adapter": "", "vendor": "mesa", "architecture": "llvmpipe"}, False, True),
+    ({"adapter": "lavapipe (LLVM 15.0.6, 256 bits)", "vendor": "mesa"}, False, True),
+    ({"adapter": "unknown", "vendor": ""}, True, True),  # the adapter says isFallbackAdapter
+    ({"adapter": "NVIDIA GeForce RTX 3060", "vendor": "nvidia", "architecture": "ampere"}, False, False),
+    ({"adapter": "", "vendor": "intel", "architecture": "gen-12lp"}, False, False),
+])
+def test_software_adapters_are_told_from_gpus(gpu_info, emulated, software):
+    assert _fresh_worker().software_adapter(gpu_info, emulated) is software

@@ -9,6 +9,7 @@ Chromium is launched the way ENVIRONMENT.md found to work: Debian's
 context in a fresh profile folder (Playwright refuses --user-data-dir), which
 also keeps the Cache API between page loads.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -141,6 +142,21 @@ class DemoBrowser:
                 self._playwright.stop()
             self.server.close()
             shutil.rmtree(self._profile, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def other_browser(self, extra_args, without=()):
+        """A second Chromium (own profile) on the same server, with more flags and without some of
+        CHROMIUM_ARGS (a browser without navigator.gpu: --disable-webgpu, without
+        --enable-unsafe-webgpu, which would win); its pages work with goto/run/request."""
+        profile = tempfile.mkdtemp(prefix="tallow-chromium-")
+        args = [a for a in CHROMIUM_ARGS if a not in without] + list(extra_args)
+        context = self._playwright.chromium.launch_persistent_context(
+            profile, headless=True, executable_path=CHROMIUM, args=args)
+        try:
+            yield context
+        finally:
+            context.close()
+            shutil.rmtree(profile, ignore_errors=True)
 
     def open(self, query="", timeout_s=90, base_url=None, viewport=None):
         """A new page on the demo (base_url: another server of the same folder), booted."""

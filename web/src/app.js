@@ -5,10 +5,11 @@ import { TallowClient } from "./tallow.mjs";
 import { transcriptAs } from "./transcript.js";
 
 const $ = (id) => document.getElementById(id);
-// Options the worker reads: ?cpu, and the big-model knobs ?slice_mb= / ?max_binding_mb= (tests lower them).
+// Options the worker reads: ?cpu, ?device=wgpu|wasm|cpu|python (overrides the automatic choice),
+// and the big-model knobs ?slice_mb= / ?max_binding_mb= (tests lower them).
 const workerOptions = {};
 for (const [name, value] of new URL(location.href).searchParams) {
-  if (["cpu", "slice_mb", "max_binding_mb"].includes(name)) workerOptions[name] = value || "1";
+  if (["cpu", "device", "slice_mb", "max_binding_mb"].includes(name)) workerOptions[name] = value || "1";
 }
 const client = new TallowClient({ workerOptions, onProgress: (msg) => showProgress(msg, activePanel()) });
 
@@ -158,13 +159,17 @@ function estimateSeconds(kind, amount) {
   return flops / info.cpu_speed.flops_per_s;
 }
 
+// "No WebGPU" or, on an adapter that computes on the CPU (SwiftShader, llvmpipe), "WebGPU is emulated".
+const softwareGpu = () => !!(info && info.device === "wgpu" && info.gpu && info.gpu.cpu_emulated);
+
 function cpuWarning(kind) {
   if (!info || !info.cpu_speed) return "";
   const s = kind === "whisper" ? estimateSeconds("whisper", 30) : estimateSeconds("llm", 64 + 30);
   if (s === null) return "";
+  const where = softwareGpu() ? "WebGPU is emulated on the CPU here" : "No WebGPU";
   return kind === "whisper" ?
-    `No WebGPU: on this CPU 30 s of speech takes about ${duration(s)}. It still runs when asked (one request at a time).` :
-    `No WebGPU: on this CPU a 64-token reply takes about ${duration(s)}. It still runs when asked (one request at a time).`;
+    `${where}: on this CPU 30 s of speech takes about ${duration(s)}. It still runs when asked (one request at a time).` :
+    `${where}: on this CPU a 64-token reply takes about ${duration(s)}. It still runs when asked (one request at a time).`;
 }
 
 function showDevice() {
@@ -176,7 +181,10 @@ function showDevice() {
   } else {
     rows.push(["WebGPU", `not available, running on the CPU fallback: ${info.gpu_error || "disabled"}`]);
   }
-  if (info.cpu_speed) rows.push(["CPU speed", `${(info.cpu_speed.flops_per_s / 1e6).toFixed(0)} MFLOP/s (measured: a small matmul)`]);
+  if (info.device_note) rows.push(["device choice", info.device_note]);
+  if (info.cpu_speed) {
+    rows.push(["CPU speed", `${(info.cpu_speed.flops_per_s / 1e6).toFixed(0)} MFLOP/s (measured: small matmuls on ${deviceName(info.cpu_speed.device)})`]);
+  }
   $("device").innerHTML = "";
   for (const [k, v] of rows) {
     const dt = document.createElement("dt");
@@ -189,9 +197,11 @@ function showDevice() {
   const note = $("cpu-note");
   const warnings = [cpuWarning("whisper"), cpuWarning("llm")].filter(Boolean);
   note.hidden = !warnings.length;
-  note.textContent = warnings.length ? `Without WebGPU this page computes in pure Python. ` +
-    `${warnings.map((w) => w.replace(/^No WebGPU: on/, "On")).join(" ")} ` +
-    "Use Chrome or Edge with WebGPU for usable speed." : "";
+  const computes = softwareGpu() ? "WebGPU here is emulated on the CPU, so this page computes at CPU speed." :
+    `Without WebGPU this page computes on ${deviceName(info.device)}.`;
+  note.textContent = warnings.length ? `${computes} ` +
+    `${warnings.map((w) => w.replace(/^[^:]*: on/, "On")).join(" ")} ` +
+    "Use Chrome or Edge with WebGPU on a GPU for usable speed." : "";
 }
 
 function storageText(key, m) {
@@ -324,7 +334,7 @@ const secondsPerWindow = new Map(); // device -> the last transcription's second
 function speechEstimate(audioSeconds, device) {
   const windows = Math.max(1, Math.ceil(audioSeconds / 30));
   if (secondsPerWindow.has(device)) return secondsPerWindow.get(device) * windows;
-  return device === "wgpu" ? null : estimateSeconds("whisper", audioSeconds);
+  return device === "wgpu" && !softwareGpu() ? null : estimateSeconds("whisper", audioSeconds);
 }
 
 // audio: WAV bytes or 16 kHz samples (a Float32Array), as audio.js's prepareFile gives them.

@@ -14,8 +14,9 @@
 import { prepareFile } from "./audio.js";
 import { transcriptAs } from "./transcript.js";
 
-// Worker options (its URL's query): cpu (no WebGPU), slice_mb, max_binding_mb.
-const WORKER_OPTIONS = ["cpu", "slice_mb", "max_binding_mb"];
+// Worker options (its URL's query): cpu (no WebGPU), device (wgpu, wasm, cpu or python: overrides
+// the automatic choice), slice_mb, max_binding_mb.
+const WORKER_OPTIONS = ["cpu", "device", "slice_mb", "max_binding_mb"];
 const FORMATS = ["json", "text", "verbose_json", "srt", "vtt"];
 
 export class APIError extends Error {
@@ -97,12 +98,14 @@ const usageOf = (r) => ({ prompt_tokens: r.prompt_tokens, completion_tokens: r.t
                           total_tokens: r.prompt_tokens + r.token_ids.length });
 
 export class TallowClient {
-  // base: the folder of the built site (default: this module's); device: "auto" or "cpu" (no
-  // WebGPU); workerOptions: {slice_mb, max_binding_mb}; onProgress(msg): boot and model-load progress
-  // ({stage, loaded, total, boot?, model?, file?}).
+  // base: the folder of the built site (default: this module's); device: "auto", "cpu" (no
+  // WebGPU), or "wgpu" / "wasm" / "python" (the worker says in ready.info.device_note when it could
+  // not run there and chose itself); workerOptions: {slice_mb, max_binding_mb}; onProgress(msg): boot
+  // and model-load progress ({stage, loaded, total, boot?, model?, file?}).
   constructor({ base = null, device = "auto", workerOptions = {}, onProgress = null } = {}) {
     const url = new URL("worker.mjs", base ? new URL(base, location.href) : new URL("./", import.meta.url));
-    for (const [name, value] of Object.entries({ ...workerOptions, cpu: device === "cpu" || workerOptions.cpu })) {
+    const named = device !== "auto" && device !== "cpu" ? { device } : {};
+    for (const [name, value] of Object.entries({ ...workerOptions, ...named, cpu: device === "cpu" || workerOptions.cpu })) {
       if (!WORKER_OPTIONS.includes(name)) throw new Error(`unknown worker option ${name} (${WORKER_OPTIONS.join(", ")})`);
       if (value !== undefined && value !== null && value !== false) url.searchParams.set(name, value === true ? "1" : String(value));
     }

@@ -26,6 +26,7 @@ import { loadPyodide } from "./pyodide/pyodide.mjs";
 
 const CACHE_NAME = "tallow-models-v1";
 const params = new URL(self.location.href).searchParams;
+// ?device=wgpu|wasm|cpu|python overrides the automatic device choice (worker.py's boot).
 // Weights files are read in slices of this size (?slice_mb=, default 64 MiB), so no file is ever
 // one ArrayBuffer (the browser refuses those over 2 GB); ?max_binding_mb= lowers the GPU binding
 // size tallow assumes (tests use both to exercise slicing and splitting with small files).
@@ -98,11 +99,12 @@ async function boot() {
     manifest = await (await fetch("models/manifest.json")).json();
     const wantGpu = !params.has("cpu");
     progress("Checking for WebGPU", 0, 0, { boot: true });
-    // (a JS null would reach Python as JsNull, not None: pass the option only when it is set)
-    const info = JSON.parse(await api.boot(wantGpu, ...(MAX_BINDING_MB === null ? [] : [Number(MAX_BINDING_MB)])));
-    if (info.device !== "wgpu") {
+    // (a JS null would reach Python as JsNull, not None: pass Python's default instead)
+    const info = JSON.parse(await api.boot(wantGpu, MAX_BINDING_MB === null ? undefined : Number(MAX_BINDING_MB),
+      params.get("device") || "auto"));
+    if (info.measure_speed) {  // the CPU, or WebGPU emulated on it: the page estimates from it what will be slow
       progress("Measuring this CPU", 0, 0, { boot: true });
-      info.cpu_speed = JSON.parse(api.cpu_speed());  // the page estimates from it what will be slow
+      info.cpu_speed = JSON.parse(await api.cpu_speed.callPromising());  // (a WebGPU readback waits on a Promise)
     }
     info.boot_s = bootS;
     info.ready_s = (performance.now() - t0) / 1000;

@@ -22,11 +22,37 @@ def _json(value):
     return json.dumps(value)
 
 
-async def boot(want_gpu=True, max_binding_mb=None):
-    """Pick the device: WebGPU when the browser has an adapter, else the pure-Python backend.
+DEVICES = ("auto", "wgpu", "wasm", "cpu", "python")  # what the page's ?device= may name
+# Words in a WebGPU adapter's info that mean it computes on the CPU (Chrome's SwiftShader, Mesa's
+# llvmpipe/lavapipe): the page treats such an adapter as a CPU device, not as a GPU.
+SOFTWARE_ADAPTERS = ("swiftshader", "llvmpipe", "lavapipe", "software")
+
+
+def software_adapter(gpu_info, cpu_emulated=False):
+    """Whether a WebGPU adapter (its driver.info) is a CPU emulation rather than a GPU."""
+    text = " ".join(str(gpu_info.get(k, "")) for k in ("adapter", "vendor", "architecture", "description")).lower()
+    return bool(cpu_emulated) or any(word in text for word in SOFTWARE_ADAPTERS)
+
+
+async def boot(want_gpu=True, max_binding_mb=None, requested="auto"):
+    """Pick the device: WebGPU when the browser has an adapter, else the CPU (numpy when the page
+    has it, else pure Python). want_gpu=False (the page's ?cpu) skips WebGPU. requested: the page's
+    ?device= (DEVICES); a device that cannot run here is said in info["device_note"] and the
+    automatic choice runs instead, so a browser without WebGPU never fails to boot.
     max_binding_mb: assume GPU bindings of at most this many MiB (the page's ?max_binding_mb=)."""
-    info = {"tallow": tallow.__version__, "numpy": _has_numpy()}
-    if want_gpu:
+    info = {"tallow": tallow.__version__, "numpy": _has_numpy(), "requested": requested, "device_note": None}
+    if requested not in DEVICES:
+        info["device_note"] = (f"?device={requested} is not a device of this page ({', '.join(DEVICES)}): "
+                               "chose automatically")
+        requested = "auto"
+    if requested == "wasm":  # the kernels exist (kernels.wasm) but no device runs on them in the page yet
+        info["device_note"] = ("?device=wasm: the WebAssembly device does not run models in the page yet "
+                               "(issue 31); chose automatically")
+        requested = "auto"
+    if requested == "cpu" and not info["numpy"]:
+        info["device_note"] = "?device=cpu needs numpy, which this page could not load: running in pure Python"
+        requested = "python"
+    if want_gpu and requested in ("auto", "wgpu"):
         try:
             from tallow_wgpu.browser import create_browser_driver, register_device
             driver = await create_browser_driver()
@@ -34,7 +60,8 @@ async def boot(want_gpu=True, max_binding_mb=None):
             dev = register_device(driver, max_binding)
             state["driver"] = driver
             limits = dev.backend.limits
-            info["gpu"] = {**driver.info, "f16": driver.has_f16, "cpu_emulated": driver.cpu_emulated,
+            info["gpu"] = {**driver.info, "f16": driver.has_f16,
+                           "cpu_emulated": software_adapter(driver.info, driver.cpu_emulated),
                            "max_storage_binding": limits["max_storage_binding"],
                            "adapter_max_storage_binding": driver.limits["max_storage_binding"],
                            "max_buffer": limits["max_buffer"]}
@@ -43,10 +70,18 @@ async def boot(want_gpu=True, max_binding_mb=None):
             state["gpu_error"] = str(e).removeprefix("wgpu device is not available: ")
         except Exception as e:  # a driver failure: name it, and fall back
             state["gpu_error"] = f"{type(e).__name__}: {e}"
+        if requested == "wgpu" and state["device"] is None:
+            info["device_note"] = f"?device=wgpu: WebGPU is not usable here ({state['gpu_error']}): running on the CPU"
+    elif requested == "wgpu":
+        info["device_note"] = "?device=wgpu and ?cpu contradict each other: ?cpu wins"
     if state["device"] is None:
-        state["device"] = tallow.Device("cpu" if info["numpy"] else "python")
+        state["device"] = tallow.Device(requested if requested in ("cpu", "python") else
+                                        "cpu" if info["numpy"] else "python")
     info["device"] = str(state["device"])
     info["gpu_error"] = state["gpu_error"]
+    # The page estimates model speed from a measurement on the chosen device where that device is
+    # the CPU, or WebGPU emulated on it (a real GPU is fast enough not to warn about).
+    info["measure_speed"] = info["device"] != "wgpu" or info["gpu"]["cpu_emulated"]
     state["device_info"] = info
     return _json(info)
 
@@ -319,20 +354,25 @@ async def chat(key, messages_json, max_tokens, on_token, is_stopped, on_prefill=
 
 
 def cpu_speed(seconds=0.3):
-    """FLOP/s of a small f32 matmul on the current device (pure Python without WebGPU): the page
-    turns it into an up-front estimate of how slow each model will be here. A few rows times a
-    square matrix: the shape of decoding, the slow case per FLOP."""
-    m, n = 4, 128
+    """FLOP/s of f32 matmuls on the chosen device: the page turns it into an up-front estimate of
+    how slow each model will be here. Decode-shaped (a few rows times a square matrix, the slow
+    case per FLOP); pure Python gets a small one, other devices a larger chain of four per readback,
+    so a WebGPU readback's fixed cost does not stand in for its speed."""
     dev = state["device"]
+    m, n, chain = (4, 128, 1) if dev.type == "python" else (4, 512, 4)
     a = tallow.ones(m, n, device=dev)
-    b = tallow.ones(n, n, device=dev)
+    b = tallow.full((n, n), 1.0 / n, device=dev)  # keeps a chain's values at 1
     runs, started = 0, time.perf_counter()
     while True:
-        (a @ b).tolist()
+        x = a
+        for _ in range(chain):
+            x = x @ b
+        x.tolist()
         runs += 1
         elapsed = time.perf_counter() - started
         if elapsed >= seconds or runs >= 50:
-            return _json({"flops_per_s": 2 * m * n * n * runs / elapsed, "device": str(dev), "seconds": elapsed})
+            flops = 2 * m * n * n * chain * runs
+            return _json({"flops_per_s": flops / elapsed, "device": str(dev), "seconds": elapsed})
 
 
 def describe_error(exc):
