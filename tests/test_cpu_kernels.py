@@ -16,6 +16,8 @@ from tallow.quant import dequantize_numpy
 pytest.importorskip("numba")
 from tallow.backends.cpu.kernels import atomics
 from tallow.backends.cpu.runtime import kernel_calls, polls
+from tallow.backends.operand import QKV, KVCache, QuantWeight, Rotary, operand_of
+from tallow.backends.specs import CacheAttentionSpec, LinearSpec, NormSpec
 
 from random_blocks import FORMATS, random_blocks as _blocks  # noqa: E402,F401
 
@@ -307,19 +309,17 @@ def test_decode_kernels_are_what_the_numpy_backend_runs(monkeypatch):
     rng = np.random.default_rng(2)
     x, r, w, b = (tallow.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in ((2, 48), (2, 48), (48,), (48,)))
     total, normed = F.add_rms_norm(x, r, w, 1e-6)
-    want = _composed("add_rms_norm", x._storage, x._layout, r._storage, r._layout, w._storage, w._layout, tallow.f32,
-                     1e-6)
+    want = _composed("add_rms_norm", operand_of(x), operand_of(r), operand_of(w), tallow.f32, 1e-6)
     np.testing.assert_array_equal(total.numpy().reshape(-1), want[0])
     np.testing.assert_allclose(normed.numpy().reshape(-1), want[1], rtol=1e-6, atol=1e-6)
     total, normed = F.add_layer_norm(x, r, w, b, 1e-5)
-    want = _composed("add_layer_norm", x._storage, x._layout, r._storage, r._layout, w._storage, w._layout,
-                     b._storage, b._layout, tallow.f32, 1e-5)
+    want = _composed("add_layer_norm", operand_of(x), operand_of(r), operand_of(w), operand_of(b), tallow.f32, 1e-5)
     np.testing.assert_allclose(normed.numpy().reshape(-1), want[1], rtol=1e-5, atol=1e-5)
     wq = tallow.from_numpy(rng.standard_normal((2 * 10, 64)).astype(np.float32)).to(get_dtype("q4_0"))
     xg = tallow.from_numpy(rng.standard_normal((1, 64)).astype(np.float32))
     got = F.gated_linear(xg, wq, "silu")
     seen = len(calls)
-    want = _composed("gated_qmatmul", xg._storage, xg._layout, tallow.f32, wq._storage, wq.dtype, 10, 64, "silu")
+    want = _composed("gated_qmatmul", operand_of(xg), QuantWeight(wq._storage, wq.dtype, 20, 64), tallow.f32, "silu")
     del calls[seen:]  # the composition's own plain product
     np.testing.assert_allclose(got.numpy().reshape(-1), want, rtol=1e-5, atol=1e-5)  # same 16-bit activations
     q, k, v = (tallow.from_numpy(rng.standard_normal((1, h, 1, 8)).astype(np.float32)) for h in (4, 2, 2))
@@ -355,10 +355,9 @@ def test_add_norm_linear_decoding_step_is_two_kernel_calls_and_matches_the_compo
     hidden, y = F.add_norm_linear(x, r, nw, nb if kind == "layer" else None, w, b, kind, 1e-5,
                                   "silu" if gated else None, gated)
     assert calls == [f"add_{kind}_norm", "qmatmul_shared"]
-    parts = lambda t: (None, None) if t is None else (t._storage, t._layout)  # noqa: E731
-    want_total, want_y = _composed("add_norm_linear", x._storage, x._layout, r._storage, r._layout, *parts(nw),
-                                   *parts(nb if kind == "layer" else None), w._storage, w._layout, w.dtype, *parts(b),
-                                   tallow.f32, 1e-5, kind == "layer", "silu" if gated else None, gated)
+    norm = NormSpec(operand_of(nw), operand_of(nb if kind == "layer" else None), 1e-5, kind == "layer")
+    linear = LinearSpec(QuantWeight(w._storage, w.dtype, rows, k), operand_of(b), "silu" if gated else None, gated)
+    want_total, want_y = _composed("add_norm_linear", operand_of(x), operand_of(r), norm, linear, tallow.f32)
     np.testing.assert_array_equal(hidden.numpy().reshape(-1), want_total)
     assert y.shape == (1, 2, rows // 2 if gated else rows)
     np.testing.assert_allclose(y.numpy().reshape(-1), want_y, rtol=1e-5, atol=1e-5)
@@ -389,10 +388,9 @@ def test_cache_attention_is_one_kernel_call_and_matches_torch(rotary, monkeypatc
         got = F.cache_attention(*args, kc, vc, position, *tables, interleaved=bool(rotary), key_start=1)
         assert len(calls) == t // 3 + 1  # one call per step
         kc2, vc2 = tallow.from_numpy(old[0].copy()), tallow.from_numpy(old[1].copy())
-        parts = [x for a in args + [kc2, vc2] for x in (a._storage, a._layout)]
-        tparts = [x for a in tables for x in ((None, None) if a is None else (a._storage, a._layout))]
-        want = _composed("cache_attention", *parts, *tparts, None, None, tallow.f32, position, 1, d ** -0.5,
-                         bool(rotary))
+        rot = None if rotary is None else Rotary(*map(operand_of, tables), bool(rotary))
+        want = _composed("cache_attention", QKV(*map(operand_of, args)), KVCache(operand_of(kc2), operand_of(vc2)),
+                         rot, None, tallow.f32, CacheAttentionSpec(position, 1, d ** -0.5))
         np.testing.assert_allclose(got.numpy().reshape(-1), want, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(kc.numpy(), kc2.numpy(), rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(vc.numpy(), vc2.numpy())
