@@ -19,6 +19,7 @@ from tallow.backends.cpu.runtime import kernel_calls, polls
 from tallow.backends.operand import QKV, KVCache, QuantWeight, Rotary, operand_of
 from tallow.backends.specs import CacheAttentionSpec, LinearSpec, NormSpec
 
+from kquant_reference import K_QUANTS, kquant_product  # noqa: E402
 from random_blocks import FORMATS, random_blocks as _blocks  # noqa: E402,F401
 
 
@@ -70,16 +71,18 @@ def _check(q, n, k, m, rng):
         scale = np.abs(x).astype(np.float64) @ np.abs(w).T
         assert np.all(np.abs(got - ref) <= 1e-5 * scale + 1e-6), q
         return
-    # Decoding: x is quantised per 32-value block as ggml does (16 bits), then the dot is exact up to
-    # float32 summation order: so against the dequantised activations the error is rounding only...
+    # Decoding: x is quantised per 32-value block as ggml does (16 bits; the K-quants' kernels then
+    # take 8 of them: kquant_reference), then the dot is exact up to float32 summation order: so
+    # against the dequantised activations the error is rounding only...
     qs, d = _activation_reference(x)
     xq = (qs.reshape(m, k // 32, 32) * d[..., None].astype(np.float64)).reshape(m, k)
-    ref_q = xq @ w.T
+    ref_q, bound8 = kquant_product(w, qs, d) if q in K_QUANTS else (xq @ w.T, 0)
     scale = np.abs(xq) @ np.abs(w).T
     assert np.all(np.abs(got - ref_q) <= 2e-5 * scale + 1e-6), q
     # ...and against the float activations it is ggml's own: each value is off by at most half a
-    # step d/2, so the dot by at most sum over blocks of d/2 * sum |w| (plus the rounding above).
-    bound = (np.abs(w).reshape(n, k // 32, 32).sum(axis=2) @ (d.astype(np.float64) / 2).T).T
+    # step d/2, so the dot by at most sum over blocks of d/2 * sum |w| (plus the rounding above;
+    # the K-quants: plus the 8-bit step's half).
+    bound = (np.abs(w).reshape(n, k // 32, 32).sum(axis=2) @ (d.astype(np.float64) / 2).T).T + bound8
     ref = x.astype(np.float64) @ w.T
     assert np.all(np.abs(got - ref) <= bound + 2e-5 * scale + 1e-6), q
 
@@ -239,12 +242,15 @@ def test_kernels_run_as_plain_python():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
-def _dequantised_product_bound(x, w):
-    """(x . w.T in float64, its allowed error): the 16-bit activation quantisation bound plus rounding."""
+def _dequantised_product_bound(x, w, q, raw):
+    """(x . w.T in float64, its allowed error): the 16-bit activation quantisation bound (the
+    K-quants: plus the 8-bit one, kquant_reference) plus rounding."""
     m, k = x.shape
-    _, d = _activation_reference(x)
+    qs, d = _activation_reference(x)
     ref = x.astype(np.float64) @ w.T
     bound = (np.abs(w).reshape(w.shape[0], k // 32, 32).sum(axis=2) @ (d.astype(np.float64) / 2).T).T
+    if q in K_QUANTS:
+        bound = bound + kquant_product(w, qs, d)[1]
     return ref, bound + 2e-5 * (np.abs(x).astype(np.float64) @ np.abs(w).T) + 1e-6
 
 
@@ -260,7 +266,7 @@ def test_gated_and_biased_products_match_dequantised_numpy(q, parallel, monkeypa
     raw = _blocks(q, 2 * n * k // bs, rng)
     w = dequantize_numpy(raw, q, 2 * n * k).reshape(2 * n, k).astype(np.float64)
     x = rng.standard_normal((m, k)).astype(np.float32)
-    y, err = _dequantised_product_bound(x, w)
+    y, err = _dequantised_product_bound(x, w, q, raw)
     g, u, eg, eu = y[:, :n], y[:, n:], err[:, :n], err[:, n:]
     silu = 0.5 * g * (1 + np.tanh(g / 2))  # g * sigmoid(g), without overflow
     got = kernel_calls.gated_qmatmul(x, raw, q, n, k, "silu")

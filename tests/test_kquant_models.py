@@ -106,9 +106,11 @@ def test_k_quant_logits_match_transformers(tmp_path, arch, scale):
     assert scale_ > 0.5  # not a comparison of near-zero logits
     for i, (w, g) in enumerate(zip(want, got)):
         assert g.shape == w.shape, (i, g.shape, w.shape)
-        # int16 activations (one scale per 32 values) against float32: a small relative error
+        # 8-bit activations (one scale per 32 values: cpu kquant_ir; ggml's K-quant dots take 8 bits
+        # per 256) against float32. llama.cpp 0.3.36 on these files' prompts: 0.92%, 0.41%, 0.17% of
+        # the logits' range; tallow 0.76%, 0.27%, 0.10% (docs/cpu-kernels.md)
         err = float(np.abs(g - w).max())
-        assert err <= 2e-3 * scale_, f"step {i}: max |diff| {err:.3g} (logits up to {scale_:.3g})"
+        assert err <= 1.5e-2 * scale_, f"step {i}: max |diff| {err:.3g} (logits up to {scale_:.3g})"
 
 
 def test_mixed_qkv_first_layer_is_still_one_recorded_step(tmp_path):

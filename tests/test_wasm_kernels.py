@@ -21,6 +21,7 @@ if build.linker() is None:
     pytest.skip("no wasm-ld here: apt-get install lld (scripts/system_deps.sh does) or pip install ziglang",
                 allow_module_level=True)
 
+from kquant_reference import K_QUANTS, kquant_product  # noqa: E402
 from random_blocks import FORMATS, random_blocks as _blocks  # noqa: E402
 
 QMAX = 32767
@@ -127,12 +128,14 @@ def test_matmul_matches_dequantised_numpy(wasm, q):
         out = wasm.alloc(m * n * 4)
         wasm(f"matmul_{q}", wasm.put(raw), n, k // bs, m, qx, dx, sx, wasm.table, out)
         got = wasm.get(out, (m, n), np.float32)
-        # against the dequantised activations: float32 rounding only (the block dots are exact integers)
+        # against the dequantised activations (the K-quants: their 8-bit requantisation, kquant_reference):
+        # float32 rounding only (the block dots are exact integers)
         xq = (qs.reshape(m, k // 32, 32) * d[..., None].astype(np.float64)).reshape(m, k)
+        ref_q, bound8 = kquant_product(w, qs, d) if q in K_QUANTS else (xq @ w.T, 0)
         scale = np.abs(xq) @ np.abs(w).T
-        assert np.all(np.abs(got - xq @ w.T) <= 2e-5 * scale + 1e-6), (q, n, k, m)
-        # against the float activations: each value off by at most half a step, d/2 per block
-        bound = (np.abs(w).reshape(n, k // 32, 32).sum(axis=2) @ (d.astype(np.float64) / 2).T).T
+        assert np.all(np.abs(got - ref_q) <= 2e-5 * scale + 1e-6), (q, n, k, m)
+        # against the float activations: each value off by at most half a step, d/2 per block (+ the 8-bit half step)
+        bound = (np.abs(w).reshape(n, k // 32, 32).sum(axis=2) @ (d.astype(np.float64) / 2).T).T + bound8
         assert np.all(np.abs(got - x.astype(np.float64) @ w.T) <= bound + 2e-5 * scale + 1e-6), (q, n, k, m)
 
 

@@ -44,6 +44,7 @@ MIN_AT = {1: 2, 3: 2}
 HIGH_BITS_AT = {2: 2, 3: 4}
 QUANTS_AT = {0: 2, 1: 4, 2: 6, 3: 8, 4: 2}
 OFFSET = {0: 8.0, 2: 16.0}  # q4_0, q5_0 values are q - 8, q - 16
+OFFSET_IN_BYTES = {2}  # formats whose offset _block_quants applies (the others': a "min" term)
 FORMATS = (0, 1, 2, 3, 4, 5, 6, 7)  # float_rows.FORMATS codes: q4_0 ... q8_0, q4_k, q5_k, q6_k
 ACTIVATION_BLOCKS = (1, 1, 1, 1, 1, 8, 8, 8)  # 32-value activation blocks per weight block
 
@@ -72,8 +73,8 @@ def _load(builder, base, byte_offset, ty):
     return value
 
 
-def _has_avx2():
-    """Whether the code numba makes may use AVX2: the host's features, or the ones named with
+def _cpu_features():
+    """The features the code numba makes may use: the host's, or the ones named with
     $NUMBA_CPU_NAME / $NUMBA_CPU_FEATURES (portable caches: an x86 instruction the target lacks
     would fail to compile)."""
     from llvmlite import binding
@@ -81,7 +82,12 @@ def _has_avx2():
         features = config.CPU_FEATURES or ""
     else:
         features = binding.get_host_cpu_features().flatten()
-    return "+avx2" in features.split(",")
+    return set(features.split(","))
+
+
+def _has_avx2():
+    """Whether the code numba makes may use AVX2 (_cpu_features)."""
+    return "+avx2" in _cpu_features()
 
 
 # x86's multiply-pairs-and-add by name: LLVM did not recognise the generic form below when one
@@ -119,26 +125,40 @@ def _fmuladd(builder, a, b, c):
 
 
 def _block_quants(builder, fmt, raw, p):
-    """The 32 values of the block at raw + p as two <16 x i16>: values 0-15 and 16-31
-    (unsigned 0-15 / 0-31 for the 4/5-bit formats, the offset applied by the caller; int8 for q8_0)."""
+    """The 32 values of the block at raw + p as two <16 x i16>: values 0-15 and 16-31 (unsigned
+    0-15 for q4_0 / q4_1, its offset applied by the caller; int8 for q8_0; the 5-bit formats:
+    _block_quants_5)."""
     at = ir.Constant(_I64, QUANTS_AT[fmt])
+    if fmt in HIGH_BITS_AT:
+        return _block_quants_5(builder, fmt, raw, p)
     if fmt == 4:
         q = builder.sext(_load(builder, raw, builder.add(p, at), _vec(_I8, 32)), _vec(_I16, 32))
         lo = builder.shuffle_vector(q, q, _const_vec(_I32, range(16)))
         hi = builder.shuffle_vector(q, q, _const_vec(_I32, range(16, 32)))
         return lo, hi
     q = builder.zext(_load(builder, raw, builder.add(p, at), _vec(_I8, 16)), _vec(_I16, 16))
-    lo = builder.and_(q, _const_vec(_I16, [15] * 16))
-    hi = builder.lshr(q, _const_vec(_I16, [4] * 16))
-    if fmt in HIGH_BITS_AT:  # bit 4 of value j is bit j of the 32-bit word before the quants
-        qh = _splat(builder, _load(builder, raw, builder.add(p, ir.Constant(_I64, HIGH_BITS_AT[fmt])), _I32), 16)
-        one = _const_vec(_I32, [1] * 16)
-        for_lo = builder.lshr(qh, _const_vec(_I32, range(16)))
-        for_hi = builder.lshr(qh, _const_vec(_I32, range(16, 32)))
-        four = _const_vec(_I16, [4] * 16)
-        lo = builder.or_(lo, builder.shl(builder.trunc(builder.and_(for_lo, one), _vec(_I16, 16)), four))
-        hi = builder.or_(hi, builder.shl(builder.trunc(builder.and_(for_hi, one), _vec(_I16, 16)), four))
-    return lo, hi
+    return builder.and_(q, _const_vec(_I16, [15] * 16)), builder.lshr(q, _const_vec(_I16, [4] * 16))
+
+
+def _block_quants_5(builder, fmt, raw, p):
+    """q5_0 / q5_1's 32 values (q5_0's with its offset applied: q - 16, in OFFSET_IN_BYTES), cut in
+    byte lanes: bit 4 of value j is bit j of the 32-bit word before the quants, spread to the bytes
+    by a byte shuffle and a mask (the 16 x 32-bit shifts this replaced made q5_0 1.6x q4_0's
+    time; measured in docs/cpu-kernels.md), then widened once."""
+    b = _load(builder, raw, builder.add(p, ir.Constant(_I64, QUANTS_AT[fmt])), _vec(_I8, 16))
+    q = builder.shuffle_vector(builder.and_(b, _const_vec(_I8, [15] * 16)),
+                               builder.lshr(b, _const_vec(_I8, [4] * 16)), _const_vec(_I32, range(32)))
+    word = _load(builder, raw, builder.add(p, ir.Constant(_I64, HIGH_BITS_AT[fmt])), _vec(_I8, 4))
+    spread = builder.shuffle_vector(word, word, _const_vec(_I32, [j // 8 for j in range(32)]))
+    is_set = builder.icmp_unsigned("!=", builder.and_(spread, _const_vec(_I8, [1 << (j % 8) for j in range(32)])),
+                                   _const_vec(_I8, [0] * 32))
+    q = builder.or_(q, builder.select(is_set, _const_vec(_I8, [16] * 32), _const_vec(_I8, [0] * 32)))
+    if fmt in OFFSET_IN_BYTES:  # spares the offset's float term per block and row
+        q = builder.sext(builder.sub(q, _const_vec(_I8, [int(OFFSET[fmt])] * 32)), _vec(_I16, 32))
+    else:
+        q = builder.zext(q, _vec(_I16, 32))
+    return (builder.shuffle_vector(q, q, _const_vec(_I32, range(16))),
+            builder.shuffle_vector(q, q, _const_vec(_I32, range(16, 32))))
 
 
 def _f16_scale(builder, raw, table, p):
@@ -188,7 +208,7 @@ def _weight_block_32(builder, fmt, raw, table, p):
     yield "group", d, 0, [(lo, 0), (hi, 1)]
     if fmt in MIN_AT:
         yield "min", _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, MIN_AT[fmt]))), 0, None
-    elif fmt in OFFSET:
+    elif fmt in OFFSET and fmt not in OFFSET_IN_BYTES:
         yield "min", builder.fmul(d, ir.Constant(_F32, -OFFSET[fmt])), 0, None
 
 
@@ -363,13 +383,13 @@ def _dequant_block(builder, code, raw_p, table_p, p, out_p):
     values = {}  # chunk -> <16 x float>, stored once the block's terms are all in
     for kind, scale, a, chunks in _weight_block(builder, code, raw_p, table_p, p):
         if kind == "min":
-            if code in OFFSET:  # already applied to the integers below
+            if code in OFFSET:  # applied to the integers below
                 continue
             for c in (2 * a, 2 * a + 1):
                 values[c] = builder.fadd(values[c], _splat(builder, scale, 16))
             continue
         for quants, c in chunks:
-            if code in OFFSET:
+            if code in OFFSET and code not in OFFSET_IN_BYTES:
                 quants = builder.sub(quants, _const_vec(_I16, [int(OFFSET[code])] * 16))
             values[c] = builder.fmul(builder.sitofp(quants, f16), _splat(builder, scale, 16))
     for c, v in values.items():
@@ -626,12 +646,17 @@ NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 
 def dot_py(fmt, raw, oa, ob, blocks, block_bytes, qx, dx, sx, table, i0, rows):
     """The kernels' product in numpy, for NUMBA_DISABLE_JIT=1 and as the tests' reference: the two
-    weight rows dequantised (dequant_numpy, bit-exact with ggml) times the dequantised activations."""
+    weight rows dequantised (dequant_numpy, bit-exact with ggml) times the dequantised activations
+    (the K-quants: kquant_ir's int8 ones)."""
     from ....quant.dequant_numpy import dequantize_numpy
     k = blocks * ACTIVATION_BLOCKS[fmt] * QK
-    x = (qx[i0:i0 + rows, :k].astype(np.float64).reshape(rows, -1, QK) * dx[i0:i0 + rows, :k // QK, None])
+    x = qx[i0:i0 + rows, :k]
+    scale = dx[i0:i0 + rows, :k // QK, None].astype(np.float64)
+    if fmt >= 5:
+        x, scale = kquant_ir.requantised(x), scale * kquant_ir.X8_SCALE
+    x = (x.astype(np.float64).reshape(rows, -1, QK) * scale).reshape(rows, k)
     w = np.stack([dequantize_numpy(raw[o:o + blocks * block_bytes], NAMES[fmt], k) for o in (oa, ob)])
-    return tuple(np.float32(v) for v in (w.astype(np.float64) @ x.reshape(rows, k).T).reshape(-1))
+    return tuple(np.float32(v) for v in (w.astype(np.float64) @ x.T).reshape(-1))
 
 
 # dot: two weight rows times one activation row; tile_dot: times TILE_ROWS rows.
