@@ -77,14 +77,12 @@ OPTIONAL_IMPORTS = {"numpy", "wgpu", "cupy", "Metal", "objc", "Foundation", "jin
                     "safetensors", "gguf", "tokenizers", "scipy", "numba", "llvmlite",
                     "starlette", "uvicorn", "python_multipart"}  # the last three: `tallow serve`, native only
 # Native-only modules that need numpy at import time although not named for it: the CPU device
-# (tallow.backends.cpu: the numpy backend, its numba kernels -- Pyodide has no numba -- and its runtime)
-# and Whisper's direct CPU path.
-NEEDS_NUMPY = {"tallow.models.whisper_cpu_encoder", "tallow.models.whisper_cpu_decoder", "tallow.models.whisper_cpu_step"}
+# (tallow.backends.cpu: the numpy backend, its numba kernels -- Pyodide has no numba -- and its runtime).
 NEEDS_NUMPY_PACKAGE = "tallow.backends.cpu"
 
 
 def _needs_numpy(name):
-    return "numpy" in name or name in NEEDS_NUMPY or name.startswith(NEEDS_NUMPY_PACKAGE + ".")
+    return "numpy" in name or name.startswith(NEEDS_NUMPY_PACKAGE + ".")
 
 
 def test_every_module_imports_inside_pyodide(pyodide_run, pyodide_runner):

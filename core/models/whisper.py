@@ -23,10 +23,8 @@ from ..creation import tensor
 from ..device import Device, default_device
 from ..errors import Error, FormatError, IndexRangeError, ShapeError
 from ..json_file import read_json
-from ..layout import Layout
 from ..nn import Conv1d, Embedding, FusedLinear, KVCache, LayerNorm, Linear, Module, VarBuilder
 from ..step_capture import StepReplays
-from ..tensor import Tensor
 
 _ACTIVATIONS = {
     "gelu": lambda x: x.gelu(),
@@ -255,12 +253,13 @@ class Decoder(Module):
         b, t = ids.shape
         offset = state.length
         self.check_fits(offset, t)
+        # the position rows are the first layer's pending addend: its norm adds them (one op)
+        x = self.embed_tokens(ids)
         if position_ids is None:
-            x = self.embed_tokens(ids) + self.embed_positions.weight.narrow(0, offset, t)
+            pending = self.embed_positions.weight.narrow(0, offset, t).expand(b, t, x.shape[-1])
         else:
-            x = self.embed_tokens(ids) + self.embed_positions(position_ids)
+            pending = self.embed_positions(position_ids).expand(b, t, x.shape[-1])
         cross = state.cross_for(b)
-        pending = None
         for layer, cache, (ck, cv) in zip(self.layers, state.caches, cross):
             x, pending = layer.forward_fused(x, pending, cache, ck, cv)
         norm = self.layer_norm  # every layer leaves an addend (pending) for this add
@@ -280,7 +279,9 @@ class DecoderState:
 
     def __init__(self, decoder, audio_features):
         self.caches = [KVCache(initial_capacity=64) for _ in decoder.layers]
-        self.cross = [layer.encoder_attn.key_values(audio_features) for layer in decoder.layers]
+        # contiguous per head: each query row streams its head's keys (the attention kernels read them so)
+        self.cross = [tuple(x.contiguous() for x in layer.encoder_attn.key_values(audio_features))
+                      for layer in decoder.layers]
         self.replays = StepReplays()
 
     @property
@@ -340,37 +341,12 @@ def _one_token_rows(ids):
     return tokens
 
 
-def _wrap(array, device):
-    """A new float32 numpy array as a tensor on the numpy device (wrapped, not copied)."""
-    return Tensor(device.backend.store(array, D.f32), Layout(array.shape), D.f32, device)
-
-
-def _id_array(ids):
-    """ids (a list of equal-length lists of ints, or a (b, t) tensor) as an int64 numpy array."""
-    import numpy as np
-    if hasattr(ids, "shape"):
-        if ids.ndim != 2 or ids.dtype.is_float:
-            raise ShapeError(f"whisper decoder: expected token ids of shape (batch, tokens), got {ids.dtype} "
-                             f"{ids.shape}")
-        return ids.numpy().astype(np.int64)
-    try:
-        arr = np.array(ids, dtype=np.int64)
-    except (ValueError, TypeError, OverflowError):
-        raise ShapeError("whisper decoder: token ids must be rows of equal length of integers") from None
-    if arr.ndim != 2:
-        raise ShapeError(f"whisper decoder: expected token ids of shape (batch, tokens), got shape {arr.shape}")
-    return arr
-
-
 class Whisper(Module):
     """The model, its tokenizer and its mel filters. Call `transcribe` (whisper_transcribe.py).
-    One-token decoder steps on a device that captures (wgpu) replay a captured step;
-    `model.capture_decode = False` decodes eagerly. On the numpy CPU backend the encoder and
-    decoder run as direct numpy calls (whisper_cpu_encoder.py, whisper_cpu_decoder.py);
-    `model.cpu_direct = False` runs the generic modules there instead."""
+    One-token decoder steps on a device that captures (the CPU with its kernels, wgpu, CUDA,
+    Metal) replay a captured step; `model.capture_decode = False` decodes eagerly."""
     kind = "whisper"  # what the model does (see CausalLM.kind)
     capture_decode = True
-    cpu_direct = True
 
     def __init__(self, vb, cfg, tokenizer=None, mel_filters=None, name="whisper"):
         self.config = cfg
@@ -382,7 +358,6 @@ class Whisper(Module):
         self.mel_filters = mel_filters
         self.name = name
         self._tokens = None
-        self._cpu_decoder = self._cpu_encoder = None
 
     @property
     def tokens(self):
@@ -400,30 +375,10 @@ class Whisper(Module):
 
     def encode(self, mel):
         """Audio features (b, frames/2, d) from a mel spectrogram (b, n_mels, frames) tensor."""
-        mel = mel.to(self.device).to(self.dtype)
-        if not self._numpy_direct():
-            return self.encoder(mel)
-        from .whisper_cpu_encoder import CpuEncoder
-        if not CpuEncoder.supports(self):
-            return self.encoder(mel)
-        self.encoder.check_input(mel)
-        if self._cpu_encoder is None:
-            self._cpu_encoder = CpuEncoder(self)
-        return _wrap(self._cpu_encoder(mel.numpy()), self.device)
-
-    def _numpy_direct(self):
-        """The direct numpy path may run: on the numpy backend only, so its modules (which import
-        numpy) are never imported where numpy is absent (the browser's pure-Python backend)."""
-        return self.cpu_direct and self.device.backend.name == "cpu"
+        return self.encoder(mel.to(self.device).to(self.dtype))
 
     def start(self, audio_features):
-        """A fresh DecoderState for these audio features (a CpuDecoderState on the numpy backend)."""
-        if self._numpy_direct():
-            from .whisper_cpu_decoder import CpuDecoder
-            if CpuDecoder.supports(self):
-                if self._cpu_decoder is None:
-                    self._cpu_decoder = CpuDecoder(self)
-                return self._cpu_decoder.start(audio_features)
+        """A fresh DecoderState for these audio features."""
         return DecoderState(self.decoder, audio_features)
 
     def decode_step(self, ids, state, positions=(-1,)):
@@ -431,8 +386,6 @@ class Whisper(Module):
         caches; the logits (b, len(positions), vocab) at those positions (None: all).
         One Python token id per row on a device that captures: a replay of the state's
         captured step where it fits (see _decode_one)."""
-        if hasattr(state, "step"):  # a CpuDecoderState: numpy in, numpy out
-            return _wrap(state.step(_id_array(ids), positions), self.device)
         tokens = _one_token_rows(ids)
         if (tokens is not None and (positions is None or len(positions) == 1) and self.capture_decode
                 and self.device.backend.can_capture()):
@@ -519,7 +472,7 @@ def load(path_or_dir, device=None, dtype=None, weights=None, progress=True, quan
     cfg = WhisperConfig.from_file(folder / "config.json")
     device = default_device() if device is None else Device(device)
     from ..backends.cpu.runtime.kernel_calls import load_ahead
-    load_ahead(device)  # the CPU's direct encoder and decoder run the kernels: a cold cache compiles here, saying so
+    load_ahead(device, use=True)  # the CPU's decoding steps run the kernels: a cold cache compiles here, saying so
     source = weights if weights is not None else _weights_source(folder)
     if quantize is not None:
         source = QuantizedWeights(source, quantize)

@@ -22,9 +22,10 @@ Same broadcasting as np.matmul over the leading (batch, head) dimensions, so a
 single key/value head serves many query heads.
 """
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from .runtime.blas_rows import blas_threads, pool
 
 BLOCK = 128  # query rows per block (measured 32-512 on Whisper tiny's encoder, 1 and 2 threads: 128 best)
 MIN_QUERIES = BLOCK  # fewer queries (decoding steps, short prompts): the caller's plain path
@@ -75,15 +76,12 @@ def attention(q, k, v, mask, scale, causal):
 
     blas, threads = blas_threads()
     if threads > 1 and heads > 1 and threading.current_thread() is threading.main_thread():
-        with blas.limit(limits=1), ThreadPoolExecutor(min(threads, heads)) as pool:
-            list(pool.map(one_head, range(heads)))
+        with blas.limit(limits=1):
+            list(pool(min(threads, heads)).map(one_head, range(heads)))
     else:
         for h in range(heads):
             one_head(h)
     return out.reshape(lead + (tq, dv))
-
-
-_state: dict[str, object] = {}
 
 
 def _softmax_kernel():
@@ -93,17 +91,3 @@ def _softmax_kernel():
     from .runtime import kernel_calls
     mod = kernel_calls.decode_kernels()
     return None if mod is None else mod.softmax_rows
-
-
-def blas_threads():
-    """(threadpoolctl controller of numpy's BLAS, its thread count now), or (None, 1)."""
-    if "blas" not in _state:
-        try:
-            from threadpoolctl import ThreadpoolController
-            _state["blas"] = ThreadpoolController().select(user_api="blas")
-        except ImportError:
-            _state["blas"] = None
-    blas = _state["blas"]
-    if blas is None or not blas.lib_controllers:
-        return None, 1
-    return blas, max(c.num_threads for c in blas.lib_controllers)

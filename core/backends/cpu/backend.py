@@ -16,8 +16,8 @@ from ...errors import ShapeError, UnsupportedError
 from ...layout import numel_of
 from .runtime import kernel_calls  # (pure Python until the kernels are asked for: they load then)
 from ...settings import settings
-from . import attention
-from .runtime import capture
+from . import attention, float_steps
+from .runtime import blas_rows, capture
 from ..base import Backend
 from ..operand import QuantWeight, parts
 from ..step_recording import StepCapture
@@ -338,6 +338,11 @@ class NumpyBackend(StepCapture, Backend):
         return self.store(x, dst)
 
     def unary(self, op, st, layout, dtype, arg=None):
+        rec = self._recorder()
+        if op == "gelu" and dtype is f32 and _whole(st, layout) and _decode_kernels(dtype) is not None:
+            return float_steps.gelu(st, rec)  # (one kernel call, recorded: a float step's MLP)
+        if rec is not None:
+            rec.refuse(f"{op} off the kernels")
         if arg is None and dtype.name in ("f32", "f64") and _whole(st, layout):
             return _UNARY[op](st)  # fast path: the whole flat storage
         x = self.load(st, layout, dtype)
@@ -390,13 +395,34 @@ class NumpyBackend(StepCapture, Backend):
 
     # ---- linear algebra and indexing ------------------------------------------
     def matmul(self, a, b, dtype):
+        y = self._float_step_product(a, b, None, dtype)
+        if y is not None:
+            return y
         (a, la), (b, lb) = a, b
-        x, w = self.load(a, la, dtype), self.load(b, lb, dtype)
-        if x.ndim == 2 and x.shape[0] == 1:
-            # One row (decoding): BLAS's matrix-vector path; np.matmul would take the
-            # matrix-matrix one (measured 3x the CPU time per token with 2 threads).
-            return self.store(np.matmul(w.T, x[0]), dtype)
-        return self.store(np.matmul(x, w), dtype)
+        return self.store(_product(self.load(a, la, dtype), self.load(b, lb, dtype)), dtype)
+
+    def matmul_bias(self, a, b, bias, dtype):
+        y = self._float_step_product(a, b, bias, dtype)
+        if y is not None:
+            return y
+        if dtype is not f32 or len(a.layout.shape) != 2:
+            return super().matmul_bias(a, b, bias, dtype)
+        y = _product(self.load(*a, dtype), self.load(*b, dtype))
+        y += self.view(*bias)  # in place on the product's own new array
+        return self.store(y, dtype)
+
+    def _float_step_product(self, a, b, bias, dtype):
+        """A decoding step's product by a float32 matrix stored exactly in f16, on the kernels
+        (float_steps.py), or None; inside a capture None refuses the step."""
+        rec = self._recorder()
+        y = None
+        if _decode_kernels(dtype) is not None:
+            (a, la), (b, lb) = a, b
+            bv = None if bias is None else self.view(*bias)
+            y = float_steps.product(self.view(a, la), b, lb, bv, rec)
+        if y is None and rec is not None:
+            rec.refuse("a float product off the f16 kernel")
+        return None if y is None else y.reshape(-1)
 
     def qmatmul(self, x, w, dtype):
         (x, lx), (w, wdtype, n, k) = x, w
@@ -431,8 +457,15 @@ class NumpyBackend(StepCapture, Backend):
             if rec is not None:
                 rec.bound(idx, ids, "an embedding lookup's ids")
             return self.store(kernel_calls.dequant_rows(st, dtype, layout.shape[1], idx, record=rec), f32)
-        if rec is not None:
-            rec.refuse("index_select off the decode kernels")
+        if rec is not None or (dim == 0 and _decode_kernels(dtype) is not None):
+            rows = None if dim or _decode_kernels(dtype) is None else \
+                float_steps.take_rows(self.view(st, layout), idx, rec)
+            if rows is not None:
+                if rec is not None:
+                    rec.bound(idx, ids, "an embedding lookup's ids")
+                return rows.reshape(-1)
+            if rec is not None:
+                rec.refuse("index_select off the decode kernels")
         if dtype.is_quantized:
             from ...quant import dequantize_rows_numpy
             return self.store(dequantize_rows_numpy(st, dtype, layout.shape[1], idx), f32)
@@ -465,6 +498,8 @@ class NumpyBackend(StepCapture, Backend):
                           spec.groups)
 
     def _conv(self, x, w, dtype, stride, padding, dilation, groups):
+        if len(stride) == 1 and groups == 1 and dilation == (1,) and x.dtype == np.float32 == w.dtype:
+            return self.store(_conv1d_rows(x, w, stride[0], padding[0]), dtype)
         # im2col over any number of spatial dims, then one matmul per group.
         nd = len(stride)
         x = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
@@ -501,6 +536,8 @@ class NumpyBackend(StepCapture, Backend):
     def layer_norm(self, x, w, b, dtype, eps):
         (x, lx), (w, lw), (b, lb) = x, parts(w), parts(b)
         v = self.load(x, lx, dtype)
+        if dtype is f32 and v.ndim >= 2 and v.shape[-1] and w is not None and b is not None:
+            return self.store(_layer_norm_rows(v, self.view(w, lw), self.view(b, lb), eps), dtype)
         mean = v.mean(axis=-1, keepdims=True)
         c = v - mean
         y = c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
@@ -535,6 +572,17 @@ class NumpyBackend(StepCapture, Backend):
     def attention(self, q, k, v, mask, dtype, spec):
         (q, lq), (k, lk), (v, lv), (mask, lmask) = q, k, v, parts(mask)
         scale, causal = spec.scale, spec.causal
+        rec = self._recorder()
+        if mask is None and not causal and lq.shape[2] <= DECODE_ATTENTION_MAX_ROWS and _decode_kernels(dtype):
+            # a few queries over every key (a decoder's cross-attention over the audio)
+            views = [self.view(st, lay) for st, lay in ((q, lq), (k, lk), (v, lv))]
+            y = float_steps.cross_attention(*views, scale, rec)
+            if y is not None:
+                if rec is not None:
+                    rec.bound(views[0], q, "an attention's queries")
+                return y.reshape(-1)
+        if rec is not None:
+            rec.refuse("attention off the cross-attention kernel")
         few = (mask is None and lq.shape[2] <= DECODE_ATTENTION_MAX_ROWS and lk.shape[2] <= DECODE_ATTENTION_MAX_KEYS
                and lk.strides[3] == lv.strides[3] == 1)
         dec = _decode_kernels(dtype) if few else None
@@ -585,7 +633,11 @@ class NumpyBackend(StepCapture, Backend):
             return super().add_layer_norm(x, r, w, b, dtype, eps)
         (x, lx), (r, lr), (w, lw), (b, lb) = x, r, parts(w), parts(b)
         xv, rv, total, normed = self._norm_operands(x, lx, r, lr)
-        dec.add_layer_norm(xv, rv, self._vector(w, lw), self._vector(b, lb), float(eps), total, normed)
+        args = (xv, rv, self._vector(w, lw), self._vector(b, lb), float(eps), total, normed)
+        dec.add_layer_norm(*args)
+        rec = self._recorder()
+        if rec is not None:
+            self._record_norm(rec, dec.add_layer_norm, args, x, r)
         return total.reshape(-1), normed.reshape(-1)
 
     def add_norm_linear(self, x, r, norm, linear, dtype):
@@ -748,6 +800,47 @@ class NumpyBackend(StepCapture, Backend):
         return self.store(y, out_dtype)
 
 
+def _product(x, w):
+    """x @ w for loaded operands: one row by BLAS's matrix-vector path (np.matmul would take the
+    matrix-matrix one: measured 3x the CPU time per token with 2 threads), many rows split among
+    threads (blas_rows.py)."""
+    if x.ndim == 2 and x.shape[0] == 1:
+        return np.matmul(w.T, x[0])
+    if x.ndim == 2 and w.ndim == 2:
+        return blas_rows.matmul(x, w)
+    return np.matmul(x, w)
+
+
+def _layer_norm_rows(v, w, b, eps):
+    """LayerNorm over v's last axis (population variance) with few temporaries: the encoder's
+    (1500, 384) rows 13 -> ~4 ms a call."""
+    c = v - v.mean(axis=-1, keepdims=True)
+    var = np.einsum("...j,...j->...", c, c)[..., None]
+    var *= np.float32(1.0 / v.shape[-1])
+    var += np.float32(eps)
+    c /= np.sqrt(var)
+    c *= w
+    c += b
+    return c
+
+
+def _conv1d_rows(x, w, stride, pad):
+    """conv1d of x (b, cin, frames) by w (cout, cin, k) as one product per batch row over an
+    im2col matrix of k consecutive frames of every channel (time-major), then the (frames, cout)
+    result transposed back: the einsum path below took 3x as long on Whisper's convolutions."""
+    b, cin, frames = x.shape
+    cout, _, k = w.shape
+    wt = np.ascontiguousarray(w.transpose(0, 2, 1).reshape(cout, k * cin)).T  # (k * cin, cout)
+    n = (frames + 2 * pad - k) // stride + 1
+    out = np.empty((b, cout, n), np.float32)
+    for i in range(b):
+        xp = np.zeros((frames + 2 * pad, cin), np.float32)
+        xp[pad:pad + frames] = x[i].T
+        rows = as_strided(xp, (n, k * cin), (xp.strides[0] * stride, 4), writeable=False)
+        out[i] = _product(np.ascontiguousarray(rows), wt).T
+    return out
+
+
 LAZY_ZEROS_BYTES = 1 << 17
 
 
@@ -801,4 +894,5 @@ def _adjacent_view(arrays):
 # Inside a capture the compute primitives the CPU decode path does not record make the step
 # unreplayable (capture.py); the recorded ones mark their own other paths.
 capture.guard_unrecorded(NumpyBackend, ("qmatmul", "qmatmul_bias", "gated_qmatmul", "index_select",
-                                            "add_rms_norm", "add_norm_linear", "cache_attention"))
+                                            "add_rms_norm", "add_norm_linear", "cache_attention", "matmul",
+                                            "matmul_bias", "unary", "attention", "add_layer_norm"))

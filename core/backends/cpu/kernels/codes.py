@@ -23,7 +23,7 @@ GELU_CLAMP = 4.0
 # A captured step's program (runtime/step_program.py builds it, step_loop.run_step runs it): op codes,
 # one row of WIDTH ints per kernel call. OP_CALL rows call a kernel's step form by its address (see entry).
 OP_QUANTIZE, OP_PRODUCT, OP_CALL, OP_LAYER_NORM, OP_ATTENTION, OP_ROWS = range(1, 7)
-OP_F16_PRODUCT, OP_CROSS_ATTENTION, OP_GELU, OP_TOKEN_ROWS = range(7, 11)  # (Whisper's step: whisper_cpu_step.py)
+OP_F16_PRODUCT, OP_CROSS_ATTENTION = 7, 8  # (shared among the threads as OP_PRODUCT: float models' steps)
 WIDTH = 24  # ints per program row
 SHARED_ROWS, SHARED_CHUNKS = 22, 23  # where a shared op's row count and chunk count sit in its row
 

@@ -1,6 +1,7 @@
 """numba kernels that decode GGUF blocks to float32 on the CPU device: embedding rows,
 tiles of weight rows for the prompt path (then multiplied by BLAS), and products with f16
-matrices (vector_ir.f16_dot: each weight widened by the CPU's own instruction).
+matrices (vector_ir.f16_dot: each weight widened by the CPU's own instruction); and the rows
+of a float32 table (a float model's embedding lookup in a captured step).
 Decoding steps use the integer dot products of int_dot.py instead.
 
 Imported only by the numpy backend, and only when numba is installed
@@ -33,6 +34,15 @@ def dequant_rows_blocks(fmt, block_size, block_bytes, raw, rows, k, table, out):
     flat = out.reshape(-1)
     for i in range(rows.shape[0]):
         vector_ir.dequant_row(fmt, raw, rows[i] * row_bytes, blocks, block_bytes, table, flat, i * k)
+
+
+@entry("f32[2]", "i64[1]", "f32[2]", step=True)
+@njit(cache=True)
+def take_rows(table, rows, out):
+    """out (len(rows), k) = the listed rows of the float32 table (n, k): a float embedding lookup,
+    which a captured step replays (its caller checks the ids against n first)."""
+    for i in range(rows.shape[0]):
+        out[i, :] = table[rows[i]]
 
 
 @njit(cache=True, nogil=True)

@@ -3,9 +3,9 @@ add_layer_norm, rope_kv_write, kv_write, attention of a few query rows over a KV
 cache_attention: the rotation, the cache write and that attention together): one compiled call
 each where the composed defaults make several numpy calls and temporaries. Also the float
 models' GELU (backends/cpu/gelu.py), a softmax's numerator over blocks of attention scores
-(backends/cpu/attention.py), and Whisper's decoding-step pieces that a step program
-runs (models/whisper_cpu_step.py): the token rows plus their positions, and the
-cross-attention over the audio's keys a range of heads at a time.
+(backends/cpu/attention.py), and attention of a few query rows over many unmasked keys
+(Whisper's cross-attention over the audio), a range of heads at a time so the threads of a
+step program share them.
 
 Imported only with numba installed, through backends/cpu/runtime/kernel_calls.py's kernels(); the numpy
 backend uses them for float32 operands and keeps its numpy path for everything else.
@@ -196,7 +196,7 @@ def _gelu_one(v):
     return ((p / q + _ONE) * _HALF) * v
 
 
-@entry("f32[1]", "f32[1]")
+@entry("f32[1]", "f32[1]", step=True)
 @njit(cache=True, error_model="numpy")
 def gelu(x, out):
     """out = GELU(x) (exact, erf form), both 1-d float32, not overlapping."""
@@ -226,20 +226,10 @@ def softmax_rows(s, totals):
         totals[i] = total
 
 
-@njit(cache=True)
-def token_rows(emb, ids, pos, position, out):
-    """out (m, d) = emb[ids[i]] + pos[position]: one token per row (a batch, or beams), each a
-    decoder's token embedding plus its learned position embedding (Whisper). The caller checks
-    ids and position against the tables."""
-    m, d = out.shape
-    for i in range(m):
-        for j in range(d):
-            out[i, j] = emb[ids[i], j] + pos[position, j]
-
-
 PREFETCH_KEYS = 16  # keys ahead whose rows cross_attention_rows asks the cache for (4-32 measured: 16 best)
 
 
+@entry("f32[4]", "f32[4]", "f32[4]", "f32", "f32[4]", "i64", "i64")
 @njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
 def cross_attention_rows(q, kc, vc, scale, out, lo, hi):
     """Query heads lo ... hi - 1 of the b * h in q (b, h, t, d): out (b, h, t, dv) = softmax(q k^T

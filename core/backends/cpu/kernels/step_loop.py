@@ -27,8 +27,8 @@ from numba.extending import intrinsic
 from llvmlite import ir
 
 from . import atomics, float_rows, fused_ops, int_dot
-from .codes import (OP_ATTENTION, OP_CALL, OP_CROSS_ATTENTION, OP_F16_PRODUCT, OP_GELU, OP_LAYER_NORM, OP_PRODUCT,
-                    OP_QUANTIZE, OP_ROWS, OP_TOKEN_ROWS, SHARED_CHUNKS, SHARED_ROWS, entry)
+from .codes import (OP_ATTENTION, OP_CALL, OP_CROSS_ATTENTION, OP_F16_PRODUCT, OP_LAYER_NORM, OP_PRODUCT, OP_QUANTIZE,
+                    OP_ROWS, SHARED_CHUNKS, SHARED_ROWS, entry)
 
 WAIT_ROUNDS = 1 << 34  # polls before thread 0 gives up on a helper's chunk (minutes: a hang guard only)
 
@@ -161,13 +161,6 @@ def run_step(prog, reals, table, step, state, tid, helper_rounds):
             float_rows.dequant_rows_blocks(p[1], p[2], p[3], carray(_u8_at(p[4]), (p[9],)),
                                            carray(_i64_at(p[5]), (n_ids,)), k, table,
                                            carray(_f32_at(p[7]), (n_ids, k)))
-        elif code == OP_TOKEN_ROWS:
-            m, d = p[5], p[3]
-            fused_ops.token_rows(carray(_f32_at(p[1]), (p[2], d)), carray(_i64_at(p[4]), (m,)),
-                                 carray(_f32_at(p[6]), (p[7], d)), np.int64(step[0]) + p[9],
-                                 carray(_f32_at(p[8]), (m, d)))
-        elif code == OP_GELU:
-            fused_ops.gelu_in_place(carray(_f32_at(p[1]), (p[2],)))
     return 0
 
 

@@ -66,13 +66,17 @@ def kernels():
     return _state["module"]
 
 
-def load_ahead(device):
+def load_ahead(device, use=False):
     """Called as a model that runs the kernels on this device starts loading (a GGUF decoder,
     Whisper): on the CPU, link the kernels' machine code now, compiling it first where this
     machine has none yet, which says so on stderr at once (machine_code.py) rather than
-    seconds later at the first product, after a silent wait. Nothing else changes: kernels()
-    still puts them to use where it did."""
+    seconds later at the first product, after a silent wait. use=False: nothing else changes,
+    kernels() still puts them to use where it did; use=True puts them to use now (a float model
+    whose decoding steps run on them: Whisper's f16 products, captured steps)."""
     if str(device) != "cpu" or settings().cpu == "numpy" or "module" in _state:
+        return
+    if use:
+        kernels()
         return
     import importlib.util
     if importlib.util.find_spec("numba") is None:
@@ -120,8 +124,8 @@ def set_threads(n):
 def decode_kernels():
     """The fused decode kernels (fused_ops) once the kernels are in use, else None.
     They never load the kernels themselves: a quantised model has loaded them by its first
-    product or embedding lookup, and float Whisper on the CPU loads them when it builds its
-    direct encoder and decoder (models/whisper_cpu_*.py); a float LLM does not."""
+    product or embedding lookup, and Whisper on the CPU loads them as it loads (load_ahead with
+    use=True); a float LLM does not."""
     if "module" not in _state:
         return None
     return _state["decode"] if kernels() is not None else None
@@ -188,6 +192,7 @@ def qmatmul(x, raw, qtype, n, k, record=None):
         return _int_product(x, x2, arr, d, fmt, n, k, record=record).reshape(lead + (n,))
     if record is not None:
         record.refuse(f"a quantised product of {m} rows (a prompt)")
+    from . import blas_rows
     mod = _state["module"]
     # each tile's product goes straight into its columns of out (BLAS takes the row stride): no
     # transposed copy, whose second (m, n) array was a prompt's largest temporary (Qwen2.5-0.5B's
@@ -207,8 +212,8 @@ def qmatmul(x, raw, qtype, n, k, record=None):
         mod.dequant_rows_blocks(fmt, d.block_size, d.block_bytes, arr, rows, k, mod.F16_TABLE, w)
         if few:
             out[:, start:start + rows.size] = np.matmul(w, x2.T, out=tile_out[:rows.size]).T
-        else:
-            np.matmul(x2, w.T, out=out[:, start:start + rows.size])
+        else:  # (an encoder's frames: split by rows among threads, BLAS at one thread each)
+            blas_rows.matmul(x2, w.T, out=out[:, start:start + rows.size])
     return out.reshape(lead + (n,))
 
 
@@ -319,10 +324,10 @@ def threads():
     return _state.get("threads", 1)
 
 
-def f16_matmul(x, w_bits, bias=None):
+def f16_matmul(x, w_bits, bias=None, record=None):
     """x (..., k) float32 times the transpose of w (n, k) given as f16 bit patterns (uint16,
     C-contiguous), plus bias (n,): float_rows.f16_matmul_shared, whose products of at least
-    PARALLEL_MIN_BYTES the pool's threads share. Needs kernels()."""
+    PARALLEL_MIN_BYTES the pool's threads share. Needs kernels(). record: see qmatmul."""
     import numpy as np
     n, k = w_bits.shape
     x = np.asarray(x, dtype=np.float32)
@@ -331,13 +336,57 @@ def f16_matmul(x, w_bits, bias=None):
     if w_bits.dtype != np.uint16 or not w_bits.flags.c_contiguous:
         raise ShapeError(f"f16 matmul: the weights must be a C-contiguous uint16 array of f16 bits, not {w_bits.dtype}")
     x2 = np.ascontiguousarray(x.reshape(-1, k))
+    if record is not None and not np.may_share_memory(x2, x):
+        record.refuse("a copy of an f16 product's input")
     out = np.empty((x2.shape[0], n), dtype=np.float32)
     bias = _state["no_bias"] if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(n)
     args = (w_bits.reshape(-1).view(np.uint8), x2, out, bias)
+    shared = w_bits.nbytes >= PARALLEL_MIN_BYTES
+    run_f16_product(args, n, shared)
+    if record is not None:
+        record(run_f16_product, args, n, shared)
+    return out.reshape(x.shape[:-1] + (n,))
+
+
+def run_f16_product(args, n, shared):
+    """float_rows.f16_matmul_shared over the n output columns: shared by the pool's threads for a
+    product of at least PARALLEL_MIN_BYTES, else on this thread (as run_product)."""
+    import numpy as np
     kernel = _state["module"].f16_matmul_shared
     pool = _state["pool"]
-    if pool is not None and w_bits.nbytes >= PARALLEL_MIN_BYTES:
+    if shared and pool is not None:
         pool.run(kernel, args, n)
     else:
         kernel(*args, n, 1, np.zeros(2, dtype=np.int64))
-    return out.reshape(x.shape[:-1] + (n,))
+
+
+def cross_attention(q, kc, vc, scale, record=None):
+    """softmax(q k^T * scale) v for q (b, h, t, d) over every key of kc (bk, h, tk, d), vc
+    (bk, h, tk, dv), all C-contiguous float32, bk b or 1 (one audio for every row): fused_ops's
+    cross_attention_rows over all b * h heads. record: see qmatmul."""
+    import numpy as np
+    b, h, t, _d = q.shape
+    out = np.empty((b, h, t, vc.shape[3]), dtype=np.float32)
+    args = (q, kc, vc, np.float32(scale), out)
+    run_cross_attention(args)
+    if record is not None:
+        record(run_cross_attention, args)
+    return out
+
+
+def run_cross_attention(args):
+    q = args[0]
+    _state["decode"].cross_attention_rows(*args, 0, q.shape[0] * q.shape[1])
+
+
+def take_rows(table, ids, record=None):
+    """(len(ids), k) float32: the listed rows of the float32 table (n, k), ids checked first (a
+    replay checks them again: Graph.replay writes them past the front end's check)."""
+    import numpy as np
+    check_ids(ids, table.shape[0])
+    out = np.empty((ids.size, table.shape[1]), dtype=np.float32)
+    _state["module"].take_rows(table, ids, out)
+    if record is not None:
+        record(check_ids, ids, table.shape[0])
+        record(_state["module"].take_rows, table, ids, out)
+    return out

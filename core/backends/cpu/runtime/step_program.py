@@ -6,7 +6,8 @@ run_step comes through kernel_calls.step_kernels(), as machine code when machine
 """
 import numpy as np
 
-from ..kernels.codes import OP_ATTENTION, OP_CALL, OP_LAYER_NORM, OP_PRODUCT, OP_QUANTIZE, OP_ROWS, SHARED_ROWS, WIDTH
+from ..kernels.codes import (OP_ATTENTION, OP_CALL, OP_CROSS_ATTENTION, OP_F16_PRODUCT, OP_LAYER_NORM, OP_PRODUCT,
+                             OP_QUANTIZE, OP_ROWS, SHARED_ROWS, WIDTH)
 from .threads import CHUNKS_PER_THREAD
 
 # A program's chunk costs one atomic add (no hand-off through Python, as kernel_calls's
@@ -73,6 +74,9 @@ def build(entries):
     step = np.zeros(4, dtype=np.uint32)  # (no attention: nothing reads it)
     threads = kernel_calls.threads()
 
+    def chunks(n, nbytes):
+        return min(n, threads * CHUNKS_PER_THREAD) if nbytes >= SHARE_MIN_BYTES and threads > 1 else 1
+
     def at(a, dtype):
         """a's address, for an array run_step may view as dtype (C-contiguous, that dtype)."""
         if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous:
@@ -94,9 +98,23 @@ def build(entries):
             elif fn is kernel_calls.run_product:
                 (fmt, bs, bb, raw, qx, dx, sx, _table, out, bias, gated, act), n, _shared = args
                 m, k = qx.shape
-                chunks = min(n, threads * CHUNKS_PER_THREAD) if raw.size >= SHARE_MIN_BYTES and threads > 1 else 1
                 row(OP_PRODUCT, fmt, bs, bb, at(raw, u8), at(qx, i16), at(dx, f32), at(sx, i32), at(out, f32),
-                    at(bias, f32), int(gated), act, m, k, out.shape[1], bias.size, raw.size, shared=(n, chunks))
+                    at(bias, f32), int(gated), act, m, k, out.shape[1], bias.size, raw.size,
+                    shared=(n, chunks(n, raw.size)))
+            elif fn is kernel_calls.run_f16_product:
+                (raw, x, out, bias), n, _shared = args
+                m, k = x.shape
+                row(OP_F16_PRODUCT, at(raw, u8), at(x, f32), at(out, f32), at(bias, f32), m, k, n, raw.size, bias.size,
+                    shared=(n, chunks(n, raw.size)))
+            elif fn is kernel_calls.run_cross_attention:
+                (q, kc, vc, real, out), = args
+                b, h, t, d = q.shape
+                bk, _h, tk, dv = vc.shape
+                row(OP_CROSS_ATTENTION, at(q, f32), at(kc, f32), at(vc, f32), at(out, f32), b, h, t, d, dv, bk, tk,
+                    shared=(b * h, chunks(b * h, kc.nbytes)))
+            elif fn is kernel_calls.check_ids:  # (a check before the kernels, not a row)
+                checks.append((fn, args))
+                continue
             elif fn is decode.add_layer_norm:
                 x, r, w, bias, real, total, normed = args
                 m, d = x.shape

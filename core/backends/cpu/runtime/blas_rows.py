@@ -1,0 +1,60 @@
+"""Matrix products of many rows (an encoder's 1,500 frames, a prompt) on the numpy backend,
+their rows split among Python threads with BLAS held at one thread.
+
+OpenBLAS's own threads meet inside every product and spin while they wait; on a 2-core box
+with other work on it each meeting waits for the slowest thread to be scheduled. Whole row
+ranges per thread need one hand-off per product (numpy releases the GIL in BLAS), as
+backends/cpu/attention.py shares heads. Needs threadpoolctl (the `cpu` extra) and the main thread
+(OpenBLAS takes a raised thread count back only from there); otherwise BLAS runs as it is.
+"""
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+
+MIN_ROWS = 256  # fewer rows (decoding steps, short prompts): one BLAS call, BLAS's own threads
+
+_pool: dict[int, ThreadPoolExecutor] = {}
+_state: dict[str, object] = {}
+
+
+def blas_threads():
+    """(threadpoolctl controller of numpy's BLAS, its thread count now), or (None, 1)."""
+    if "blas" not in _state:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _state["blas"] = ThreadpoolController().select(user_api="blas")
+        except ImportError:
+            _state["blas"] = None
+    blas = _state["blas"]
+    if blas is None or not blas.lib_controllers:
+        return None, 1
+    return blas, max(c.num_threads for c in blas.lib_controllers)
+
+
+def pool(n):
+    """A thread pool of n workers, kept for the process (a new pool per call started threads each time)."""
+    return _pool.get(n) or _pool.setdefault(n, ThreadPoolExecutor(n))
+
+
+def matmul(x, w, out=None):
+    """x (m, k) @ w (k, n): a new C-contiguous (m, n) array, or written into out (m, n)."""
+    m = x.shape[0]
+    blas, threads = blas_threads() if x.ndim == 2 and m >= MIN_ROWS else (None, 1)
+    if threads < 2 or threading.current_thread() is not threading.main_thread():
+        return np.matmul(x, w, out=out)
+    if out is None:
+        out = np.empty((m, w.shape[1]), np.result_type(x, w))
+    bounds = [m * i // threads for i in range(threads + 1)]
+    workers = pool(threads - 1)
+
+    def rows(lo, hi):
+        np.matmul(x[lo:hi], w, out=out[lo:hi])
+
+    with blas.limit(limits=1):
+        jobs = [workers.submit(rows, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+        rows(bounds[0], bounds[1])  # the first range on this thread
+        for job in jobs:
+            job.result()
+    return out
