@@ -60,7 +60,8 @@ def test_module_imports_its_memory_and_exports_the_kernels():
     module = wasmtime.Module.from_file(wasmtime.Engine(), build.build())
     assert [(i.module, i.name, type(i.type).__name__) for i in module.imports] == [("env", "memory", "MemoryType")]
     names = {e.name for e in module.exports}
-    expected = {"f16_table", "quantize_row", "f32_matvec", "add_rms_norm", "softmax", "silu", "gelu", "__heap_base"}
+    expected = {"f16_table", "quantize_row", "f32_matvec", "add_rms_norm", "softmax", "silu", "gelu", "__heap_base",
+                "rope", "copy_f32", "cache_attention", "silu_mul", "add_f32", "run"}
     expected |= {f"matmul_{q}" for q in FORMATS} | {f"dequant_{q}" for q in FORMATS}
     assert names == expected
 
@@ -209,6 +210,132 @@ def test_silu_and_gelu(wasm):
         wasm(name, wasm.put(x), x.size, out)
         got = wasm.get(out, (x.size,), np.float32)
         assert np.all(np.abs(got - want) <= 1e-5 * np.abs(want) + 1e-6), (name, np.abs(got - want).max())
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_rotates_each_row_like_torch(wasm, interleaved):
+    """Half-split pairs (x[j], x[j + d/2]) or interleaved pairs (x[2j], x[2j + 1]), against torch's
+    complex rotation of the same pairs (d = 64: SmolLM2's head size; d = 6: a tail)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    for rows, d in ((12, 64), (3, 6)):
+        x = rng.standard_normal((rows, d)).astype(np.float32)
+        angle = rng.uniform(-40, 40, d // 2)
+        cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+        at = wasm.put(x)
+        wasm("rope", at, rows, d, wasm.put(cos), wasm.put(sin), int(interleaved))
+        t = torch.from_numpy(x.astype(np.float64))
+        pairs = t.reshape(rows, d // 2, 2) if interleaved else t.reshape(rows, 2, d // 2).transpose(1, 2)
+        turn = torch.complex(torch.from_numpy(cos).double(), torch.from_numpy(sin).double())
+        rotated = torch.view_as_complex(pairs.contiguous()) * turn  # each pair times cos + i sin
+        back = torch.view_as_real(rotated)
+        want = (back.reshape(rows, d) if interleaved else back.transpose(1, 2).reshape(rows, d)).numpy()
+        assert np.abs(wasm.get(at, (rows, d), np.float32) - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_copy_f32_writes_exactly_the_slot(wasm):
+    rng = np.random.default_rng(9)
+    for n in (192, 37, 1):
+        src = rng.standard_normal(n).astype(np.float32)
+        dst = wasm.put(np.full(n + 1, 7.0, np.float32))
+        wasm("copy_f32", wasm.put(src), n, dst)
+        got = wasm.get(dst, (n + 1,), np.float32)
+        assert np.array_equal(got[:n], src) and got[n] == 7.0  # nothing past n
+
+
+@pytest.mark.parametrize("heads, kv_heads, d, keys", [(9, 3, 64, 37), (4, 4, 20, 1), (2, 1, 64, 300)])
+def test_cache_attention_matches_torch_sdpa(wasm, heads, kv_heads, d, keys):
+    """One query token per head over the first `keys` slots of a cache with more capacity (GQA:
+    head h reads kv head h // (heads / kv_heads)), against torch's scaled_dot_product_attention."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(10)
+    capacity = keys + 5
+    q = rng.standard_normal((heads, d)).astype(np.float32)
+    kc = rng.standard_normal((kv_heads, capacity, d)).astype(np.float32)
+    vc = rng.standard_normal((kv_heads, capacity, d)).astype(np.float32)
+    scale = 1 / math.sqrt(d)
+    out, scores = wasm.alloc(heads * d * 4), wasm.alloc(keys * 4)
+    wasm("cache_attention", wasm.put(q), heads, kv_heads, d, wasm.put(kc), wasm.put(vc), capacity, keys, scale,
+         scores, out)
+    group = heads // kv_heads
+    k = torch.from_numpy(kc[:, :keys]).double().repeat_interleave(group, 0)
+    v = torch.from_numpy(vc[:, :keys]).double().repeat_interleave(group, 0)
+    want = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q).double()[:, None], k, v, scale=scale)
+    _close(wasm.get(out, (heads, d), np.float32), want[:, 0].numpy(), rel=1e-4)
+
+
+def test_silu_mul_and_add(wasm):
+    rng = np.random.default_rng(11)
+    for n in (1536, 21):
+        g, u = rng.standard_normal(n).astype(np.float32) * 4, rng.standard_normal(n).astype(np.float32)
+        out = wasm.alloc(n * 4)
+        wasm("silu_mul", wasm.put(g), wasm.put(u), n, out)
+        g64 = g.astype(np.float64)
+        _close(wasm.get(out, (n,), np.float32), g64 / (1 + np.exp(-g64)) * u)
+        wasm("add_f32", wasm.put(g), wasm.put(u), n, out)
+        assert np.array_equal(wasm.get(out, (n,), np.float32), g + u)
+
+
+def test_run_calls_a_program_as_the_separate_calls_would(wasm):
+    """A decode layer's tail as one program (norm, gated activation, rope, attention, add), run in
+    one call: bit for bit what the same kernels called one by one give."""
+    from tallow.backends.wasm.program import encode
+    rng = np.random.default_rng(12)
+    d, n, heads, hd, keys = 64, 96, 2, 32, 7
+    x, r, w = (rng.standard_normal(d).astype(np.float32) for _ in range(3))
+    g, u = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    q = rng.standard_normal((heads, hd)).astype(np.float32)
+    kc, vc = (rng.standard_normal((1, keys, hd)).astype(np.float32) for _ in range(2))
+    cos, sin = rng.standard_normal(hd // 2).astype(np.float32), rng.standard_normal(hd // 2).astype(np.float32)
+
+    def calls():
+        at = {name: wasm.put(a) for name, a in dict(x=x, r=r, w=w, g=g, u=u, q=q, kc=kc, vc=vc, cos=cos, sin=sin).items()}
+        outs = dict(total=wasm.alloc(d * 4), normed=wasm.alloc(d * 4), act=wasm.alloc(n * 4),
+                    att=wasm.alloc(heads * hd * 4), scores=wasm.alloc(keys * 4), sum=wasm.alloc(d * 4))
+        return outs, [("add_rms_norm", (at["x"], at["r"], at["w"], d, 1e-6, outs["total"], outs["normed"])),
+                      ("silu_mul", (at["g"], at["u"], n, outs["act"])),
+                      ("rope", (at["q"], heads, hd, at["cos"], at["sin"], 0)),
+                      ("cache_attention", (at["q"], heads, 1, hd, at["kc"], at["vc"], keys, keys, 0.125, outs["scores"],
+                                           outs["att"])),
+                      ("add_f32", (outs["total"], outs["normed"], d, outs["sum"]))]
+
+    def read(outs):
+        return [wasm.get(outs[k], shape, np.float32) for k, shape in
+                (("normed", (d,)), ("act", (n,)), ("att", (heads, hd)), ("sum", (d,)))]
+
+    one_by_one, listed = calls()
+    for name, args in listed:
+        wasm(name, *args)
+    want = read(one_by_one)
+    outs, listed = calls()
+    words, count = encode(listed)
+    wasm("run", wasm.put(np.frombuffer(words.tobytes(), np.int32)), count)
+    for got, ref in zip(read(outs), want):
+        assert np.array_equal(got, ref)
+
+
+def test_program_encoding_refuses_unknown_kernels_and_wrong_arity():
+    from tallow.backends.wasm.program import encode
+    from tallow.errors import UnsupportedError
+    with pytest.raises(UnsupportedError, match="no kernel 'conv2d'"):
+        encode([("conv2d", (1, 2))])
+    with pytest.raises(UnsupportedError, match="silu takes 3 arguments, got 2"):
+        encode([("silu", (1, 2))])
+
+
+def test_a_bad_opcode_traps_instead_of_running_on(wasm):
+    import wasmtime
+    with pytest.raises(wasmtime.Trap):
+        wasm("run", wasm.put(np.array([9999, 0, 0], np.int32)), 1)
+
+
+def test_the_program_table_names_every_kernel_but_the_table_and_run():
+    """program.OPS (what the host encodes) and the module's exports cannot drift apart."""
+    import wasmtime
+    from tallow.backends.wasm.program import OPS
+    module = wasmtime.Module.from_file(wasmtime.Engine(), build.build())
+    exported = {e.name for e in module.exports} - {"__heap_base", "run", "f16_table"}
+    assert {name for name, _ in OPS} == exported
 
 
 def test_web_build_puts_the_module_in_the_site(tmp_path, monkeypatch):

@@ -97,7 +97,7 @@ def build(force=False):
     out = os.path.join(settings().home, "wasm_kernels", f"{key()}.wasm")
     if os.path.exists(out) and not force:
         return out
-    from .kernels_ir import exports, module
+    from .module_ir import exports, module
     m = module()
     obj = compile_object(m)
     os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -336,7 +336,7 @@ def _gelu(b, v):
 
 
 def module():
-    """The whole kernel module as llvmlite IR."""
+    """This file's kernels as an llvmlite IR module (module_ir.module() adds the rest)."""
     m = ir.Module("tallow_wasm_kernels")
     m.triple = TRIPLE  # vector_ir._pair_madd then names SIMD128's dot instruction
     _f16_table(m)
