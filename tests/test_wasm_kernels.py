@@ -309,9 +309,49 @@ def test_run_calls_a_program_as_the_separate_calls_would(wasm):
     want = read(one_by_one)
     outs, listed = calls()
     words, count = encode(listed)
-    wasm("run", wasm.put(np.frombuffer(words.tobytes(), np.int32)), count)
+    wasm("run", wasm.put(np.frombuffer(words.tobytes(), np.int32)), count, wasm.put(np.zeros(2, np.int32)))
     for got, ref in zip(read(outs), want):
         assert np.array_equal(got, ref)
+
+
+def test_step_arguments_let_one_program_serve_every_position(wasm):
+    """A KV-slot write, the rotary row and the key count as StepArgs: one program run at positions
+    0..3 (the step words rewritten each time) leaves what programs with those values written out
+    leave, bit for bit; the token slot picks an embedding row."""
+    from tallow.backends.wasm.program import StepArg, encode, step_words
+    rng = np.random.default_rng(13)
+    heads, d, capacity = 2, 16, 6
+    table = rng.standard_normal((5, d)).astype(np.float32)  # "embedding rows"
+    cos, sin = (rng.standard_normal((capacity, d // 2)).astype(np.float32) for _ in range(2))
+
+    def setup():
+        at = dict(table=wasm.put(table), cos=wasm.put(cos), sin=wasm.put(sin), q=wasm.alloc(heads * d * 4),
+                  kc=wasm.put(np.zeros((1, capacity, d), np.float32)), vc=wasm.put(np.zeros((1, capacity, d), np.float32)),
+                  scores=wasm.alloc(capacity * 4), out=wasm.alloc(heads * d * 4))
+        return at
+
+    def calls(at, pos, token):
+        fixed = not isinstance(pos, str)
+        row = (lambda base, stride, slot: base + stride * (pos if slot == "position" else token)) if fixed else StepArg
+        return [("copy_f32", (row(at["table"], d * 4, "token"), d, at["q"])),
+                ("copy_f32", (at["q"] + d * 4 * 0, d, row(at["q"] + d * 4, 0, "position"))),  # stride 0: a fixed word
+                ("rope", (at["q"], heads, d, row(at["cos"], d // 2 * 4, "position"), row(at["sin"], d // 2 * 4, "position"), 0)),
+                ("copy_f32", (at["q"], d, row(at["kc"], d * 4, "position"))),
+                ("copy_f32", (at["q"] + d * 4, d, row(at["vc"], d * 4, "position"))),
+                ("cache_attention", (at["q"], heads, 1, d, at["kc"], at["vc"], capacity, row(1, 1, "position"), 0.25,
+                                     at["scores"], at["out"]))]
+
+    replayed, written = setup(), setup()
+    words, count = encode(calls(replayed, "step", None))
+    program, step = wasm.put(np.frombuffer(words.tobytes(), np.int32)), wasm.alloc(8)
+    for pos, token in enumerate((3, 1, 4, 1)):
+        wasm.memory.write(wasm.store, step_words(pos, token), step)
+        wasm("run", program, count, step)
+        fixed, n = encode(calls(written, pos, token))
+        wasm("run", wasm.put(np.frombuffer(fixed.tobytes(), np.int32)), n, step)
+        for name, shape in (("out", (heads, d)), ("kc", (capacity, d)), ("vc", (capacity, d))):
+            assert np.array_equal(wasm.get(replayed[name], shape, np.float32), wasm.get(written[name], shape, np.float32))
+    assert np.count_nonzero(wasm.get(replayed["kc"], (capacity, d), np.float32).any(axis=1)) == 4  # four slots written
 
 
 def test_program_encoding_refuses_unknown_kernels_and_wrong_arity():
@@ -321,12 +361,17 @@ def test_program_encoding_refuses_unknown_kernels_and_wrong_arity():
         encode([("conv2d", (1, 2))])
     with pytest.raises(UnsupportedError, match="silu takes 3 arguments, got 2"):
         encode([("silu", (1, 2))])
+    from tallow.backends.wasm.program import StepArg
+    with pytest.raises(UnsupportedError, match="argument 4 of add_rms_norm cannot be StepArg"):
+        encode([("add_rms_norm", (1, 2, 3, 4, StepArg(0, 1), 5, 6))])
+    with pytest.raises(UnsupportedError, match="cannot be StepArg"):
+        encode([("softmax", (StepArg(0, 1, "layer"), 2))])
 
 
 def test_a_bad_opcode_traps_instead_of_running_on(wasm):
     import wasmtime
     with pytest.raises(wasmtime.Trap):
-        wasm("run", wasm.put(np.array([9999, 0, 0], np.int32)), 1)
+        wasm("run", wasm.put(np.array([9999, 0, 0, 0], np.int32)), 1, wasm.put(np.zeros(2, np.int32)))
 
 
 def test_the_program_table_names_every_kernel_but_the_table_and_run():

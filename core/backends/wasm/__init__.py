@@ -9,7 +9,7 @@ No module here is imported by the rest of tallow yet (docs/wasm.md: what comes n
   decode_ir.py   the decoder-layer kernels beside those: rope, the KV-slot copy, attention of one
                  token over the cache (GQA), SwiGLU's silu_mul, add_f32
   program.py     the call-list format (opcodes, argument kinds) and encode(): standard library only
-  program_ir.py  the `run(program, count)` export: a recorded step's calls in one call
+  program_ir.py  the `run(program, count, step)` export: a recorded step's calls in one call
   module_ir.py   the three above as the one IR module build.py lowers
   build.py       IR -> object (llvmlite) -> kernels.wasm (wasm-ld, memory imported), cached by a
                  hash of the kernel sources; `python -m tallow.backends.wasm.build` ships it here

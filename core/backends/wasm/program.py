@@ -1,15 +1,22 @@
 """The wasm module's call lists: a captured step as one block of i32 words in the module's memory,
-run by its `run(program, count)` export in one call (issue 31 item 3: a decode step costs the
-host one call, natively through wasmtime and in the page through JS alike).
+run by its `run(program, count, step)` export in one call (issue 31 item 3: a decode step costs
+the host one call, natively through wasmtime and in the page through JS alike).
 
-A call is its opcode (the kernel's index in OPS) followed by that kernel's arguments, one word
-each: addresses and counts as they are, float arguments (eps, scale) as their float32 bits.
+A call is its opcode (the kernel's index in OPS), a mask word, then the kernel's arguments:
+addresses and counts as they are, float arguments (eps, scale) as their float32 bits. An
+address or count that moves with the step (a KV-cache slot, the rotary row, the key count,
+the embedding row) is a StepArg: bit i of the mask marks argument i as one, and it takes
+three words, base, stride and slot, read as base + stride * step[slot], where `step` is the
+i32 words at run's third argument (STEP_SLOTS: the position and the token). So one recorded
+program serves every step: the host writes the step words, then calls run.
+
 A word that is not an opcode where one is expected stops the module with a trap (`unreachable`);
 encode() refuses such lists before they get there. Standard library only: the loader and the
 page's driver use it, never LLVM.
 """
 import struct
 from array import array
+from typing import NamedTuple
 
 from ...errors import UnsupportedError
 
@@ -31,11 +38,25 @@ OPS = (
     ("silu_mul", "iiii"), ("add_f32", "iiii"),
 )
 OPCODES = {name: code for code, (name, _) in enumerate(OPS)}
+STEP_SLOTS = ("position", "token")  # the step words a StepArg reads, in this order
+PAD_WORDS = 2  # after the last call: run reads a word's two neighbours before it knows the kind
+
+
+class StepArg(NamedTuple):
+    """An argument that is base + stride * (the step's `slot` word) when the program runs."""
+    base: int
+    stride: int
+    slot: str = "position"
+
+
+def _word(value):
+    return struct.unpack("<i", struct.pack("<I", int(value) & 0xFFFFFFFF))[0]
 
 
 def encode(calls):
-    """[(kernel name, args), ...] -> (the program's i32 words, its call count). Names a kernel
-    that is not in OPS, or a call with the wrong number of arguments, in the error."""
+    """[(kernel name, args), ...] -> (the program's i32 words, its call count); an argument may be
+    a StepArg. Names a kernel that is not in OPS, or a call with the wrong number of arguments,
+    in the error."""
     words = array("i")
     for name, args in calls:
         code = OPCODES.get(name)
@@ -44,10 +65,26 @@ def encode(calls):
         kinds = OPS[code][1]
         if len(args) != len(kinds):
             raise UnsupportedError(f"wasm program: {name} takes {len(kinds)} arguments, got {len(args)}")
-        words.append(code)
-        for kind, value in zip(kinds, args):
-            if kind == "f":
-                words.append(struct.unpack("<i", struct.pack("<f", value))[0])
+        mask = 0
+        tail = array("i")
+        for i, (kind, value) in enumerate(zip(kinds, args)):
+            if isinstance(value, StepArg):
+                if kind == "f" or value.slot not in STEP_SLOTS:
+                    raise UnsupportedError(f"wasm program: argument {i} of {name} cannot be {value} "
+                                           f"(step arguments are addresses or counts, read from {STEP_SLOTS})")
+                mask |= 1 << i
+                tail.extend((_word(value.base), _word(value.stride), STEP_SLOTS.index(value.slot)))
+            elif kind == "f":
+                tail.append(struct.unpack("<i", struct.pack("<f", value))[0])
             else:
-                words.append(struct.unpack("<i", struct.pack("<I", int(value) & 0xFFFFFFFF))[0])
+                tail.append(_word(value))
+        words.append(code)
+        words.append(mask)
+        words.extend(tail)
+    words.extend([0] * PAD_WORDS)
     return words, len(calls)
+
+
+def step_words(position, token=0):
+    """The step words a program's StepArgs read (STEP_SLOTS' order), as bytes to write before run."""
+    return array("i", [position, token]).tobytes()
