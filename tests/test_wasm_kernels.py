@@ -61,7 +61,8 @@ def test_module_imports_its_memory_and_exports_the_kernels():
     assert [(i.module, i.name, type(i.type).__name__) for i in module.imports] == [("env", "memory", "MemoryType")]
     names = {e.name for e in module.exports}
     expected = {"f16_table", "quantize_row", "f32_matvec", "add_rms_norm", "softmax", "silu", "gelu", "__heap_base",
-                "rope", "copy_f32", "cache_attention", "silu_mul", "add_f32", "run"}
+                "rope", "copy_f32", "cache_attention", "silu_mul", "add_f32", "run", "rope_seq",
+                "cache_attention_rows", "add_layer_norm"}
     expected |= {f"matmul_{q}" for q in FORMATS} | {f"dequant_{q}" for q in FORMATS}
     assert names == expected
 
@@ -262,6 +263,60 @@ def test_cache_attention_matches_torch_sdpa(wasm, heads, kv_heads, d, keys):
     v = torch.from_numpy(vc[:, :keys]).double().repeat_interleave(group, 0)
     want = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q).double()[:, None], k, v, scale=scale)
     _close(wasm.get(out, (heads, d), np.float32), want[:, 0].numpy(), rel=1e-4)
+
+
+def test_rope_seq_turns_each_token_by_its_own_row(wasm):
+    """(heads, t, d): token i's rows by cos/sin row i, against torch's complex rotation."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(14)
+    heads, t, d = 3, 5, 8
+    x = rng.standard_normal((heads, t, d)).astype(np.float32)
+    angle = rng.uniform(-9, 9, (t, d // 2))
+    cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    at = wasm.put(x)
+    wasm("rope_seq", at, heads, t, d, wasm.put(cos), wasm.put(sin), 0)
+    pairs = torch.from_numpy(x).double().reshape(heads, t, 2, d // 2).transpose(2, 3).contiguous()
+    turned = torch.view_as_complex(pairs) * torch.complex(torch.from_numpy(cos).double(), torch.from_numpy(sin).double())
+    want = torch.view_as_real(turned).transpose(2, 3).reshape(heads, t, d).numpy()
+    assert np.abs(wasm.get(at, (heads, t, d), np.float32) - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("first", [0, 9])
+def test_cache_attention_rows_is_causal_over_the_cache(wasm, first):
+    """A prompt's t tokens after `first` cached ones: token i sees slots < first + i + 1, against
+    torch's sdpa with that mask (GQA 6 heads over 2)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(15)
+    heads, kv_heads, t, d, capacity = 6, 2, 4, 32, 20
+    q = rng.standard_normal((heads, t, d)).astype(np.float32)
+    kc, vc = (rng.standard_normal((kv_heads, capacity, d)).astype(np.float32) for _ in range(2))
+    out, scores = wasm.alloc(heads * t * d * 4), wasm.alloc(capacity * 4)
+    wasm("cache_attention_rows", wasm.put(q), heads, kv_heads, t, d, wasm.put(kc), wasm.put(vc), capacity, first, 0.2,
+         scores, out)
+    keys = first + t
+    k = torch.from_numpy(kc[:, :keys]).double().repeat_interleave(heads // kv_heads, 0)
+    v = torch.from_numpy(vc[:, :keys]).double().repeat_interleave(heads // kv_heads, 0)
+    allowed = torch.arange(keys)[None, :] < (first + torch.arange(t)[:, None] + 1)
+    want = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q).double(), k, v, attn_mask=allowed,
+                                                            scale=0.2)
+    _close(wasm.get(out, (heads, t, d), np.float32), want.numpy(), rel=1e-4)
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_add_layer_norm_matches_torch(wasm, weighted):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(16)
+    for d in (384, 45):
+        x, r, w, bias = (rng.standard_normal(d).astype(np.float32) + 3 for _ in range(4))  # an offset mean
+        total, normed = wasm.alloc(d * 4), wasm.alloc(d * 4)
+        wasm("add_layer_norm", wasm.put(x), wasm.put(r), wasm.put(w) if weighted else 0,
+             wasm.put(bias) if weighted else 0, d, 1e-5, total, normed)
+        assert np.array_equal(wasm.get(total, (d,), np.float32), x + r)
+        t = torch.from_numpy((x + r).astype(np.float64))
+        want = torch.nn.functional.layer_norm(t, (d,), torch.from_numpy(w).double() if weighted else None,
+                                              torch.from_numpy(bias).double() if weighted else None, eps=1e-5)
+        # float32 rounding of (total - mean), relative to the row's scale (values near 0 have no own scale)
+        assert np.abs(wasm.get(normed, (d,), np.float32) - want.numpy()).max() <= 1e-5 * np.abs(want.numpy()).max()
 
 
 def test_silu_mul_and_add(wasm):

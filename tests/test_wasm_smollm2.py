@@ -6,7 +6,7 @@ the CPU device's greedy ids.
 This is the kernel set's proof for issue 31, not the wasm device: the device (docs/wasm.md,
 "The device design") records the same calls from the model's own ops. Here the program is
 written out from the model's weights, which the CPU device loads. The prompt is read one token
-at a time, since the module has no many-token attention yet.
+at a time, as decode steps.
 """
 import os
 

@@ -1,6 +1,6 @@
 """The wasm kernels a decoder layer needs besides the products and the norms (kernels_ir.py):
-rotary embedding, the KV-cache write (a copy), attention of one new token over the cache,
-the gated activation of a GLU, a residual add. Written with kernels_ir's loop and vector
+rotary embedding, the KV-cache write (a copy), attention of new tokens over the cache (one, or
+a prompt's t), LayerNorm, the gated activation of a GLU, a residual add. Written with kernels_ir's loop and vector
 helpers, in the arithmetic of the CPU device's fused_ops (rope_kv_write, cache_attention).
 
   rope(x, rows, d, cos, sin, interleaved)   in place: each of `rows` rows of d rotated by cos/sin
@@ -12,6 +12,14 @@ helpers, in the arithmetic of the CPU device's fused_ops (rope_kv_write, cache_a
                                             caches laid out (kv_heads, capacity, d); head h reads
                                             kv head h // (heads / kv_heads) (GQA); scores: `keys`
                                             floats of scratch; out (heads, d)
+  rope_seq(x, heads, t, d, cos, sin, interleaved)
+                                            rope over (heads, t, d): token i takes cos/sin row i
+  cache_attention_rows(q, heads, kv_heads, t, d, kc, vc, capacity, first, scale, scores, out)
+                                            t new tokens (a prompt), q and out (heads, t, d): token i
+                                            sees the first first + i + 1 slots (causal)
+  add_layer_norm(x, r, w, b, d, eps, total, normed)
+                                            total = x + r; normed = LayerNorm(total) * w + b for one
+                                            row (w or b = 0: none): Whisper's norms
   silu_mul(g, u, n, out)                    out = silu(g) * u (SwiGLU)
   add_f32(a, b, n, out)                     out = a + b
 """
@@ -111,6 +119,80 @@ def _cache_attention(module):
     b.ret_void()
 
 
+def _rope_seq(module):
+    """rope over (heads, t, d) rows whose token i takes cos/sin row i: a prompt's t tokens."""
+    b, (x, heads, t, d, cos, sin, interleaved) = _function(
+        module, "rope_seq", [(_P32, _F32), (_I32, _I64), (_I32, _I64), (_I32, _I64), (_P32, _F32), (_P32, _F32),
+                             (_I32, _I64)])
+    rope = module.globals["rope"]
+    half_bytes = b.mul(b.udiv(d, ir.Constant(_I64, 2)), ir.Constant(_I64, 4))
+    with _Loop(b, heads) as h:
+        with _Loop(b, t) as i:
+            row = b.gep(x, [b.mul(b.add(b.mul(h, t), i), d)])
+            at = b.mul(i, half_bytes)
+            b.call(rope, [b.ptrtoint(row, _I32), ir.Constant(_I32, 1), b.trunc(d, _I32),
+                          b.trunc(b.add(b.zext(b.ptrtoint(cos, _I32), _I64), at), _I32),
+                          b.trunc(b.add(b.zext(b.ptrtoint(sin, _I32), _I64), at), _I32), b.trunc(interleaved, _I32)])
+    b.ret_void()
+
+
+def _cache_attention_rows(module):
+    """t new tokens at once (a prompt): q and out (heads, t, d); token i of the t sees the first
+    `first` + i + 1 cache slots (causal), each row through cache_attention's one-token loop."""
+    b, (q, heads, kv_heads, t, d, kc, vc, capacity, first, scale, scores, out) = _function(
+        module, "cache_attention_rows",
+        [(_P32, _F32), (_I32, _I64), (_I32, _I64), (_I32, _I64), (_I32, _I64), (_P32, _F32), (_P32, _F32),
+         (_I32, _I64), (_I32, _I64), (ir.FloatType(), None), (_P32, _F32), (_P32, _F32)])
+    one_token = module.globals["cache_attention"]
+    group = b.udiv(heads, kv_heads)
+
+    def word(v):
+        return b.trunc(v, _I32)
+
+    def address(ptr, elements):
+        return b.trunc(b.add(b.zext(b.ptrtoint(ptr, _I32), _I64), b.mul(elements, ir.Constant(_I64, 4))), _I32)
+    with _Loop(b, heads) as h:
+        g = b.udiv(h, group)
+        cache = b.mul(b.mul(g, capacity), d)
+        with _Loop(b, t) as i:
+            row = b.mul(b.add(b.mul(h, t), i), d)
+            b.call(one_token, [address(q, row), ir.Constant(_I32, 1), ir.Constant(_I32, 1), word(d),
+                               address(kc, cache), address(vc, cache), word(capacity),
+                               word(b.add(first, b.add(i, ir.Constant(_I64, 1)))), scale, b.ptrtoint(scores, _I32),
+                               address(out, row)])
+    b.ret_void()
+
+
+def _add_layer_norm(module):
+    """fused_ops' add + LayerNorm for one row of d: total = x + r; normed = (total - mean) /
+    sqrt(var + eps) * w + b (w = 0: no weight; b = 0: no bias); mean and variance in float32 lanes."""
+    b, (x, r, w, bias, d, eps, total, normed) = _function(
+        module, "add_layer_norm", [(_P32, _F32), (_P32, _F32), (_P32, _F32), (_P32, _F32), (_I32, _I64),
+                                   (ir.FloatType(), None), (_P32, _F32), (_P32, _F32)])
+    n = b.uitofp(d, _F32)
+    _map2(b, x, r, d, total, lambda u, v: b.fadd(u, v))
+    acc = _slot(b, ir.Constant(_F32, 0.0))
+    with _Loop(b, d) as i:
+        b.store(b.fadd(b.load(acc), b.load(b.gep(total, [i]))), acc)
+    mean = b.fdiv(b.load(acc), n)
+    b.store(ir.Constant(_F32, 0.0), acc)
+    with _Loop(b, d) as i:
+        c = b.fsub(b.load(b.gep(total, [i])), mean)
+        b.store(b.fadd(b.load(acc), b.fmul(c, c)), acc)
+    inv = b.fdiv(ir.Constant(_F32, 1.0), _intrinsic(b, "llvm.sqrt.f32", _F32, [b.fadd(b.fdiv(b.load(acc), n), eps)]))
+    has_w = b.icmp_unsigned("!=", b.ptrtoint(w, _I32), ir.Constant(_I32, 0))
+    has_b = b.icmp_unsigned("!=", b.ptrtoint(bias, _I32), ir.Constant(_I32, 0))
+    with _Loop(b, d) as i:
+        y = b.fmul(b.fsub(b.load(b.gep(total, [i])), mean), inv)
+        out = b.gep(normed, [i])
+        b.store(y, out)
+        with b.if_then(has_w):
+            b.store(b.fmul(b.load(out), b.load(b.gep(w, [i]))), out)
+        with b.if_then(has_b):
+            b.store(b.fadd(b.load(out), b.load(b.gep(bias, [i]))), out)
+    b.ret_void()
+
+
 def _binary(module, name, fn):
     b, (x, y, n, out) = _function(module, name, [(_P32, _F32), (_P32, _F32), (_I32, _I64), (_P32, _F32)])
     _map2(b, x, y, n, out, lambda u, v: fn(b, u, v))
@@ -122,5 +204,8 @@ def add_kernels(module):
     _rope(module)
     _copy(module)
     _cache_attention(module)
+    _rope_seq(module)
+    _cache_attention_rows(module)
+    _add_layer_norm(module)
     _binary(module, "silu_mul", lambda b, g, u: b.fmul(_silu(b, g), u))
     _binary(module, "add_f32", lambda b, x, y: b.fadd(x, y))

@@ -35,6 +35,7 @@ OPS = (
     ("rope", "iiiiii"),
     ("copy_f32", "iii"),
     ("cache_attention", "iiiiiiiifii"),
+    ("rope_seq", "iiiiiii"), ("cache_attention_rows", "iiiiiiiiifii"), ("add_layer_norm", "iiiiifii"),
     ("silu_mul", "iiii"), ("add_f32", "iiii"),
 )
 OPCODES = {name: code for code, (name, _) in enumerate(OPS)}
