@@ -13,7 +13,7 @@ from tallow.backends.wasm.program import StepArg, encode, step_words
 
 MODEL = os.path.join(os.environ.get("TALLOW_HOME", os.path.expanduser("~/.cache/tallow")),
                      "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
-CAPACITY = 64  # KV-cache slots: the prompt and the decoded tokens
+CAPACITY = 128  # KV-cache slots: the prompt and the decoded tokens
 
 
 class WasmSmolLM2:
