@@ -55,6 +55,20 @@ def test_smollm2_greedy_ids_from_kernels_wasm_equal_the_cpu_device(model):
     assert np.all(np.isfinite(logits))
 
 
+def test_a_prompt_read_as_one_program_gives_the_same_ids(model):
+    """The prompt as one `run` call (each product over all its rows at once, the 4-row tiles of
+    matmul_<fmt>), then the recorded step: the CPU device's greedy ids."""
+    from tallow.generation import chat_prompt_ids
+    from tallow.generation.decoding import generate_ids
+    prompt = chat_prompt_ids(model, [{"role": "user", "content": "Name three colours."}])
+    want = list(generate_ids(model, list(prompt), max_tokens=8))
+    runner = WasmSmolLM2(model, Kernels(build.build()))
+    got = [int(np.argmax(runner.prefill(prompt)))]
+    for pos in range(len(prompt), len(prompt) + len(want) - 1):
+        got.append(int(np.argmax(runner.step(got[-1], pos))))
+    assert got == want, (got, want)
+
+
 def test_a_step_is_one_run_call(model, monkeypatch):
     """Python calls the module once per token: the program was recorded once; a step writes the
     two step words and calls `run`."""

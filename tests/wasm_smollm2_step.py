@@ -92,6 +92,68 @@ class WasmSmolLM2:
         self._product(calls, self.head, self.normed, self.logits)
         return calls
 
+    def prefill_calls(self, tokens, first=0):
+        """A prompt's tokens at positions first.. as one program: each product once over all t rows
+        (the weights read once), the rest row by row with the decode kernels; (calls, the logits
+        of the last token's address). Fresh buffers per prompt (the bump allocator keeps them)."""
+        cfg, hd, d, w = self.cfg, self.cfg.head_dim, self.cfg.hidden_size, self.wasm
+        t, size, e = len(tokens), cfg.intermediate_size, self.embed
+        width = (cfg.num_heads + 2 * cfg.num_kv_heads) * hd
+        h, total, normed, o = (w.alloc(t * d * 4) for _ in range(4))
+        qkv, att = w.alloc(t * width * 4), w.alloc(t * cfg.num_heads * hd * 4)
+        gu, act = w.alloc(t * 2 * size * 4), w.alloc(t * size * 4)
+        qx, dx, sx = w.alloc(t * size * 2), w.alloc(t * size // 8), w.alloc(t * size // 8)
+        rows = range(t)
+
+        def product(calls, weight, x, out):
+            k = weight["cols"]
+            for i in rows:
+                calls.append(("quantize_row", (x + i * k * 4, k, qx + i * k * 2, dx + i * k // 8, sx + i * k // 8)))
+            calls.append((f"matmul_{weight['fmt']}", (weight["at"], weight["rows"], weight["row_bytes"] // BLOCK_BYTES[weight["fmt"]],
+                                                     t, qx, dx, sx, w.table, out)))
+        calls = [(f"dequant_{e['fmt']}", (e["at"] + token * e["row_bytes"], e["row_bytes"] // BLOCK_BYTES[e["fmt"]],
+                                          w.table, h + i * d * 4)) for i, token in enumerate(tokens)]
+        for layer in self.layers:
+            for i in rows:
+                calls.append(("add_rms_norm", (h + i * d * 4, self.zero, layer["norm_in"], d, self.eps, total + i * d * 4,
+                                               normed + i * d * 4)))
+            product(calls, layer["qkv"], normed, qkv)
+            for i in rows:
+                pos, q = first + i, qkv + i * width * 4
+                k = q + cfg.num_heads * hd * 4
+                v = k + cfg.num_kv_heads * hd * 4
+                cos, sin = self.cos + pos * hd // 2 * 4, self.sin + pos * hd // 2 * 4
+                calls.append(("rope", (q, cfg.num_heads, hd, cos, sin, int(cfg.rope_interleaved))))
+                calls.append(("rope", (k, cfg.num_kv_heads, hd, cos, sin, int(cfg.rope_interleaved))))
+                for g in range(cfg.num_kv_heads):
+                    slot = (g * CAPACITY + pos) * hd * 4
+                    calls.append(("copy_f32", (k + g * hd * 4, hd, layer["kc"] + slot)))
+                    calls.append(("copy_f32", (v + g * hd * 4, hd, layer["vc"] + slot)))
+            for i in rows:  # after every token's slots are written; token i sees the first first + i + 1
+                calls.append(("cache_attention", (qkv + i * width * 4, cfg.num_heads, cfg.num_kv_heads, hd, layer["kc"],
+                                                  layer["vc"], CAPACITY, first + i + 1, 1 / math.sqrt(hd), self.scores,
+                                                  att + i * cfg.num_heads * hd * 4)))
+            product(calls, layer["o"], att, o)
+            for i in rows:
+                calls.append(("add_rms_norm", (h + i * d * 4, o + i * d * 4, layer["norm_post"], d, self.eps,
+                                               h + i * d * 4, normed + i * d * 4)))
+            product(calls, layer["gate_up"], normed, gu)
+            for i in rows:
+                calls.append(("silu_mul", (gu + i * 2 * size * 4, gu + (i * 2 + 1) * size * 4, size, act + i * size * 4)))
+            product(calls, layer["down"], act, o)
+            for i in rows:
+                calls.append(("add_f32", (h + i * d * 4, o + i * d * 4, d, h + i * d * 4)))
+        last = h + (t - 1) * d * 4
+        calls.append(("add_rms_norm", (last, self.zero, self.norm, d, self.eps, self.total, self.normed)))
+        self._product(calls, self.head, self.normed, self.logits)
+        return calls
+
+    def prefill(self, tokens):
+        """The last prompt token's logits: the prompt's program written, then one `run` call."""
+        words, count = encode(self.prefill_calls(tokens))
+        self.wasm("run", self.wasm.put(np.frombuffer(words.tobytes(), np.int32)), count, self.step_at)
+        return self.wasm.get(self.logits, (self.cfg.vocab_size,), np.float32)
+
     def record(self):
         """The step's program, written into the memory once (as a capture records a step)."""
         words, self.count = encode(self.step_calls())
