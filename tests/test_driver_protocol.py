@@ -1,6 +1,6 @@
 """Every GPU driver implements the one driver protocol (tallow/backends/driver_protocol.py): the
 members every driver has, plus its launch form's (kernel: CUDA/Metal/emulators/null; WGSL: the
-three wgpu drivers), each method taking the protocol's parameters."""
+three wgpu drivers; wasm calls: wasmtime), each method taking the protocol's parameters."""
 import inspect
 
 import pytest
@@ -12,7 +12,7 @@ def _members(protocol):
     """(method name -> parameter count, attribute names) the protocol and its bases declare."""
     methods, attrs = {}, set()
     for cls in protocol.__mro__:
-        if cls in (dp.Driver, dp.KernelDriver, dp.WgslDriver):
+        if cls in (dp.Driver, dp.KernelDriver, dp.WgslDriver, dp.WasmDriver):
             attrs.update(vars(cls).get("__annotations__", {}))
             for name, fn in vars(cls).items():
                 if inspect.isfunction(fn) and not name.startswith("_"):
@@ -49,8 +49,10 @@ def _driver_classes():
     from tallow_wgpu.driver_native import NativeDriver
     from tallow_wgpu.driver_null import NullDriver
     kernel = [CupyDriver, MetalDriver, EmulatedDriver, CpuCudaDriver, CpuMetalDriver, NullKernelDriver]
+    from tallow.backends.wasm.driver_native import WasmtimeDriver
     return [(c, dp.KernelDriver) for c in kernel] + [(c, dp.WgslDriver) for c in (NativeDriver, BrowserDriver,
-                                                                                  NullDriver)]
+                                                                                  NullDriver)] + [
+        (WasmtimeDriver, dp.WasmDriver)]
 
 
 @pytest.mark.parametrize("cls, protocol", _driver_classes(), ids=lambda v: getattr(v, "__name__", ""))
@@ -61,7 +63,7 @@ def test_every_driver_has_its_forms_methods(cls, protocol):
 def test_both_forms_share_the_common_methods():
     common, _ = _members(dp.Driver)
     assert set(common) == {"alloc", "download", "write", "record", "replay"}
-    for form in (dp.KernelDriver, dp.WgslDriver):
+    for form in (dp.KernelDriver, dp.WgslDriver, dp.WasmDriver):
         assert common.items() <= _members(form)[0].items()
 
 
@@ -87,3 +89,13 @@ def test_driver_instances_have_their_forms_attributes(wgpu):
     assert attribute_gaps(NullKernelDriver(), dp.KernelDriver) == []
     assert attribute_gaps(NullDriver(), dp.WgslDriver) == []
     assert attribute_gaps(wgpu.backend.driver, dp.WgslDriver) == []  # the native driver, on lavapipe here
+
+
+def test_the_wasmtime_driver_has_the_wasm_forms_attributes():
+    pytest.importorskip("wasmtime", reason="the wasm driver runs kernels.wasm under wasmtime (the dev extra)")
+    pytest.importorskip("numba", reason="building kernels.wasm needs llvmlite and numba (the cpu extra)")
+    from tallow.backends.wasm import build
+    from tallow.backends.wasm.driver_native import WasmtimeDriver
+    if build.linker() is None:
+        pytest.skip("no wasm-ld here")
+    assert attribute_gaps(WasmtimeDriver(build.build()), dp.WasmDriver) == []

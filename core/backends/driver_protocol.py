@@ -1,7 +1,7 @@
 """The one driver protocol of tallow's GPU backends: what WgpuBackend (wgpu_backend/backend.py)
 and KernelBackend (CUDA and Metal, core/backends/kernel/backend.py) call on their driver. The
 backends decide everything (kernel, parameters, launch grid, buffer reuse); a driver only moves
-bytes, compiles and launches. Seven drivers implement it:
+bytes, compiles and launches. Eight drivers implement it (the eighth has no backend yet):
 
   wgpu (the WGSL launch form):  tallow_wgpu.driver_native.NativeDriver (the `wgpu` package),
                                 tallow_wgpu.driver_browser.BrowserDriver (navigator.gpu in Pyodide),
@@ -9,6 +9,8 @@ bytes, compiles and launches. Seven drivers implement it:
   CUDA / Metal (the kernel form): tallow_cuda.driver.CupyDriver, tallow_metal.driver.MetalDriver,
                                 the CPU emulators (tallow.backends.kernel.emulator.EmulatedDriver),
                                 tallow.backends.kernel.null_driver.NullKernelDriver
+  wasm (the wasm-call form):    tallow.backends.wasm.driver_native.WasmtimeDriver (kernels.wasm
+                                under wasmtime; the page's JS twin is to come, docs/wasm.md)
 
 A *buffer* below is the handle the driver's alloc returned: a DeviceStorage (buffer, dtype,
 numel) on the kernel drivers; a bare GPU buffer on the wgpu drivers, whose backend keeps dtypes
@@ -64,6 +66,16 @@ pipeline, binding ranges and parameter bytes instead of arguments in order.
                                 src_offset, nbytes) copies a JS ArrayBuffer straight to the GPU
 There is no `upload` in this form: the wgpu backend uploads into a pooled buffer (alloc, then write).
 
+The wasm-call form (`WasmDriver`): kernels.wasm's exports take i32 byte addresses and counts, and
+float32 values (core/backends/wasm/program.py lists them).
+  step                          the buffer of the step words (position, token) a recorded program's
+                                StepArgs read; write it before replay
+  upload(data, dtype)           a new buffer holding these bytes
+  launch(kernel, args)          call export `kernel` now; args are buffers (their address),
+                                (buffer, byte offset), ints, floats, or StepArgs over those. A recorded
+                                entry is ("call", kernel, args); record() writes the step's entries
+                                as one program, and replay() is one call of the module's `run`
+
 tests/test_driver_protocol.py checks that every driver has its form's members with these
 parameter names.
 """
@@ -112,6 +124,14 @@ class WgslDriver(Driver, Protocol):
     def copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, nbytes: int) -> None: ...
 
     def flush(self) -> None: ...
+
+
+class WasmDriver(Driver, Protocol):
+    step: Any
+
+    def upload(self, data: Any, dtype: Any) -> Any: ...
+
+    def launch(self, kernel: str, args: list) -> None: ...
 
 
 def nbytes_of(dtype, numel):

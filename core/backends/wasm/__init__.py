@@ -14,5 +14,6 @@ No module here is imported by the rest of tallow yet (docs/wasm.md: what comes n
   build.py       IR -> object (llvmlite) -> kernels.wasm (wasm-ld, memory imported), cached by a
                  hash of the kernel sources; `python -m tallow.backends.wasm.build` ships it here
   native.py      kernels.wasm under wasmtime: the tests, the bench, and later device="wasm" natively
+  driver_native.py  WasmtimeDriver: the driver protocol's wasm-call form over native.py (no backend yet)
   kernels.wasm   the built module (git-ignored; package data of the wheel, copied into the web site)
 """
