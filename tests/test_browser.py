@@ -250,6 +250,31 @@ def test_chromium_with_webgpu_disabled_boots_on_the_cpu(demo):
         assert not errors, errors
 
 
+WASM_DRIVER_CASES = os.path.join(HERE, "wasm_driver_cases.py")
+
+
+def test_the_wasm_driver_in_the_page_replays_a_step_and_takes_weights_from_slices(demo, ui):
+    """The wasm device's browser driver (kernels.wasm over a WebAssembly.Memory owned by JS): the
+    shared driver case (tests/wasm_driver_cases.py, as WasmtimeDriver passes it natively) against
+    a float64 reference, and bytes written from a sliced JS file (SlicedFile's interface: 7-byte
+    slices here) straight into its memory."""
+    with open(WASM_DRIVER_CASES) as f:
+        cases_text = f.read()
+    code = cases_text + """
+import js
+from pyodide.ffi import to_js
+from tallow.backends.wasm.driver_browser import create_wasm_driver
+driver = await create_wasm_driver()
+att, ks, q = recorded_step_replays_like_its_eager_launches(driver)
+data = bytes(range(256)) * 2
+sliced = js.Function("bytes", "return {sliceBytes: 7, read: async (o, n) => bytes.subarray(o, o + n)}")(to_js(data))
+buf = driver.alloc_bytes(40)
+await driver.write_from_slices(buf, 3, sliced, 5, 30)
+[driver.name, close(att, attention_reference(ks, q)), driver.download(buf, 0, 40) == bytes(3) + data[5:35] + bytes(7)]
+"""
+    assert demo.run(ui, code) == ["browser", True, True]
+
+
 def test_boot_shows_the_runtime_download_in_mb_and_enables_controls_when_ready(demo):
     page = demo.context.new_page()
     demo.watch(page)

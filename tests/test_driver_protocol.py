@@ -49,10 +49,11 @@ def _driver_classes():
     from tallow_wgpu.driver_native import NativeDriver
     from tallow_wgpu.driver_null import NullDriver
     kernel = [CupyDriver, MetalDriver, EmulatedDriver, CpuCudaDriver, CpuMetalDriver, NullKernelDriver]
+    from tallow.backends.wasm.driver_browser import BrowserWasmDriver
     from tallow.backends.wasm.driver_native import WasmtimeDriver
     return [(c, dp.KernelDriver) for c in kernel] + [(c, dp.WgslDriver) for c in (NativeDriver, BrowserDriver,
                                                                                   NullDriver)] + [
-        (WasmtimeDriver, dp.WasmDriver)]
+        (WasmtimeDriver, dp.WasmDriver), (BrowserWasmDriver, dp.WasmDriver)]
 
 
 @pytest.mark.parametrize("cls, protocol", _driver_classes(), ids=lambda v: getattr(v, "__name__", ""))

@@ -108,6 +108,13 @@ def test_a_recorded_step_replays_like_its_eager_launches(driver):
     assert np.array_equal(_get(driver, replayed["kc"], (capacity, d))[:5], ks)
 
 
+def test_the_shared_driver_case_against_a_float64_reference(driver):
+    """tests/wasm_driver_cases.py, which the browser driver runs in Chromium too."""
+    from wasm_driver_cases import attention_reference, close, recorded_step_replays_like_its_eager_launches
+    att, ks, q = recorded_step_replays_like_its_eager_launches(driver)
+    assert close(att, attention_reference(ks, q))
+
+
 def test_a_recording_keeps_its_buffers_alive(driver):
     out = driver.alloc(f32, 4)
     handle = driver.record([("call", "silu", [_put(driver, np.full(4, 2.0)), 4, out])])

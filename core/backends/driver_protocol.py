@@ -1,7 +1,7 @@
 """The one driver protocol of tallow's GPU backends: what WgpuBackend (wgpu_backend/backend.py)
 and KernelBackend (CUDA and Metal, core/backends/kernel/backend.py) call on their driver. The
 backends decide everything (kernel, parameters, launch grid, buffer reuse); a driver only moves
-bytes, compiles and launches. Eight drivers implement it (the eighth has no backend yet):
+bytes, compiles and launches. Nine drivers implement it (the wasm two have no backend yet):
 
   wgpu (the WGSL launch form):  tallow_wgpu.driver_native.NativeDriver (the `wgpu` package),
                                 tallow_wgpu.driver_browser.BrowserDriver (navigator.gpu in Pyodide),
@@ -10,7 +10,8 @@ bytes, compiles and launches. Eight drivers implement it (the eighth has no back
                                 the CPU emulators (tallow.backends.kernel.emulator.EmulatedDriver),
                                 tallow.backends.kernel.null_driver.NullKernelDriver
   wasm (the wasm-call form):    tallow.backends.wasm.driver_native.WasmtimeDriver (kernels.wasm
-                                under wasmtime; the page's JS twin is to come, docs/wasm.md)
+                                under wasmtime), tallow.backends.wasm.driver_browser.BrowserWasmDriver
+                                (its WebAssembly.Memory owned by JS in Pyodide)
 
 A *buffer* below is the handle the driver's alloc returned: a DeviceStorage (buffer, dtype,
 numel) on the kernel drivers; a bare GPU buffer on the wgpu drivers, whose backend keeps dtypes

@@ -14,6 +14,8 @@ No module here is imported by the rest of tallow yet (docs/wasm.md: what comes n
   build.py       IR -> object (llvmlite) -> kernels.wasm (wasm-ld, memory imported), cached by a
                  hash of the kernel sources; `python -m tallow.backends.wasm.build` ships it here
   native.py      kernels.wasm under wasmtime: the tests, the bench, and later device="wasm" natively
-  driver_native.py  WasmtimeDriver: the driver protocol's wasm-call form over native.py (no backend yet)
+  driver.py      WasmDriver: the driver protocol's wasm-call form over four memory hooks (no backend yet)
+  driver_native.py  WasmtimeDriver: those hooks over native.py
+  driver_browser.py, driver.js  BrowserWasmDriver (Pyodide): a WebAssembly.Memory owned by JS
   kernels.wasm   the built module (git-ignored; package data of the wheel, copied into the web site)
 """
