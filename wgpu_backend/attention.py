@@ -41,8 +41,9 @@ class AttentionOps:
         self._run("softmax", {"X": dtype}, [s for s, _, _ in ops] + [out], self._params(words, extras), rows,
                   label="softmax")
 
-    def _norm_kernel(self, x, lx, w, lw, b, lb, out, dtype, eps, center):
+    def _norm_kernel(self, x, norm, out, dtype):
         """kernels/norm.wgsl, one workgroup per row; x, w and b strided (w and b broadcast)."""
+        (x, lx), (w, lw), (b, lb), eps, center = x, parts(norm.weight), parts(norm.bias), norm.eps, norm.center
         d = lx.shape[-1]
         rows = lx.numel() // d
         ops = [(x, lx.offset, lx.strides)]
@@ -57,7 +58,8 @@ class AttentionOps:
         self._run("norm", {"X": dtype}, [s for s, _, _ in ops] + [out], self._params(words, extras), rows,
                   extra=("row_sum",), label="layer_norm" if center else "rms_norm")
 
-    def _rope_kernel(self, x, lx, cos, lcos, sin, lsin, out, interleaved, dtype):
+    def _rope_kernel(self, x, rotary, out, dtype):
+        (x, lx), ((cos, lcos), (sin, lsin), interleaved) = x, rotary
         *lead, d = lx.shape
         h = d // 2
         sd = lx.strides[-1]
@@ -97,8 +99,9 @@ class AttentionOps:
             self._softmax_kernel(scores, sl, probs, False, dtype, spec.scale, *parts(mask), spec.causal)
         return self.matmul(Operand(probs, sl), v, dtype)
 
-    def _attention_kernel(self, q, lq, k, lk, v, lv, mask, lmask, out, scale, causal, over_cache, dtype):
+    def _attention_kernel(self, qkv, mask, out, dtype, spec, over_cache):
         """One dispatch: kernels/attend.wgsl, one workgroup per query row."""
+        ((q, lq), (k, lk), (v, lv)), (mask, lmask), scale, causal = qkv, parts(mask), spec.scale, spec.causal
         b, h, tq, d = lq.shape
         tk, dv = lk.shape[2], lv.shape[3]
         rows = b * h * tq
@@ -153,8 +156,10 @@ class AttentionOps:
                       label="attention_combine")
         return out
 
-    def _add_norm_kernel(self, x, lx, r, lr, w, lw, b, lb, total, out, dtype, eps, center):
+    def _add_norm_kernel(self, x, r, norm, total, out, dtype):
         """kernels/add_norm.wgsl, one workgroup per row, reading x, r, w and b strided."""
+        (x, lx), (r, lr), (w, lw), (b, lb) = x, r, parts(norm.weight), parts(norm.bias)
+        eps, center = norm.eps, norm.center
         d = lx.shape[-1]
         rows = lx.numel() // d
         words = _layout_words(lx.shape, [(lx.offset, lx.strides), (lr.offset, lr.strides)], True, "add_norm")

@@ -34,9 +34,9 @@ from tallow.layout import Layout, numel_of
 from .base import Backend
 from .buffer_pool import MIB, BufferPool
 from .gpu_plan import conv_output_size, in_kernel_quant, runs_matvec
-from .operand import Operand, QuantWeight, parts
+from .operand import QKV, Operand, QuantWeight
 from .reduce_plan import plan_reduce
-from .specs import ConvSpec
+from .specs import ConvSpec, NormSpec
 from .step_recording import StepCapture
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -157,15 +157,15 @@ class GpuBackend(StepCapture, Backend):
         return out
 
     def layer_norm(self, x, w, b, dtype, eps):
-        return self._norm(*x, *parts(w), *parts(b), dtype, eps, True)
+        return self._norm(x, NormSpec(w, b, eps, True), dtype)
 
     def rms_norm(self, x, w, dtype, eps):
-        return self._norm(*x, *parts(w), None, None, dtype, eps, False)
+        return self._norm(x, NormSpec(w, None, eps, False), dtype)
 
-    def _norm(self, x, lx, w, lw, b, lb, dtype, eps, center):
-        out = self._row_output("layer_norm" if center else "rms_norm", lx, dtype)
-        if lx.numel():
-            self._norm_kernel(x, lx, w, lw, b, lb, out, dtype, eps, center)
+    def _norm(self, x, norm, dtype):
+        out = self._row_output("layer_norm" if norm.center else "rms_norm", x.layout, dtype)
+        if x.layout.numel():
+            self._norm_kernel(x, norm, out, dtype)
         return out
 
     def _row_output(self, op, layout, dtype):
@@ -177,10 +177,9 @@ class GpuBackend(StepCapture, Backend):
 
     def rope(self, x, rotary, dtype):
         self._check(dtype, "rope")
-        (x, lx), (cos, lcos), (sin, lsin), interleaved = x, rotary.cos, rotary.sin, rotary.interleaved
-        out = self._new(lx.numel(), dtype)
-        if lx.numel():
-            self._rope_kernel(x, lx, cos, lcos, sin, lsin, out, interleaved, dtype)
+        out = self._new(x.layout.numel(), dtype)
+        if x.layout.numel():
+            self._rope_kernel(x, rotary, out, dtype)
         return out
 
     def index_select(self, x, ids, dtype, dim):
@@ -202,18 +201,18 @@ class GpuBackend(StepCapture, Backend):
         return out
 
     def add_rms_norm(self, x, r, w, dtype, eps):
-        return self._add_norm(*x, *r, *parts(w), None, None, dtype, eps, False)
+        return self._add_norm(x, r, NormSpec(w, None, eps, False), dtype)
 
     def add_layer_norm(self, x, r, w, b, dtype, eps):
-        return self._add_norm(*x, *r, *parts(w), *parts(b), dtype, eps, True)
+        return self._add_norm(x, r, NormSpec(w, b, eps, True), dtype)
 
-    def _add_norm(self, x, lx, r, lr, w, lw, b, lb, dtype, eps, center):
+    def _add_norm(self, x, r, norm, dtype):
         """(x + r, norm(x + r) * w + b) in one launch (centred: a layer norm, else RMS)."""
         self._check(dtype, "add_norm")
-        numel = lx.numel()
+        numel = x.layout.numel()
         total, out = self._new(numel, dtype), self._new(numel, dtype)
         if numel:
-            self._add_norm_kernel(x, lx, r, lr, w, lw, b, lb, total, out, dtype, eps, center)
+            self._add_norm_kernel(x, r, norm, total, out, dtype)
         return total, out
 
     def kv_write(self, k, v, slots, dtype):
@@ -262,16 +261,15 @@ class GpuBackend(StepCapture, Backend):
         self._check(dtype, "attention")
         if not self._attention_fits(q.layout, k.layout, v.layout):
             return self._attention_unfused(q, k, v, mask, dtype, spec)
-        (q, lq), (k, lk), (v, lv), (mask, lmask), scale, causal = q, k, v, parts(mask), spec.scale, spec.causal
-        b, h, tq, _ = lq.shape
-        numel = b * h * tq * lv.shape[3]
+        b, h, tq, _ = q.layout.shape
+        numel = b * h * tq * v.layout.shape[3]
         if numel == 0:
             return self._new(0, dtype)
-        if lk.shape[2] == 0:  # no keys: a weighted sum of nothing
+        if k.layout.shape[2] == 0:  # no keys: a weighted sum of nothing
             return self.full(numel, 0.0, dtype)
         out = self._new(numel, dtype)
-        self._attention_kernel(q, lq, k, lk, v, lv, mask, lmask, out, scale, causal,
-                               self._reads_whole_cache(k, lk, v, lv, mask), dtype)
+        over_cache = self._reads_whole_cache(*k, *v, None if mask is None else mask.storage)
+        self._attention_kernel(QKV(q, k, v), mask, out, dtype, spec, over_cache)
         return out
 
     # The decode matvecs: the planner chooses one fused launch or the composed default (base.py);
@@ -492,10 +490,11 @@ class GpuBackend(StepCapture, Backend):
     def _softmax_kernel(self, st, layout, out, log, dtype):
         raise NotImplementedError
 
-    def _norm_kernel(self, x, lx, w, lw, b, lb, out, dtype, eps, center):
+    def _norm_kernel(self, x, norm, out, dtype):
+        """x's rows normalised into out (norm: a NormSpec)."""
         raise NotImplementedError
 
-    def _rope_kernel(self, x, lx, cos, lcos, sin, lsin, out, interleaved, dtype):
+    def _rope_kernel(self, x, rotary, out, dtype):
         raise NotImplementedError
 
     def _attention_fits(self, lq, lk, lv):
@@ -506,7 +505,9 @@ class GpuBackend(StepCapture, Backend):
         composed, or a refusal naming the limit."""
         raise NotImplementedError
 
-    def _attention_kernel(self, q, lq, k, lk, v, lv, mask, lmask, out, scale, causal, over_cache, dtype):
+    def _attention_kernel(self, qkv, mask, out, dtype, spec, over_cache):
+        """attention of the QKV operands into out (spec an AttentionSpec); over_cache: the keys are a
+        captured step's whole KV cache, their count read from the step buffer."""
         raise NotImplementedError
 
     def _index_select_kernel(self, st, layout, dtype, ids, lids, dim, shape, out):
@@ -520,7 +521,8 @@ class GpuBackend(StepCapture, Backend):
     def _gather_kernel(self, st, layout, dtype, ids, lids, dim, out):
         raise NotImplementedError
 
-    def _add_norm_kernel(self, x, lx, r, lr, w, lw, b, lb, total, out, dtype, eps, center):
+    def _add_norm_kernel(self, x, r, norm, total, out, dtype):
+        """x + r into total and its norm (a NormSpec) into out."""
         raise NotImplementedError
 
     def _kv_write_kernel(self, k, v, kc, vc, words, nk, nv, dtype):

@@ -18,7 +18,7 @@ from .host import (BINARY_CODES, BLOCK, COMPARE_CODES, F64, I32, I64, REDUCE_COD
 from ..driver_protocol import nbytes_of
 from ..gpu_backend import GpuBackend
 from ..gpu_plan import in_kernel_quant, runs_matvec
-from ..operand import Operand
+from ..operand import Operand, parts
 from ..step_buffer import STEP_BYTES
 from .recording import entry_signature
 
@@ -390,14 +390,16 @@ class KernelBackend(GpuBackend):
     def _softmax_kernel(self, st, layout, out, log, dtype):
         self._rows_kernel("softmax", st, layout, out, [], [I32(bool(log))], dtype)
 
-    def _norm_kernel(self, x, lx, w, lw, b, lb, out, dtype, eps, center):
+    def _norm_kernel(self, x, norm, out, dtype):
+        (x, lx), (w, lw), (b, lb), eps, center = x, parts(norm.weight), parts(norm.bias), norm.eps, norm.center
         if center:
             self._rows_kernel("layer_norm", x, lx, out, [(w, lw), (b, lb)],
                               [F64(eps), I32(w is not None), I32(b is not None)], dtype)
         else:
             self._rows_kernel("rms_norm", x, lx, out, [(w, lw)], [F64(eps), I32(w is not None)], dtype)
 
-    def _rope_kernel(self, x, lx, cos, lcos, sin, lsin, out, interleaved, dtype):
+    def _rope_kernel(self, x, rotary, out, dtype):
+        (x, lx), ((cos, lcos), (sin, lsin), interleaved) = x, rotary
         b, h, t, d = lx.shape
         cs, sn = self._packed(cos, lcos, dtype), self._packed(sin, lsin, dtype)
         self._run("index", kernel_name("rope", dtype), lx.numel() // 2,
@@ -411,7 +413,8 @@ class KernelBackend(GpuBackend):
         d = max(q.layout.shape[3], v.layout.shape[3])
         raise UnsupportedError(f"{self.name} attention: head dim {d} > {ATTENTION_MAX_HEAD_DIM}")
 
-    def _attention_kernel(self, q, lq, k, lk, v, lv, mask, lmask, out, scale, causal, over_cache, dtype):
+    def _attention_kernel(self, qkv, mask, out, dtype, spec, over_cache):
+        ((q, lq), (k, lk), (v, lv)), (mask, lmask), scale, causal = qkv, parts(mask), spec.scale, spec.causal
         b, h, tq, d = lq.shape
         tk, dv = lk.shape[2], lv.shape[3]
         lm = lmask if mask is not None else Layout((b, h, tq, tk), (0, 0, 0, 0))
@@ -434,8 +437,10 @@ class KernelBackend(GpuBackend):
             self._launch("attention", kernel_name("attention", dtype), (b * h * tq, 1, 1), (BLOCK, 1, 1), args)
 
     # ---- fused decode ops: one launch each (base.py composes them from the primitives) ----
-    def _add_norm_kernel(self, x, lx, r, lr, w, lw, b, lb, total, out, dtype, eps, center):
+    def _add_norm_kernel(self, x, r, norm, total, out, dtype):
         """reduce's add_norm kernel, one block per row of contiguous x and r."""
+        (x, lx), (r, lr), (w, lw), (b, lb) = x, r, parts(norm.weight), parts(norm.bias)
+        eps, center = norm.eps, norm.center
         rows, length = rows_of(lx.shape, 1)
         xs, rs = self._packed(x, lx, dtype), self._packed(r, lr, dtype)
         ws = xs if w is None else self._packed(w, lw, dtype)
