@@ -139,7 +139,8 @@ class MatmulOps:
             raise UnsupportedError(f"wgpu {what}: no in-kernel decoder for {wdtype.name}")
         return ("quant_common", wdtype.name)
 
-    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, bias=None, lbias=None):
+    def _qmatvec_kernel(self, x, w, dtype, bias=None):
+        (x, lx), (w, wdtype, n, k), (bias, lbias) = x, w, parts(bias)
         m = lx.numel() // k
         out = self._new(m * n, dtype)
         xs, xoff = self._contiguous(x, lx, dtype)
@@ -148,9 +149,10 @@ class MatmulOps:
                             None if bias is None else (bias, lbias.offset, lbias.strides[0]))
         return out
 
-    def _qmatmul_kernel(self, x, lx, dtype, w, wdtype, n, k):
+    def _qmatmul_kernel(self, x, w, dtype):
         """Many rows (qmatmul.wgsl or the tiled kernel tuning.py picked), a weight bound in pieces
         (each piece's matvec or matmul into its columns), or blocks dequantised on upload."""
+        (x, lx), (w, wdtype, n, k) = x, w
         m = lx.numel() // k
         if w.dequantized:
             return self._qmatmul_dequantized(x, lx, dtype, w, n, k, m)
@@ -268,14 +270,16 @@ class MatmulOps:
         return (not w.dequantized and in_kernel_quant(wdtype) and k % 32 == 0
                 and wdtype.nbytes(rows * k) <= self.limits["max_storage_binding"])
 
-    def _matvec_kernel(self, a, la, b, lb, dtype, bias, lbias):
+    def _matvec_kernel(self, a, b, dtype, bias=None):
+        (a, la), (b, lb), (bias, lbias) = a, b, parts(bias)
         (m, k), n = la.shape, lb.shape[1]
         words = [m, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], lb.offset, 0, lb.strides[0], lb.strides[1]]
         out = self._new(n, dtype)
         self._matmul_dispatch(a, b, out, words, dtype, (bias, lbias.offset, lbias.strides[0]))
         return out
 
-    def _gated_matvec_kernel(self, a, la, b, lb, dtype, act):
+    def _gated_matvec_kernel(self, a, b, dtype, act):
+        (a, la), (b, lb) = a, b
         k, n = la.shape[1], lb.shape[1] // 2
         out = self._new(n, dtype)
         words = [1, n, k, 1, la.offset, 0, la.strides[0], la.strides[1], lb.offset, 0, lb.strides[0], lb.strides[1]]
@@ -283,7 +287,9 @@ class MatmulOps:
                   {"ACT": ex.FLOAT_UNARY[act]}, ("input_strided",), label=f"gated matvec {act}", prelude=ex.MATH)
         return out
 
-    def _gated_qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, act):
+    def _gated_qmatvec_kernel(self, x, w, dtype, act):
+        (x, lx), (w, wdtype, rows, k) = x, w
+        n = rows // 2
         m = lx.numel() // k
         out = self._new(m * n, dtype)
         xs, xoff = self._contiguous(x, lx, dtype)

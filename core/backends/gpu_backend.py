@@ -303,13 +303,13 @@ class GpuBackend(StepCapture, Backend):
         rows (a decode step, a short prompt; gpu_plan.runs_matvec) and the kernel reads w's blocks
         where they lie, else the subclass's many-row product."""
         self._check(dtype, "qmatmul")
-        (x, lx), (w, wdtype, n, k) = x, w
-        m = lx.numel() // k if k else 0
+        n, k = w.rows, w.cols
+        m = x.layout.numel() // k if k else 0
         if m * n == 0:
             return self._new(m * n, dtype)
-        if runs_matvec(m, self.qmatvec_max_rows, wdtype) and self._reads_blocks(w, wdtype, n, k):
-            return self._qmatvec_kernel(x, lx, dtype, w, wdtype, n, k)
-        return self._qmatmul_kernel(x, lx, dtype, w, wdtype, n, k)
+        if runs_matvec(m, self.qmatvec_max_rows, w.dtype) and self._reads_blocks(w.storage, w.dtype, n, k):
+            return self._qmatvec_kernel(x, w, dtype)
+        return self._qmatmul_kernel(x, w, dtype)
 
     def qmatmul_bias(self, x, w, bias, dtype):
         """qmatmul + bias (n,) in one launch of the quantised matvec, where qmatmul would run the
@@ -321,14 +321,14 @@ class GpuBackend(StepCapture, Backend):
                 and self._reads_blocks(w, wdtype, n, k)):
             return super().qmatmul_bias(x, qw, bias, dtype)
         self._check(dtype, "qmatmul_bias")
-        return self._qmatvec_kernel(*x, dtype, w, wdtype, n, k, *bias)
+        return self._qmatvec_kernel(x, qw, dtype, bias)
 
     def matmul_bias(self, a, b, bias, dtype):
         m, k = a.layout.shape
         n = b.layout.shape[1]
         if not (m * n * k and runs_matvec(m, self.matvec_max_rows) and self._matvec_fits(*b, k, dtype)):
             return super().matmul_bias(a, b, bias, dtype)
-        return self._matvec_kernel(*a, *b, dtype, *bias)
+        return self._matvec_kernel(a, b, dtype, bias)
 
     def gated_matmul(self, a, b, dtype, act):
         m, k = a.layout.shape
@@ -336,7 +336,7 @@ class GpuBackend(StepCapture, Backend):
         if not (m * n * k and act in self.activations and runs_matvec(m, self.matvec_max_rows)
                 and self._matvec_fits(*b, k, dtype)):
             return super().gated_matmul(a, b, dtype, act)
-        return self._gated_matvec_kernel(*a, *b, dtype, act)
+        return self._gated_matvec_kernel(a, b, dtype, act)
 
     def gated_qmatmul(self, x, w, dtype, act):
         (w, wdtype, rows, k) = qw = w
@@ -346,7 +346,7 @@ class GpuBackend(StepCapture, Backend):
                 and self._reads_blocks(w, wdtype, 2 * n, k)):
             return super().gated_qmatmul(x, qw, dtype, act)
         self._check(dtype, "gated_qmatmul")
-        return self._gated_qmatvec_kernel(*x, dtype, w, wdtype, n, k, act)
+        return self._gated_qmatvec_kernel(x, qw, dtype, act)
 
     def add_norm_linear(self, x, r, norm, linear, dtype):
         """One row (a decode step) whose norm width the kernel takes (norm_linear_max_k): one launch
@@ -532,24 +532,25 @@ class GpuBackend(StepCapture, Backend):
         """dims: (batch, q heads, kv heads, tokens, pairs per head)."""
         raise NotImplementedError
 
-    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, bias=None, lbias=None):
-        """x . w^T (+ bias (n,), only where "qmatmul_bias" is in fused_kernels) by the quantised
-        matvec: the result storage."""
+    def _qmatvec_kernel(self, x, w, dtype, bias=None):
+        """x . w^T (w a QuantWeight; + bias (n,), only where "qmatmul_bias" is in fused_kernels) by the
+        quantised matvec: the result storage."""
         raise NotImplementedError
 
-    def _qmatmul_kernel(self, x, lx, dtype, w, wdtype, n, k):
+    def _qmatmul_kernel(self, x, w, dtype):
         """x . w^T where the quantised matvec does not serve: the result storage."""
         raise NotImplementedError
 
-    def _matvec_kernel(self, a, la, b, lb, dtype, bias, lbias):
+    def _matvec_kernel(self, a, b, dtype, bias=None):
         """a (m, k) . b (k, n) + bias: the result storage."""
         raise NotImplementedError
 
-    def _gated_matvec_kernel(self, a, la, b, lb, dtype, act):
+    def _gated_matvec_kernel(self, a, b, dtype, act):
         """act(a . gate) * (a . up), b's columns the gate then the up rows: the result storage."""
         raise NotImplementedError
 
-    def _gated_qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, act):
+    def _gated_qmatvec_kernel(self, x, w, dtype, act):
+        """act(x . gate^T) * (x . up^T) for w a QuantWeight of rows [gate; up]: the result storage."""
         raise NotImplementedError
 
     def _norm_linear_kernel(self, x, r, norm, linear, dtype, n):

@@ -280,7 +280,8 @@ class KernelBackend(GpuBackend):
         return self.copy(scanned, back, out_dtype)
 
     # ---- linear algebra and indexing ---------------------------------------------------
-    def _qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, bias=None, lbias=None):
+    def _qmatvec_kernel(self, x, w, dtype, bias=None):
+        (x, lx), (w, wdtype, n, k), (bias, lbias) = x, w, parts(bias)
         m = lx.numel() // k
         xf = self._as(x, lx, dtype, f32)
         bf = xf if bias is None else self._as(bias, lbias, dtype, f32)  # the kernel adds an f32 bias
@@ -290,8 +291,9 @@ class KernelBackend(GpuBackend):
                      [w, xf, bf, out, I32(n), I32(k), I32(m), I32(bias is not None)])
         return out if dtype is f32 else self.cast(out, Layout((m * n,)), f32, dtype)
 
-    def _qmatmul_kernel(self, x, lx, dtype, w, wdtype, n, k):
+    def _qmatmul_kernel(self, x, w, dtype):
         """A prompt (many rows), or a format no kernel reads: dequantise once, then the dense matmul."""
+        (x, lx), (w, wdtype, n, k) = x, w
         m = lx.numel() // k
         xf = self._as(x, lx, dtype, f32)
         wf = self.dequantize(w, wdtype, n * k, f32)
@@ -480,9 +482,10 @@ class KernelBackend(GpuBackend):
         (m, k), n = la.shape, lb.shape[1]
         if not (m * n * k and runs_matvec(m, self.matvec_max_rows) and self._matvec_fits(b, lb, k, dtype)):
             return None
-        return self._matvec_kernel(a, la, b, lb, dtype, None, None)
+        return self._matvec_kernel(Operand(a, la), Operand(b, lb), dtype)
 
-    def _matvec_kernel(self, a, la, b, lb, dtype, bias, lbias):
+    def _matvec_kernel(self, a, b, dtype, bias=None):
+        (a, la), (b, lb), (bias, lbias) = a, b, parts(bias)
         (m, k), n = la.shape, lb.shape[1]
         out = self._new(m * n, dtype)
         grid, block = grid_qmatvec(n, m)
@@ -492,7 +495,8 @@ class KernelBackend(GpuBackend):
                       I64(0 if bias is None else lbias.strides[0]), I32(n), I32(k), I32(m), I32(bias is not None)])
         return out
 
-    def _gated_matvec_kernel(self, a, la, b, lb, dtype, act):
+    def _gated_matvec_kernel(self, a, b, dtype, act):
+        (a, la), (b, lb) = a, b
         (m, k), n = la.shape, lb.shape[1] // 2
         out = self._new(m * n, dtype)
         grid, block = grid_qmatvec(n, m)
@@ -501,7 +505,9 @@ class KernelBackend(GpuBackend):
                       I32(n), I32(k), I32(m), I32(UNARY_CODES[act])])
         return out
 
-    def _gated_qmatvec_kernel(self, x, lx, dtype, w, wdtype, n, k, act):
+    def _gated_qmatvec_kernel(self, x, w, dtype, act):
+        (x, lx), (w, wdtype, rows, k) = x, w
+        n = rows // 2
         m = lx.numel() // k
         xf = self._as(x, lx, dtype, f32)
         out = self._new(m * n, f32)  # the quantised matvecs write f32
