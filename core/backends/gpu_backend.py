@@ -470,7 +470,9 @@ class GpuBackend(StepCapture, Backend):
 
     # ---- the kernel table: what a subclass provides for the plans above ---------------------
     # Each launches its kernel into the output the plan made, or, where its docstring says so,
-    # makes and returns the result itself; operands arrive as storages with their layouts.
+    # makes and returns the result itself. The hooks of the norms, rope, attention and the matvecs
+    # take the primitive's Operands and specs (operand.py, specs.py); the others take storages
+    # with their layouts, or the launch words the plan packed (the KV-cache writes).
     def _new(self, numel, dtype):
         """A new storage of numel elements of dtype (from the pool)."""
         raise NotImplementedError
