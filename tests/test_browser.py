@@ -270,9 +270,10 @@ data = bytes(range(256)) * 2
 sliced = js.Function("bytes", "return {sliceBytes: 7, read: async (o, n) => bytes.subarray(o, o + n)}")(to_js(data))
 buf = driver.alloc_bytes(40)
 await driver.write_from_slices(buf, 3, sliced, 5, 30)
-[driver.name, close(att, attention_reference(ks, q)), driver.download(buf, 0, 40) == bytes(3) + data[5:35] + bytes(7)]
+[driver.name, close(att, attention_reference(ks, q)), driver.download(buf, 0, 40) == bytes(3) + data[5:35] + bytes(7),
+ huge_buffer_is_refused(driver)]
 """
-    assert demo.run(ui, code) == ["browser", True, True]
+    assert demo.run(ui, code) == ["browser", True, True, True]
 
 
 def test_boot_shows_the_runtime_download_in_mb_and_enables_controls_when_ready(demo):

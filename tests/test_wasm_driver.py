@@ -42,6 +42,11 @@ def test_buffers_are_zeroed_written_and_read_in_their_bounds(driver):
         driver.download(buf, -4, 8)
 
 
+def test_a_buffer_past_wasm32s_memory_is_refused_before_any_allocation(driver):
+    with pytest.raises(DeviceError, match="cannot hold a 5368709120-byte buffer: wasm32's memory is at most 4 GiB"):
+        driver.alloc_bytes(5 << 30)
+
+
 def test_a_dropped_buffers_range_is_reused_zeroed(driver):
     first = _put(driver, np.ones(16))
     at = first.at

@@ -66,3 +66,13 @@ def attention_reference(ks, q, heads=2, d=16, scale=0.25):
 
 def close(got, want, rel=1e-5):
     return all(abs(g - w) <= rel * max(abs(w), 1e-3) for g, w in zip(got, want)) and len(got) == len(want)
+
+
+def huge_buffer_is_refused(driver):
+    """A buffer past wasm32's 4 GiB: a DeviceError saying so, before anything is allocated."""
+    from tallow.errors import DeviceError
+    try:
+        driver.alloc_bytes(5 << 30)
+    except DeviceError as e:
+        return "wasm32's memory is at most 4 GiB" in str(e)
+    return False

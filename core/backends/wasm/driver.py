@@ -18,9 +18,11 @@ Standard library only.
 """
 import weakref
 
-from ...errors import ShapeError, UnsupportedError
+from ...errors import DeviceError, ShapeError, UnsupportedError
 from ..driver_protocol import nbytes_of
 from .program import StepArg, encode
+
+MEMORY_LIMIT = 1 << 32  # wasm32 addresses
 
 class WasmBuffer:
     """nbytes of the module's memory at byte address `at`; its range goes back to the driver
@@ -59,6 +61,9 @@ class WasmDriver:
     def alloc_bytes(self, nbytes):
         """A zeroed buffer of nbytes (at least 1, so every buffer has its own address)."""
         nbytes = max(int(nbytes), 1)
+        if nbytes > MEMORY_LIMIT:
+            raise DeviceError(f"the wasm device cannot hold a {nbytes}-byte buffer: wasm32's memory is at most "
+                              f"{MEMORY_LIMIT >> 30} GiB (weights, caches and activations together)")
         reuse = self._free.get(nbytes)
         if reuse:
             at = reuse.pop()

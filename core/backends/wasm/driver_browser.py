@@ -45,7 +45,10 @@ class BrowserWasmDriver(WasmDriver):
         self._start()
 
     def _alloc_range(self, nbytes):
-        return int(self._js.alloc(nbytes))  # fresh memory is zero
+        try:
+            return int(self._js.alloc(nbytes))  # fresh memory is zero
+        except self._ffi.JsException as e:  # driver.js: past wasm32's 4 GiB, or the browser refused to grow
+            raise DeviceError(f"the wasm device's memory cannot take {nbytes} more bytes: {e}") from None
 
     def _read(self, at, nbytes):
         return self._js.read(at, nbytes).to_bytes()

@@ -26,7 +26,10 @@ class WasmtimeDriver(WasmDriver):
         self._start()
 
     def _alloc_range(self, nbytes):
-        return self.kernels.alloc(nbytes)  # fresh memory is zero
+        try:
+            return self.kernels.alloc(nbytes)  # fresh memory is zero
+        except self.kernels._wt.WasmtimeError as e:  # past wasm32's 4 GiB, or the host refused to grow
+            raise DeviceError(f"the wasm device's memory cannot take {nbytes} more bytes: {e}") from None
 
     def _read(self, at, nbytes):
         return bytes(self.kernels.memory.read(self.kernels.store, at, at + nbytes))
