@@ -66,7 +66,8 @@ def _check(q, n, k, m, rng):
     x = rng.standard_normal((m, k)).astype(np.float32)
     got = kernel_calls.qmatmul(x, raw, q, n, k)
     assert got.shape == (m, n) and got.dtype == np.float32
-    if m > kernel_calls.FUSED_MAX_ROWS:  # the prompt path: float weights times float x, via BLAS
+    kquant_rows = q in K_QUANTS and m <= kernel_calls.KQUANT_FUSED_MAX_ROWS  # (K-quant prompts: integer kernels)
+    if m > kernel_calls.FUSED_MAX_ROWS and not kquant_rows:  # the prompt path: float weights times float x, via BLAS
         ref = x.astype(np.float64) @ w.T
         scale = np.abs(x).astype(np.float64) @ np.abs(w).T
         assert np.all(np.abs(got - ref) <= 1e-5 * scale + 1e-6), q
@@ -119,7 +120,7 @@ def test_kernels_match_dequantised_numpy(q, monkeypatch):
     for threads in (1, 2):
         _use_threads(threads, monkeypatch)
         for n, k, m in ((1, bs, 1), (37, 3 * bs, 1), (21, 5 * bs, 3), (19, 3 * bs, kernel_calls.FUSED_MAX_ROWS + 5),
-                        (19, 3 * bs, kernel_calls.FEW_PROMPT_ROWS + 7)):
+                        (19, 3 * bs, kernel_calls.FEW_PROMPT_ROWS + 7), (5, bs, kernel_calls.KQUANT_FUSED_MAX_ROWS + 1)):
             _check(q, n, k, m, rng)
 
 

@@ -12,8 +12,9 @@ code's cache key (machine_code.py).
   batch_attention.py  one call a layer for a batched decoding step: each row's fused_ops.cache_attention
                   on its own cache, found by address (rows stay bitwise equal to single steps)
   vector_ir.py    LLVM vector IR intrinsics: block unpacking, integer and f16 dots (numba inlines them)
-  kquant_ir.py    the K-quants' (q4_k, q5_k, q6_k) dot loop: sub-block scales unpacked once per
-                  256-value block; vector_ir's kernel uses it and hands it its IR helpers (bind)
+  kquant_ir.py    the K-quants' (q4_k, q5_k, q6_k) dot loop: activations requantised to int8 as read,
+                  byte dots (vpdpbusd / vpmaddubsw), one float op per block and row; vector_ir's
+                  kernel uses it and hands it its IR helpers (bind)
   atomics.py      atomic loads/adds and a spin hint as numba intrinsics (threads share chunks of rows)
   machine_code.py the kernels compiled once as C-callable objects in $TALLOW_HOME/cpu_kernels/<key>/,
                   loaded with llvmlite alone (`tallow warmup` fills it)

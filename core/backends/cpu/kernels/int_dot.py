@@ -7,7 +7,8 @@ block of a weight row is an int32 dot of its 4/5/6/8-bit quants with the integer
 activations, scaled once per block, as in ggml's ggml_vec_dot_q4_0_q8_0,
 q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0, q4_K_q8_K, q5_K_q8_K, q6_K_q8_K.
 (The K-quants use 32-value activation blocks here, not ggml's one scale per
-256: the same maths, finer activation scales.)
+256: the same maths, finer activation scales; their kernels requantise the 16-bit
+values to 8 bits as they read them, for byte products: kquant_ir.py.)
 
 ggml quantises activations to 8 bits (qmax 127) so that AVX2 can multiply bytes
 (vpmaddubsw). Here the quants are widened to 16 bits and multiplied in 16-bit

@@ -24,6 +24,10 @@ from ....settings import settings
 from ....quant.formats import quant_dtype
 
 FUSED_MAX_ROWS = 8  # rows of x up to which the fused kernel beats dequantise-then-BLAS (measured)
+# K-quants: a prompt of up to this many rows also runs on the integer kernels (byte dots, 4-row
+# tiles): 3.3-4.7x less CPU than dequantise-then-BLAS on a 64-token prompt (docs/cpu-kernels.md)
+KQUANT_FUSED_MAX_ROWS = 64
+K_QUANTS = ("q4_k", "q5_k", "q6_k")
 ACTIVATION_MAX = 32767  # decoding steps quantise x to int16 (see int_dot.py)
 # Weight bytes from which a decoding-step product is shared among the threads (threads.py);
 # smaller ones run on the calling thread, where handing out chunks costs about what it saves.
@@ -192,6 +196,8 @@ def qmatmul(x, raw, qtype, n, k, record=None):
         return _int_product(x, x2, arr, d, fmt, n, k, record=record).reshape(lead + (n,))
     if record is not None:
         record.refuse(f"a quantised product of {m} rows (a prompt)")
+    if d.name in K_QUANTS and m <= KQUANT_FUSED_MAX_ROWS:
+        return _int_product(x, x2, arr, d, fmt, n, k).reshape(lead + (n,))
     from . import blas_rows
     mod = _state["module"]
     # each tile's product goes straight into its columns of out (BLAS takes the row stride): no
