@@ -135,3 +135,24 @@ def test_row_split_products_match_numpy():
     blas_rows.matmul(x, w, out=out[:, 5:25])  # into a column block of a wider array
     np.testing.assert_allclose(out[:, 5:25], x @ w, rtol=1e-5, atol=1e-5)
     assert not out[:, :5].any() and not out[:, 25:].any()
+
+
+def test_reused_arrays_hand_out_a_buffer_only_once_nothing_refers_to_it():
+    from tallow.backends.cpu.runtime import reused_arrays
+    reused_arrays.release()
+    shape = (reused_arrays.MIN_BYTES // 4 // 64, 64)
+    a = reused_arrays.empty(shape)
+    a[:] = 1.0
+    view = a.reshape(-1)[5:]  # a view keeps the memory taken after `a` goes
+    address = a.__array_interface__["data"][0]
+    del a
+    b = reused_arrays.empty(shape)
+    assert b.__array_interface__["data"][0] != address and (view == 1.0).all()
+    del view
+    c = reused_arrays.empty(shape)  # now free: the same memory again
+    assert c.__array_interface__["data"][0] == address
+    small = reused_arrays.empty((4, 4))
+    assert small.shape == (4, 4) and small.dtype == np.float32
+    del b, c
+    reused_arrays.release()  # (as a decoding step starts) nothing refers to them: they go
+    assert not reused_arrays._held

@@ -17,7 +17,7 @@ from ...layout import numel_of
 from .runtime import kernel_calls  # (pure Python until the kernels are asked for: they load then)
 from ...settings import settings
 from . import attention, float_steps
-from .runtime import blas_rows, capture
+from .runtime import blas_rows, capture, reused_arrays
 from ..base import Backend
 from ..operand import QuantWeight, parts
 from ..step_recording import StepCapture
@@ -359,6 +359,8 @@ class NumpyBackend(StepCapture, Backend):
 
     def binary(self, op, a, la, b, lb, dtype):
         if dtype.name in _NATIVE and op in _PLAIN and _whole(a, la) and _whole(b, lb):
+            if a.dtype == np.float32 == b.dtype and a.size == b.size:  # (a residual add: reused memory)
+                return _BINARY[op](a, b, out=reused_arrays.empty(a.shape))
             return _BINARY[op](a, b)  # fast path: both operands are whole flat storages
         x, y = self.load(a, la, dtype), self.load(b, lb, dtype)
         if op in ("div", "pow"):  # inf/nan results are the answer, not a warning
@@ -718,7 +720,10 @@ class NumpyBackend(StepCapture, Backend):
         of few rows, a format they handle, and no f32 copy of w asked for ($TALLOW_QUANT_CACHE_MB)."""
         if dtype is not f32 or not k or lx.numel() // k > kernel_calls.FUSED_MAX_ROWS:
             return False
-        return kernel_calls.supports(wdtype) and _DEQUANT_CACHE.budget_bytes(True) == 0
+        if not (kernel_calls.supports(wdtype) and _DEQUANT_CACHE.budget_bytes(True) == 0):
+            return False
+        reused_arrays.release()  # a decoding step: the prompt's large results kept for reuse go
+        return True
 
     def kv_write(self, k, v, slots, dtype):
         dec = _decode_kernels(dtype)
@@ -814,7 +819,7 @@ def _product(x, w):
 def _layer_norm_rows(v, w, b, eps):
     """LayerNorm over v's last axis (population variance) with few temporaries: the encoder's
     (1500, 384) rows 13 -> ~4 ms a call."""
-    c = v - v.mean(axis=-1, keepdims=True)
+    c = np.subtract(v, v.mean(axis=-1, keepdims=True), out=reused_arrays.empty(v.shape))
     var = np.einsum("...j,...j->...", c, c)[..., None]
     var *= np.float32(1.0 / v.shape[-1])
     var += np.float32(eps)

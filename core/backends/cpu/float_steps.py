@@ -15,7 +15,7 @@ refuses the step (it decodes eagerly). The kernels must be in use (kernel_calls.
 """
 import numpy as np
 
-from .runtime import kernel_calls
+from .runtime import kernel_calls, reused_arrays
 
 # Up to this many rows a matrix stored exactly in f16 is multiplied by the f16 kernel: each
 # weight read once for all rows. From a prompt's tens of rows on, BLAS's float32 product is faster.
@@ -45,12 +45,13 @@ def product(x, st, lw, bias, rec):
     bits = exact_f16(st, *where)
     if bits is None:
         return None
+    reused_arrays.release()  # a decoding step: the window's large results kept for reuse go
     return kernel_calls.f16_matmul(x, bits, bias, record=rec)
 
 
 def gelu(x, rec):
     """GELU of the flat float32 array x as a new array (the kernel's bits: gelu.py's)."""
-    out = np.empty_like(x)
+    out = np.empty_like(x) if rec is not None else reused_arrays.empty(x.shape)
     dec = kernel_calls.decode_kernels()
     dec.gelu(x, out)
     if rec is not None:

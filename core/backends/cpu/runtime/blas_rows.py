@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import reused_arrays
+
 
 MIN_ROWS = 256  # fewer rows (decoding steps, short prompts): one BLAS call, BLAS's own threads
 
@@ -41,6 +43,8 @@ def pool(n):
 def matmul(x, w, out=None):
     """x (m, k) @ w (k, n): a new C-contiguous (m, n) array, or written into out (m, n)."""
     m = x.shape[0]
+    if out is None and x.dtype == np.float32 == w.dtype:
+        out = reused_arrays.empty((m, w.shape[1]))
     blas, threads = blas_threads() if x.ndim == 2 and m >= MIN_ROWS else (None, 1)
     if threads < 2 or threading.current_thread() is not threading.main_thread():
         return np.matmul(x, w, out=out)
