@@ -28,18 +28,27 @@ def down(be, st, shape, dtype=D.f32):
     return np.frombuffer(raw, dtype.np_name).reshape(shape).astype(np.float32 if dtype is D.f16 else dtype.np_name)
 
 
-def assert_quantised_product_close(got, x, w, tol=1e-5):
-    """got ~ x @ w.T for GGUF weights w (dequantised), allowing what a backend's activation
-    quantisation may move it by: the CPU's numba kernels quantise x per 32 values to 16 bits, as
-    ggml does to 8, so each value moves by at most half a step (amax/32767/2)."""
+def assert_quantised_product_close(got, x, w, tol=1e-5, qtype=None):
+    """got ~ x @ w.T for GGUF weights w (dequantised; qtype their block type), allowing what a
+    backend's activation quantisation may move it by: the CPU's numba kernels quantise x per 32
+    values to 16 bits, as ggml does to 8, so each value moves by at most half a step
+    (amax/32767/2); for the K-quants they then take 8 of those bits (quantised_activation_error)."""
     x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
     want = x @ w.T
     np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want),
-                                 quantised_activation_error(x, w) + tol * (1 + np.abs(want)))
+                                 quantised_activation_error(x, w, qtype) + tol * (1 + np.abs(want)))
 
 
-def quantised_activation_error(x, w):
-    """The most x @ w.T can move when x is quantised per 32 values to 16 bits (see above)."""
+K_QUANTS = ("q4_k", "q5_k", "q6_k")
+
+
+def quantised_activation_error(x, w, qtype=None):
+    """The most x @ w.T can move when x is quantised per 32 values to 16 bits (see above), and for
+    K-quant weights (qtype: a name or dtype) requantised to 8 bits as the CPU's byte-dot kernels
+    do (cpu kquant_ir: a further half step of amax * 32768 / 32767 / 127)."""
     k = x.shape[-1]
-    step = np.abs(x.reshape(*x.shape[:-1], k // 32, 32)).max(axis=-1) / 32767
+    amax = np.abs(x.reshape(*x.shape[:-1], k // 32, 32)).max(axis=-1)
+    step = amax / 32767
+    if str(getattr(qtype, "name", qtype)).lower() in K_QUANTS:
+        step = step + amax * (32768 / 32767) / 127
     return (step / 2) @ np.abs(w.reshape(w.shape[0], k // 32, 32)).sum(axis=-1).T

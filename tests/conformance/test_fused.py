@@ -43,11 +43,12 @@ def close(t, ref, tol=1e-5):
     np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=tol, atol=tol)
 
 
-def close_quantised(t, ref, x, w, tol=1e-4):
-    """close() for x @ w.T on GGUF weights w (dequantised), allowing activation quantisation."""
+def close_quantised(t, ref, x, w, tol=1e-4, qtype=None):
+    """close() for x @ w.T on GGUF weights w (dequantised; qtype their block type), allowing
+    activation quantisation."""
     got = t.numpy()
     assert got.shape == ref.shape, (got.shape, ref.shape)
-    np.testing.assert_array_less(np.abs(got - ref), quantised_activation_error(x, w) + tol * (1 + np.abs(ref)))
+    np.testing.assert_array_less(np.abs(got - ref), quantised_activation_error(x, w, qtype) + tol * (1 + np.abs(ref)))
 
 
 def tt(a):
@@ -468,7 +469,7 @@ def test_add_norm_linear_quantised(device, qtype, k, rows):
     normed = _norm_ref(tt(x) + tt(r), "layer", tt(nw), tt(nb))
     ref_w = gguf.quants.dequantize(blocks, kind)
     close(hidden, (tt(x) + tt(r)).numpy())
-    close_quantised(y, torch.nn.functional.linear(normed, tt(ref_w), tt(b)).numpy(), normed.numpy(), ref_w)
+    close_quantised(y, torch.nn.functional.linear(normed, tt(ref_w), tt(b)).numpy(), normed.numpy(), ref_w, qtype=qtype)
     # With gelu, and Llama's RMS norm + gated SwiGLU: as this device's ops apart on the same blocks.
     _, y = _add_norm_linear(device, x, r, nw, nb, wq, b, "layer", "gelu")
     _, apart = F.add_layer_norm(T(x, device), T(r, device), T(nw, device), T(nb, device), 1e-5)

@@ -38,7 +38,7 @@ def test_quantised_matmul_and_rows_match_numpy(device, qtype, m):
     w = tallow.from_buffer(bytes(blocks), qtype, (n, k), device=device)
     got = (tallow.from_numpy(x, device=device) @ w.T).numpy()
     # A backend may quantise x per 32 values as ggml does (the CPU's numba kernels, 16 bits).
-    assert_quantised_product_close(got, x, dequantize_numpy(blocks, qtype, n * k).reshape(n, k), tol=2e-3)
+    assert_quantised_product_close(got, x, dequantize_numpy(blocks, qtype, n * k).reshape(n, k), tol=2e-3, qtype=qtype)
     rows = w.index_select(0, tallow.tensor([39, 0, 7], device=device)).numpy()
     np.testing.assert_array_equal(rows, dequantize_numpy(blocks, qtype, n * k).reshape(n, k)[[39, 0, 7]])
 
