@@ -695,7 +695,11 @@ class NumpyBackend(StepCapture, Backend):
 
     def qmatmul_bias(self, x, w, bias, dtype):
         if not self._decode_product(x.layout, dtype, w.storage, w.dtype, w.cols):
-            return super().qmatmul_bias(x, w, bias, dtype)
+            if dtype is not f32:
+                return super().qmatmul_bias(x, w, bias, dtype)
+            y = self.qmatmul(x, w, dtype)  # a new array of its own: the bias goes in in place
+            y.reshape(-1, w.rows)[...] += self.view(*bias)
+            return y
         return self.store(kernel_calls.qmatmul_bias(self.view(*x), *w, self.view(*bias), record=self._recorder()),
                           dtype)
 

@@ -203,7 +203,8 @@ def qmatmul(x, raw, qtype, n, k, record=None):
     # each tile's product goes straight into its columns of out (BLAS takes the row stride): no
     # transposed copy, whose second (m, n) array was a prompt's largest temporary (Qwen2.5-0.5B's
     # gate/up: 5 MB); as fast or faster, measured on 64-128 rows
-    out = np.empty((m, n), dtype=np.float32)
+    from . import reused_arrays
+    out = reused_arrays.empty((m, n))  # (an encoder's 1,500 rows: memory reused, not faulted in again)
     step = max(1, min(n, TILE_ELEMENTS // k))
     step = -(-n // -(-n // step))  # tiles of even size: a small ragged last tile runs BLAS slowly
     tile = _scratch(step * k).reshape(step, k)
