@@ -50,15 +50,26 @@ def matmul(x, w, out=None):
         return np.matmul(x, w, out=out)
     if out is None:
         out = np.empty((m, w.shape[1]), np.result_type(x, w))
-    bounds = [m * i // threads for i in range(threads + 1)]
+    _shared(blas, threads, m, lambda lo, hi: np.matmul(x[lo:hi], w, out=out[lo:hi]))
+    return out
+
+
+def by_rows(n, rows, x_rows):
+    """rows(lo, hi) over [0, n) split among the threads matmul would use for x_rows rows of x (a
+    function that releases the GIL: a q8_0 encoder's weight dequantisation, which one thread ran
+    while the other waited for its product), else rows(0, n) here."""
+    blas, threads = blas_threads() if x_rows >= MIN_ROWS and n >= 2 else (None, 1)
+    if threads < 2 or threading.current_thread() is not threading.main_thread():
+        rows(0, n)
+    else:
+        _shared(blas, threads, n, rows)
+
+
+def _shared(blas, threads, n, rows):
+    bounds = [n * i // threads for i in range(threads + 1)]
     workers = pool(threads - 1)
-
-    def rows(lo, hi):
-        np.matmul(x[lo:hi], w, out=out[lo:hi])
-
     with blas.limit(limits=1):
         jobs = [workers.submit(rows, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
         rows(bounds[0], bounds[1])  # the first range on this thread
         for job in jobs:
             job.result()
-    return out

@@ -215,8 +215,11 @@ def qmatmul(x, raw, qtype, n, k, record=None):
     for start in range(0, n, step):
         rows = np.arange(start, min(n, start + step), dtype=np.int64)
         w = tile[:rows.size]
-        # one thread: sharing it slowed the prompt 1.5x (BLAS's own threads spin between calls)
-        mod.dequant_rows_blocks(fmt, d.block_size, d.block_bytes, arr, rows, k, mod.F16_TABLE, w)
+        if few:  # one thread: sharing it slowed the prompt 1.5x (BLAS's own threads spin between calls)
+            mod.dequant_rows_blocks(fmt, d.block_size, d.block_bytes, arr, rows, k, mod.F16_TABLE, w)
+        else:  # BLAS at one thread per row range: the threads share the dequantisation too
+            blas_rows.by_rows(rows.size, lambda lo, hi, rows=rows, w=w: mod.dequant_rows_blocks(
+                fmt, d.block_size, d.block_bytes, arr, rows[lo:hi], k, mod.F16_TABLE, w[lo:hi]), m)
         if few:
             out[:, start:start + rows.size] = np.matmul(w, x2.T, out=tile_out[:rows.size]).T
         else:  # (an encoder's frames: split by rows among threads, BLAS at one thread each)
