@@ -25,13 +25,8 @@ helpers, in the arithmetic of the CPU device's fused_ops (rope_kv_write, cache_a
 """
 from llvmlite import ir
 
-from .kernels_ir import (_F32, _I32, _I64, _P32, _VF, LANES, _function, _hsum, _intrinsic, _Loop, _silu, _slot,
-                         _splat, _vload, _vstore)
-
-
-def _full(b, n):
-    """n rounded down to whole vectors."""
-    return b.mul(b.udiv(n, ir.Constant(_I64, LANES)), ir.Constant(_I64, LANES))
+from .kernels_ir import (_F32, _I32, _I64, _P32, _VF, LANES, _dot, _full, _function, _intrinsic, _Loop, _silu,
+                         _slot, _splat, _vload, _vstore)
 
 
 def _map2(b, x, y, n, dst, fn):
@@ -71,20 +66,6 @@ def _copy(module):
     with _Loop(b, n, start=full) as i:
         b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
     b.ret_void()
-
-
-def _dot(b, x, y, n):
-    """x[:n] . y[:n] in float32: 16 lanes of fused multiply-adds, then the tail."""
-    full = _full(b, n)
-    acc = _slot(b, ir.Constant(_VF, [ir.Constant(_F32, 0.0)] * LANES))
-    b.store(ir.Constant(_VF, [ir.Constant(_F32, 0.0)] * LANES), acc)
-    with _Loop(b, full, step=LANES) as j:
-        b.store(_intrinsic(b, "llvm.fmuladd.v16f32", _VF, [_vload(b, x, j), _vload(b, y, j), b.load(acc)]), acc)
-    tail = _slot(b, ir.Constant(_F32, 0.0))
-    b.store(_hsum(b, b.load(acc)), tail)
-    with _Loop(b, n, start=full) as j:
-        b.store(b.fadd(b.load(tail), b.fmul(b.load(b.gep(x, [j])), b.load(b.gep(y, [j])))), tail)
-    return b.load(tail)
 
 
 def _cache_attention(module):

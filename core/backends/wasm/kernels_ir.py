@@ -102,6 +102,25 @@ def _hsum(b, v, n=LANES):
     return total
 
 
+def _full(b, n):
+    """n rounded down to whole vectors."""
+    return b.mul(b.udiv(n, ir.Constant(_I64, LANES)), ir.Constant(_I64, LANES))
+
+
+def _dot(b, x, y, n):
+    """x[:n] . y[:n] in float32: 16 lanes of fused multiply-adds, then the tail."""
+    full = _full(b, n)
+    acc = _slot(b, ir.Constant(_VF, [ir.Constant(_F32, 0.0)] * LANES))
+    b.store(ir.Constant(_VF, [ir.Constant(_F32, 0.0)] * LANES), acc)
+    with _Loop(b, full, step=LANES) as j:
+        b.store(_intrinsic(b, "llvm.fmuladd.v16f32", _VF, [_vload(b, x, j), _vload(b, y, j), b.load(acc)]), acc)
+    tail = _slot(b, ir.Constant(_F32, 0.0))
+    b.store(_hsum(b, b.load(acc)), tail)
+    with _Loop(b, n, start=full) as j:
+        b.store(b.fadd(b.load(tail), b.fmul(b.load(b.gep(x, [j])), b.load(b.gep(y, [j])))), tail)
+    return b.load(tail)
+
+
 def _f16_table(module):
     """The f16 -> f32 table that the block kernels look scales up in, computed from the bits
     (wasm has no f16 conversion): normal, subnormal (m * 2^-24, exact), inf/NaN, zero."""
@@ -206,17 +225,8 @@ def _dequant(module, name):
 def _f32_matvec(module):
     b, (w, n, k, x, out) = _function(module, "f32_matvec",
                                      [(_P32, _F32), (_I32, _I64), (_I32, _I64), (_P32, _F32), (_P32, _F32)])
-    full = b.mul(b.udiv(k, ir.Constant(_I64, LANES)), ir.Constant(_I64, LANES))
     with _Loop(b, n) as r:
-        row = b.gep(w, [b.mul(r, k)])
-        acc = _slot(b, ir.Constant(_VF, [ir.Constant(_F32, 0.0)] * LANES))
-        with _Loop(b, full, step=LANES) as j:
-            b.store(_intrinsic(b, "llvm.fmuladd.v16f32", _VF, [_vload(b, row, j), _vload(b, x, j), b.load(acc)]), acc)
-        tail = _slot(b, ir.Constant(_F32, 0.0))
-        b.store(_hsum(b, b.load(acc)), tail)
-        with _Loop(b, k, start=full) as j:
-            b.store(b.fadd(b.load(tail), b.fmul(b.load(b.gep(row, [j])), b.load(b.gep(x, [j])))), tail)
-        b.store(b.load(tail), b.gep(out, [r]))
+        b.store(_dot(b, b.gep(w, [b.mul(r, k)]), x, k), b.gep(out, [r]))
     b.ret_void()
 
 
