@@ -301,3 +301,23 @@ def test_device_wgpu_with_cpu_keeps_the_cpu():
 ])
 def test_software_adapters_are_told_from_gpus(gpu_info, emulated, software):
     assert _fresh_worker().software_adapter(gpu_info, emulated) is software
+
+
+def test_cpu_speed_on_webgpu_fits_its_matrices_to_a_small_binding_limit(worker):
+    """The boot's speed probe on WebGPU (SwiftShader in a page) runs under ?max_binding_mb=: a
+    512x512 f32 matrix (1 MiB) would exceed a 384 KiB binding and fail the page's boot."""
+    try:
+        from tallow_wgpu.backend import WgpuBackend
+        backend = WgpuBackend(max_binding=384 * 1024)
+    except tallow.errors.DeviceError as e:
+        pytest.skip(str(e))
+    assert worker._probe_width(types.SimpleNamespace(backend=backend)) == 256  # 256 KiB fits, 320 would not
+    assert worker._probe_width(types.SimpleNamespace(backend=types.SimpleNamespace())) == 512  # no limits: CPU
+    saved = worker.state["device"]
+    worker.state["device"] = tallow.device.use_backend("wgpu", backend)
+    try:
+        out = json.loads(worker.cpu_speed(0.05))
+    finally:
+        tallow.device.restore_backend("wgpu")
+        worker.state["device"] = saved
+    assert out["flops_per_s"] > 0 and out["device"] == "wgpu"

@@ -182,6 +182,7 @@ function showDevice() {
     rows.push(["WebGPU", `not available, running on the CPU fallback: ${info.gpu_error || "disabled"}`]);
   }
   if (info.device_note) rows.push(["device choice", info.device_note]);
+  if (info.cpu_speed_error) rows.push(["CPU speed", `not measured (${info.cpu_speed_error})`]);
   if (info.cpu_speed) {
     rows.push(["CPU speed", `${(info.cpu_speed.flops_per_s / 1e6).toFixed(0)} MFLOP/s (measured: small matmuls on ${deviceName(info.cpu_speed.device)})`]);
   }

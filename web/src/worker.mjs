@@ -104,7 +104,11 @@ async function boot() {
       params.get("device") || "auto"));
     if (info.measure_speed) {  // the CPU, or WebGPU emulated on it: the page estimates from it what will be slow
       progress("Measuring this CPU", 0, 0, { boot: true });
-      info.cpu_speed = JSON.parse(await api.cpu_speed.callPromising());  // (a WebGPU readback waits on a Promise)
+      try {  // an estimate is a courtesy: a failed probe is said, never a failed boot
+        info.cpu_speed = JSON.parse(await api.cpu_speed.callPromising());  // (a WebGPU readback waits on a Promise)
+      } catch (e) {
+        info.cpu_speed_error = String(e && e.message || e).split("\n").filter(Boolean).pop();
+      }
     }
     info.boot_s = bootS;
     info.ready_s = (performance.now() - t0) / 1000;

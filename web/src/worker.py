@@ -353,13 +353,24 @@ async def chat(key, messages_json, max_tokens, on_token, is_stopped, on_prefill=
                   "finish_reason": "stopped" if stopped else stream.finish_reason})
 
 
+def _probe_width(dev, widest=512):
+    """The square matrix's width for the speed probe: 512, or less where one f32 matrix would pass
+    WebGPU's storage binding limit (the page's ?max_binding_mb=, or a small adapter): a plain
+    tensor is never split across bindings, so a larger one would fail the probe and the boot."""
+    limits = getattr(dev.backend, "limits", None)
+    if not limits:
+        return widest
+    fits = int((limits["max_storage_binding"] // 4) ** 0.5) // 64 * 64
+    return max(64, min(widest, fits))
+
+
 def cpu_speed(seconds=0.3):
     """FLOP/s of f32 matmuls on the chosen device: the page turns it into an up-front estimate of
     how slow each model will be here. Decode-shaped (a few rows times a square matrix, the slow
     case per FLOP); pure Python gets a small one, other devices a larger chain of four per readback,
     so a WebGPU readback's fixed cost does not stand in for its speed."""
     dev = state["device"]
-    m, n, chain = (4, 128, 1) if dev.type == "python" else (4, 512, 4)
+    m, n, chain = (4, 128, 1) if dev.type == "python" else (4, _probe_width(dev), 4)
     a = tallow.ones(m, n, device=dev)
     b = tallow.full((n, n), 1.0 / n, device=dev)  # keeps a chain's values at 1
     runs, started = 0, time.perf_counter()
