@@ -203,7 +203,7 @@ def test_smollm2_batched_greedy_on_wgpu(smollm2_gguf, smollm2_prompts, wgpu):
 def _serve_run(model, requests, max_batch, cancel_after=None, join_later=()):
     """Run requests [(prompt ids, settings)] through a BatchWorker of max_batch; the ones in
     join_later are submitted once the first request has emitted 3 pieces. cancel_after: the
-    index of a request cancelled after its 3rd piece. Returns (texts, outcomes, worker stats)."""
+    index of a request cancelled as its 3rd piece is emitted. Returns (texts, outcomes, worker stats)."""
     import asyncio
 
     from tallow.serve.text import Generation
@@ -214,9 +214,19 @@ def _serve_run(model, requests, max_batch, cancel_after=None, join_later=()):
         worker = BatchWorker("tiny", 16, model, max_batch)
         jobs = [None] * len(requests)
 
+        class CancelledAtThird(Job):
+            """Cancelled as its 3rd piece is emitted, in the worker's thread: a reader that sets
+            the flag when it reads that piece can be too late on a busy box (a tiny model makes
+            all 40 tokens before the event loop runs)."""
+            def emit(self, event):
+                super().emit(event)
+                self.emitted = getattr(self, "emitted", 0) + 1
+                if self.emitted == 3:
+                    self.cancel.set()
+
         def submit(i):
             ids, settings = requests[i]
-            jobs[i] = Job(None, loop)
+            jobs[i] = (CancelledAtThird if i == cancel_after else Job)(None, loop)
             jobs[i].task = Generation(model, ids, dict(settings), jobs[i])
             assert worker.submit(jobs[i])
 
@@ -236,8 +246,6 @@ def _serve_run(model, requests, max_batch, cancel_after=None, join_later=()):
                 if len(pieces) == 3 and i == 0:
                     for j in join_later:
                         submit(j)
-                if len(pieces) == 3 and i == cancel_after:
-                    jobs[i].cancel.set()
 
         done = await asyncio.gather(*(read(i) for i in range(len(requests))))
         worker.stop()
