@@ -37,6 +37,7 @@ OPS = (
     ("cache_attention", "iiiiiiiifii"),
     ("rope_seq", "iiiiiii"), ("cache_attention_rows", "iiiiiiiiifii"), ("add_layer_norm", "iiiiifii"),
     ("silu_mul", "iiii"), ("add_f32", "iiii"),
+    ("argmax_f32", "iiii"),
 )
 OPCODES = {name: code for code, (name, _) in enumerate(OPS)}
 STEP_SLOTS = ("position", "token")  # the step words a StepArg reads, in this order
