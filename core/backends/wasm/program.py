@@ -38,6 +38,7 @@ OPS = (
     ("rope_seq", "iiiiiii"), ("cache_attention_rows", "iiiiiiiiifii"), ("add_layer_norm", "iiiiifii"),
     ("silu_mul", "iiii"), ("add_f32", "iiii"),
     ("argmax_f32", "iiii"),
+    ("gemm_f32", "iiiiiiiiiii"), ("gemm_f16", "iiiiiiiiiii"), ("gemm_q", "iiiiiiiiiiii"),
 )
 OPCODES = {name: code for code, (name, _) in enumerate(OPS)}
 STEP_SLOTS = ("position", "token")  # the step words a StepArg reads, in this order
