@@ -62,7 +62,9 @@ def test_module_imports_its_memory_and_exports_the_kernels():
     names = {e.name for e in module.exports}
     expected = {"f16_table", "quantize_row", "f32_matvec", "add_rms_norm", "softmax", "silu", "gelu", "__heap_base",
                 "rope", "copy_f32", "cache_attention", "silu_mul", "add_f32", "run", "rope_seq",
-                "cache_attention_rows", "add_layer_norm", "argmax_f32", "gemm_f32", "gemm_f16", "gemm_q"}
+                "cache_attention_rows", "add_layer_norm", "argmax_f32", "gemm_f32", "gemm_f16", "gemm_q",
+                "conv1d_f32", "softmax_rows", "layer_norm_rows", "f16_to_f32", "f32_to_f16", "rows_f32", "rows_f16",
+                "unary_f32", "binary_f32", "reduce_f32"}
     expected |= {f"matmul_{q}" for q in FORMATS} | {f"dequant_{q}" for q in FORMATS}
     assert names == expected
 

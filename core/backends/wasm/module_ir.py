@@ -1,6 +1,6 @@
-"""kernels.wasm's whole IR module: kernels_ir's kernels, then decode_ir's, device_ir's and gemm_ir's
-(they build on its helpers), then program_ir's `run` over all of them. build.py lowers what module() returns."""
-from . import decode_ir, device_ir, gemm_ir, kernels_ir, program_ir
+"""kernels.wasm's whole IR module: kernels_ir's kernels, then decode_ir's, device_ir's, gemm_ir's and
+elementwise_ir's (they build on its helpers), then program_ir's `run` over all of them. build.py lowers what module() returns."""
+from . import decode_ir, device_ir, elementwise_ir, gemm_ir, kernels_ir, program_ir
 
 exports = kernels_ir.exports
 
@@ -10,5 +10,6 @@ def module():
     decode_ir.add_kernels(m)
     device_ir.add_kernels(m)
     gemm_ir.add_kernels(m)
+    elementwise_ir.add_kernels(m)
     program_ir.add_run(m)
     return m

@@ -39,6 +39,9 @@ OPS = (
     ("silu_mul", "iiii"), ("add_f32", "iiii"),
     ("argmax_f32", "iiii"),
     ("gemm_f32", "iiiiiiiiiii"), ("gemm_f16", "iiiiiiiiiii"), ("gemm_q", "iiiiiiiiiiii"),
+    ("conv1d_f32", "iiiiiiiiiii"), ("softmax_rows", "iiiifii"), ("layer_norm_rows", "iiiiifi"),
+    ("f16_to_f32", "iii"), ("f32_to_f16", "iii"), ("rows_f32", "iiiiii"), ("rows_f16", "iiiiii"),
+    ("unary_f32", "iiiiff"), ("binary_f32", "iiiii"), ("reduce_f32", "iiii"),
 )
 OPCODES = {name: code for code, (name, _) in enumerate(OPS)}
 STEP_SLOTS = ("position", "token")  # the step words a StepArg reads, in this order
