@@ -1,4 +1,4 @@
-"""Devices: a name ("cpu", "python", "wgpu", "cuda", "metal") bound to a backend.
+"""Devices: a name ("cpu", "python", "wgpu", "cuda", "metal", "wasm") bound to a backend.
 
 Backends are found by name and imported only when first used, so `import
 tallow` never imports numpy or a GPU package.
@@ -15,6 +15,8 @@ _BACKENDS = {
     "wgpu": ("tallow_wgpu.backend", "WgpuBackend", "pip install 'tallow[wgpu]'"),
     "cuda": ("tallow_cuda.backend", "CudaBackend", "pip install 'tallow[cuda]' on a machine with an NVIDIA GPU"),
     "metal": ("tallow_metal.backend", "MetalBackend", "pip install 'tallow[metal]' on macOS"),
+    # kernels.wasm under wasmtime (the page's twin is bound by its worker: BrowserWasmDriver)
+    "wasm": ("tallow.backends.wasm.backend", "WasmBackend", "pip install wasmtime"),
 }
 _ALIASES = {"numpy": "cpu", "webgpu": "wgpu", "gpu": None}
 _instances: dict[str, "Device"] = {}

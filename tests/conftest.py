@@ -27,8 +27,26 @@ DEVICES = {
     "metal": ("metal", None),
     "cuda-emulator": ("cuda", "tallow_cuda.cpu_driver:CudaCpuEmulatorBackend"),
     "metal-emulator": ("metal", "tallow_metal.cpu_driver:MetalCpuEmulatorBackend"),
+    "wasm": ("wasm", None),
 }
-ALL_DEVICES = tuple(DEVICES)
+# The wasm device (kernels.wasm under wasmtime) runs the conformance suite only, which adds it
+# (tests/conformance/conftest.py); its kernel set is the decode ops so far (docs/wasm.md).
+ALL_DEVICES = tuple(d for d in DEVICES if d != "wasm")
+
+
+
+def pytest_generate_tests(metafunc):
+    """`device` runs a test once per device of ALL_DEVICES, and in tests/conformance/ also on the
+    wasm device (whose listed limits skip there: conformance/wasm_limits.py). A test that
+    parametrizes "device" itself keeps its own list."""
+    if "device" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0]
+        if "device" in [n.strip() for n in names]:
+            return
+    conformance = metafunc.definition.path.parent.name == "conformance"
+    metafunc.parametrize("device", ALL_DEVICES + (("wasm",) if conformance else ()), indirect=True)
 
 # Real checkpoints (Whisper tiny.en, SmolLM2-135M) take many minutes per call on these devices
 # (measured: over 5 min for jfk.wav on each emulator): tests that need one take `model_device`,
@@ -46,6 +64,24 @@ EMULATOR_LIMITS = {
     "tests/test_training.py::test_training_step_matches_across_devices": "15-30 s per emulator: the training step's ops "
                                                                          "and gradients run there in test_autograd.py",
 }
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """On the wasm device, an UnsupportedError that is one of its listed limits is a skip with the
+    listed reason; any other error fails."""
+    try:
+        return (yield)
+    except tallow.UnsupportedError as e:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or callspec.params.get("device") != "wasm":
+            raise
+        sys.path.insert(0, str(Path(__file__).parent / "conformance"))
+        from wasm_limits import wasm_limit
+        reason = wasm_limit(str(e))
+        if reason is None:
+            raise
+        pytest.skip(f"wasm: {reason} ({e})")
+
 
 _emulators = {}  # test id -> the emulator backend (its kernels compile once per session) or the skip reason
 
@@ -85,7 +121,7 @@ def emulated(test_id):
     return backend
 
 
-@pytest.fixture(params=ALL_DEVICES)
+@pytest.fixture
 def device(request):
     """Each test body runs once per device; an absent device is a skip with the reason."""
     name, spec = DEVICES[request.param]

@@ -18,7 +18,7 @@ LAYOUT_NAME = re.compile(r"^(layout|l[a-z]{1,3})$")
 
 def _backend_classes():
     """Every backend class: the contract's own, the CPU and pure-Python ones, both GPU planners,
-    the CUDA and Metal backends and their CPU emulators."""
+    the CUDA and Metal backends and their CPU emulators, and the wasm device."""
     from tallow.backends.cpu.backend import NumpyBackend
     from tallow.backends.gpu_backend import GpuBackend
     from tallow.backends.kernel.backend import KernelBackend
@@ -27,9 +27,10 @@ def _backend_classes():
     from tallow_cuda.cpu_driver import CudaCpuEmulatorBackend
     from tallow_metal.backend import MetalBackend
     from tallow_metal.cpu_driver import MetalCpuEmulatorBackend
+    from tallow.backends.wasm.backend import WasmBackend
     from tallow_wgpu.backend import WgpuBackend
     return [Backend, PythonBackend, NumpyBackend, GpuBackend, WgpuBackend, KernelBackend, CudaBackend,
-            CudaCpuEmulatorBackend, MetalBackend, MetalCpuEmulatorBackend]
+            CudaCpuEmulatorBackend, MetalBackend, MetalCpuEmulatorBackend, WasmBackend]
 
 
 PRIMITIVES = sorted(name for name, member in vars(Backend).items()

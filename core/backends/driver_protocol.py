@@ -1,7 +1,7 @@
 """The one driver protocol of tallow's GPU backends: what WgpuBackend (wgpu_backend/backend.py)
 and KernelBackend (CUDA and Metal, core/backends/kernel/backend.py) call on their driver. The
 backends decide everything (kernel, parameters, launch grid, buffer reuse); a driver only moves
-bytes, compiles and launches. Nine drivers implement it (the wasm two have no backend yet):
+bytes, compiles and launches. Nine drivers implement it (the wasm two under WasmBackend, core/backends/wasm/backend.py):
 
   wgpu (the WGSL launch form):  tallow_wgpu.driver_native.NativeDriver (the `wgpu` package),
                                 tallow_wgpu.driver_browser.BrowserDriver (navigator.gpu in Pyodide),

@@ -12,8 +12,8 @@ replay() is one call of `run`: a decode step costs the host one call.
     driver.write(driver.step, 0, step_words(position, token)); driver.replay(handle)
 
 An argument is a buffer (its address), (buffer, byte offset), an int, a float (float kernel
-parameters), or a StepArg whose base may be any of the first three. No backend uses these
-drivers yet: WasmBackend (a GpuBackend) is the next step (docs/wasm.md).
+parameters), or a StepArg whose base may be any of the first three. WasmBackend uses these
+natively (backend.py, a GpuBackend; docs/wasm.md).
 Standard library only.
 """
 import weakref
