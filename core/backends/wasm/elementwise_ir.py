@@ -26,7 +26,8 @@ Rows whose innermost stride is 1 run 16 lanes at a time; other strides gather 16
 from llvmlite import ir
 
 from ..cpu.kernels import vector_ir
-from .gemm_ir import NR, _f16_widen
+from . import gemm_ir
+from .gemm_ir import _f16_widen
 from .kernels_ir import (_F32, _I16, _I32, _I64, _P32, _VF, LANES, _const_vec, _full, _function, _gelu, _hsum,
                          _intrinsic, _Loop, _silu, _slot, _splat, _vec, _vload, _vstore)
 
@@ -43,7 +44,7 @@ _VI = _vec(_I32, LANES)
 
 def conv1d_scratch_floats(c_in, t_out, ksize):
     """The scratch conv1d_f32 needs, in floats: the im2col matrix and gemm_f32's panel."""
-    return t_out * c_in * ksize + NR * c_in * ksize
+    return t_out * c_in * ksize + gemm_ir.scratch_floats(c_in * ksize)
 
 
 def _c(v):
