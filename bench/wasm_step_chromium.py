@@ -53,20 +53,14 @@ window.result = { ids, tok_s: cfg.tokens / seconds, prefill_tok_s: cfg.prompt.le
 </script><script>addEventListener("error", () => (document.body.dataset.failed = "1"));</script>"""
 
 
-def measure(tokens):
-    """{native_ids, chromium_ids, chromium_tok_s, wasmtime_tok_s, image_bytes, calls}: `tokens`
-    greedy tokens after a short chat prompt, from one memory image under wasmtime and in Chromium."""
-    import tallow
+def write_site(folder, model, prompt, tokens, page="index.html"):
+    """Writes the page (as `page`), kernels.wasm, image.bin and step.json into folder for `tokens`
+    greedy steps after `prompt` (ids); runs the same image under wasmtime in this process first and
+    returns {native_ids, wasmtime_tok_s, wasmtime_prefill_tok_s, image_bytes, calls}."""
     from tallow.backends.wasm import build
     from tallow.backends.wasm.native import PAGE as WASM_PAGE, Kernels
     from tallow.backends.wasm.program import encode
-    from tallow.generation import chat_prompt_ids
-    from wasm_smollm2_step import CAPACITY, MODEL, WasmSmolLM2
-    from browser.harness import CHROMIUM, CHROMIUM_ARGS, PlainStaticServer
-    if not os.path.exists(MODEL):
-        raise FileNotFoundError(f"{MODEL} is not in the tallow cache: tallow fetch smollm2-135m-instruct")
-    model = tallow.load_model(MODEL, device="cpu")
-    prompt = chat_prompt_ids(model, [{"role": "user", "content": "Tell me a story."}])
+    from wasm_smollm2_step import CAPACITY, WasmSmolLM2
     if len(prompt) + tokens + 1 > CAPACITY:
         raise ValueError(f"{tokens} tokens and a {len(prompt)}-token prompt exceed {CAPACITY} cache slots")
     wasm = Kernels(build.build())
@@ -75,30 +69,46 @@ def measure(tokens):
     prefill = wasm.put(np.frombuffer(words.tobytes(), np.int32))
     size = wasm.memory.size(wasm.store) * WASM_PAGE
     image = wasm.memory.read(wasm.store, 0, size)  # before any step: weights, program, f16 table, empty caches
+    with open(os.path.join(folder, "image.bin"), "wb") as f:
+        f.write(image)
+    shutil.copy(build.build(), os.path.join(folder, "kernels.wasm"))
+    with open(os.path.join(folder, "step.json"), "w") as f:
+        json.dump({"program": runner.program, "count": runner.count, "step": runner.step_at,
+                   "prefill": prefill, "prefill_count": prefill_count,
+                   "logits": runner.logits, "vocab": model.config.vocab_size, "prompt": list(prompt),
+                   "tokens": tokens}, f)
+    with open(os.path.join(folder, page), "w") as f:
+        f.write(PAGE)
+    # wasmtime on the same image (this process's memory still holds it): ids and speed
+    started = time.perf_counter()
+    wasm("run", prefill, prefill_count, runner.step_at)
+    native_prefill = len(prompt) / (time.perf_counter() - started)
+    ids = [int(np.argmax(wasm.get(runner.logits, (model.config.vocab_size,), np.float32)))]
+    started = time.perf_counter()
+    for pos in range(len(prompt), len(prompt) + tokens):
+        ids.append(int(np.argmax(runner.step(ids[-1], pos))))
+    native = tokens / (time.perf_counter() - started)
+    return {"native_ids": ids, "wasmtime_tok_s": native, "wasmtime_prefill_tok_s": native_prefill,
+            "image_bytes": size, "calls": runner.count}
+
+
+def measure(tokens):
+    """{native_ids, chromium_ids, chromium_tok_s, wasmtime_tok_s, image_bytes, calls}: `tokens`
+    greedy tokens after a short chat prompt, from one memory image under wasmtime and in Chromium."""
+    import tallow
+    from tallow.generation import chat_prompt_ids
+    from wasm_smollm2_step import MODEL
+    from browser.harness import CHROMIUM, CHROMIUM_ARGS, PlainStaticServer
+    if not os.path.exists(MODEL):
+        raise FileNotFoundError(f"{MODEL} is not in the tallow cache: tallow fetch smollm2-135m-instruct")
+    model = tallow.load_model(MODEL, device="cpu")
+    prompt = chat_prompt_ids(model, [{"role": "user", "content": "Tell me a story."}])
     folder = tempfile.mkdtemp(prefix="tallow-wasm-step-")
     errors = []
     try:
-        with open(os.path.join(folder, "image.bin"), "wb") as f:
-            f.write(image)
-        shutil.copy(build.build(), os.path.join(folder, "kernels.wasm"))
-        with open(os.path.join(folder, "step.json"), "w") as f:
-            json.dump({"program": runner.program, "count": runner.count, "step": runner.step_at,
-                       "prefill": prefill, "prefill_count": prefill_count,
-                       "logits": runner.logits, "vocab": model.config.vocab_size, "prompt": list(prompt),
-                       "tokens": tokens}, f)
-        with open(os.path.join(folder, "index.html"), "w") as f:
-            f.write(PAGE)
+        native = write_site(folder, model, prompt, tokens)
         with open(os.path.join(folder, "site.json"), "w") as f:
             f.write("{}")  # what PlainStaticServer polls for
-        # wasmtime on the same image (this process's memory still holds it): ids and speed
-        started = time.perf_counter()
-        wasm("run", prefill, prefill_count, runner.step_at)
-        native_prefill = len(prompt) / (time.perf_counter() - started)
-        ids = [int(np.argmax(wasm.get(runner.logits, (model.config.vocab_size,), np.float32)))]
-        started = time.perf_counter()
-        for pos in range(len(prompt), len(prompt) + tokens):
-            ids.append(int(np.argmax(runner.step(ids[-1], pos))))
-        native = tokens / (time.perf_counter() - started)
         from playwright.sync_api import sync_playwright
         with PlainStaticServer(folder) as server, sync_playwright() as p:
             browser = p.chromium.launch(headless=True, executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -114,9 +124,8 @@ def measure(tokens):
         shutil.rmtree(folder, ignore_errors=True)
     if errors or not result:
         raise RuntimeError(f"the page failed: {errors}")
-    return {"native_ids": ids, "chromium_ids": result["ids"], "chromium_tok_s": result["tok_s"],
-            "wasmtime_tok_s": native, "image_bytes": size, "calls": runner.count, "prompt_tokens": len(prompt),
-            "chromium_prefill_tok_s": result["prefill_tok_s"], "wasmtime_prefill_tok_s": native_prefill}
+    return {**native, "chromium_ids": result["ids"], "chromium_tok_s": result["tok_s"],
+            "prompt_tokens": len(prompt), "chromium_prefill_tok_s": result["prefill_tok_s"]}
 
 
 def main():
