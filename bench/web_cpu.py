@@ -265,7 +265,9 @@ def main():
     whisper = float("nan")
     if shout is not None:
         for t in threads:
-            print(f"  whisper.cpp (shout) {t} thread(s): jfk {shout['runs'][str(t)]['seconds']:.2f} s")
+            run = shout["runs"][str(t)]
+            text = "".join(seg.get("text", "") for seg in (run["result"] or {}).get("transcription", []))
+            print(f"  whisper.cpp (shout) {t} thread(s): jfk {run['seconds']:.2f} s: {text.strip()!r}")
         seconds, device, text = tallow_whisper_in_page(args.whisper_limit_s)
         if seconds is None:
             print(f"  tallow page ?device=wasm (ran on {device}): jfk not finished in {args.whisper_limit_s:.0f} s;"
