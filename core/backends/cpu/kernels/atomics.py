@@ -17,11 +17,15 @@ it. Under NUMBA_DISABLE_JIT=1 the same loops run in Python (where the GIL makes 
 read-modify-write of fetch_add atomic). The waits built on `poll` are polls.py.
 """
 from llvmlite import ir
-from numba import njit
-from numba.core import cgutils, config, types
-from numba.extending import intrinsic
 
-from .codes import entry
+from .numba_setup import prepare
+
+prepare()  # before any kernel loads (numba_setup.py)
+from numba import njit  # noqa: E402
+from numba.core import cgutils, config, types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+from .codes import entry  # noqa: E402
 
 
 def _slot(context, builder, signature, args):

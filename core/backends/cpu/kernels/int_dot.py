@@ -30,10 +30,14 @@ same product in numpy, in place of the IR.
 import math
 
 import numpy as np
-from numba import njit
 
-from . import atomics, vector_ir
-from .codes import ACT_CODES, QK, entry  # noqa: F401 -- (QK: activation values per block; callers read both here too)
+from .numba_setup import prepare
+
+prepare()  # before any kernel loads (numba_setup.py: the caches' stamps, no scipy BLAS import)
+from numba import njit  # noqa: E402
+
+from . import atomics, vector_ir  # noqa: E402
+from .codes import ACT_CODES, QK, entry  # noqa: E402,F401 -- (QK: activation values per block; callers read both here too)
 
 
 @njit(cache=True, inline="always")

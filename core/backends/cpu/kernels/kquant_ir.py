@@ -33,6 +33,7 @@ _I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.
 # vector_ir's IR helpers, bound by vector_ir as it loads (bind below): it chooses this module's
 # loop for the K-quants, so this module does not import it back (no import cycle).
 _Activations: Any = None
+_prefetch_ahead: Any = None
 _const_vec: Any = None
 _f16_scale: Any = None
 _fmuladd: Any = None
@@ -44,6 +45,7 @@ _vec: Any = None
 _X86_PHADD: Any = None
 _X86_WIDE: Any = None  # AVX-512BW: the requantisation on 32 lanes at once
 _BYTE_DOT: Any = None  # "vnni", "avx2" or None (the generic form): how x86 hosts multiply bytes (bind)
+_BLOCK_BYTES = {5: 144, 6: 176, 7: 210}  # q4_k, q5_k, q6_k (what _prefetch_ahead asks for each block)
 X8_MUL = 127  # x8 = (X8_MUL * x16 + 2^14) >> 15: int16 activations (|x16| <= 32767) to int8
 X8_SCALE = 32768.0 / X8_MUL  # x8 * dx * X8_SCALE ~= x16 * dx
 
@@ -56,8 +58,9 @@ def requantised(qx):
 
 def bind(v):
     """Take vector_ir's helpers (v: the vector_ir module, calling this as it loads)."""
-    global _Activations, _const_vec, _f16_scale, _fmuladd, _hsum, _load, _pair_madd, _splat, _vec
+    global _Activations, _const_vec, _f16_scale, _fmuladd, _hsum, _load, _pair_madd, _splat, _vec, _prefetch_ahead
     _Activations, _const_vec, _f16_scale, _fmuladd = v._Activations, v._const_vec, v._f16_scale, v._fmuladd
+    _prefetch_ahead = v._prefetch_ahead
     _hsum, _load, _pair_madd, _splat, _vec = v._hsum, v._load, v._pair_madd, v._splat, v._vec
     global _X86_PHADD, _BYTE_DOT
     features = v._cpu_features() if v._X86_MADD else set()
@@ -218,6 +221,7 @@ def kernel_body(builder, code, rows, raw_p, table_p, x_rows, oa, ob, blocks, blo
         step = builder.mul(b, block_bytes)
         for w, base in enumerate((oa, ob)):
             p = builder.add(base, step)
+            _prefetch_ahead(builder, raw_p, p, _BLOCK_BYTES[code])
             mine = range(w * rows, (w + 1) * rows)
             totals = [builder.load(accs[i]) for i in mine]
             if code == 7:

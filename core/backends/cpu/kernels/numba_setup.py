@@ -24,9 +24,12 @@ load or compile of a kernel ends, llvm_pages.release() hands libllvmlite's clean
 pages back (68 MB of a SmolLM2-135M Q4_1 run's peak RSS; each later kernel load
 faults about 11 MB of them back in, in about 8 ms, measured).
 """
+import os
 import sys
 
 from . import llvm_pages
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 BLAS_MODULE = "scipy.linalg.cython_blas"
 _done: list = []
@@ -37,9 +40,55 @@ def prepare():
     LLVM's pages released after every kernel load or compile."""
     if _done:
         return
+    _stamp_caches_with_all_sources()
     _import_arraymath()
     _release_llvm_pages_after_loads()
     _done.append(True)
+
+
+def _sources_digest():
+    """A hash of every .py file of this package (the kernels' sources, as machine_code's key)."""
+    import glob
+    import hashlib
+    h = hashlib.blake2b(digest_size=20)
+    for path in sorted(glob.glob(os.path.join(_HERE, "*.py"))):
+        h.update(os.path.basename(path).encode())
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _stamp_caches_with_all_sources():
+    """numba's on-disk cache stamps a kernel with its own file's contents, but the kernels inline
+    other files' IR (vector_ir.py, kquant_ir.py): after an edit there, numba loaded the stale
+    cached kernel and machine_code compiled it under the new key (seen: a prefetch added to
+    vector_ir missing from every compiled product). For this package's files the stamp is the
+    hash of all of them, so any edit here compiles every kernel again. numba's own locators
+    choose where the cache lives ($NUMBA_CACHE_DIR, __pycache__, the user's cache folder);
+    kernel modules call prepare() before their first njit."""
+    from numba.core import caching
+    classes = caching.CacheImpl._locator_classes
+    if any(getattr(c, "_tallow_sources", False) for c in classes):
+        return
+    digest = _sources_digest()
+
+    def stamped(base):
+        class Locator(base):
+            _tallow_sources = True
+
+            @classmethod
+            def from_function(cls, py_func, py_file):
+                if os.path.dirname(os.path.abspath(py_file)) != _HERE:
+                    return None
+                return super().from_function(py_func, py_file)
+
+            def get_source_stamp(self):
+                return digest
+        Locator.__name__ = f"AllSources{base.__name__}"
+        return Locator
+    bases = [c for c in classes if c.__name__ in ("UserProvidedCacheLocator", "InTreeCacheLocator",
+                                                   "UserWideCacheLocator")]
+    classes[:0] = [stamped(b) for b in bases]
 
 
 def _release_llvm_pages_after_loads():
