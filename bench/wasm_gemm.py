@@ -45,14 +45,14 @@ def _gflops(m, n, k, seconds):
 
 
 def float_gemms(wasm, rng, repeat):
-    from tallow.backends.wasm import gemm_ir
+    from tallow.backends.wasm.program import gemm_scratch_floats
     ratios = {"f32": [], "f16": []}
     print(f"{'product':16s} {'m x k . n x k':>20s} {'kind':4s} {'wasm':>8s} {'numpy':>8s} {'ratio':>6s}  (GFLOP/s)")
     for name, m, n, k in SHAPES:
         a = rng.standard_normal((m, k)).astype(np.float32)
         mark = wasm.next
         pa, out = wasm.put(a), wasm.alloc(m * n * 4)
-        scratch = wasm.alloc(gemm_ir.scratch_floats(k) * 4)
+        scratch = wasm.alloc(gemm_scratch_floats(k) * 4)
         for kind, dtype in (("f32", np.float32), ("f16", np.float16)):
             w = (rng.standard_normal((n, k)) * 0.1).astype(dtype)
             pw = wasm.put(w)
@@ -75,9 +75,8 @@ def quant_gemms(wasm, rng, repeat):
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from wasm_kernels import _gguf, _random
     from tallow.backends.cpu.kernels import codes
-    from tallow.backends.wasm import gemm_ir
     from tallow.backends.wasm.kernels_ir import BLOCK_BYTES
-    from tallow.backends.wasm.program import encode
+    from tallow.backends.wasm.program import encode, gemm_scratch_floats
     from tallow.quant import dequantize_numpy
     tensors = _gguf()
     m = 64
@@ -95,7 +94,7 @@ def quant_gemms(wasm, rng, repeat):
         a = rng.standard_normal((m, k)).astype(np.float32)
         mark = wasm.next
         pa, praw, out, out2 = wasm.put(a), wasm.put(raw), wasm.alloc(m * n * 4), wasm.alloc(m * n * 4)
-        scratch = wasm.alloc(gemm_ir.scratch_floats(k, quantised=True) * 4)
+        scratch = wasm.alloc(gemm_scratch_floats(k, quantised=True) * 4)
         qx, dx, sx = wasm.alloc(m * k * 2), wasm.alloc(m * k // 8), wasm.alloc(m * k // 8)
         code = list(codes.FORMATS).index(q)
         programs = []

@@ -88,7 +88,8 @@ def test_only_the_kernel_builders_import_numba():
     users = {m for m, path in files.items() if _third_party_imports(path) & {"numba", "llvmlite"}}
     assert "tallow.backends.cpu.kernels.int_dot" in users
     builders = {"tallow.backends.wasm.build", "tallow.backends.wasm.kernels_ir", "tallow.backends.wasm.decode_ir",
-                "tallow.backends.wasm.program_ir", "tallow.backends.wasm.module_ir"}
+                "tallow.backends.wasm.program_ir", "tallow.backends.wasm.module_ir", "tallow.backends.wasm.device_ir",
+                "tallow.backends.wasm.gemm_ir", "tallow.backends.wasm.elementwise_ir"}
     assert {m for m in users if not m.startswith("tallow.backends.cpu.kernels.")} - builders == set()
     assert not {"tallow.backends.wasm.native", "tallow.backends.wasm.program"} & users
 

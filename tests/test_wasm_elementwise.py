@@ -9,8 +9,9 @@ import pytest
 pytest.importorskip("numba", reason="building kernels.wasm needs llvmlite and numba (the cpu extra)")
 pytest.importorskip("wasmtime", reason="running kernels.wasm natively needs wasmtime (the dev extra)")
 torch = pytest.importorskip("torch")
-from tallow.backends.wasm import build, elementwise_ir  # noqa: E402
-from tallow.backends.wasm.elementwise_ir import BINARY_OPS, MAX_DIMS, REDUCE_OPS, UNARY_OPS  # noqa: E402
+from tallow.backends.wasm import build  # noqa: E402
+from tallow.backends.wasm.program import BINARY_OPS, REDUCE_OPS, UNARY_OPS, conv1d_scratch_floats  # noqa: E402
+from tallow.backends.wasm.program import STRIDED_DIMS as MAX_DIMS  # noqa: E402
 from tallow.backends.wasm.native import Kernels  # noqa: E402
 from tallow.layout import Layout, kernel_meta  # noqa: E402
 
@@ -43,7 +44,7 @@ def test_conv1d_matches_torch(wasm, c_in, c_out, t_in, stride, bias):
                                       stride=stride, padding=1)[0].numpy()
     t_out = want.shape[1]
     out = wasm.alloc(c_out * t_out * 4)
-    scratch = wasm.alloc(elementwise_ir.conv1d_scratch_floats(c_in, t_out, 3) * 4)
+    scratch = wasm.alloc(conv1d_scratch_floats(c_in, t_out, 3) * 4)
     wasm("conv1d_f32", wasm.put(x), c_in, t_in, wasm.put(w), c_out, 3, stride, 1, 0 if bv is None else wasm.put(bv),
          out, scratch)
     got = wasm.get(out, (c_out, t_out), np.float32)

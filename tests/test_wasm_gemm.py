@@ -10,7 +10,8 @@ from tallow.quant import dequantize_numpy
 pytest.importorskip("numba", reason="building kernels.wasm needs llvmlite and numba (the cpu extra)")
 pytest.importorskip("wasmtime", reason="running kernels.wasm natively needs wasmtime (the dev extra)")
 from tallow.backends.cpu.kernels import codes  # noqa: E402
-from tallow.backends.wasm import build, gemm_ir  # noqa: E402
+from tallow.backends.wasm import build  # noqa: E402
+from tallow.backends.wasm.program import gemm_scratch_floats  # noqa: E402
 from tallow.backends.wasm.native import Kernels  # noqa: E402
 
 if build.linker() is None:
@@ -43,7 +44,7 @@ def _gemm(wasm, kernel, a, w, bias=None, lda=None, ldb=None, ldc=None):
     w_wide = np.full((n, ldb), np.nan, w.dtype)
     w_wide[:, :k] = w
     out = wasm.put(np.full((m, ldc), -7.0, np.float32))
-    scratch = wasm.alloc(gemm_ir.scratch_floats(k) * 4)
+    scratch = wasm.alloc(gemm_scratch_floats(k) * 4)
     wasm(kernel, wasm.put(a_wide), lda, wasm.put(w_wide), ldb, 0 if bias is None else wasm.put(bias), out, ldc,
          m, n, k, scratch)
     return wasm.get(out, (m, ldc), np.float32)
@@ -102,7 +103,7 @@ def test_gemm_q_matches_dequantised_numpy(wasm, q):
         a = rng.standard_normal((m, k)).astype(np.float32)
         bias = rng.standard_normal(n).astype(np.float32)
         out = wasm.alloc(m * n * 4)
-        scratch = wasm.alloc(gemm_ir.scratch_floats(k, quantised=True) * 4)
+        scratch = wasm.alloc(gemm_scratch_floats(k, quantised=True) * 4)
         wasm("gemm_q", code, wasm.put(a), k, wasm.put(raw), k // bs, wasm.put(bias), out, n, m, n, wasm.table,
              scratch)
         got = wasm.get(out, (m, n), np.float32)
@@ -111,7 +112,7 @@ def test_gemm_q_matches_dequantised_numpy(wasm, q):
 
 def test_gemm_q_traps_on_an_unknown_format(wasm):
     import wasmtime
-    scratch = wasm.alloc(gemm_ir.scratch_floats(32, quantised=True) * 4)
+    scratch = wasm.alloc(gemm_scratch_floats(32, quantised=True) * 4)
     a, raw, out = wasm.alloc(128), wasm.alloc(64), wasm.alloc(16)
     with pytest.raises(wasmtime.Trap):
         wasm("gemm_q", len(codes.FORMATS), a, 32, raw, 1, 0, out, 1, 1, 1, wasm.table, scratch)

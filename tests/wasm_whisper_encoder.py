@@ -1,7 +1,7 @@
 """Whisper's audio encoder run by kernels.wasm alone under wasmtime: the checkpoint's f16 weights
 placed in the module's memory as they are, and the whole encoder, log-mel to the final LayerNorm,
 written out as one program of kernel calls run by one `run` call. For
-tests/test_wasm_whisper_encoder.py and bench/wasm_kernels.py; needs numpy, safetensors, wasmtime
+tests/test_wasm_whisper_encoder.py and bench/wasm_gemm.py; needs numpy, safetensors, wasmtime
 and a built kernels.wasm.
 
 The calls: conv1d_f32 twice (f16 weights widened once by f16_to_f32), gelu, the transposed
@@ -16,9 +16,8 @@ import os
 
 import numpy as np
 
-from tallow.backends.wasm import elementwise_ir, gemm_ir
-from tallow.backends.wasm.elementwise_ir import BINARY_OPS, MAX_DIMS, UNARY_OPS
-from tallow.backends.wasm.program import encode
+from tallow.backends.wasm.program import (BINARY_OPS, STRIDED_DIMS, UNARY_OPS, conv1d_scratch_floats, encode,
+                                          gemm_scratch_floats)
 from tallow.layout import Layout, kernel_meta
 
 MODEL_DIR = os.path.join(os.environ.get("TALLOW_HOME", os.path.expanduser("~/.cache/tallow")), "whisper-tiny.en")
@@ -51,15 +50,15 @@ class WasmWhisperEncoder:
         self.f = wasm.alloc(t * self.ffn * 4)
         self.s = wasm.alloc(t * t * 4)
         self.out = wasm.alloc(t * d * 4)
-        self.scratch = wasm.alloc(4 * max(elementwise_ir.conv1d_scratch_floats(self.mels, frames, 3),
-                                          elementwise_ir.conv1d_scratch_floats(d, t, 3),
-                                          gemm_ir.scratch_floats(max(d, self.ffn, t))))
+        self.scratch = wasm.alloc(4 * max(conv1d_scratch_floats(self.mels, frames, 3),
+                                          conv1d_scratch_floats(d, t, 3),
+                                          gemm_scratch_floats(max(d, self.ffn, t))))
         self.program = encode(self.calls())
         self.programs = [(wasm.put(np.asarray(words, np.int32)), count) for words, count in (self.widen, self.program)]
         wasm("run", *self.programs[0], 0)
 
     def _meta(self, shape, *layouts):
-        return self.wasm.put(np.array(kernel_meta(shape, list(layouts), MAX_DIMS), np.int32))
+        return self.wasm.put(np.array(kernel_meta(shape, list(layouts), STRIDED_DIMS), np.int32))
 
     def calls(self):
         d, t, frames, hd = self.d, self.t, 2 * self.t, self.d // self.heads

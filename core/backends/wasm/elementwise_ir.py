@@ -5,7 +5,7 @@ Written with kernels_ir's loop and vector helpers and vector_ir's exp, as the ot
   conv1d_f32(x, c_in, t_in, w, c_out, ksize, stride, pad, bias, out, scratch)
         torch's conv1d of one (c_in, t_in) signal by w (c_out, c_in, ksize): out (c_out, t_out),
         t_out = (t_in + 2 pad - ksize) // stride + 1; im2col into scratch (t_out, c_in * ksize), then
-        gemm_f32 with the weight as A; bias (c_out) or 0. scratch: conv1d_scratch_floats() floats
+        gemm_f32 with the weight as A; bias (c_out) or 0. scratch: program.conv1d_scratch_floats() floats
   softmax_rows(x, rows, n, ld, scale, causal, out)
         out[r] (contiguous rows of n) = softmax(scale * x[r * ld : r * ld + n]); causal >= 0 masks
         the columns j > r + causal (a query row r after `causal` earlier keys); causal < 0: none
@@ -16,35 +16,25 @@ Written with kernels_ir's loop and vector helpers and vector_ir's exp, as the ot
         out[i] = table[ids[i]] (i32 ids, rows of width; f16 tables widened); an id outside
         [0, vocab) traps
   unary_f32(op, x, out, meta, a0, a1), binary_f32(op, a, b, out, meta), reduce_f32(op, x, meta, out)
-        strided: meta is tallow.layout.kernel_meta(shape, operands, MAX_DIMS) (int32 words: ndim,
+        strided: meta is tallow.layout.kernel_meta(shape, operands, 4) (int32 words: ndim,
         the shape, then each operand's element offset and strides), as the GPU kernels read it;
         out is contiguous. unary/binary: element i of the shape. reduce: over the last dim,
-        out[i] for each index of the other dims. The op codes are UNARY_OPS / BINARY_OPS /
+        out[i] for each index of the other dims. The op codes are program.UNARY_OPS / BINARY_OPS /
         REDUCE_OPS' (the GPU kernels' numbering, kernel/host.py; "mean" added); others trap.
 Rows whose innermost stride is 1 run 16 lanes at a time; other strides gather 16 values a step.
 """
 from llvmlite import ir
 
 from ..cpu.kernels import vector_ir
-from . import gemm_ir
 from .gemm_ir import _f16_widen
 from .kernels_ir import (_F32, _I16, _I32, _I64, _P32, _VF, LANES, _const_vec, _full, _function, _gelu, _hsum,
-                         _intrinsic, _Loop, _silu, _slot, _splat, _vec, _vload, _vstore)
+                         _intrinsic, _Loop, _map, _silu, _slot, _splat, _vec, _vload, _vstore)
+from .program import BINARY_OPS, REDUCE_OPS, STRIDED_DIMS, UNARY_OPS
 
-MAX_DIMS = 4  # the strided kernels' meta: at most this many dims after tallow.layout.coalesce_dims
-# The GPU kernels' op numbering (core/backends/kernel/host.py's UNARY_CODES, BINARY_CODES, REDUCE_CODES),
-# with the ops these kernels compute; the device refuses the others before launching.
-UNARY_OPS = {"neg": 0, "abs": 1, "exp": 2, "sqrt": 4, "rsqrt": 5, "tanh": 8, "sigmoid": 9, "relu": 10,
-             "gelu": 11, "gelu_tanh": 12, "silu": 13, "square": 14, "reciprocal": 15, "floor": 16, "ceil": 17,
-             "round": 18, "sign": 19, "clamp": 20, "affine": 22}
-BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 5, "minimum": 6}
-REDUCE_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "mean": 4}
+# The strided kernels' meta dims and op codes (the GPU kernels' numbering) are program.py's, where a host
+# reads them without LLVM; the device refuses the other ops before launching.
+MAX_DIMS = STRIDED_DIMS
 _VI = _vec(_I32, LANES)
-
-
-def conv1d_scratch_floats(c_in, t_out, ksize):
-    """The scratch conv1d_f32 needs, in floats: the im2col matrix and gemm_f32's panel."""
-    return t_out * c_in * ksize + gemm_ir.scratch_floats(c_in * ksize)
 
 
 def _c(v):
@@ -91,17 +81,8 @@ def _conv1d(module):
         with _Loop(b, c_out) as o:
             row = b.gep(out, [b.mul(o, t_out)])
             bv = b.load(b.gep(bias, [o]))
-            _map_in_place(b, row, t_out, lambda v: b.fadd(v, _splat(b, bv, LANES)))
+            _map(b, row, t_out, row, lambda v: b.fadd(v, _splat(b, bv, LANES)))
     b.ret_void()
-
-
-def _map_in_place(b, row, n, fn):
-    full = _full(b, n)
-    with _Loop(b, full, step=LANES) as i:
-        _vstore(b, fn(_vload(b, row, i)), row, i)
-    with _Loop(b, n, start=full) as i:
-        v = fn(_splat(b, b.load(b.gep(row, [i])), LANES))
-        b.store(b.extract_element(v, ir.Constant(_I32, 0)), b.gep(row, [i]))
 
 
 # ---- rows: softmax, layer norm ----------------------------------------------------------------

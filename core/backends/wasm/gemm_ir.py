@@ -10,7 +10,7 @@ dequant_<fmt> (vector_ir._dequant_block, the CPU device's generator), called per
   gemm_q(fmt, a, lda, raw, blocks, bias, out, ldc, m, n, table, scratch)
                                     raw: n rows of `blocks` GGUF blocks of format `fmt` (codes.FORMATS'
                                     code, 0-7); k = blocks * the format's values per block
-  bias = 0: none. scratch: GEMM_SCRATCH_FLOATS(k) floats (f32/f16: NR * k; gemm_q: 2 * NR * k).
+  bias = 0: none. scratch: program.gemm_scratch_floats(k) floats (f32/f16: NR * k; gemm_q: 2 * NR * k).
 
 How: for each block of MB rows of A, for each panel of NR weight rows, the panel is packed once
 as (k, NR) float32 (f32: a 4x8 transpose per 4 values; f16: widened exactly by bit arithmetic,
@@ -25,16 +25,11 @@ from llvmlite import ir
 from ..cpu.kernels import codes, vector_ir
 from .kernels_ir import (_F32, _I8, _I16, _I32, _I64, _P32, _const_vec, _function, _intrinsic, _Loop, _slot,
                          _splat, _vec, BLOCK_BYTES)
+from .program import GEMM_MB as MB, GEMM_MR as MR, GEMM_NR as NR, gemm_scratch_floats as scratch_floats  # noqa: F401
 
-MR, NR = 4, 8  # the micro-tile: rows of A x weight rows (columns of C)
-MB = 128  # rows of A a block (its rows stay in cache while every panel passes)
+# MR x NR: the micro-tile (rows of A x weight rows); MB: rows of A a block (in cache while every panel passes)
 _VN = _vec(_F32, NR)
 _V4 = _vec(_F32, 4)
-
-
-def scratch_floats(k, quantised=False):
-    """The scratch a gemm call needs, in floats (the packed panel; gemm_q adds its dequantised rows)."""
-    return NR * k * (2 if quantised else 1)
 
 
 def _c(v):

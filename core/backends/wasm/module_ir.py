@@ -1,5 +1,6 @@
 """kernels.wasm's whole IR module: kernels_ir's kernels, then decode_ir's, device_ir's, gemm_ir's and
-elementwise_ir's (they build on its helpers), then program_ir's `run` over all of them. build.py lowers what module() returns."""
+elementwise_ir's (they build on its helpers), then program_ir's `run` over all of them. build.py
+lowers what module() returns."""
 from . import decode_ir, device_ir, elementwise_ir, gemm_ir, kernels_ir, program_ir
 
 exports = kernels_ir.exports

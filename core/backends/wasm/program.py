@@ -47,6 +47,29 @@ OPCODES = {name: code for code, (name, _) in enumerate(OPS)}
 STEP_SLOTS = ("position", "token")  # the step words a StepArg reads, in this order
 PAD_WORDS = 2  # after the last call: run reads a word's two neighbours before it knows the kind
 
+# What a host needs to call the GEMMs and the strided kernels (gemm_ir.py, elementwise_ir.py), kept here
+# so that a host running kernels.wasm never imports llvmlite or numba: the strided kernels' meta is
+# tallow.layout.kernel_meta(shape, operands, STRIDED_DIMS); their op codes are the GPU kernels'
+# (kernel/host.py), for the ops these kernels compute, with "mean" added; the GEMMs' tile and block.
+STRIDED_DIMS = 4
+UNARY_OPS = {"neg": 0, "abs": 1, "exp": 2, "sqrt": 4, "rsqrt": 5, "tanh": 8, "sigmoid": 9, "relu": 10,
+             "gelu": 11, "gelu_tanh": 12, "silu": 13, "square": 14, "reciprocal": 15, "floor": 16, "ceil": 17,
+             "round": 18, "sign": 19, "clamp": 20, "affine": 22}
+BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 5, "minimum": 6}
+REDUCE_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "mean": 4}
+GEMM_MR, GEMM_NR, GEMM_MB = 4, 8, 128  # rows of A x weight rows a micro-tile; rows of A a block
+
+
+def gemm_scratch_floats(k, quantised=False):
+    """The scratch gemm_f32/gemm_f16 (or gemm_q: quantised) needs, in floats: the packed panel
+    (gemm_q adds its dequantised rows)."""
+    return GEMM_NR * k * (2 if quantised else 1)
+
+
+def conv1d_scratch_floats(c_in, t_out, ksize):
+    """The scratch conv1d_f32 needs, in floats: the im2col matrix and gemm_f32's."""
+    return t_out * c_in * ksize + gemm_scratch_floats(c_in * ksize)
+
 
 class StepArg(NamedTuple):
     """An argument that is base + stride * (the step's `slot` word) when the program runs."""
