@@ -131,9 +131,56 @@ def test_a_captured_step_replays_as_one_run_call_at_any_position_and_token(wasm)
 
 def test_ops_without_a_wasm_kernel_name_the_device_and_the_op(wasm):
     a = tallow.from_numpy(np.ones((3, 4), np.float32), device=wasm)
-    with pytest.raises(tallow.UnsupportedError, match=r"wasm device has no kernel for binary mul"):
-        a * a
-    with pytest.raises(tallow.UnsupportedError, match=r"wasm device has no kernel for matmul"):
-        a @ a.T
+    with pytest.raises(tallow.UnsupportedError, match=r"wasm device has no kernel for unary log"):
+        a.log()
+    with pytest.raises(tallow.UnsupportedError, match=r"wasm device has no kernel for compare lt"):
+        a < a
+    with pytest.raises(tallow.UnsupportedError, match=r"wasm device has no kernel for cumsum"):
+        a.cumsum(1)
     with pytest.raises(tallow.UnsupportedError, match=r"wasm device computes .* in f32 only, not f16"):
         F.softmax(tallow.from_numpy(np.ones(4, np.float16), device=wasm), -1)
+
+
+def test_the_strided_kernels_op_tables_are_the_devices():
+    """backend.py's op lists and constants (stdlib only: it imports in Pyodide) equal the kernels' own."""
+    from tallow.backends.wasm import backend, elementwise_ir, gemm_ir
+    from tallow.backends.kernel.host import BINARY_CODES, REDUCE_CODES, UNARY_CODES
+    assert {n: UNARY_CODES[n] for n in backend.WASM_UNARY} == elementwise_ir.UNARY_OPS
+    assert {n: BINARY_CODES[n] for n in backend.WASM_BINARY} == elementwise_ir.BINARY_OPS
+    assert {n: REDUCE_CODES[n] for n in backend.WASM_REDUCE} == {n: c for n, c in elementwise_ir.REDUCE_OPS.items()
+                                                                if n != "mean"}
+    assert backend.META_DIMS == elementwise_ir.MAX_DIMS and gemm_ir.scratch_floats(10) == backend.GEMM_NR * 10
+
+
+def test_products_views_reductions_attention_and_conv1d_match_numpy(wasm):
+    import torch
+    rng = np.random.default_rng(4)
+    T = lambda a: tallow.from_numpy(np.ascontiguousarray(a), device=wasm)  # noqa: E731
+    a, b = rng.standard_normal((2, 3, 7, 33)).astype(np.float32), rng.standard_normal((2, 3, 33, 9)).astype(np.float32)
+    np.testing.assert_allclose((T(a) @ T(b)).numpy(), a @ b, rtol=1e-4, atol=1e-5)
+    w = rng.standard_normal((9, 33)).astype(np.float32)  # a Linear's weight, read transposed as it lies
+    np.testing.assert_allclose((T(a[0, 0]) @ T(w).T).numpy(), a[0, 0] @ w.T, rtol=1e-4, atol=1e-5)
+    x = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    view = T(x).permute(2, 0, 1)  # a transposed last dim: the strided kernels
+    np.testing.assert_array_equal(view.contiguous().numpy(), x.transpose(2, 0, 1))
+    np.testing.assert_allclose(view.sum(-1).numpy(), x.transpose(2, 0, 1).sum(-1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(T(x).max(1).numpy(), x.max(1))
+    np.testing.assert_allclose((T(x) * T(x[:, :1, :])).numpy(), x * x[:, :1, :], rtol=1e-6)
+    np.testing.assert_array_equal(T(x).to(tallow.f16).numpy(), x.astype(np.float16))
+    q, k, v = (rng.standard_normal((1, 2, n, 16)).astype(np.float32) for n in (5, 7, 7))
+    mask = rng.standard_normal((1, 1, 5, 7)).astype(np.float32)
+    for causal, m in ((False, None), (True, None), (False, mask)):
+        got = F.scaled_dot_product_attention(T(q), T(k), T(v), None if m is None else T(m), is_causal=causal).numpy()
+        if causal:  # tallow's causal mask is bottom-right aligned (key j > i + tk - tq), torch's top-left
+            m = np.where(np.arange(7)[None, :] > np.arange(5)[:, None] + 2, -np.inf, 0).astype(np.float32)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            *(torch.from_numpy(t) for t in (q, k, v)), attn_mask=None if m is None else torch.from_numpy(m)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    sig, cw = rng.standard_normal((2, 3, 20)).astype(np.float32), rng.standard_normal((4, 3, 3)).astype(np.float32)
+    for stride in (1, 2):
+        want = torch.nn.functional.conv1d(torch.from_numpy(sig), torch.from_numpy(cw), stride=stride, padding=1)
+        np.testing.assert_allclose(F.conv1d(T(sig), T(cw), stride=stride, padding=1).numpy(), want.numpy(),
+                                   rtol=1e-4, atol=1e-5)
+    table = rng.standard_normal((11, 6)).astype(np.float32)
+    np.testing.assert_array_equal(F.embedding(tallow.tensor([3, 0, 10], device=wasm), T(table)).numpy(),
+                                  table[[3, 0, 10]])

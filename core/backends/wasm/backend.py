@@ -9,7 +9,11 @@ the GGUF block products (every format, any row count: quantize_row + matmul_<fmt
 product through silu_mul), the embedding rows of a block table (dequant_<fmt>), RMS and layer norms
 with or without their residual add, rope, the fused rope + KV-cache write and attention over the
 cache (cache_attention for one token, cache_attention_rows for a prompt; GQA), softmax, silu,
-gelu, add, argmax, copies of contiguous data and of row-strided views (copy_f32 per row).
+gelu, argmax, copies of contiguous data and of row-strided views (copy_f32 per row); and on
+elementwise_ir's and gemm_ir's kernels: strided and broadcast unary/binary ops and reductions over
+views of up to 4 merged dims, f32 copies of any view, f16 <-> f32 casts, the float product
+(gemm_f32, batched), attention without a cache composed from it (scores, softmax_rows, values),
+conv1d (im2col + GEMM), softmax over rows, row lookups in f32 tables.
 Anything else raises UnsupportedError naming the wasm device and the op: nothing is computed
 elsewhere in silence. Memory ops (from/to bytes and lists, full, arange, overwrite) are host writes
 and reads of the memory, as on every GPU backend.
@@ -26,8 +30,10 @@ import weakref
 
 from tallow.dtypes import bf16, bool_, f16, f32, i64
 from tallow.errors import IndexRangeError, ShapeError, UnsupportedError
+from tallow.layout import Layout, kernel_meta
 
 from ..gpu_backend import GpuBackend
+from ..kernel.host import BINARY_CODES, REDUCE_CODES, UNARY_CODES
 from ..operand import Operand
 from ..python_storage import (bf16_from_bytes, bf16_to_bytes, f16_from_bytes, f16_to_bytes, from_le_bytes, pack,
                               to_le_bytes)
@@ -36,6 +42,14 @@ from .program import OPCODES, StepArg
 
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q8_0": 34, "q4_k": 144, "q5_k": 176, "q6_k": 210}
 BATCH_CALLS = 3  # eager launches of more calls than this go to the module as one program
+META_DIMS = 4  # the strided kernels' meta words (elementwise_ir.MAX_DIMS)
+GEMM_NR = 8  # a GEMM's scratch is GEMM_NR * k floats (gemm_ir.scratch_floats)
+# What elementwise_ir's strided kernels compute (its UNARY_OPS, BINARY_OPS, REDUCE_OPS: the GPU kernels'
+# op codes, kernel/host.py); tests/test_wasm_device.py keeps these equal to the kernels' own tables.
+WASM_UNARY = ("neg", "abs", "exp", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "silu",
+              "square", "reciprocal", "floor", "ceil", "round", "sign", "clamp", "affine")
+WASM_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
+WASM_REDUCE = ("sum", "prod", "max", "min")
 
 
 class WasmStorage:
@@ -72,6 +86,13 @@ def entry_signature(entry):
     """What must match for two recorded calls to be the same at two positions: the export and
     every argument (buffer sizes, not which buffer; numbers; StepArgs' strides and slots)."""
     return (entry[1], tuple(_arg_signature(a) for a in entry[2]))
+
+
+def _prod(values):
+    out = 1
+    for v in values:
+        out *= v
+    return out
 
 
 def _row_offsets(layout):
@@ -249,10 +270,22 @@ class WasmBackend(GpuBackend):
         if n == 0:
             return out
         calls = self._row_copies(st, layout, dtype, out)
+        if calls is None and dtype is f32:  # a strided last dim: the strided kernel's clamp to +-inf
+            self._call("unary_f32", UNARY_CODES["clamp"], st.at(), out.at(), self._meta(layout.shape, [layout]),
+                       float("-inf"), float("inf"))
+            return out
         if calls is None:
             self._missing(f"a strided copy of {dtype.name} {layout} (rows of whole words only)")
         self._calls(calls)
         return out
+
+    def _meta(self, shape, layouts, coalesce=True):
+        """The strided kernels' meta words (tallow.layout.kernel_meta) in a buffer of their own."""
+        try:
+            words = kernel_meta(shape, layouts, META_DIMS, "wasm", coalesce=coalesce)
+        except UnsupportedError:
+            self._missing(f"a strided view of shape {tuple(shape)} (more than {META_DIMS} dims after merging)")
+        return self.driver.upload(struct.pack(f"<{len(words)}i", *words), None)
 
     def assign(self, dst, ld, src, ls, dtype):
         if ld.numel() == 0:
@@ -268,40 +301,59 @@ class WasmBackend(GpuBackend):
     def cast(self, st, layout, src_dtype, dst_dtype):
         if src_dtype is dst_dtype:
             return self.copy(st, layout, src_dtype)
-        self._missing(f"cast {src_dtype.name} -> {dst_dtype.name}")
+        kernel = {(f16, f32): "f16_to_f32", (f32, f16): "f32_to_f16"}.get((src_dtype, dst_dtype))
+        if kernel is None:
+            self._missing(f"cast {src_dtype.name} -> {dst_dtype.name}")
+        x = self._packed(st, layout, src_dtype)
+        n = layout.numel()
+        out = self._new(n, dst_dtype)
+        if n:
+            self._call(kernel, x.at(), n, out.at())
+        return out
 
     def _contiguous_f32(self, op, st, layout, dtype):
         self._check(dtype, op)
         return self._packed(st, layout, dtype)
 
     def unary(self, op, st, layout, dtype, arg=None):
-        if op not in ("silu", "gelu"):
+        if op not in WASM_UNARY:
             self._missing(f"unary {op}")
-        x = self._contiguous_f32(op, st, layout, dtype)
+        self._check(dtype, f"unary {op}")
+        a0 = a1 = 0.0
+        if op == "clamp":
+            lo, hi = arg
+            a0 = float("-inf") if lo is None else float(lo)
+            a1 = float("inf") if hi is None else float(hi)
+        elif op == "affine":
+            a0, a1 = float(arg[0]), float(arg[1])
         n = layout.numel()
         out = self._new(n, dtype)
         if n:
-            self._call(op, x.at(), n, out.at())
+            self._call("unary_f32", UNARY_CODES[op], st.at(), out.at(), self._meta(layout.shape, [layout]), a0, a1)
         return out
 
     def binary(self, op, a, la, b, lb, dtype):
-        if op != "add" or la.shape != lb.shape:
-            self._missing(f"binary {op}" + ("" if op != "add" else " with broadcasting"))
-        x, y = self._contiguous_f32(op, a, la, dtype), self._contiguous_f32(op, b, lb, dtype)
+        if op not in WASM_BINARY:
+            self._missing(f"binary {op}")
+        self._check(dtype, f"binary {op}")
         n = la.numel()
         out = self._new(n, dtype)
         if n:
-            self._call("add_f32", x.at(), y.at(), n, out.at())
+            self._call("binary_f32", BINARY_CODES[op], a.at(), b.at(), out.at(), self._meta(la.shape, [la, lb]))
         return out
 
     # ---- reductions, softmax, norms -------------------------------------------------------
     def _reduce_kernel(self, op, st, layout, dtype, dims, plan):
-        if op != "argmax":
+        if op != "argmax" and op not in WASM_REDUCE:
             self._missing(f"reduce {op}")
-        self._check(dtype, "argmax")
         x = self._packed(st, plan.layout, dtype)
-        out = self._new(plan.rows, i64)
-        self._call("argmax_f32", x.at(), plan.rows, plan.length, out.at())
+        if op == "argmax":
+            out = self._new(plan.rows, i64)
+            self._call("argmax_f32", x.at(), plan.rows, plan.length, out.at())
+            return out
+        out = self._new(plan.rows, dtype)
+        meta = self._meta((plan.rows, plan.length), [Layout((plan.rows, plan.length))], coalesce=False)
+        self._call("reduce_f32", REDUCE_CODES[op], x.at(), meta, out.at())
         return out
 
     def _cumsum_kernel(self, st, layout, dtype, dim, out_dtype):
@@ -313,8 +365,7 @@ class WasmBackend(GpuBackend):
         n = layout.shape[-1]
         rows = layout.numel() // n
         x = self._packed(st, layout, dtype)
-        self._call("copy_f32", x.at(), rows * n, out.at())
-        self._calls([("softmax", (out.at(i * n), n)) for i in range(rows)])
+        self._call("softmax_rows", x.at(), rows, n, n, 1.0, -1, out.at())
 
     def _norm_rows(self, x, r, norm, total, out, dtype):
         """Each row: total = x + r, out = norm(total) (r None: a zero row; total None: scratch)."""
@@ -459,11 +510,53 @@ class WasmBackend(GpuBackend):
         self._calls(calls)
         return out
 
+    def _attention_unfused(self, q, k, v, mask, dtype, spec):
+        """softmax(q k^T * scale + mask) v composed: the scores by gemm_f32, softmax_rows (with the
+        scale and the causal mask where there is no additive one), then gemm_f32 by v."""
+        self._check(dtype, "attention")
+        (_, lq), (ks, lk), (_, lv) = q, k, v
+        b, h, tq, _ = lq.shape
+        tk, dv = lk.shape[2], lv.shape[3]
+        if b * h * tq * dv == 0:
+            return self._new(0, dtype)
+        if tk == 0:
+            return self.full(b * h * tq * dv, 0.0, dtype)
+        scores = self.matmul(q, Operand(ks, lk.permute([0, 1, 3, 2])), dtype)
+        whole = Layout((b, h, tq, tk))
+        scale = float(spec.scale)
+        if mask is not None:
+            scores = self.unary("affine", scores, whole, dtype, (scale, 0.0))
+            scores = self.binary("add", scores, whole, mask.storage, mask.layout, dtype)
+            scale = 1.0
+        causal = tk - tq if spec.causal else -1
+        probs = self._new(b * h * tq * tk, dtype)
+        self._calls([("softmax_rows", (scores.at(i * tq * tk), tq, tk, tk, scale, causal, probs.at(i * tq * tk)))
+                     for i in range(b * h)])
+        return self.matmul(Operand(probs, whole), v, dtype)
+
     def _attention_fits(self, lq, lk, lv):
         return False
 
-    def _attention_unfused(self, q, k, v, mask, dtype, spec):
-        self._missing("attention outside a KV cache (its kernel is not in kernels.wasm yet)")
+    def conv1d(self, x, w, dtype, spec):
+        """torch's conv1d by conv1d_f32 (im2col + gemm_f32), one call per signal; groups and
+        dilation 1 only."""
+        self._check(dtype, "conv1d")
+        if spec.groups != 1 or spec.dilation != 1:
+            self._missing("conv1d with groups or dilation")
+        (xs, lx), (ws, lw) = x, w
+        b, cin, length = lx.shape
+        cout, cin_w, ksize = lw.shape
+        if cin_w != cin:
+            raise ShapeError(f"wasm conv1d: {cin} input channels, the weight takes {cin_w}")
+        t_out = (length + 2 * spec.padding - ksize) // spec.stride + 1
+        if t_out <= 0:
+            raise ShapeError(f"wasm conv: input {lx.shape} is smaller than the kernel {lw.shape}")
+        xs, ws = self._packed(xs, lx, dtype), self._packed(ws, lw, dtype)
+        out = self._new(b * cout * t_out, dtype)
+        scratch = self._scratch(4 * (t_out * cin * ksize + GEMM_NR * cin * ksize))
+        self._calls([("conv1d_f32", (xs.at(i * cin * length), cin, length, ws.at(), cout, ksize, spec.stride,
+                                     spec.padding, 0, out.at(i * cout * t_out), scratch)) for i in range(b)])
+        return out
 
     # ---- indexing -----------------------------------------------------------------------
     def _quantized_rows(self, st, layout, dtype, ids, lids, dim):
@@ -494,7 +587,19 @@ class WasmBackend(GpuBackend):
         return out
 
     def _index_select_kernel(self, st, layout, dtype, ids, lids, dim, shape, out):
-        self._missing(f"index_select of {dtype.name}")
+        """Rows of a contiguous f32 table by rows_f32; the ids are read on the host (a captured step
+        that does this is not replayed)."""
+        if dim != 0 or dtype is not f32 or not layout.is_contiguous():
+            self._missing(f"index_select of {dtype.name} along dim {dim}" + ("" if layout.is_contiguous() else
+                                                                           " of a strided table"))
+        cap = self._capture()
+        if cap is not None:
+            cap.computed_on_host("row ids read on the host")
+        rows = layout.shape[0]
+        width = layout.numel() // rows if rows else 0
+        picked = [int(i) for i in self.to_list(ids, lids, ids.dtype)]
+        words = self.driver.upload(struct.pack(f"<{len(picked)}i", *picked), None)
+        self._call("rows_f32", st.at(layout.offset), rows, width, words, len(picked), out.at())
 
     def _gather_kernel(self, st, layout, dtype, ids, lids, dim, out):
         self._missing(f"gather of {dtype.name}")
@@ -552,7 +657,31 @@ class WasmBackend(GpuBackend):
         return out
 
     def matmul(self, a, b, dtype):
-        self._missing("matmul of float matrices (its GEMM kernel is not in kernels.wasm yet)")
+        """a (*batch, m, k) . b (*batch, k, n) by gemm_f32 (C = A . B^T for B (n, k): b's columns as
+        rows), one call per batch index; a or b is packed first where its rows are not contiguous."""
+        self._check(dtype, "matmul")
+        (ast, la), (bst, lb) = a, b
+        *batch, m, k = la.shape
+        n = lb.shape[-1]
+        count = _prod(batch)
+        out = self._new(m * n * count, dtype)
+        if m * n * count == 0 or k == 0:
+            return out  # zeroed: a sum of nothing
+        if not (la.strides[-1] == 1 or k == 1):
+            ast, la = self._packed(ast, la, dtype), Layout(la.shape)
+        bt = lb.permute(list(range(len(batch))) + [len(batch) + 1, len(batch)])  # (*batch, n, k)
+        if not (bt.strides[-1] == 1 or k == 1):
+            bst, bt = self._packed(bst, bt, dtype), Layout(bt.shape)
+        lda = la.strides[-2] if m > 1 else k
+        ldb = bt.strides[-2] if n > 1 else k
+        scratch = self._scratch(4 * GEMM_NR * k)
+        calls = []
+        for i, idx in enumerate(itertools.product(*[range(d) for d in batch])):
+            oa = la.offset + sum(j * s for j, s in zip(idx, la.strides))
+            ob = bt.offset + sum(j * s for j, s in zip(idx, bt.strides))
+            calls.append(("gemm_f32", (ast.at(oa), lda, bst.at(ob), ldb, 0, out.at(i * m * n), n, m, n, k, scratch)))
+        self._calls(calls)
+        return out
 
     def dequantize(self, w, wdtype, numel, dtype):
         self._missing(f"dequantize {wdtype.name}")
@@ -560,8 +689,6 @@ class WasmBackend(GpuBackend):
     def conv2d(self, x, w, dtype, spec):
         self._missing("conv2d")
 
-    def conv1d(self, x, w, dtype, spec):
-        self._missing("conv1d")
 
     def custom(self, op, inputs, out_shape, out_dtype):
         raise UnsupportedError(f"custom op {op.name!r} has no implementation for the wasm device")
