@@ -184,3 +184,9 @@ def test_products_views_reductions_attention_and_conv1d_match_numpy(wasm):
     table = rng.standard_normal((11, 6)).astype(np.float32)
     np.testing.assert_array_equal(F.embedding(tallow.tensor([3, 0, 10], device=wasm), T(table)).numpy(),
                                   table[[3, 0, 10]])
+    cube = rng.standard_normal((2, 9, 5)).astype(np.float32)
+    for ids in (tallow.tensor([8, 1], tallow.i32, wasm), tallow.tensor([4], device=wasm)):  # read in place
+        want = cube[:, ids.tolist(), :]
+        np.testing.assert_array_equal(T(cube).index_select(1, ids).numpy(), want)
+        np.testing.assert_array_equal(T(cube).permute(1, 0, 2).index_select(0, ids).numpy(),
+                                      cube.transpose(1, 0, 2)[ids.tolist()])

@@ -587,19 +587,28 @@ class WasmBackend(GpuBackend):
         return out
 
     def _index_select_kernel(self, st, layout, dtype, ids, lids, dim, shape, out):
-        """Rows of a contiguous f32 table by rows_f32; the ids are read on the host (a captured step
-        that does this is not replayed)."""
-        if dim != 0 or dtype is not f32 or not layout.is_contiguous():
-            self._missing(f"index_select of {dtype.name} along dim {dim}" + ("" if layout.is_contiguous() else
-                                                                           " of a strided table"))
-        cap = self._capture()
-        if cap is not None:
-            cap.computed_on_host("row ids read on the host")
-        rows = layout.shape[0]
-        width = layout.numel() // rows if rows else 0
-        picked = [int(i) for i in self.to_list(ids, lids, ids.dtype)]
-        words = self.driver.upload(struct.pack(f"<{len(picked)}i", *picked), None)
-        self._call("rows_f32", st.at(layout.offset), rows, width, words, len(picked), out.at())
+        """Entries along `dim` of an f32 tensor by rows_f32, one call per index of the dims before it
+        (the tensor packed first where it is strided). Other ids than i32 (or one i64) are read on
+        the host (a captured step that does this is not replayed)."""
+        if dtype is not f32:
+            self._missing(f"index_select of {dtype.name}")
+        x = self._packed(st, layout, dtype)
+        size = layout.shape[dim]
+        outer = _prod(layout.shape[:dim])
+        inner = _prod(layout.shape[dim + 1:])
+        n = lids.numel()
+        if (ids.dtype.name == "i32" and lids.is_contiguous()) or (ids.dtype is i64 and n == 1):
+            # the kernel reads the ids where they lie (one i64's low word is its i32 value; an id
+            # outside the table traps), so a captured step reads a replay's new token itself
+            words = ids.at(lids.offset)
+        else:
+            cap = self._capture()
+            if cap is not None:
+                cap.computed_on_host("row ids read on the host")
+            picked = [int(i) for i in self.to_list(ids, lids, ids.dtype)]
+            words = self.driver.upload(struct.pack(f"<{n}i", *picked), None)
+        self._calls([("rows_f32", (x.at(i * size * inner), size, inner, words, n, out.at(i * n * inner)))
+                     for i in range(outer)])
 
     def _gather_kernel(self, st, layout, dtype, ids, lids, dim, out):
         self._missing(f"gather of {dtype.name}")
