@@ -114,7 +114,9 @@ def test_activation_quantisation_matches_gguf(bits):
 def test_kernels_match_dequantised_numpy(q, monkeypatch):
     """Odd row counts, rows of several blocks (k a multiple of the block, not of 64 or 512),
     one row (decode), a few rows (fused kernel) and many (tiled BLAS path: a short prompt's w x^T and
-    a long one's x w^T), on 1 and 2 threads."""
+    a long one's x w^T), on 1 and 2 threads. (Prompts on the integer tiles instead: test_int_tiles.py.)"""
+    monkeypatch.setattr(kernel_calls, "TILE_MAX_ROWS", 0)
+    monkeypatch.setattr(kernel_calls, "TILE_32_MAX_ROWS", 0)
     rng = np.random.default_rng(FORMATS.index(q))
     bs = get_dtype(q).block_size
     for threads in (1, 2):
@@ -127,6 +129,7 @@ def test_kernels_match_dequantised_numpy(q, monkeypatch):
 @pytest.mark.parametrize("m", [20, kernel_calls.FEW_PROMPT_ROWS + 3])
 def test_tiled_path_covers_ragged_last_tile(m, monkeypatch):
     monkeypatch.setattr(kernel_calls, "TILE_ELEMENTS", 64 * 3)  # 3 rows a tile, 10 rows: a ragged last tile
+    monkeypatch.setattr(kernel_calls, "TILE_32_MAX_ROWS", 0)  # (BLAS's tiles, not the integer ones)
     _check("q8_0", 10, 64, m, np.random.default_rng(5))
 
 
@@ -229,6 +232,7 @@ def test_kernels_run_as_plain_python():
         "import numpy as np, sys; sys.path[:0] = [sys.argv[1]]\n"
         "from test_cpu_kernels import _check, FORMATS\n"
         "from tallow.backends.cpu.runtime import kernel_calls\n"
+        "kernel_calls.TILE_MAX_ROWS = kernel_calls.TILE_32_MAX_ROWS = 0\n"  # (integer tiles: test_int_tiles.py)
         "rng = np.random.default_rng(0)\n"
         "for q in FORMATS:\n"
         "    bs = 256 if q.endswith('_k') else 32\n"

@@ -7,6 +7,8 @@ code's cache key (machine_code.py).
                   program's op codes: what the kernels and their callers share, without numba
   float_rows.py   blocks dequantised to float32 rows (embeddings, a prompt's BLAS tiles) and f16 products
   int_dot.py      decoding-step products: activations quantised to int16, integer dots on the blocks
+  int_tiles.py    prompt products: activations quantised to int8 once, integer GEMM tiles (weight rows x
+                  activation rows per inner loop, byte products) on every block format, threads split rows
   fused_ops.py    the fused decode ops (add+norm, rope+cache write, cache attention), GELU, softmax rows
   step_loop.py    run_step: a captured decode step's whole program in one nogil call per thread
   batch_attention.py  one call a layer for a batched decoding step: each row's fused_ops.cache_attention

@@ -28,6 +28,11 @@ FUSED_MAX_ROWS = 8  # rows of x up to which the fused kernel beats dequantise-th
 # tiles): 3.3-4.7x less CPU than dequantise-then-BLAS on a 64-token prompt (docs/cpu-kernels.md)
 KQUANT_FUSED_MAX_ROWS = 64
 K_QUANTS = ("q4_k", "q5_k", "q6_k")
+# A prompt's product of more than FUSED_MAX_ROWS and up to this many rows runs as integer GEMM tiles
+# (kernels/int_tiles.py: activations quantised to int8 once), above it dequantise-then-BLAS: on K-quant
+# matrices (TILE_MAX_ROWS) and on the 32-value formats (TILE_32_MAX_ROWS); measured in docs/cpu-kernels.md
+TILE_MAX_ROWS = 128
+TILE_32_MAX_ROWS = 128
 ACTIVATION_MAX = 32767  # decoding steps quantise x to int16 (see int_dot.py)
 # Weight bytes from which a decoding-step product is shared among the threads (threads.py);
 # smaller ones run on the calling thread, where handing out chunks costs about what it saves.
@@ -63,6 +68,7 @@ def kernels():
         _state["decode"] = KernelModule("fused_ops")
         _state["step"] = KernelModule("step_loop")
         _state["batch"] = KernelModule("batch_attention")
+        _state["tiles"] = KernelModule("int_tiles")
         _state["no_bias"] = np.empty(0, dtype=np.float32)
         from ..kernels import machine_code
         machine_code.load_all()  # before any weight is read: LLVM's page spike at low RSS (see there)
@@ -196,6 +202,8 @@ def qmatmul(x, raw, qtype, n, k, record=None):
         return _int_product(x, x2, arr, d, fmt, n, k, record=record).reshape(lead + (n,))
     if record is not None:
         record.refuse(f"a quantised product of {m} rows (a prompt)")
+    if m <= (TILE_MAX_ROWS if d.name in K_QUANTS else TILE_32_MAX_ROWS):
+        return _tile_product(x2, arr, d, fmt, n, k).reshape(lead + (n,))
     if d.name in K_QUANTS and m <= KQUANT_FUSED_MAX_ROWS:
         return _int_product(x, x2, arr, d, fmt, n, k).reshape(lead + (n,))
     from . import blas_rows
@@ -265,6 +273,28 @@ def _int_product(x, x2, arr, d, fmt, n, k, bias=None, act=None, record=None):
     if record is not None:
         record(ints.quantize_rows, x2, ACTIVATION_MAX, qx, dx, sx)
         record(run_product, args, n, shared)
+    return out
+
+
+def _tile_product(x2, arr, d, fmt, n, k):
+    """A prompt's product on the blocks: x2 (m, k) quantised to int8 once, then int_tiles'
+    integer GEMM tiles over the n weight rows, shared by the pool's threads -> (m, n)."""
+    import numpy as np
+    tiles = _state["tiles"]
+    m = x2.shape[0]
+    group = 256 if d.block_size == 256 else 32
+    qx = np.empty((m, k), dtype=np.uint8)
+    dx = np.empty((m, k // group), dtype=np.float32)
+    s32 = np.empty((m, k // 32), dtype=np.int32)
+    s16 = np.empty((m, k // 16), dtype=np.int32)
+    tiles.quantize_i8(x2, group, qx, dx, s32, s16)
+    out = np.empty((m, n), dtype=np.float32)
+    args = (fmt, d.block_bytes, arr, qx, dx, s32, s16, _state["module"].F16_TABLE, out)
+    pool = _state["pool"]
+    if pool is not None:
+        pool.run(tiles.tile_shared, args, n)
+    else:
+        tiles.tile_shared(*args, n, 1, np.zeros(2, dtype=np.int64))
     return out
 
 

@@ -1,0 +1,173 @@
+"""The prompt's integer GEMM tiles (core/backends/cpu/kernels/int_tiles.py): the int8 activation
+quantiser against gguf's rounding, every format's tiles against dequantise-then-numpy (odd shapes:
+weight rows not a multiple of the tile, 1-3 activation rows past the last whole tile, 1 and 2
+threads), the same in plain Python (NUMBA_DISABLE_JIT=1, a child process), and a K-quant file's
+prompt logits against transformers loading the same GGUF."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from tallow.dtypes import get_dtype  # noqa: E402
+from tallow.quant import dequantize_numpy  # noqa: E402
+from tallow.backends.cpu.runtime import kernel_calls  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from random_blocks import FORMATS, random_blocks  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(autouse=True)
+def _kernels_on(monkeypatch):
+    for name in ("TALLOW_CPU", "TALLOW_CPU_KERNELS"):
+        monkeypatch.delenv(name, raising=False)
+    if kernel_calls.kernels() is None:
+        pytest.skip("CPU kernels unavailable")
+    yield
+    monkeypatch.undo()
+    kernel_calls.set_threads(kernel_calls.thread_count())
+
+
+def _group(q):
+    return 256 if get_dtype(q).block_size == 256 else 32
+
+
+def _quantised(x, group):
+    from tallow.backends.cpu.kernels import int_tiles
+    m, k = x.shape
+    qx, dx = np.empty((m, k), np.uint8), np.empty((m, k // group), np.float32)
+    s32, s16 = np.empty((m, k // 32), np.int32), np.empty((m, k // 16), np.int32)
+    kernel_calls._state["tiles"].quantize_i8(x, group, qx, dx, s32, s16)
+    return qx, dx, s32, s16, int_tiles
+
+
+@pytest.mark.parametrize("group", [32, 256])
+def test_activation_quantiser_matches_gguf_rounding(group):
+    """Values round(x / d) (gguf's np_roundf: half away from zero, ties included), d = amax / 127 per
+    group in float32, an all-zero group all zeros; the 16- and 32-value sums are the values' sums."""
+    from gguf.quants import np_roundf
+    rng = np.random.default_rng(group)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    x[0, :group] = 0
+    x[1, :32] = np.arange(32, dtype=np.float32) - 15.5  # many exact .5 ties when the group is 32
+    qx, dx, s32, s16, _ = _quantised(x, group)
+    blocks = x.reshape(3, -1, group)
+    d = (np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    want = np_roundf(blocks * inv).astype(np.int32).reshape(3, 512)
+    assert np.array_equal(qx.view(np.int8).astype(np.int32), want)
+    assert np.array_equal(dx, d.reshape(3, -1))
+    assert np.array_equal(s16, want.reshape(3, -1, 16).sum(axis=2))
+    assert np.array_equal(s32, want.reshape(3, -1, 32).sum(axis=2))
+    assert not qx[0, :group].any() and np.abs(qx.view(np.int8)).max() == 127
+
+
+def _check(q, n, k, m, rng):
+    """qmatmul of m rows (the tiles' path) against the int8 activations times the dequantised weights
+    (float32 rounding only) and against the float activations (within the 8-bit step's bound)."""
+    raw = random_blocks(q, n * k // get_dtype(q).block_size, rng)
+    w = dequantize_numpy(raw, q, n * k).reshape(n, k).astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    got = kernel_calls.qmatmul(x, raw, q, n, k)
+    assert got.shape == (m, n) and got.dtype == np.float32
+    group = _group(q)
+    qx, dx, _s32, _s16, int_tiles = _quantised(x, group)
+    xq = int_tiles.activations(qx, dx, group)
+    scale = np.abs(xq) @ np.abs(w).T
+    assert np.all(np.abs(got - xq @ w.T) <= 2e-6 * scale + 1e-6), q
+    # each int8 value is within half a step d / 2 of x: the dot within sum over groups of d/2 * sum |w|
+    bound = (np.abs(w).reshape(n, k // group, group).sum(axis=2) @ (dx.astype(np.float64) / 2).T).T
+    assert np.all(np.abs(got - x.astype(np.float64) @ w.T) <= bound + 2e-6 * scale + 1e-6), q
+
+
+@pytest.mark.parametrize("q", FORMATS)
+def test_tiles_match_dequantised_numpy(q, monkeypatch):
+    from tallow.backends.cpu.kernels import int_tiles
+    rng = np.random.default_rng(FORMATS.index(q))
+    bs = get_dtype(q).block_size
+    tile_w, tile_x = int_tiles.K_TILE if bs == 256 else int_tiles.TILE_32
+    m0 = kernel_calls.FUSED_MAX_ROWS + 1
+    for threads in (1, 2):
+        kernel_calls.set_threads(threads)
+        for n, k, m in ((1, bs, m0), (tile_w + 1, 3 * bs, 2 * tile_x + 1), (2 * tile_w + 3, 2 * bs, 2 * tile_x + 2),
+                        (37, 5 * bs, 3 * tile_x + 3), (19, bs, int_tiles.X_CHUNK + tile_x + 1)):
+            assert kernel_calls.FUSED_MAX_ROWS < m <= min(kernel_calls.TILE_MAX_ROWS, kernel_calls.TILE_32_MAX_ROWS)
+            _check(q, n, k, m, rng)
+
+
+def test_tiles_run_as_plain_python():
+    """NUMBA_DISABLE_JIT=1 (a child process): tile_py in place of the IR, the same products."""
+    code = (
+        "import sys, numpy as np; sys.path.insert(0, %r)\n"
+        "from tallow.backends.cpu.runtime import kernel_calls\n"
+        "import test_int_tiles as t\n"
+        "kernel_calls.kernels()\n"
+        "rng = np.random.default_rng(3)\n"
+        "for q in ('q4_0', 'q8_0', 'q4_k', 'q6_k'):\n"
+        "    bs = t.get_dtype(q).block_size\n"
+        "    t._check(q, 5, 2 * bs, 11, rng)\n"
+        "print('ok')\n") % HERE
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1", TALLOW_THREADS="1")
+    env.pop("TALLOW_CPU", None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_prompt_products_take_the_tiles(monkeypatch):
+    """Rows past FUSED_MAX_ROWS and up to TILE_32_MAX_ROWS (TILE_MAX_ROWS on K-quants) run int_tiles'
+    kernel, above it BLAS (the tiles' product differs from BLAS's by the activations' 8-bit rounding)."""
+    rng = np.random.default_rng(9)
+    raw = random_blocks("q5_0", 8 * 64 // 32, rng)
+    x = rng.standard_normal((12, 64)).astype(np.float32)
+    calls = []
+    real = kernel_calls._tile_product
+    monkeypatch.setattr(kernel_calls, "_tile_product", lambda *a: calls.append(a) or real(*a))
+    tiles = kernel_calls.qmatmul(x, raw, "q5_0", 8, 64)
+    assert len(calls) == 1
+    monkeypatch.setattr(kernel_calls, "TILE_32_MAX_ROWS", 11)
+    blas = kernel_calls.qmatmul(x, raw, "q5_0", 8, 64)
+    assert len(calls) == 1 and not np.array_equal(tiles, blas)
+    w = dequantize_numpy(raw, "q5_0", 8 * 64).reshape(8, 64)
+    assert np.allclose(blas, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+PROMPT = [3, 17, 99, 5, 200, 31, 7, 400, 12, 88, 61, 2, 150, 77, 9, 301, 45, 23, 600, 8]  # 20 rows: the tiles
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,scale,kinds", [
+    ("qwen2-1.5b", 1 / 3, {"tallow.f32", "tallow.q4_k", "tallow.q6_k"}),
+    ("qwen2", 1 / 7, {"tallow.f32", "tallow.q5_0", "tallow.q8_0", "tallow.q4_k", "tallow.q6_k"})],
+    ids=["qwen2-1.5b", "qwen2-0.5b-fallbacks"])
+def test_prompt_logits_match_transformers(tmp_path, arch, scale, kinds):
+    """Every position's logits of a 20-token prompt (all products on the tiles) against transformers
+    loading the same Q4_K_M-recipe GGUF (gguf-py dequantises the blocks to float32 there); the
+    0.5B shape's 128-wide rows are not whole 256-blocks, so it has llama.cpp's Q5_0 / Q8_0 fallbacks."""
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("transformers")
+    import tallow
+    sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+    import make_synthetic_gguf as maker
+    sys.path.pop(0)
+    path = tmp_path / f"{arch}.gguf"
+    maker.write(str(path), arch, "q4_k_m", scale=scale, layers=2, vocab=1024)
+    f = tallow.io.open(str(path))
+    assert {str(f.info(n).dtype) for n in f.keys()} == kinds
+    ref = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref(torch.tensor([PROMPT])).logits[0].numpy()
+    got = tallow.load_model(str(path), device="cpu")(PROMPT).numpy()[0]
+    assert got.shape == want.shape
+    scale_ = float(np.abs(want).max())
+    assert scale_ > 0.5
+    # int8 activations (one scale per 256 values on K-quant rows, per 32 on the others, as ggml's
+    # prompt path): llama.cpp's own error on such files is 0.17-0.92% of the logits' range
+    err = float(np.abs(got - want).max())
+    assert err <= 1.5e-2 * scale_, f"max |diff| {err:.3g} (logits up to {scale_:.3g})"
+    assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() >= 0.9
