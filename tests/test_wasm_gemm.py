@@ -20,7 +20,10 @@ if build.linker() is None:
 
 from random_blocks import FORMATS, random_blocks  # noqa: E402
 
-SHAPES = [(1, 1, 1), (1, 9, 33), (5, 13, 7), (4, 8, 4), (7, 17, 64), (130, 37, 61)]  # (m, n, k)
+# (m, n, k): one row, tails of the 4x8 tile, blocks of 128 rows (k = 61) and of 16 rows (k = 640: the packed A
+# tiles that fit the stack), then A read where it lies (k = 641, 2600)
+SHAPES = [(1, 1, 1), (1, 9, 33), (5, 13, 7), (4, 8, 4), (7, 17, 64), (130, 37, 61), (37, 19, 640), (30, 19, 641),
+          (9, 11, 2600)]
 
 
 @pytest.fixture(scope="module")

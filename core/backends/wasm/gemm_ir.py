@@ -21,6 +21,7 @@ broadcast A values per k. A tail of m % MR rows runs a 1-row kernel, a tail of n
 only the valid lanes. The A block (MB rows) stays in cache across the panels of its block.
 """
 from llvmlite import ir
+from numba.core import cgutils
 
 from ..cpu.kernels import codes, vector_ir
 from .kernels_ir import (_F32, _I8, _I16, _I32, _I64, _P32, _const_vec, _function, _intrinsic, _Loop, _slot,
@@ -28,6 +29,9 @@ from .kernels_ir import (_F32, _I8, _I16, _I32, _I64, _P32, _const_vec, _functio
 from .program import GEMM_MB as MB, GEMM_MR as MR, GEMM_NR as NR, gemm_scratch_floats as scratch_floats  # noqa: F401
 
 # MR x NR: the micro-tile (rows of A x weight rows); MB: rows of A a block (in cache while every panel passes)
+STACK_A_FLOATS = 10240  # 40 KB of the module's 64 KiB stack: a block's A tiles, packed (the host's scratch is
+#                         the panel's alone, program.gemm_scratch_floats)
+PACKED_ROWS_MIN = 16  # the packed path needs blocks of at least this many rows (so k <= 640)
 _VN = _vec(_F32, NR)
 _V4 = _vec(_F32, 4)
 
@@ -45,21 +49,23 @@ def _pack_rows_f32(b, rows, valid, k, panel, vector_load):
     rows a step, transposed by shuffles; then the k % 4 tail one value at a time. vector_load(row, p)
     gives row[p:p + 4] as <4 x float>, scalar_load(row, p) one value."""
     load4, load1 = vector_load
+    width = len(rows)
+    vt = _vec(_F32, width)
     full = b.mul(b.udiv(k, _c(4)), _c(4))
     zero4 = ir.Constant(_V4, [ir.Constant(_F32, 0.0)] * 4)
     with _Loop(b, full, step=4) as p:
-        vs = [b.select(valid[c], load4(rows[c], p), zero4) for c in range(NR)]
-        while len(vs) > 1:  # concatenate: <NR*4 x float>, row c's four values at 4c
-            width = vs[0].type.count
-            vs = [b.shuffle_vector(vs[i], vs[i + 1], _const_vec(_I32, range(2 * width))) for i in range(0, len(vs), 2)]
+        vs = [b.select(valid[c], load4(rows[c], p), zero4) for c in range(width)]
+        while len(vs) > 1:  # concatenate: <width*4 x float>, row c's four values at 4c
+            count = vs[0].type.count
+            vs = [b.shuffle_vector(vs[i], vs[i + 1], _const_vec(_I32, range(2 * count))) for i in range(0, len(vs), 2)]
         for q in range(4):
-            out = b.shuffle_vector(vs[0], vs[0], _const_vec(_I32, [4 * c + q for c in range(NR)]))
-            at = b.bitcast(b.gep(panel, [b.mul(b.add(p, _c(q)), _c(NR))]), _VN.as_pointer())
+            out = b.shuffle_vector(vs[0], vs[0], _const_vec(_I32, [4 * c + q for c in range(width)]))
+            at = b.bitcast(b.gep(panel, [b.mul(b.add(p, _c(q)), _c(width))]), vt.as_pointer())
             b.store(out, at).align = 4
     with _Loop(b, k, start=full) as p:
-        for c in range(NR):
+        for c in range(width):
             v = b.select(valid[c], load1(rows[c], p), ir.Constant(_F32, 0.0))
-            b.store(v, b.gep(panel, [b.add(b.mul(p, _c(NR)), _c(c))]))
+            b.store(v, b.gep(panel, [b.add(b.mul(p, _c(width)), _c(c))]))
 
 
 def _f32_loads(b):
@@ -113,6 +119,31 @@ def _tile(b, a, lda, i0, rows, panel, k, accs):
             b.store(_intrinsic(b, f"llvm.fmuladd.v{NR}f32", _VN, [x, w, b.load(accs[r])]), accs[r])
 
 
+def _packed_tile(b, packed, panel, k, accs):
+    """The micro-kernel on a packed A tile ((k, MR) floats): per k one load of the MR rows' values,
+    each row's lane broadcast by a shuffle (pshufd under wasmtime; a scalar splat load per row took
+    3 instructions each), one panel load, MR x NR multiply-adds."""
+    zero = ir.Constant(_VN, [ir.Constant(_F32, 0.0)] * NR)
+    for r in range(MR):
+        b.store(zero, accs[r])
+    with _Loop(b, k) as p:
+        w = b.load(b.bitcast(b.gep(panel, [b.mul(p, _c(NR))], inbounds=True), _VN.as_pointer()))
+        w.align = 4
+        av = b.load(b.bitcast(b.gep(packed, [b.mul(p, _c(MR))], inbounds=True), _vec(_F32, MR).as_pointer()))
+        av.align = 4
+        for r in range(MR):
+            x = b.shuffle_vector(av, av, _const_vec(_I32, [r] * NR))
+            b.store(_intrinsic(b, f"llvm.fmuladd.v{NR}f32", _VN, [x, w, b.load(accs[r])]), accs[r])
+
+
+class _StepLoop(_Loop):
+    """_Loop with a step computed at run time."""
+
+    def __init__(self, builder, stop, start, step):
+        super().__init__(builder, stop, start)
+        self.step = step
+
+
 def _store_tile(b, out, ldc, i0, rows, j0, n, bias_v, accs, spill):
     """C rows i0 .. i0 + rows, columns j0 .. min(j0 + NR, n): whole vectors, or the valid lanes."""
     whole = b.icmp_signed("<=", b.add(j0, _c(NR)), n)
@@ -130,14 +161,27 @@ def _store_tile(b, out, ldc, i0, rows, j0, n, bias_v, accs, spill):
 
 
 def _blocked(b, a, lda, bias, out, ldc, m, n, k, panel, pack):
-    """The block / panel / tile loops around `pack(j0)` (fills the panel for weight rows j0..j0+NR)."""
+    """The block / panel / tile loops around `pack(j0)` (fills the panel for weight rows j0..j0+NR).
+    Where PACKED_ROWS_MIN rows of k fit STACK_A_FLOATS, each block's whole tiles are packed first on
+    the stack as (tile, k, MR) for _packed_tile, the block as many rows as fit (at most MB); otherwise
+    (k > 640) blocks of MB rows run _tile on A where it lies: blocks of a few rows would pack every
+    panel again for each (measured: 0.65x at k = 1536 with 4-row blocks)."""
     accs = [_slot(b, ir.Constant(_VN, [ir.Constant(_F32, 0.0)] * NR)) for _ in range(MR)]
     spill = _slot(b, ir.Constant(_VN, [ir.Constant(_F32, 0.0)] * NR))
     bias_slot = _slot(b, ir.Constant(_VN, [ir.Constant(_F32, 0.0)] * NR))
+    packed_a = cgutils.alloca_once(b, _F32, size=STACK_A_FLOATS)  # (an array type made LLVM's -O3 take ~45 s)
     has_bias = b.icmp_unsigned("!=", b.ptrtoint(bias, _I32), ir.Constant(_I32, 0))
-    with _Loop(b, m, step=MB) as i_block:
-        i_end = _min(b, b.add(i_block, _c(MB)), m)
+    fits = b.icmp_unsigned("<=", b.mul(k, _c(PACKED_ROWS_MIN)), _c(STACK_A_FLOATS))
+    rows_fit = b.mul(b.udiv(b.udiv(_c(STACK_A_FLOATS), b.select(fits, k, _c(1))), _c(MR)), _c(MR))
+    block = b.select(fits, _min(b, rows_fit, _c(MB)), _c(MB))
+    with _StepLoop(b, m, _c(0), block) as i_block:
+        i_end = _min(b, b.add(i_block, block), m)
         tiles = b.add(i_block, b.mul(b.udiv(b.sub(i_end, i_block), _c(MR)), _c(MR)))
+        with b.if_then(fits):
+            with _Loop(b, tiles, start=i_block, step=MR) as i0:
+                rows = [b.gep(a, [b.mul(b.add(i0, _c(r)), lda)]) for r in range(MR)]
+                at = b.gep(packed_a, [b.mul(b.sub(i0, i_block), k)])
+                _pack_rows_f32(b, rows, [ir.Constant(ir.IntType(1), 1)] * MR, k, at, _f32_loads(b))
         with _Loop(b, n, step=NR) as j0:
             pack(j0)
             b.store(ir.Constant(_VN, [ir.Constant(_F32, 0.0)] * NR), bias_slot)
@@ -150,7 +194,11 @@ def _blocked(b, a, lda, bias, out, ldc, m, n, k, panel, pack):
                     v = b.insert_element(v, value, ir.Constant(_I32, c))
                 b.store(v, bias_slot)
             with _Loop(b, tiles, start=i_block, step=MR) as i0:
-                _tile(b, a, lda, i0, MR, panel, k, accs)
+                with b.if_else(fits) as (then, otherwise):
+                    with then:
+                        _packed_tile(b, b.gep(packed_a, [b.mul(b.sub(i0, i_block), k)]), panel, k, accs)
+                    with otherwise:
+                        _tile(b, a, lda, i0, MR, panel, k, accs)
                 _store_tile(b, out, ldc, i0, MR, j0, n, b.load(bias_slot), accs, spill)
             with _Loop(b, i_end, start=tiles) as i0:
                 _tile(b, a, lda, i0, 1, panel, k, accs)
