@@ -38,7 +38,6 @@ def test_without_wasmtime_the_device_says_what_to_install():
             "try:\n    tallow.Device('wasm')\nexcept tallow.DeviceError as e:\n    print('ERR', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "ERR" in out.stdout and "pip install wasmtime" in out.stdout, out.stdout + out.stderr
-    assert "wasm" in tallow.device.unavailable() or "wasm" in tallow.device.devices()
 
 
 def test_argmax_takes_the_first_largest_and_nans_as_numpy(wasm):
