@@ -11,7 +11,7 @@ import tallow
 
 pytest.importorskip("wasmtime", reason="the wasm device runs natively under wasmtime: pip install wasmtime")
 from tallow.backends.wasm import build  # noqa: E402
-from wasm_smollm2_step import MODEL  # noqa: E402
+from wasm_smollm2_step import MODEL, cpu_greedy  # noqa: E402
 
 pytestmark = pytest.mark.models
 
@@ -24,23 +24,6 @@ def models():
     if not os.path.exists(MODEL):
         pytest.skip(f"{MODEL} is not in the tallow cache: tallow fetch smollm2-135m-instruct")
     return tallow.load_model(MODEL, device="cpu"), tallow.load_model(MODEL, device="wasm")
-
-
-def _cpu_greedy(model, prompt, tokens, rows=8):
-    """The CPU device's greedy ids with the prompt read `rows` tokens at a time: its decode-step
-    kernels (int16 activations, as kernels.wasm's products), where a longer prompt's products may
-    take other kernels (int8 activation tiles) whose rounding can change a greedy pick."""
-    cache = model.new_cache()
-    for i in range(0, len(prompt), rows):
-        logits = model(tallow.tensor([prompt[i:i + rows]], tallow.i64, model.device), cache=cache, last_only=True)
-    ids = []
-    while len(ids) < tokens:
-        token = int(logits.argmax().item())
-        if token in model.eos_token_ids:  # generate_ids stops there, without it
-            break
-        ids.append(token)
-        logits = model.forward([ids[-1]], cache=cache, last_only=True)
-    return ids
 
 
 def test_greedy_ids_on_the_wasm_device_equal_the_cpu_device_and_steps_replay_as_one_run(models):
@@ -65,7 +48,7 @@ def test_greedy_ids_on_the_wasm_device_equal_the_cpu_device_and_steps_replay_as_
     try:
         for question, tokens in (("What is the capital of France?", 12), ("Name three colours.", 10)):
             prompt = chat_prompt_ids(cpu, [{"role": "user", "content": question}])
-            want = _cpu_greedy(cpu, list(prompt), tokens)
+            want = cpu_greedy(cpu, list(prompt), tokens)
             replays[:] = []
             got = list(generate_ids(wasm, list(prompt), max_tokens=tokens))
             assert got == want, (question, got, want)

@@ -16,6 +16,25 @@ MODEL = os.path.join(os.environ.get("TALLOW_HOME", os.path.expanduser("~/.cache/
 CAPACITY = 128  # KV-cache slots: the prompt and the decoded tokens
 
 
+def cpu_greedy(model, prompt, tokens, rows=8):
+    """The CPU device's greedy ids (as generate_ids gives them: stopping before an end token) with
+    the prompt read `rows` tokens at a time: its decode-step kernels quantise activations to
+    int16 as kernels.wasm's products do, where a longer prompt's products take int8 activation
+    tiles (cpu/kernels/int_tiles.py) whose rounding can change a greedy pick."""
+    import tallow
+    cache = model.new_cache()
+    for i in range(0, len(prompt), rows):
+        logits = model(tallow.tensor([prompt[i:i + rows]], tallow.i64, model.device), cache=cache, last_only=True)
+    ids = []
+    while len(ids) < tokens:
+        token = int(logits.argmax().item())
+        if token in model.eos_token_ids:
+            break
+        ids.append(token)
+        logits = model.forward([token], cache=cache, last_only=True)
+    return ids
+
+
 class WasmSmolLM2:
     """The model's weights placed in the module's memory, and one decode step as a program."""
 
