@@ -132,6 +132,11 @@ class WasmBackend(GpuBackend):
     def features(self):
         return {"driver": self.driver.name, "kernels": "kernels.wasm (SIMD128)", **self.plan_features()}
 
+    def plan_features(self):
+        # cache_attention is this table's own plan (rope, the KV write and attention as one list of
+        # calls), not GpuBackend's composition; the other two compose from the primitives
+        return {"fused_ops": "cache_attention", "composed_ops": "qmatmul_bias,add_norm_linear"}
+
     def batch_rows(self, wdtype, dtype):
         return 1  # not shown: a 4-row tile's rows equal to single-row products bit for bit
 
