@@ -158,7 +158,8 @@ NO_WEBGPU = ("if (self.WorkerNavigator) Object.defineProperty(WorkerNavigator.pr
                                             (NO_WEBGPU, "this browser has no WebGPU (navigator.gpu is missing)")],
                          ids=["null_adapter", "no_navigator_gpu"])
 def test_webgpu_without_an_adapter_runs_on_the_cpu_and_says_so_without_an_error(demo, query, override, says):
-    """Also when the page is told to use WebGPU (?device=wgpu): the CPU, and the reason shown."""
+    """Also when the page is told to use WebGPU (?device=wgpu): the CPU (the wasm device, kernels.wasm),
+    and the reason shown."""
     page = demo.context.new_page()
     demo.watch(page)
     page.add_init_script(override)
@@ -172,8 +173,8 @@ def test_webgpu_without_an_adapter_runs_on_the_cpu_and_says_so_without_an_error(
     try:
         demo.goto(page, query)
         info = page.evaluate("window.tallowDemo.ready")
-        assert info["device"] == "python" and "gpu" not in info and info["cpu_speed"]["flops_per_s"] > 0
-        assert info["cpu_speed"]["device"] == "python"
+        assert info["device"] == "wasm" and "gpu" not in info and info["cpu_speed"]["flops_per_s"] > 0
+        assert info["cpu_speed"]["device"] == "wasm" and info["wasm_error"] is None
         assert info["gpu_error"].startswith(says), info
         if query:
             assert info["device_note"].startswith(f"?device=wgpu: WebGPU is not usable here ({says}")
@@ -207,13 +208,21 @@ def test_device_python_overrides_webgpu_and_the_estimate_is_measured_there(demo)
         page.close()
 
 
-def test_device_wasm_is_named_as_not_in_the_page_yet_and_the_page_still_boots(demo):
+def test_device_wasm_overrides_webgpu_and_runs_on_kernels_wasm(demo):
+    """?device=wasm on a browser with WebGPU: the page computes on the wasm device (BrowserWasmDriver
+    over kernels.wasm), measures its speed estimate there, and an op it has no kernel for is a clear
+    UnsupportedError naming the device, not a hang."""
     page = demo.open("?device=wasm")
     try:
         info = page.evaluate("window.tallowDemo.ready")
-        assert "the WebAssembly device does not run models in the page yet" in info["device_note"]
-        assert info["device"] in ("wgpu", "python") and page.is_hidden("#error")
-        assert "device choice" in page.inner_text("#device")
+        assert info["device"] == "wasm" and info["device_note"] is None and "gpu" not in info, info
+        assert info["cpu_speed"]["device"] == "wasm" and page.is_hidden("#error")
+        assert "CPU (WebAssembly SIMD)" in page.inner_text("#device")
+        assert demo.run(page, "import tallow\nx = tallow.tensor([[0.0, 1, 2], [3, 4, 5]], device='wasm')\n"
+                              "(x @ tallow.ones(3, 2, device='wasm') + 1).tolist()") == [[4, 4], [13, 13]]
+        said = demo.run(page, "import tallow\ntry:\n    tallow.ones(4, device='wasm').cumsum(0).tolist()\n"
+                              "    said = None\nexcept tallow.errors.UnsupportedError as e:\n    said = str(e)\nsaid")
+        assert said and "wasm device" in said, said
     finally:
         page.close()
 
@@ -234,16 +243,16 @@ def test_a_software_webgpu_adapter_gets_a_cpu_speed_estimate(demo, ui):
 def test_chromium_with_webgpu_disabled_boots_on_the_cpu(demo):
     """Chromium's --disable-webgpu (without --enable-unsafe-webgpu) keeps navigator.gpu, and its
     requestAdapter() resolves null, as on Linux without a GPU driver: the real null adapter, not a
-    stub. The page runs on the CPU, says why, and shows no error."""
+    stub. The page runs on the CPU (the wasm device), says why, and shows no error."""
     with demo.other_browser(["--disable-webgpu"], without=["--enable-unsafe-webgpu"]) as browser:
         page = browser.new_page()
         demo.watch(page)
         seen = len(demo.console)
         demo.goto(page)
         info = page.evaluate("window.tallowDemo.ready")
-        assert info["device"] == "python" and "gpu" not in info, info
+        assert info["device"] == "wasm" and "gpu" not in info, info
         assert info["gpu_error"].startswith("no WebGPU adapter (navigator.gpu.requestAdapter() found none"), info
-        assert info["cpu_speed"]["device"] == "python" and info["cpu_speed"]["flops_per_s"] > 0
+        assert info["cpu_speed"]["device"] == "wasm" and info["cpu_speed"]["flops_per_s"] > 0
         assert "not available, running on the CPU fallback: no WebGPU adapter" in page.inner_text("#device")
         assert page.is_hidden("#error") and page.is_visible("#cpu-note")
         errors = [e for e in demo.errors() if e in demo.console[seen:]]

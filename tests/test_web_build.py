@@ -279,7 +279,9 @@ def test_device_wgpu_without_webgpu_falls_back_and_says_why():
     assert info["device_note"].startswith("?device=wgpu: WebGPU is not usable here (") and info["gpu_error"], info
 
 
-@pytest.mark.parametrize("requested, says", [("wasm", "the WebAssembly device does not run models in the page yet"),
+# natively the page's wasm device cannot start (its driver is BrowserWasmDriver, Pyodide's): the boot says so
+@pytest.mark.parametrize("requested, says", [("wasm", "?device=wasm: the WebAssembly device cannot run here "
+                                                      "(DeviceError: the browser wasm driver runs only inside Pyodide"),
                                              ("tpu", "?device=tpu is not a device of this page (auto, wgpu, wasm")])
 def test_a_device_the_page_cannot_run_is_named_and_the_choice_is_automatic(requested, says):
     _, info = _boot(requested)

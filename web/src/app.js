@@ -74,9 +74,10 @@ function mb(bytes) {
   return `${(bytes / 1e6).toFixed(1)} MB`;
 }
 
-// Where a model runs, in plain words (the worker says wgpu, cpu or python).
+// Where a model runs, in plain words (the worker says wgpu, wasm, cpu or python).
 function deviceName(device) {
-  return device === "wgpu" ? "WebGPU" : device === "cpu" ? "the CPU (numpy)" : "the CPU (pure Python)";
+  return device === "wgpu" ? "WebGPU" : device === "wasm" ? "the CPU (WebAssembly SIMD)" :
+    device === "cpu" ? "the CPU (numpy)" : "the CPU (pure Python)";
 }
 
 function duration(seconds) {
@@ -174,7 +175,8 @@ function cpuWarning(kind) {
 
 function showDevice() {
   const rows = [["Python", `Pyodide ${info.pyodide}, tallow ${info.tallow}${info.numpy ? ", numpy" : ""}`],
-                ["compute", info.device === "wgpu" ? "WebGPU" : `CPU (${info.device === "cpu" ? "numpy" : "pure Python"})`]];
+                ["compute", info.device === "wgpu" ? "WebGPU" :
+                  `CPU (${info.device === "wasm" ? "WebAssembly SIMD" : info.device === "cpu" ? "numpy" : "pure Python"})`]];
   if (info.gpu) {
     rows.push(["adapter", `${info.gpu.adapter}${info.gpu.vendor ? ` (${info.gpu.vendor})` : ""}${info.gpu.cpu_emulated ? " — emulated on the CPU" : ""}`]);
     rows.push(["f16", info.gpu.f16 ? "yes (shader-f16)" : "no: f16 weights run as f32"]);

@@ -45,10 +45,6 @@ async def boot(want_gpu=True, max_binding_mb=None, requested="auto"):
         info["device_note"] = (f"?device={requested} is not a device of this page ({', '.join(DEVICES)}): "
                                "chose automatically")
         requested = "auto"
-    if requested == "wasm":  # the kernels exist (kernels.wasm) but no device runs on them in the page yet
-        info["device_note"] = ("?device=wasm: the WebAssembly device does not run models in the page yet "
-                               "(issue 31); chose automatically")
-        requested = "auto"
     if requested == "cpu" and not info["numpy"]:
         info["device_note"] = "?device=cpu needs numpy, which this page could not load: running in pure Python"
         requested = "python"
@@ -74,6 +70,18 @@ async def boot(want_gpu=True, max_binding_mb=None, requested="auto"):
             info["device_note"] = f"?device=wgpu: WebGPU is not usable here ({state['gpu_error']}): running on the CPU"
     elif requested == "wgpu":
         info["device_note"] = "?device=wgpu and ?cpu contradict each other: ?cpu wins"
+    # the wasm device (kernels.wasm, SIMD128): asked for, or the automatic choice where WebGPU has no
+    # adapter (also when ?device=wgpu asked for it), when it works here (a browser without wasm SIMD
+    # cannot compile the module). ?cpu keeps its old meaning: numpy or pure Python.
+    if requested == "wasm" or (requested in ("auto", "wgpu") and want_gpu and state["device"] is None):
+        try:
+            state["device"] = await _wasm_device()
+        except Exception as e:  # say why, and fall back to the CPU below
+            state["wasm_error"] = f"{type(e).__name__}: {e}"
+            if requested == "wasm":
+                info["device_note"] = (f"?device=wasm: the WebAssembly device cannot run here "
+                                       f"({state['wasm_error']}): chose automatically")
+    info["wasm_error"] = state.get("wasm_error")
     if state["device"] is None:
         state["device"] = tallow.Device(requested if requested in ("cpu", "python") else
                                         "cpu" if info["numpy"] else "python")
@@ -84,6 +92,19 @@ async def boot(want_gpu=True, max_binding_mb=None, requested="auto"):
     info["measure_speed"] = info["device"] != "wgpu" or info["gpu"]["cpu_emulated"]
     state["device_info"] = info
     return _json(info)
+
+
+async def _wasm_device():
+    """tallow.Device("wasm") over the page's BrowserWasmDriver, checked on one small product."""
+    from tallow.backends.wasm.browser import create_wasm_driver, register_device
+    driver = await create_wasm_driver()
+    dev = register_device(driver)
+    got = (tallow.ones(2, 8, device=dev) @ tallow.full((8, 3), 0.5, device=dev)).tolist()
+    if got != [[4.0] * 3] * 2:
+        tallow.device.restore_backend("wasm")
+        raise tallow.errors.DeviceError(f"the wasm device's probe product came out {got}, not 4.0 everywhere")
+    state["driver"] = driver
+    return dev
 
 
 def _has_numpy():
@@ -110,6 +131,12 @@ def load_model(key, path, device=None):
                   "kind": model.kind, **_speech_facts(model)})
 
 
+def _js_driver(dev):
+    """The page's driver behind dev when weights go to it from JS (WebGPU, wasm), else None."""
+    driver = state["driver"]
+    return driver if driver is not None and dev.type in ("wgpu", "wasm") and dev.backend.driver is driver else None
+
+
 def _js_source(js_data, name):
     """A ByteSource over a JS ArrayBuffer/Uint8Array, or over a sliced file (worker.mjs's SlicedFile)."""
     from tallow.io import JsArrayBufferSource, JsSlicedSource
@@ -128,7 +155,7 @@ def load_model_from_js(key, folder, weights_name, js_bytes, device=None):
 
     started = time.perf_counter()
     dev = _device(device)
-    driver = state["driver"] if dev.type == "wgpu" else None
+    driver = _js_driver(dev)
     before = (driver.bytes_from_js, driver.bytes_from_python) if driver else (0, 0)
     source = _js_source(js_bytes, weights_name)
     if weights_name.lower().endswith(".gguf"):
@@ -139,7 +166,7 @@ def load_model_from_js(key, folder, weights_name, js_bytes, device=None):
     else:
         raise tallow.errors.FormatError(f"{weights_name}: expected a .gguf or .safetensors weights file")
     state["models"][key] = model
-    if driver:
+    if driver and hasattr(driver, "flush"):
         driver.flush()  # the on-GPU conversions recorded while loading
     return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
                   "kind": model.kind, **_speech_facts(model),
@@ -166,7 +193,7 @@ def load_folder_from_js(key, folder, weight_names, js_files, device=None):
 
     started = time.perf_counter()
     dev = _device(device)
-    driver = state["driver"] if dev.type == "wgpu" else None
+    driver = _js_driver(dev)
     before = (driver.bytes_from_js, driver.bytes_from_python) if driver else (0, 0)
     sources = {name: _js_source(f, name) for name, f in zip(list(weight_names), list(js_files))}
     index = os.path.join(folder, "model.safetensors.index.json")
@@ -185,7 +212,7 @@ def load_folder_from_js(key, folder, weight_names, js_files, device=None):
         raise tallow.errors.FormatError("the picked folder has no config.json (pick a Hugging Face model folder)")
     model = load_directory(folder, device=dev, weights=weights)
     state["models"][key] = model
-    if driver:
+    if driver and hasattr(driver, "flush"):
         driver.flush()
     return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
                   "kind": model.kind,

@@ -43,8 +43,18 @@ async function makeTallowWasm(moduleBytes) {
     }
   }
 
+  // nbytes of a JS ArrayBuffer or typed array (a fetched weights file) from srcOffset, synchronously.
+  function writeFromBuffer(at, buffer, srcOffset, nbytes) {
+    const bytes = ArrayBuffer.isView(buffer) ?
+      new Uint8Array(buffer.buffer, buffer.byteOffset + srcOffset, nbytes) : new Uint8Array(buffer, srcOffset, nbytes);
+    new Uint8Array(memory.buffer, at, nbytes).set(bytes);
+  }
+
+  const zero = (at, nbytes) => new Uint8Array(memory.buffer, at, nbytes).fill(0);
+  const copy = (dst, src, nbytes) => new Uint8Array(memory.buffer).copyWithin(dst, src, src + nbytes);
+
   const table = alloc(65536 * 4);
   ex.f16_table(table);
-  return { alloc, read, write, call, writeFromSlices, table, memoryBytes: () => memory.buffer.byteLength };
+  return { alloc, read, write, call, writeFromSlices, writeFromBuffer, zero, copy, table, memoryBytes: () => memory.buffer.byteLength };
 }
 return makeTallowWasm;

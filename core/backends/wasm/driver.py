@@ -67,12 +67,16 @@ class WasmDriver:
         reuse = self._free.get(nbytes)
         if reuse:
             at = reuse.pop()
-            self._write(at, bytes(nbytes))
+            self._zero(at, nbytes)
         else:
             at = self._alloc_range(nbytes)
         buf = WasmBuffer(at, nbytes)
         weakref.finalize(buf, self._free.setdefault(nbytes, []).append, at)
         return buf
+
+    def _zero(self, at, nbytes):
+        """Zero a reused range (BrowserWasmDriver does it in JS, not through Python bytes)."""
+        self._write(at, bytes(nbytes))
 
     def _range(self, buf, byte_offset, nbytes, what):
         if byte_offset < 0 or nbytes < 0 or byte_offset + nbytes > buf.nbytes:

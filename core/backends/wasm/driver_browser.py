@@ -42,6 +42,9 @@ class BrowserWasmDriver(WasmDriver):
         _, self._ffi = _js()
         self._js = js_kernels
         self.table = int(js_kernels.table)
+        # bytes written into the memory from Python (the Pyodide heap) and straight from JS buffers
+        self.bytes_from_python = 0
+        self.bytes_from_js = 0
         self._start()
 
     def _alloc_range(self, nbytes):
@@ -55,6 +58,14 @@ class BrowserWasmDriver(WasmDriver):
 
     def _write(self, at, data):
         self._js.write(at, self._ffi.to_js(data))
+        self.bytes_from_python += len(data)
+
+    def _zero(self, at, nbytes):
+        self._js.zero(at, nbytes)
+
+    def copy_bytes(self, src, src_offset, dst, dst_offset, nbytes):
+        """nbytes from one buffer to another inside the memory, in JS."""
+        self._js.copy(self._range(dst, dst_offset, nbytes, "copy"), self._range(src, src_offset, nbytes, "copy"), nbytes)
 
     def _call(self, export, args):
         self._js.call(export, self._ffi.to_js(list(args)))
@@ -62,3 +73,18 @@ class BrowserWasmDriver(WasmDriver):
     async def write_from_slices(self, buf, byte_offset, js_file, src_offset, nbytes):
         """nbytes of a JS sliced file (worker.mjs's SlicedFile) from src_offset into buf, in JS."""
         await self._js.writeFromSlices(self._range(buf, byte_offset, nbytes, "write"), js_file, src_offset, nbytes)
+        self.bytes_from_js += nbytes
+
+    def write_from_js(self, buf, byte_offset, js_data, src_offset, nbytes):
+        """nbytes of a JS ArrayBuffer / typed array, or of a sliced file, from src_offset into buf, in JS
+        (the page's weights: tallow.io's direct_tensor through the page backend's from_js_buffer). A
+        sliced file is read asynchronously: Python waits through run_sync (entered via callPromising)."""
+        at = self._range(buf, byte_offset, nbytes, "write")
+        if hasattr(js_data, "byteLength"):
+            self._js.writeFromBuffer(at, js_data, src_offset, nbytes)
+        else:
+            if not self._ffi.can_run_sync():
+                raise DeviceError("copying a sliced file into the wasm memory needs Python entered through "
+                                  "callPromising (JSPI)")
+            self._ffi.run_sync(self._js.writeFromSlices(at, js_data, src_offset, nbytes))
+        self.bytes_from_js += nbytes

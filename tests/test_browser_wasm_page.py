@@ -1,0 +1,89 @@
+"""The wasm device as the page's device (issue 31, docs/wasm.md "The page's device choice"): in a
+Chromium without WebGPU (--disable-webgpu: navigator.gpu is there, requestAdapter() resolves
+null) the page boots on kernels.wasm through BrowserWasmDriver, its SmolLM2-135M Q4_1 weights go
+from the site's sliced files into the module's memory in JS, and the page's greedy chat gives
+the token ids tallow gives natively on the CPU (numpy) device. Needs what tests/test_browser.py
+needs, and the model in the tallow cache (`tallow fetch smollm2-135m-instruct`)."""
+import importlib.util
+import os
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ARTIFACTS = os.path.join(os.path.dirname(HERE), "test-artifacts", "browser")
+pytestmark = [pytest.mark.browser, pytest.mark.models]
+MODEL = "smollm2-135m-instruct"
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("tallow_tests_browser_harness", os.path.join(HERE, "browser", "harness.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+harness = _harness()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    harness.require_browser()
+    dist = str(tmp_path_factory.mktemp("web") / "dist")
+    harness.build_test_site(dist, part_bytes=30 * 10**6)
+    entry = harness.manifest(dist)["models"][MODEL]
+    if entry["missing"]:
+        harness.require_browser(f"{MODEL}: {entry['missing']}")
+    with harness.DemoBrowser(dist, artifacts=ARTIFACTS) as d:
+        yield d
+
+
+def _native_greedy(demo, messages, n):
+    pytest.importorskip("numpy")
+    import tallow
+    from tallow.generation import chat
+    entry = harness.manifest(demo.dist)["models"][MODEL]
+    path = os.path.join(harness.load_web_module("build")._tallow_home(), MODEL, entry["files"][0]["name"])
+    stream = chat(tallow.load_model(path, device="cpu"), messages, stream=True, max_tokens=n)
+    stream.text()
+    with tallow.io.open(path) as f:
+        tensor_bytes = sum(f.info(name).nbytes for name in f.keys())
+    return list(stream.token_ids), tensor_bytes
+
+
+def test_without_webgpu_the_page_chats_on_the_wasm_device_with_the_native_greedy_ids(demo):
+    prompt = "Name three colours of the rainbow."
+    native_ids, tensor_bytes = _native_greedy(demo, [{"role": "user", "content": prompt}], 16)
+    with demo.other_browser(["--disable-webgpu"], without=["--enable-unsafe-webgpu"]) as browser:
+        page = browser.new_page()
+        demo.watch(page)
+        seen = len(demo.console)
+        demo.goto(page)
+        info = page.evaluate("window.tallowDemo.ready")
+        assert info["device"] == "wasm" and "gpu" not in info and info["wasm_error"] is None, info
+        assert info["gpu_error"].startswith("no WebGPU adapter"), info
+        assert info["cpu_speed"]["device"] == "wasm" and info["cpu_speed"]["flops_per_s"] > 0
+        device = page.inner_text("#device")
+        assert "CPU (WebAssembly SIMD)" in device and "small matmuls on the CPU (WebAssembly SIMD)" in device
+        load = demo.request(page, "load", model=MODEL, timeout_s=300)
+        assert load["device"] == "wasm", load
+        # every tensor went from the site's sliced files into the module's memory in JS; Python
+        # read the header (and, for the prompt-sized tables the model builds, wrote far less)
+        assert load["gpu_from_js"] == tensor_bytes, (load, tensor_bytes)
+        assert load["read_into_python"] < (8 << 20) and load["gpu_from_python"] < tensor_bytes // 4, load
+        page.fill("#max-tokens", "16")
+        page.fill("#chat-input", prompt)
+        started = time.perf_counter()
+        page.click("#send")
+        page.wait_for_selector(".assistant[data-done]", timeout=300_000)
+        assert not page.is_visible("#error"), page.inner_text("#error")
+        stats = page.inner_text("#chat-stats")
+        ids = demo.run(page, "import tallow_web_worker as w\nw.state['last_chat_ids']")
+        replays, memory = demo.run(page, "import tallow\nb = tallow.Device('wasm').backend\n"
+                                         "[b.replays, b.driver._js.memoryBytes()]")
+        print(f"page chat on wasm: {time.perf_counter() - started:.1f} s, {stats}; {replays} replays, "
+              f"wasm memory {memory / 1e6:.1f} MB for {tensor_bytes / 1e6:.1f} MB of tensors")
+        assert ids == native_ids
+        assert replays >= 16 - 3  # decoded by replaying the captured step: one `run` call a token
+        errors = [e for e in demo.errors() if e in demo.console[seen:]]
+        assert not errors, errors
