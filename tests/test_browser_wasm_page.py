@@ -2,8 +2,9 @@
 Chromium without WebGPU (--disable-webgpu: navigator.gpu is there, requestAdapter() resolves
 null) the page boots on kernels.wasm through BrowserWasmDriver, its SmolLM2-135M Q4_1 weights go
 from the site's sliced files into the module's memory in JS, and the page's greedy chat gives
-the token ids tallow gives natively on the CPU (numpy) device. Needs what tests/test_browser.py
-needs, and the model in the tallow cache (`tallow fetch smollm2-135m-instruct`)."""
+the token ids tallow gives natively on the CPU (numpy) device; Whisper tiny.en transcribes jfk.wav
+to the exact sentence there. Needs what tests/test_browser.py needs, and the models in the tallow
+cache (`tallow fetch smollm2-135m-instruct whisper-tiny.en`)."""
 import importlib.util
 import os
 import time
@@ -14,6 +15,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ARTIFACTS = os.path.join(os.path.dirname(HERE), "test-artifacts", "browser")
 pytestmark = [pytest.mark.browser, pytest.mark.models]
 MODEL = "smollm2-135m-instruct"
+JFK = os.path.join(HERE, "data", "jfk.wav")
+JFK_TEXT = "And so my fellow Americans ask not what your country can do for you, ask what you can do for your country."
 
 
 def _harness():
@@ -38,6 +41,16 @@ def demo(tmp_path_factory):
         yield d
 
 
+@pytest.fixture(scope="module")
+def nogpu(demo):
+    """A page in a Chromium without WebGPU (a real null adapter), booted."""
+    with demo.other_browser(["--disable-webgpu"], without=["--enable-unsafe-webgpu"]) as browser:
+        page = browser.new_page()
+        demo.watch(page)
+        demo.goto(page)
+        yield page
+
+
 def _native_greedy(demo, messages, n):
     pytest.importorskip("numpy")
     import tallow
@@ -51,39 +64,54 @@ def _native_greedy(demo, messages, n):
     return list(stream.token_ids), tensor_bytes
 
 
-def test_without_webgpu_the_page_chats_on_the_wasm_device_with_the_native_greedy_ids(demo):
+def test_without_webgpu_the_page_chats_on_the_wasm_device_with_the_native_greedy_ids(demo, nogpu):
     prompt = "Name three colours of the rainbow."
     native_ids, tensor_bytes = _native_greedy(demo, [{"role": "user", "content": prompt}], 16)
-    with demo.other_browser(["--disable-webgpu"], without=["--enable-unsafe-webgpu"]) as browser:
-        page = browser.new_page()
-        demo.watch(page)
-        seen = len(demo.console)
-        demo.goto(page)
-        info = page.evaluate("window.tallowDemo.ready")
-        assert info["device"] == "wasm" and "gpu" not in info and info["wasm_error"] is None, info
-        assert info["gpu_error"].startswith("no WebGPU adapter"), info
-        assert info["cpu_speed"]["device"] == "wasm" and info["cpu_speed"]["flops_per_s"] > 0
-        device = page.inner_text("#device")
-        assert "CPU (WebAssembly SIMD)" in device and "small matmuls on the CPU (WebAssembly SIMD)" in device
-        load = demo.request(page, "load", model=MODEL, timeout_s=300)
-        assert load["device"] == "wasm", load
-        # every tensor went from the site's sliced files into the module's memory in JS; Python
-        # read the header (and, for the prompt-sized tables the model builds, wrote far less)
-        assert load["gpu_from_js"] == tensor_bytes, (load, tensor_bytes)
-        assert load["read_into_python"] < (8 << 20) and load["gpu_from_python"] < tensor_bytes // 4, load
-        page.fill("#max-tokens", "16")
-        page.fill("#chat-input", prompt)
-        started = time.perf_counter()
-        page.click("#send")
-        page.wait_for_selector(".assistant[data-done]", timeout=300_000)
-        assert not page.is_visible("#error"), page.inner_text("#error")
-        stats = page.inner_text("#chat-stats")
-        ids = demo.run(page, "import tallow_web_worker as w\nw.state['last_chat_ids']")
-        replays, memory = demo.run(page, "import tallow\nb = tallow.Device('wasm').backend\n"
-                                         "[b.replays, b.driver._js.memoryBytes()]")
-        print(f"page chat on wasm: {time.perf_counter() - started:.1f} s, {stats}; {replays} replays, "
-              f"wasm memory {memory / 1e6:.1f} MB for {tensor_bytes / 1e6:.1f} MB of tensors")
-        assert ids == native_ids
-        assert replays >= 16 - 3  # decoded by replaying the captured step: one `run` call a token
-        errors = [e for e in demo.errors() if e in demo.console[seen:]]
-        assert not errors, errors
+    page = nogpu
+    seen = len(demo.console)
+    info = page.evaluate("window.tallowDemo.ready")
+    assert info["device"] == "wasm" and "gpu" not in info and info["wasm_error"] is None, info
+    assert info["gpu_error"].startswith("no WebGPU adapter"), info
+    assert info["cpu_speed"]["device"] == "wasm" and info["cpu_speed"]["flops_per_s"] > 0
+    device = page.inner_text("#device")
+    assert "CPU (WebAssembly SIMD)" in device and "small matmuls on the CPU (WebAssembly SIMD)" in device
+    load = demo.request(page, "load", model=MODEL, timeout_s=300)
+    assert load["device"] == "wasm", load
+    # every tensor went from the site's sliced files into the module's memory in JS; Python
+    # read the header (and, for the prompt-sized tables the model builds, wrote far less)
+    assert load["gpu_from_js"] == tensor_bytes, (load, tensor_bytes)
+    assert load["read_into_python"] < (8 << 20) and load["gpu_from_python"] < tensor_bytes // 4, load
+    page.fill("#max-tokens", "16")
+    page.fill("#chat-input", prompt)
+    started = time.perf_counter()
+    page.click("#send")
+    page.wait_for_selector(".assistant[data-done]", timeout=300_000)
+    assert not page.is_visible("#error"), page.inner_text("#error")
+    stats = page.inner_text("#chat-stats")
+    ids = demo.run(page, "import tallow_web_worker as w\nw.state['last_chat_ids']")
+    replays, memory = demo.run(page, "import tallow\nb = tallow.Device('wasm').backend\n"
+                                     "[b.replays, b.driver._js.memoryBytes()]")
+    print(f"page chat on wasm: {time.perf_counter() - started:.1f} s, {stats}; {replays} replays, "
+          f"wasm memory {memory / 1e6:.1f} MB for {tensor_bytes / 1e6:.1f} MB of tensors")
+    assert ids == native_ids
+    assert replays >= 16 - 3  # decoded by replaying the captured step: one `run` call a token
+    errors = [e for e in demo.errors() if e in demo.console[seen:]]
+    assert not errors, errors
+
+
+def test_without_webgpu_whisper_transcribes_jfk_on_the_wasm_device(demo, nogpu):
+    """Whisper tiny.en through the page's file input, without timestamp tokens: the exact sentence."""
+    if harness.manifest(demo.dist)["models"]["whisper-tiny.en"]["missing"]:
+        harness.require_browser("whisper-tiny.en is not in the tallow cache")
+    page = nogpu
+    seen = len(demo.console)
+    page.uncheck("#timestamps")
+    started = time.perf_counter()
+    page.set_input_files("#audio-file", JFK)
+    text, error = demo.wait_for_text(page, "#transcript[data-done]", timeout_s=600)
+    stats = page.inner_text("#speech-stats")
+    print(f"page jfk on wasm: {time.perf_counter() - started:.1f} s, {stats}")
+    assert not error, error
+    assert text == JFK_TEXT
+    errors = [e for e in demo.errors() if e in demo.console[seen:]]
+    assert not errors, errors

@@ -43,7 +43,8 @@ class PageWasmBackend(WasmBackend):
             else:
                 spans.append((st, lay.offset * dtype.itemsize, lay.numel() * dtype.itemsize))
         total = sum(n for _, _, n in spans)
-        out = WasmStorage(self.driver.alloc_bytes(total), dtype, total if dtype.is_quantized else total // dtype.itemsize)
+        numel = total if dtype.is_quantized else total // dtype.itemsize
+        out = WasmStorage(self.driver.alloc_bytes(total), dtype, numel)
         pos = 0
         for st, start, n in spans:
             if n:

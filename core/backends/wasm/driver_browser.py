@@ -65,7 +65,8 @@ class BrowserWasmDriver(WasmDriver):
 
     def copy_bytes(self, src, src_offset, dst, dst_offset, nbytes):
         """nbytes from one buffer to another inside the memory, in JS."""
-        self._js.copy(self._range(dst, dst_offset, nbytes, "copy"), self._range(src, src_offset, nbytes, "copy"), nbytes)
+        to, at = self._range(dst, dst_offset, nbytes, "copy"), self._range(src, src_offset, nbytes, "copy")
+        self._js.copy(to, at, nbytes)
 
     def _call(self, export, args):
         self._js.call(export, self._ffi.to_js(list(args)))
