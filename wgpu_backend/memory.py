@@ -1,5 +1,7 @@
 """The wgpu backend's memory: uploads (widening narrow dtypes on the GPU), downloads (packing
 them again), fills, and i64 arithmetic computed exactly on the host (_exact_i64)."""
+import math
+import struct
 from array import array
 
 from tallow.backends.gpu_plan import f32_bits, in_kernel_quant
@@ -185,6 +187,8 @@ class MemoryOps:
         values = list(values)
         if dtype.is_float:
             base, code = f32, "f"
+            if dtype is f16:  # round once, from the double, as numpy does: f32 then f16 rounds twice
+                values = [_nearest_f16(v) for v in values]
         elif dtype.kind == "i":
             base, code = i32, "i"
             if dtype is i64:
@@ -236,3 +240,12 @@ class MemoryOps:
         self._run("fill", {"Y": dtype}, [out], self._params([numel], words), (numel + 255) // 256,
                   {"VALUE": value}, label=f"fill {dtype.name}")
         return out
+
+
+def _nearest_f16(value):
+    """The f16 value nearest a Python float (ties to even; past the largest finite half, infinity),
+    which f32 holds exactly, so the device's f32 -> f16 cast leaves it as it is."""
+    try:
+        return struct.unpack("<e", struct.pack("<e", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
