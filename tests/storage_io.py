@@ -45,10 +45,20 @@ K_QUANTS = ("q4_k", "q5_k", "q6_k")
 def quantised_activation_error(x, w, qtype=None):
     """The most x @ w.T can move when x is quantised per 32 values to 16 bits (see above), and for
     K-quant weights (qtype: a name or dtype) requantised to 8 bits as the CPU's byte-dot kernels
-    do (cpu kquant_ir: a further half step of amax * 32768 / 32767 / 127)."""
+    do (cpu kquant_ir: a further half step of amax * 32768 / 32767 / 127). A prompt (more than
+    PROMPT_ROWS rows of x) may instead be quantised to 8 bits once, as ggml does, per 32 values,
+    or per 256 for the K-quants (cpu int_tiles): a half step of that block's amax / 127."""
     k = x.shape[-1]
     amax = np.abs(x.reshape(*x.shape[:-1], k // 32, 32)).max(axis=-1)
     step = amax / 32767
-    if str(getattr(qtype, "name", qtype)).lower() in K_QUANTS:
+    kquant = str(getattr(qtype, "name", qtype)).lower() in K_QUANTS
+    if kquant:
         step = step + amax * (32768 / 32767) / 127
+    if x.reshape(-1, k).shape[0] > PROMPT_ROWS:
+        group = 256 if kquant and k % 256 == 0 else 32
+        wide = np.abs(x.reshape(*x.shape[:-1], k // group, group)).max(axis=-1)
+        step = np.maximum(step, np.repeat(wide, group // 32, axis=-1) / 127)
     return (step / 2) @ np.abs(w.reshape(w.shape[0], k // 32, 32)).sum(axis=-1).T
+
+
+PROMPT_ROWS = 8  # (the CPU's kernel_calls.FUSED_MAX_ROWS: more rows take its 8-bit prompt tiles)

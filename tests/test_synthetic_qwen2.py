@@ -123,8 +123,9 @@ def test_tiny_qwen2_q4_k_m_logits_equal_transformers(tiny_qwen2):
         ref = ref_model(torch.tensor([ids])).logits[0].numpy()
     out = tallow.load_model(tiny_qwen2, device="cpu")(ids).numpy().reshape(len(ids), -1)
     assert ref.std() > 1.0
-    # the K-quant products take 8-bit activations (one scale per 32 values; the prompt's 40 rows run on
-    # those kernels: cpu kernel_calls.KQUANT_FUSED_MAX_ROWS): max error 5.1% of the logits' std here,
-    # llama.cpp 0.3.36's 10.9% (its 8 bits per 256); through f32 tiles and BLAS it was 7e-6
-    np.testing.assert_allclose(out, ref, atol=8e-2 * ref.std(), rtol=0)
+    # the prompt's 40 rows run on the CPU's integer tiles (cpu int_tiles): 8-bit activations, one scale
+    # per 256 values on K-quant matrices and per 32 on the others, as llama.cpp's prompts: max error
+    # 10.0% of the logits' std here, llama.cpp 0.3.36's 10.9%; session 36's byte-dot tiles (8 bits per
+    # 32 on the K-quants, 16 bits otherwise) 5.1%; through f32 tiles and BLAS it was 7e-6
+    np.testing.assert_allclose(out, ref, atol=0.12 * ref.std(), rtol=0)
     assert (out.argmax(-1) == ref.argmax(-1)).all()
