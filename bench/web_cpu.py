@@ -3,9 +3,12 @@ for wasm (npm `@wllama/wllama`) and whisper.cpp built for wasm (npm `@transcribe
 one headless Chromium on this box, in the same run.
 
 * SmolLM2-135M-Instruct Q4_1 (the same GGUF for both): a 64-token prompt, then 32 greedy decode
-  tokens. tallow runs kernels.wasm's recorded programs (the prompt as one `run` call, each token
-  one call: the wasm device's kernels and replay, driven from JS as bench/wasm_step_chromium.py
-  does); wllama runs llama.cpp's server loop in its worker (`n_gpu_layers: 0`, temperature 0,
+  tokens. tallow runs in the demo page opened with `?device=wasm` in a Chromium without WebGPU
+  (the page's wasm device: BrowserWasmDriver, the model loaded by the page, tallow's own
+  generation loop in the worker, one replayed `run` call a token); the ratios use this. The
+  second tallow line is kernels.wasm's recorded programs driven from JS with no Python (the
+  prompt as one `run` call, each token one call, as bench/wasm_step_chromium.py does); wllama
+  runs llama.cpp's server loop in its worker (`n_gpu_layers: 0`, temperature 0,
   `ignore_eos`), its own timings. 1 thread each, then N threads for wllama where the page is
   cross-origin isolated (this bench serves COOP/COEP headers); tallow's kernels are one thread.
 * jfk.wav with Whisper tiny.en: whisper.cpp on a ggml file converted by bench/ggml_whisper.py from
@@ -146,9 +149,11 @@ def open_page(browser, url, timeout_s):
     return result
 
 
-def tallow_whisper_in_page(limit_s):
-    """(seconds or None past limit_s, device the page used, text): the demo page, `?device=wasm`, in a
-    Chromium without WebGPU, transcribing jfk.wav with whisper-tiny.en."""
+def tallow_in_page(ids, limit_s, whisper=True):
+    """The demo page itself, `?device=wasm`, in a Chromium without WebGPU: SmolLM2 on the prompt ids
+    (stream() in the page's worker on the page's loaded model: prefill and decode tok/s, the ids, the
+    device the model is on), then jfk.wav with whisper-tiny.en through the page's transcribe request
+    ((seconds or None past limit_s, text)). Returns (device the page chose, smollm2, whisper)."""
     from browser import harness
     with tempfile.TemporaryDirectory() as tmp:
         dist = os.path.join(tmp, "dist")
@@ -159,19 +164,28 @@ def tallow_whisper_in_page(limit_s):
             demo.watch(page)
             demo.goto(page, "?device=wasm", timeout_s=300)
             device = page.evaluate("window.tallowDemo.ready").get("device")
-            demo.request(page, "load", model="whisper-tiny.en", timeout_s=600)
-            with open(JFK, "rb") as f:
-                wav = list(f.read())
-            started = time.perf_counter()
-            r = page.evaluate("""async ([bytes, ms]) => await Promise.race([
-                window.tallowDemo.request('transcribe', {model: 'whisper-tiny.en', audio: new Uint8Array(bytes),
-                                                          samples: false}),
-                new Promise((resolve) => setTimeout(() => resolve(null), ms))])""", [wav, limit_s * 1000])
-            seconds = time.perf_counter() - started
+            demo.request(page, "load", model="smollm2-135m-instruct", timeout_s=600)
+            smollm2 = demo.run(page, f"""import tallow_web_worker as w
+from tallow.generation import stream
+m = w.state['models']['smollm2-135m-instruct']
+s = stream(m, {list(ids)!r}, max_tokens={DECODE_TOKENS}, stop_tokens=[])
+s.text()
+dict(ids=list(s.token_ids), prefill_tok_s=s.prefill_tokens_per_second, tok_s=s.decode_tokens_per_second,
+     device=str(m.device), replays=m.device.backend.replays if m.device.type == 'wasm' else 0)""", timeout_s=900)
+            speech = None
+            if whisper:
+                demo.request(page, "load", model="whisper-tiny.en", timeout_s=600)
+                with open(JFK, "rb") as f:
+                    wav = list(f.read())
+                started = time.perf_counter()
+                r = page.evaluate("""async ([bytes, ms]) => await Promise.race([
+                    window.tallowDemo.request('transcribe', {model: 'whisper-tiny.en', audio: new Uint8Array(bytes),
+                                                              samples: false}),
+                    new Promise((resolve) => setTimeout(() => resolve(null), ms))])""", [wav, limit_s * 1000])
+                seconds = time.perf_counter() - started
+                speech = (None, "") if r is None else (r.get("seconds", seconds), r.get("text", ""))
             page.close()
-    if r is None:
-        return None, device, ""
-    return r.get("seconds", seconds), device, r.get("text", "")
+    return device, smollm2, speech
 
 
 def main():
@@ -249,9 +263,13 @@ def main():
     load = os.getloadavg()[0]
     print(f"load average {load:.1f}; cross-origin isolated: {peer['isolated']}")
     print(f"SmolLM2-135M-Instruct Q4_1, {PROMPT_TOKENS}-token prompt, {DECODE_TOKENS} greedy tokens:")
-    print(f"  tallow kernels.wasm, 1 thread: prefill {ours['prefill_tok_s']:.1f} tok/s, decode {ours['tok_s']:.1f} tok/s"
-          f" (wasmtime in this process: {native['wasmtime_prefill_tok_s']:.1f} / {native['wasmtime_tok_s']:.1f};"
-          f" ids equal wasmtime's: {ours['ids'] == native['native_ids']})")
+    device, page_llm, speech = tallow_in_page(ids, args.whisper_limit_s, whisper=not args.skip_whisper)
+    print(f"  tallow page ?device=wasm (ran on {device}; the model on {page_llm['device']}), 1 thread: prefill "
+          f"{page_llm['prefill_tok_s']:.1f} tok/s, decode {page_llm['tok_s']:.1f} tok/s ({page_llm['replays']} replays;"
+          f" ids equal native tallow's: {page_llm['ids'] == native['native_ids'][:len(page_llm['ids'])]})")
+    print(f"  tallow kernels.wasm programs driven from JS, 1 thread: prefill {ours['prefill_tok_s']:.1f} tok/s, decode "
+          f"{ours['tok_s']:.1f} tok/s (wasmtime in this process: {native['wasmtime_prefill_tok_s']:.1f} / "
+          f"{native['wasmtime_tok_s']:.1f}; ids equal wasmtime's: {ours['ids'] == native['native_ids']})")
     runs = peer["runs"]
     for t in threads:
         tm = runs[str(t)]["timings"]
@@ -260,15 +278,15 @@ def main():
     print(f"  texts: tallow {model.tokenizer.decode(ours['ids'][:DECODE_TOKENS])!r}")
     print(f"         wllama {runs['1']['text']!r}")
     w1 = runs["1"]["timings"]
-    decode = ours["tok_s"] / w1["predicted_per_second"]
-    prefill = ours["prefill_tok_s"] / w1["prompt_per_second"]
+    decode = page_llm["tok_s"] / w1["predicted_per_second"]
+    prefill = page_llm["prefill_tok_s"] / w1["prompt_per_second"]
     whisper = float("nan")
     if shout is not None:
         for t in threads:
             run = shout["runs"][str(t)]
             text = "".join(seg.get("text", "") for seg in (run["result"] or {}).get("transcription", []))
             print(f"  whisper.cpp (shout) {t} thread(s): jfk {run['seconds']:.2f} s: {text.strip()!r}")
-        seconds, device, text = tallow_whisper_in_page(args.whisper_limit_s)
+        seconds, text = speech
         if seconds is None:
             print(f"  tallow page ?device=wasm (ran on {device}): jfk not finished in {args.whisper_limit_s:.0f} s;"
                   f" the ratio below is an upper bound")
