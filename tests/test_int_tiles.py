@@ -28,6 +28,8 @@ def _kernels_on(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     if kernel_calls.kernels() is None:
         pytest.skip("CPU kernels unavailable")
+    # the 32-value formats' tiles are off by default (kernel_calls.TILE_32_MAX_ROWS): tested on as well
+    monkeypatch.setattr(kernel_calls, "TILE_32_MAX_ROWS", kernel_calls.TILE_MAX_ROWS)
     yield
     monkeypatch.undo()
     kernel_calls.set_threads(kernel_calls.thread_count())
@@ -108,6 +110,7 @@ def test_tiles_run_as_plain_python():
         "from tallow.backends.cpu.runtime import kernel_calls\n"
         "import test_int_tiles as t\n"
         "kernel_calls.kernels()\n"
+        "kernel_calls.TILE_32_MAX_ROWS = kernel_calls.TILE_MAX_ROWS\n"
         "rng = np.random.default_rng(3)\n"
         "for q in ('q4_0', 'q8_0', 'q4_k', 'q6_k'):\n"
         "    bs = t.get_dtype(q).block_size\n"
