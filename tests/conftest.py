@@ -29,10 +29,9 @@ DEVICES = {
     "metal-emulator": ("metal", "tallow_metal.cpu_driver:MetalCpuEmulatorBackend"),
     "wasm": ("wasm", None),
 }
-# The wasm device (kernels.wasm under wasmtime) runs the conformance suite only, which adds it
-# (tests/conformance/conftest.py); its kernel set is the decode ops so far (docs/wasm.md).
+# The wasm device (kernels.wasm under wasmtime) runs the conformance suite only, which
+# pytest_generate_tests adds it to; what it cannot run is listed in conformance/wasm_limits.py.
 ALL_DEVICES = tuple(d for d in DEVICES if d != "wasm")
-
 
 
 def pytest_generate_tests(metafunc):

@@ -125,7 +125,13 @@ class Backend:
         self._missing("full")
 
     def arange(self, start, step, numel, dtype):
-        self._missing("arange")
+        """start + step * i for i < numel, computed on the host and stored with from_list (a backend
+        with a fill kernel computes it on the device instead)."""
+        if dtype.is_float:
+            values = [start + step * float(i) for i in range(numel)]
+        else:
+            values = [int(start) + int(step) * i for i in range(numel)]
+        return self.from_list(values, dtype)
 
     # ---- element-wise -----------------------------------------------------
     def copy(self, storage, layout, dtype):

@@ -162,13 +162,6 @@ class KernelBackend(GpuBackend):
         self._run("elementwise", width_kernel("fill", dtype), numel, [out, U64(scalar_bits(value, dtype)), I64(numel)])
         return out
 
-    def arange(self, start, step, numel, dtype):
-        if dtype.is_float:
-            values = [start + step * float(i) for i in range(numel)]
-        else:
-            values = [int(start) + int(step) * i for i in range(numel)]
-        return self.from_list(values, dtype)
-
     # ---- element-wise ---------------------------------------------------------------
     def copy(self, st, layout, dtype):
         if dtype.is_quantized:  # blocks are copied whole, byte by byte

@@ -199,13 +199,6 @@ class WasmBackend(GpuBackend):
             cap.computed_on_host("a fill (host write)")
         return self._upload(self._pack([value], dtype) * numel, dtype, numel)
 
-    def arange(self, start, step, numel, dtype):
-        if dtype.is_float:
-            values = [start + step * float(i) for i in range(numel)]
-        else:
-            values = [int(start) + int(step) * i for i in range(numel)]
-        return self.from_list(values, dtype)
-
     def overwrite(self, storage, data, dtype):
         data = bytes(data)
         if len(data) > storage.nbytes:
