@@ -224,7 +224,8 @@ def main():
     folder = tempfile.mkdtemp(prefix="tallow-web-cpu-")
     try:
         native = write_site(folder, model, ids, DECODE_TOKENS, page="tallow.html")
-        _link(os.path.join(modules, "@wllama", "wllama", "esm", "index.js"), os.path.join(folder, "peers", "wllama", "index.js"))
+        _link(os.path.join(modules, "@wllama", "wllama", "esm", "index.js"),
+              os.path.join(folder, "peers", "wllama", "index.js"))
         _link(os.path.join(modules, "@wllama", "wllama", "esm", "wasm", "wllama.wasm"),
               os.path.join(folder, "peers", "wllama", "wllama.wasm"))
         _link(os.path.join(modules, "@transcribe", "shout", "src", "shout", "shout.wasm.js"),
@@ -234,7 +235,8 @@ def main():
             with open(os.path.join(folder, name), "w") as f:
                 f.write(text)
         with open(os.path.join(folder, "wllama.json"), "w") as f:
-            json.dump({"model": "model.gguf", "prompt": model.tokenizer.decode(ids), "tokens": DECODE_TOKENS, "threads": threads}, f)
+            json.dump({"model": "model.gguf", "prompt": model.tokenizer.decode(ids), "tokens": DECODE_TOKENS,
+                       "threads": threads}, f)
         if not args.skip_whisper:
             _link(ggml, os.path.join(folder, "ggml-tiny.en.bin"))
             jfk_samples().tofile(os.path.join(folder, "jfk.f32"))

@@ -92,19 +92,7 @@ class _Cursor:
         so the whole is valid exactly when every part is) and split again: -20% of the loop.
         A string holding a NUL itself, bad UTF-8, or a run past the bytes at hand goes the
         one-by-one way, which finds and names the fault."""
-        data, pos, size, unpack = self.data, self.pos, self.size, _U64.unpack_from
-        parts = []
-        append = parts.append
-        for _ in range(n):
-            if pos + 8 > size:
-                break
-            ln = unpack(data, pos)[0]
-            pos += 8
-            if ln > size - pos:
-                break
-            end = pos + ln
-            append(data[pos:end])
-            pos = end
+        parts, starts, pos = self._cut_strings(n)
         if len(parts) == n:
             joined = b"\0".join(parts)
             if joined.count(b"\0") == n - 1:
@@ -115,31 +103,36 @@ class _Cursor:
                 else:
                     self.pos = pos
                     return out
-        return self._strings_one_by_one(n)
-
-    def _strings_one_by_one(self, n):
-        data, pos, size, unpack = self.data, self.pos, self.size, _U64.unpack_from
         out = []
-        append = out.append
-        try:
-            for _ in range(n):
-                if pos + 8 > size:
-                    break
-                ln = unpack(data, pos)[0]
-                pos += 8
-                if ln > size - pos:
-                    break
-                append(str(data[pos:pos + ln], "utf-8"))
-                pos += ln
-        except UnicodeDecodeError as e:
-            self.pos = pos
-            self.fail(f"string at offset {pos} is not UTF-8 ({e.reason})")
+        for raw, start in zip(parts, starts):
+            try:
+                out.append(str(raw, "utf-8"))
+            except UnicodeDecodeError as e:
+                self.pos = start
+                self.fail(f"string at offset {start} is not UTF-8 ({e.reason})")
         self.pos = pos
         if len(out) < n:
-            if size < self.file_size:
+            if self.size < self.file_size:
                 raise _NeedMore(pos + 8)  # the prefix grows at least 4x per retry
-            self.fail(f"truncated: string {len(out)} of {n} at offset {pos} runs past the end ({size} bytes)")
+            self.fail(f"truncated: string {len(out)} of {n} at offset {pos} runs past the end ({self.size} bytes)")
         return out
+
+    def _cut_strings(self, n):
+        """(the bytes of up to n strings, where each one's bytes start, the position after the
+        last whole one, or where the next one ran past the bytes at hand)."""
+        data, pos, size, unpack = self.data, self.pos, self.size, _U64.unpack_from
+        parts, starts = [], []
+        for _ in range(n):
+            if pos + 8 > size:
+                break
+            ln = unpack(data, pos)[0]
+            pos += 8
+            if ln > size - pos:
+                break
+            starts.append(pos)
+            parts.append(data[pos:pos + ln])
+            pos += ln
+        return parts, starts, pos
 
     def count(self, n, min_size, what):
         """A count read from the file, refused before looping when it cannot fit."""
