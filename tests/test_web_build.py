@@ -297,12 +297,63 @@ def test_device_wgpu_with_cpu_keeps_the_cpu():
     ({"adapter": "SwiftShader Device (Subzero)", "vendor": "google"}, False, True),
     ({"adapter": "", "vendor": "mesa", "architecture": "llvmpipe"}, False, True),
     ({"adapter": "lavapipe (LLVM 15.0.6, 256 bits)", "vendor": "mesa"}, False, True),
+    ({"adapter": "Microsoft Basic Render Driver", "vendor": "microsoft"}, False, True),  # Windows' WARP
     ({"adapter": "unknown", "vendor": ""}, True, True),  # the adapter says isFallbackAdapter
     ({"adapter": "NVIDIA GeForce RTX 3060", "vendor": "nvidia", "architecture": "ampere"}, False, False),
     ({"adapter": "", "vendor": "intel", "architecture": "gen-12lp"}, False, False),
 ])
 def test_software_adapters_are_told_from_gpus(gpu_info, emulated, software):
     assert _fresh_worker().software_adapter(gpu_info, emulated) is software
+
+
+@pytest.mark.parametrize("requested, wasm_runs, chosen", [("auto", True, "wasm"), ("auto", False, "wgpu"),
+                                                          ("wgpu", True, "wgpu")])
+def test_a_software_adapter_is_passed_over_for_the_wasm_device_and_the_page_says_why(monkeypatch, requested,
+                                                                                     wasm_runs, chosen):
+    """The automatic choice on a software WebGPU adapter (SwiftShader, as Chromium describes it) is
+    the wasm device, with the reason in the device note; where the wasm device cannot run, the
+    software adapter is still better than pure Python; ?device=wgpu keeps the adapter. Natively the
+    page's wasm driver is wasmtime's (tallow.Device("wasm")), and the adapter a NullDriver."""
+    from tallow_wgpu import browser
+    from tallow_wgpu.driver_null import NullDriver
+
+    class SwiftShader(NullDriver):
+        info = {"adapter": "SwiftShader Device (Subzero)", "vendor": "google", "architecture": "swiftshader",
+                "backend_type": "WebGPU (browser)", "adapter_type": ""}
+        cpu_emulated = False  # told from its info alone, as software_adapter does for adapter.info
+
+    async def adapter():
+        return SwiftShader()
+
+    async def wasm_device():
+        if not wasm_runs:
+            raise tallow.errors.DeviceError("no SIMD128 here")
+        return tallow.Device("wasm")
+
+    if wasm_runs:
+        try:
+            tallow.Device("wasm")
+        except tallow.errors.DeviceError as e:
+            pytest.skip(str(e))
+    monkeypatch.setattr(browser, "create_browser_driver", adapter)
+    module = _fresh_worker()
+    monkeypatch.setattr(module, "_wasm_device", wasm_device)
+    import asyncio
+    try:
+        info = json.loads(asyncio.run(module.boot(True, None, requested)))
+        assert tallow.Device("wgpu").backend.driver.info["adapter"] == "SwiftShader Device (Subzero)"
+    finally:
+        tallow.device.restore_backend("wgpu")
+    assert info["device"] == chosen and info["gpu"]["cpu_emulated"] is True and info["measure_speed"] is True, info
+    note = info["device_note"]
+    if chosen == "wasm":
+        assert note.startswith("WebGPU's adapter here (SwiftShader Device (Subzero)) is a software one that computes "
+                               "on the CPU: running on the CPU (WebAssembly SIMD)") and info["wasm_error"] is None
+    elif requested == "auto":
+        assert "the WebAssembly device cannot run here (DeviceError: no SIMD128 here): running on the software " \
+               "adapter" in note, note
+    else:
+        assert note is None and info["wasm_error"] is None
 
 
 def test_cpu_speed_on_webgpu_fits_its_matrices_to_a_small_binding_limit(worker):

@@ -160,14 +160,16 @@ function estimateSeconds(kind, amount) {
   return flops / info.cpu_speed.flops_per_s;
 }
 
-// "No WebGPU" or, on an adapter that computes on the CPU (SwiftShader, llvmpipe), "WebGPU is emulated".
-const softwareGpu = () => !!(info && info.device === "wgpu" && info.gpu && info.gpu.cpu_emulated);
+// "No WebGPU" or, on an adapter that computes on the CPU (SwiftShader, llvmpipe), "WebGPU is emulated"
+// (the automatic choice then runs the wasm device; ?device=wgpu runs the adapter: softwareGpu()).
+const emulatedGpu = () => !!(info && info.gpu && info.gpu.cpu_emulated);
+const softwareGpu = () => emulatedGpu() && info.device === "wgpu";
 
 function cpuWarning(kind) {
   if (!info || !info.cpu_speed) return "";
   const s = kind === "whisper" ? estimateSeconds("whisper", 30) : estimateSeconds("llm", 64 + 30);
   if (s === null) return "";
-  const where = softwareGpu() ? "WebGPU is emulated on the CPU here" : "No WebGPU";
+  const where = emulatedGpu() ? "WebGPU is emulated on the CPU here" : "No WebGPU";
   return kind === "whisper" ?
     `${where}: on this CPU 30 s of speech takes about ${duration(s)}. It still runs when asked (one request at a time).` :
     `${where}: on this CPU a 64-token reply takes about ${duration(s)}. It still runs when asked (one request at a time).`;
@@ -201,6 +203,7 @@ function showDevice() {
   const warnings = [cpuWarning("whisper"), cpuWarning("llm")].filter(Boolean);
   note.hidden = !warnings.length;
   const computes = softwareGpu() ? "WebGPU here is emulated on the CPU, so this page computes at CPU speed." :
+    emulatedGpu() ? `WebGPU here is emulated on the CPU, so this page computes on ${deviceName(info.device)}.` :
     `Without WebGPU this page computes on ${deviceName(info.device)}.`;
   note.textContent = warnings.length ? `${computes} ` +
     `${warnings.map((w) => w.replace(/^[^:]*: on/, "On")).join(" ")} ` +

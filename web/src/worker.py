@@ -24,8 +24,9 @@ def _json(value):
 
 DEVICES = ("auto", "wgpu", "wasm", "cpu", "python")  # what the page's ?device= may name
 # Words in a WebGPU adapter's info that mean it computes on the CPU (Chrome's SwiftShader, Mesa's
-# llvmpipe/lavapipe): the page treats such an adapter as a CPU device, not as a GPU.
-SOFTWARE_ADAPTERS = ("swiftshader", "llvmpipe", "lavapipe", "software")
+# llvmpipe/lavapipe/softpipe, Windows' WARP "Microsoft Basic Render Driver"): the automatic choice
+# runs the wasm device instead (faster on a CPU), and says so.
+SOFTWARE_ADAPTERS = ("swiftshader", "llvmpipe", "lavapipe", "softpipe", "basic render driver", "software")
 
 
 def software_adapter(gpu_info, cpu_emulated=False):
@@ -35,10 +36,13 @@ def software_adapter(gpu_info, cpu_emulated=False):
 
 
 async def boot(want_gpu=True, max_binding_mb=None, requested="auto"):
-    """Pick the device: WebGPU when the browser has an adapter, else the CPU (numpy when the page
-    has it, else pure Python). want_gpu=False (the page's ?cpu) skips WebGPU. requested: the page's
+    """Pick the device: WebGPU when the browser has a GPU adapter; the wasm device (kernels.wasm)
+    without navigator.gpu, with a null adapter or with a software adapter (software_adapter: it
+    computes on the CPU, slower there than wasm SIMD); numpy or pure Python where the wasm device
+    cannot run. want_gpu=False (the page's ?cpu) skips WebGPU and wasm. requested: the page's
     ?device= (DEVICES); a device that cannot run here is said in info["device_note"] and the
-    automatic choice runs instead, so a browser without WebGPU never fails to boot.
+    automatic choice runs instead, so a browser without WebGPU never fails to boot; the reason for
+    passing over a software adapter is said there too.
     max_binding_mb: assume GPU bindings of at most this many MiB (the page's ?max_binding_mb=)."""
     info = {"tallow": tallow.__version__, "numpy": _has_numpy(), "requested": requested, "device_note": None}
     if requested not in DEVICES:
@@ -48,20 +52,23 @@ async def boot(want_gpu=True, max_binding_mb=None, requested="auto"):
     if requested == "cpu" and not info["numpy"]:
         info["device_note"] = "?device=cpu needs numpy, which this page could not load: running in pure Python"
         requested = "python"
+    software = None  # (driver, Device) of a software WebGPU adapter the automatic choice passes over
     if want_gpu and requested in ("auto", "wgpu"):
         try:
             from tallow_wgpu.browser import create_browser_driver, register_device
             driver = await create_browser_driver()
             max_binding = None if max_binding_mb is None else int(float(max_binding_mb) * (1 << 20))
-            dev = register_device(driver, max_binding)
-            state["driver"] = driver
+            dev = register_device(driver, max_binding)  # Device("wgpu") stays usable either way
             limits = dev.backend.limits
-            info["gpu"] = {**driver.info, "f16": driver.has_f16,
-                           "cpu_emulated": software_adapter(driver.info, driver.cpu_emulated),
+            emulated = software_adapter(driver.info, driver.cpu_emulated)
+            info["gpu"] = {**driver.info, "f16": driver.has_f16, "cpu_emulated": emulated,
                            "max_storage_binding": limits["max_storage_binding"],
                            "adapter_max_storage_binding": driver.limits["max_storage_binding"],
                            "max_buffer": limits["max_buffer"]}
-            state["device"] = dev
+            if requested == "auto" and emulated:
+                software = (driver, dev)
+            else:
+                state["driver"], state["device"] = driver, dev
         except tallow.errors.Error as e:  # no WebGPU or no adapter: say why in plain words and fall back
             state["gpu_error"] = str(e).removeprefix("wgpu device is not available: ")
         except Exception as e:  # a driver failure: name it, and fall back
@@ -71,16 +78,25 @@ async def boot(want_gpu=True, max_binding_mb=None, requested="auto"):
     elif requested == "wgpu":
         info["device_note"] = "?device=wgpu and ?cpu contradict each other: ?cpu wins"
     # the wasm device (kernels.wasm, SIMD128): asked for, or the automatic choice where WebGPU has no
-    # adapter (also when ?device=wgpu asked for it), when it works here (a browser without wasm SIMD
-    # cannot compile the module). ?cpu keeps its old meaning: numpy or pure Python.
+    # adapter or a software one (also when ?device=wgpu found none), when it works here (a browser
+    # without wasm SIMD cannot compile the module). ?cpu keeps its old meaning: numpy or pure Python.
     if requested == "wasm" or (requested in ("auto", "wgpu") and want_gpu and state["device"] is None):
         try:
             state["device"] = await _wasm_device()
-        except Exception as e:  # say why, and fall back to the CPU below
+            if software is not None:
+                info["device_note"] = (f"WebGPU's adapter here ({info['gpu']['adapter']}) is a software one that "
+                                       "computes on the CPU: running on the CPU (WebAssembly SIMD), which is faster "
+                                       "there; ?device=wgpu uses the adapter anyway")
+        except Exception as e:  # say why, and fall back: to the software adapter, else to the CPU below
             state["wasm_error"] = f"{type(e).__name__}: {e}"
             if requested == "wasm":
                 info["device_note"] = (f"?device=wasm: the WebAssembly device cannot run here "
                                        f"({state['wasm_error']}): chose automatically")
+            elif software is not None:
+                state["driver"], state["device"] = software
+                info["device_note"] = (f"WebGPU's adapter here ({info['gpu']['adapter']}) is a software one, and "
+                                       f"the WebAssembly device cannot run here ({state['wasm_error']}): "
+                                       "running on the software adapter")
     info["wasm_error"] = state.get("wasm_error")
     if state["device"] is None:
         state["device"] = tallow.Device(requested if requested in ("cpu", "python") else
