@@ -55,6 +55,19 @@ def test_files_and_index_are_served_but_folders_are_not_listed(server):
         assert status == 404 and b"model.gguf" not in body
 
 
+def test_every_answer_makes_the_page_cross_origin_isolated(server):
+    """COOP same-origin + COEP require-corp on files, ranges, 404s and 304s alike: the page and its
+    workers get crossOriginIsolated (the wasm device's threads; tests/test_browser_isolation.py)."""
+    answers = [request(server, "/"), request(server, MODEL, headers={"Range": "bytes=0-9"}),
+               request(server, "/missing.txt")]
+    last_modified = answers[0][1]["Last-Modified"]
+    answers.append(request(server, "/", headers={"If-Modified-Since": last_modified}))
+    assert [status for status, _, _ in answers] == [200, 206, 404, 304]
+    for _, headers, _ in answers:
+        assert headers["Cross-Origin-Opener-Policy"] == "same-origin"
+        assert headers["Cross-Origin-Embedder-Policy"] == "require-corp"
+
+
 @pytest.mark.parametrize("spec,first,last", [("bytes=0-0", 0, 0), ("bytes=100-199", 100, 199), ("bytes=1000-", 1000, 1023),
                                              ("bytes=-24", 1000, 1023), ("bytes=1020-5000", 1020, 1023),
                                              ("bytes=-5000", 0, 1023)])

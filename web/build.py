@@ -7,6 +7,8 @@ The folder is self-contained, for any static host (GitHub Pages, a plain
 `python3 -m http.server`): real files only (no symlinks) and none over 100 MB.
 It gets:
     index.html app.js tallow.mjs audio.js recorder-worklet.js transcript.js style.css worker.mjs worker.py (web/src/)
+    isolate.js      a service worker that makes the page cross-origin isolated on hosts that cannot
+                    send COOP/COEP headers (the wasm device's threads; web/serve.py sends them)
     site.json       the Python modules the worker installs, the example clip, the runtime's size
     .nojekyll       so GitHub Pages serves the folder as it is
     examples/       jfk.wav, the page's example clip
@@ -46,8 +48,8 @@ SRC = os.path.join(WEB, "src")
 DEFAULT_DIST = os.path.join(WEB, "dist")
 PYODIDE_DIR = os.path.join(WEB, "node_modules", "pyodide")
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json")
-SITE_FILES = ("index.html", "app.js", "tallow.mjs", "audio.js", "recorder-worklet.js", "transcript.js", "style.css",
-              "worker.mjs", "worker.py")
+SITE_FILES = ("index.html", "isolate.js", "app.js", "tallow.mjs", "audio.js", "recorder-worklet.js", "transcript.js",
+              "style.css", "worker.mjs", "worker.py")
 TEST_HOOKS = "test_hooks.py"  # web/testing/: only in test builds (evaluates Python on request)
 EXAMPLE_CLIP = os.path.join(REPO_ROOT, "tests", "data", "jfk.wav")
 WASM_KERNELS = os.path.join(REPO_ROOT, "core", "backends", "wasm", "kernels.wasm")  # `make wasm` builds it

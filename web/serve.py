@@ -13,6 +13,14 @@ resumes; an unsatisfiable one 416. A path with a null byte or undecodable
 escapes is a 400, not a traceback; `..` components are dropped (nothing outside
 dist is reachable except through links the build put there).
 
+Cross-origin isolated: every answer carries `Cross-Origin-Opener-Policy: same-origin` and
+`Cross-Origin-Embedder-Policy: require-corp` (ISOLATION_HEADERS), so the page and its workers
+get SharedArrayBuffer and the wasm device can run on several threads (docs/wasm.md "Threads").
+require-corp rather than credentialless: the site fetches nothing from another origin (Pyodide,
+the wheels, kernels.wasm and the models are all files of dist), and require-corp is the policy
+every browser with SharedArrayBuffer knows (Safari has no credentialless). A static host that
+cannot send headers gets the same through web/src/isolate.js, a service worker.
+
 Bounded: a connection that sends nothing for IDLE_SECONDS (a half-sent request, an
 idle keep-alive) is closed; at most MAX_CONNECTIONS are served at once (the next is
 answered 503 and closed); a request that fails is one log line, never a traceback.
@@ -32,6 +40,9 @@ from http import HTTPStatus
 
 IDLE_SECONDS = 20  # a client that sends nothing for this long is dropped (it holds a thread)
 MAX_CONNECTIONS = 64  # a page loads ~15 files at once; far more is a flood, not a browser
+
+# What makes the served page cross-origin isolated (crossOriginIsolated: SharedArrayBuffer, threads).
+ISOLATION_HEADERS = (("Cross-Origin-Opener-Policy", "same-origin"), ("Cross-Origin-Embedder-Policy", "require-corp"))
 
 MIME = {
     ".wasm": "application/wasm", ".mjs": "text/javascript", ".js": "text/javascript",
@@ -53,6 +64,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     def end_headers(self):
         # The site changes with every build; model files carry a version tag in their URL instead.
         self.send_header("Cache-Control", "no-cache")
+        for name, value in ISOLATION_HEADERS:
+            self.send_header(name, value)
         super().end_headers()
 
     def do_GET(self):
