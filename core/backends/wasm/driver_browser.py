@@ -53,6 +53,9 @@ class BrowserWasmDriver(WasmDriver):
         except self._ffi.JsException as e:  # driver.js: past wasm32's 4 GiB, or the browser refused to grow
             raise DeviceError(f"the wasm device's memory cannot take {nbytes} more bytes: {e}") from None
 
+    def _memory_bytes(self):
+        return int(self._js.memoryBytes())
+
     def _read(self, at, nbytes):
         return self._js.read(at, nbytes).to_bytes()
 

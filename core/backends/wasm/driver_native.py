@@ -8,7 +8,7 @@ import os
 
 from ...errors import DeviceError
 from .driver import WasmDriver
-from .native import Kernels
+from .native import PAGE, Kernels
 
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.wasm")
 
@@ -30,6 +30,9 @@ class WasmtimeDriver(WasmDriver):
             return self.kernels.alloc(nbytes)  # fresh memory is zero
         except self.kernels._wt.WasmtimeError as e:  # past wasm32's 4 GiB, or the host refused to grow
             raise DeviceError(f"the wasm device's memory cannot take {nbytes} more bytes: {e}") from None
+
+    def _memory_bytes(self):
+        return self.kernels.memory.size(self.kernels.store) * PAGE
 
     def _read(self, at, nbytes):
         return bytes(self.kernels.memory.read(self.kernels.store, at, at + nbytes))
