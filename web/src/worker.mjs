@@ -265,6 +265,8 @@ async function loadFromManifest(msg) {
   const entry = manifest.models[msg.model];
   if (!entry) throw new Error(`unknown model ${msg.model}`);
   if (entry.missing) throw new Error(`${msg.model} is not available on this site: ${entry.missing}`);
+  const tooLarge = api.load_refusal(entry.title || msg.model, entry.bytes || 0, msg.device || "auto");
+  if (tooLarge) throw new Error(tooLarge); // before any download
   const started = performance.now();
   const total = entry.bytes;
   let done = 0;
@@ -298,6 +300,8 @@ async function openLocal(msg) {
   const files = msg.files.map((f) => ({ name: f.name.split("/").pop(), blob: f instanceof Blob ? f : new Blob([f.data]) }));
   const bytes = files.reduce((s, f) => s + f.blob.size, 0);
   const gguf = files.find((f) => f.name.toLowerCase().endsWith(".gguf"));
+  const tooLarge = api.load_refusal(gguf ? gguf.name : msg.key, bytes, msg.device || "auto");
+  if (tooLarge) throw new Error(tooLarge);
   let info;
   let sliced;
   if (gguf) {

@@ -137,10 +137,33 @@ def _device(name):
     return tallow.Device(name)
 
 
+def load_refusal(name, nbytes, device=None):
+    """Why a model of nbytes (the manifest's size, or the picked files') cannot load on `device`
+    (None: the page's), said before any download; None when it can. The wasm device's memory is
+    wasm32's 4 GiB (tallow.backends.wasm.driver.too_large)."""
+    try:
+        dev = _device(device)
+    except tallow.errors.Error:
+        return None  # the load itself says why that device cannot run
+    if dev is None or dev.type != "wasm":
+        return None
+    from tallow.backends.wasm.driver import too_large
+    return too_large(nbytes, name)
+
+
+def _forget(key):
+    """Drop a loaded model before `key` is loaded again, so the new one can take its memory (the
+    wasm device's ranges, GPU buffers) rather than both being held at once."""
+    if state["models"].pop(key, None) is not None:
+        import gc
+        gc.collect()
+
+
 def load_model(key, path, device=None):
     """Load a model from the worker's file system; `key` names it for later requests."""
     started = time.perf_counter()
     dev = _device(device)
+    _forget(key)
     model = tallow.load_model(path, device=dev)
     state["models"][key] = model
     return _json({"key": key, "device": str(dev), "seconds": time.perf_counter() - started,
@@ -172,6 +195,7 @@ def load_model_from_js(key, folder, weights_name, js_bytes, device=None):
     started = time.perf_counter()
     dev = _device(device)
     driver = _js_driver(dev)
+    _forget(key)
     before = (driver.bytes_from_js, driver.bytes_from_python) if driver else (0, 0)
     source = _js_source(js_bytes, weights_name)
     if weights_name.lower().endswith(".gguf"):
@@ -210,6 +234,7 @@ def load_folder_from_js(key, folder, weight_names, js_files, device=None):
     started = time.perf_counter()
     dev = _device(device)
     driver = _js_driver(dev)
+    _forget(key)
     before = (driver.bytes_from_js, driver.bytes_from_python) if driver else (0, 0)
     sources = {name: _js_source(f, name) for name, f in zip(list(weight_names), list(js_files))}
     index = os.path.join(folder, "model.safetensors.index.json")
