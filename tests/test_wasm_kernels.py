@@ -64,7 +64,7 @@ def test_module_imports_its_memory_and_exports_the_kernels():
                 "rope", "copy_f32", "cache_attention", "silu_mul", "add_f32", "run", "rope_seq",
                 "cache_attention_rows", "add_layer_norm", "argmax_f32", "gemm_f32", "gemm_f16", "gemm_q",
                 "conv1d_f32", "softmax_rows", "layer_norm_rows", "f16_to_f32", "f32_to_f16", "rows_f32", "rows_f16",
-                "unary_f32", "binary_f32", "reduce_f32"}
+                "unary_f32", "binary_f32", "reduce_f32", "barrier"}
     expected |= {f"matmul_{q}" for q in FORMATS} | {f"dequant_{q}" for q in FORMATS}
     assert names == expected
 
@@ -77,6 +77,9 @@ def test_build_is_cached_by_source_hash(tmp_path):
     assert os.path.basename(first) == f"{build.key()}.wasm"
     shipped = build.ship(str(tmp_path / "kernels.wasm"))
     assert open(shipped, "rb").read() == open(first, "rb").read()
+    threaded = build.build(threaded=True)
+    assert os.path.basename(threaded) == f"{build.key(threaded=True)}-mt.wasm" and threaded != first
+    assert open(tmp_path / "kernels_mt.wasm", "rb").read() == open(threaded, "rb").read()
 
 
 def test_missing_linker_is_one_clear_error(monkeypatch, tmp_path):

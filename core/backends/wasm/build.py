@@ -5,6 +5,12 @@ module's 64 KiB stack) and nothing else.
 
     python -m tallow.backends.wasm.build [--out FILE]   # prints the path; builds only when needed
 
+A second module, kernels_mt.wasm, is the same kernels for threads (docs/wasm.md "Threads"): built
+with +atomics,+bulk-memory (threads_ir's barrier waits on the memory), linked with --shared-memory
+and a 4 GiB --max-memory, so the page's workers can share one WebAssembly.Memory({shared: true}),
+and exporting `__stack_pointer`, which each worker's instance sets to a stack of its own (every
+instance of a shared-memory module starts with the same one; the GEMMs pack A on the stack).
+
 The result is cached in $TALLOW_HOME/wasm_kernels/<key>.wasm, the key a hash of the kernel
 sources (this package and cpu/kernels/*.py) and llvmlite's version, as machine_code.py keys the
 native objects; `ship()` copies it next to this file (kernels.wasm: package data of the wheel, and
@@ -24,7 +30,11 @@ from ...settings import settings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHIPPED = os.path.join(HERE, "kernels.wasm")  # git-ignored; package data of the wheel
+SHIPPED_THREADED = os.path.join(HERE, "kernels_mt.wasm")  # the same kernels over a shared memory (threads)
 STACK_BYTES = 65536
+MAX_MEMORY = 1 << 32  # the threaded module's memory maximum (a shared memory must declare one): wasm32's 4 GiB
+FEATURES = "+simd128"
+FEATURES_THREADED = "+simd128,+atomics,+bulk-memory"
 
 
 class ToolchainError(Error):
@@ -36,10 +46,10 @@ def sources():
     return sorted(glob.glob(os.path.join(HERE, "*.py")) + glob.glob(os.path.join(HERE, "..", "cpu", "kernels", "*.py")))
 
 
-def key():
+def key(threaded=False):
     import llvmlite
     h = hashlib.blake2b(digest_size=10)
-    h.update(llvmlite.__version__.encode())
+    h.update(llvmlite.__version__.encode() + (b" threaded" if threaded else b""))
     for path in sources():
         with open(path, "rb") as f:
             h.update(os.path.basename(path).encode() + b"\0" + f.read())
@@ -59,13 +69,13 @@ def linker():
     return [sys.executable, "-m", "ziglang", "wasm-ld"]
 
 
-def compile_object(m):
+def compile_object(m, features=FEATURES):
     """The IR module -> wasm32 object bytes (SIMD128, -O3)."""
     import llvmlite.binding as llvm
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
     from .kernels_ir import TRIPLE
-    tm = llvm.Target.from_triple(TRIPLE).create_target_machine(features="+simd128", opt=3, reloc="static")
+    tm = llvm.Target.from_triple(TRIPLE).create_target_machine(features=features, opt=3, reloc="static")
     mod = llvm.parse_assembly(str(m))
     mod.triple = TRIPLE
     mod.data_layout = str(tm.target_data)
@@ -76,7 +86,7 @@ def compile_object(m):
     return tm.emit_object(mod)
 
 
-def link(obj, exports, out):
+def link(obj, exports, out, threaded=False):
     ld = linker()
     if ld is None:
         raise ToolchainError("building kernels.wasm needs wasm-ld: apt-get install lld (or pip install ziglang)")
@@ -87,22 +97,25 @@ def link(obj, exports, out):
         cmd = ld + [path, "-o", out, "--no-entry", "--import-memory", "--stack-first", "-z",
                     f"stack-size={STACK_BYTES}", "--export=__heap_base", "--strip-all", "-O2"]
         cmd += [f"--export={name}" for name in exports]
+        if threaded:
+            cmd += ["--shared-memory", f"--max-memory={MAX_MEMORY}", "--export=__stack_pointer"]
         done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise ToolchainError(f"wasm-ld failed: {done.stderr.strip() or done.stdout.strip()}")
 
 
-def build(force=False):
-    """The path of the cached kernels.wasm for these sources, built first if missing."""
-    out = os.path.join(settings().home, "wasm_kernels", f"{key()}.wasm")
+def build(force=False, threaded=False):
+    """The path of the cached kernels.wasm (threaded: kernels_mt.wasm) for these sources, built first if
+    missing."""
+    out = os.path.join(settings().home, "wasm_kernels", f"{key(threaded)}{'-mt' if threaded else ''}.wasm")
     if os.path.exists(out) and not force:
         return out
     from .module_ir import exports, module
-    m = module()
-    obj = compile_object(m)
+    m = module(threaded)
+    obj = compile_object(m, FEATURES_THREADED if threaded else FEATURES)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = f"{out}.{os.getpid()}.tmp"
-    link(obj, exports(m), tmp)
+    link(obj, exports(m), tmp, threaded)
     if os.path.exists(out):  # another process built the same sources meanwhile: keep its file
         os.remove(tmp)
     else:
@@ -110,12 +123,14 @@ def build(force=False):
     return out
 
 
-def ship(path=SHIPPED):
-    """Build (or reuse) kernels.wasm and copy it to `path` (default: next to this file, the package data)."""
-    built = build()
-    if not (os.path.exists(path) and _same(built, path)):
-        shutil.copyfile(built, path + ".tmp")
-        os.replace(path + ".tmp", path)
+def ship(path=SHIPPED, threaded_path=None):
+    """Build (or reuse) kernels.wasm and kernels_mt.wasm and copy them to `path` (default: next to this
+    file, the package data) and `threaded_path` (default: kernels_mt.wasm beside `path`). Returns `path`."""
+    threaded_path = threaded_path or os.path.join(os.path.dirname(os.path.abspath(path)), "kernels_mt.wasm")
+    for built, to in ((build(), path), (build(threaded=True), threaded_path)):
+        if not (os.path.exists(to) and _same(built, to)):
+            shutil.copyfile(built, to + ".tmp")
+            os.replace(to + ".tmp", to)
     return path
 
 
@@ -128,9 +143,11 @@ def main(argv=None):
     import argparse
     p = argparse.ArgumentParser(prog="python -m tallow.backends.wasm.build", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=SHIPPED, help="where to copy the module (default: %(default)s)")
+    p.add_argument("--out-threaded", default=None,
+                   help="where to copy kernels_mt.wasm (default: kernels_mt.wasm beside --out)")
     args = p.parse_args(argv)
     try:
-        print(ship(args.out))
+        print(ship(args.out, args.out_threaded))
     except Error as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

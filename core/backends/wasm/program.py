@@ -42,6 +42,7 @@ OPS = (
     ("conv1d_f32", "iiiiiiiiiii"), ("softmax_rows", "iiiifii"), ("layer_norm_rows", "iiiiifi"),
     ("f16_to_f32", "iii"), ("f32_to_f16", "iii"), ("rows_f32", "iiiiii"), ("rows_f16", "iiiiii"),
     ("unary_f32", "iiiiff"), ("binary_f32", "iiiii"), ("reduce_f32", "iiii"),
+    ("barrier", "ii"),  # threads_ir: (its three words, the thread count); in programs threads.py splits
 )
 OPCODES = {name: code for code, (name, _) in enumerate(OPS)}
 STEP_SLOTS = ("position", "token")  # the step words a StepArg reads, in this order
