@@ -83,15 +83,16 @@ def test_only_the_kernel_builders_import_numba():
     # numba and llvmlite stay inside tallow.backends.cpu.kernels: everything else asks runtime/kernel_calls.py
     # (which finds numba without importing it), so a process with the machine code cached never imports numba.
     # The wasm device's build lowers the same kernel IR to wasm32, so its build modules are the exception
-    # (they run in `make wasm`, never when kernels.wasm is loaded; program.py, the call-list format, stays out).
+    # (they run in `make wasm`, never when kernels.wasm is loaded; program.py, the call-list format, and threads.py,
+    # its cut into per-thread programs, stay out).
     files = module_files(PACKAGES)
     users = {m for m, path in files.items() if _third_party_imports(path) & {"numba", "llvmlite"}}
     assert "tallow.backends.cpu.kernels.int_dot" in users
     builders = {"tallow.backends.wasm.build", "tallow.backends.wasm.kernels_ir", "tallow.backends.wasm.decode_ir",
                 "tallow.backends.wasm.program_ir", "tallow.backends.wasm.module_ir", "tallow.backends.wasm.device_ir",
-                "tallow.backends.wasm.gemm_ir", "tallow.backends.wasm.elementwise_ir"}
+                "tallow.backends.wasm.gemm_ir", "tallow.backends.wasm.elementwise_ir", "tallow.backends.wasm.threads_ir"}
     assert {m for m in users if not m.startswith("tallow.backends.cpu.kernels.")} - builders == set()
-    assert not {"tallow.backends.wasm.native", "tallow.backends.wasm.program"} & users
+    assert not {"tallow.backends.wasm.native", "tallow.backends.wasm.program", "tallow.backends.wasm.threads"} & users
 
 def test_the_check_finds_a_cycle_across_packages(tmp_path):
     # The cycle issue 30 found: backend -> tuning at module level, tuning -> backend in a function.

@@ -464,7 +464,7 @@ def test_web_build_puts_the_module_in_the_site(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_wheel_carries_the_module(tmp_path):
     """A wheel built from a checkout where `make wasm` ran holds kernels.wasm as package data, byte for
-    byte (users need neither LLVM nor a linker), and driver.js."""
+    byte (users need neither LLVM nor a linker), the threaded kernels_mt.wasm beside it, and driver.js."""
     import sys
     import zipfile
     build.ship()
@@ -476,6 +476,7 @@ def test_the_wheel_carries_the_module(tmp_path):
     wheel, _ = node_runner.build_wheel(str(tmp_path))
     with zipfile.ZipFile(wheel) as z:
         assert z.read("tallow/backends/wasm/kernels.wasm") == open(build.SHIPPED, "rb").read()
+        assert z.read("tallow/backends/wasm/kernels_mt.wasm") == open(build.SHIPPED_THREADED, "rb").read()
         # and the browser driver's JS half (driver_browser.py reads it from the package)
         assert z.read("tallow/backends/wasm/driver.js") == open(os.path.join(os.path.dirname(build.SHIPPED),
                                                                               "driver.js"), "rb").read()
