@@ -6,6 +6,7 @@ the token ids tallow gives natively on the CPU (numpy) device; Whisper tiny.en t
 to the exact sentence there. Needs what tests/test_browser.py needs, and the models in the tallow
 cache (`tallow fetch smollm2-135m-instruct whisper-tiny.en`)."""
 import importlib.util
+import json
 import os
 import time
 
@@ -15,6 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ARTIFACTS = os.path.join(os.path.dirname(HERE), "test-artifacts", "browser")
 pytestmark = [pytest.mark.browser, pytest.mark.models]
 MODEL = "smollm2-135m-instruct"
+TOO_LARGE = "too-large-for-wasm"
 JFK = os.path.join(HERE, "data", "jfk.wav")
 JFK_TEXT = "And so my fellow Americans ask not what your country can do for you, ask what you can do for your country."
 
@@ -37,6 +39,13 @@ def demo(tmp_path_factory):
     entry = harness.manifest(dist)["models"][MODEL]
     if entry["missing"]:
         harness.require_browser(f"{MODEL}: {entry['missing']}")
+    # a model past wasm32's 4 GiB in the manifest, whose file the site does not have: the page
+    # must refuse it from its size before fetching anything
+    listed = harness.manifest(dist)
+    listed["models"][TOO_LARGE] = {**entry, "title": "A 4.92 GB model", "bytes": 4_920_000_000, "files": [
+        {"name": "big.gguf", "url": f"models/{TOO_LARGE}/big.gguf", "size": 4_920_000_000}]}
+    with open(os.path.join(dist, "models", "manifest.json"), "w") as f:
+        json.dump(listed, f)
     with harness.DemoBrowser(dist, artifacts=ARTIFACTS) as d:
         yield d
 
@@ -91,9 +100,14 @@ def test_without_webgpu_the_page_chats_on_the_wasm_device_with_the_native_greedy
     ids = demo.run(page, "import tallow_web_worker as w\nw.state['last_chat_ids']")
     replays, memory = demo.run(page, "import tallow\nb = tallow.Device('wasm').backend\n"
                                      "[b.replays, b.driver._js.memoryBytes()]")
+    file_bytes = harness.manifest(demo.dist)["models"][MODEL]["bytes"]
     print(f"page chat on wasm: {time.perf_counter() - started:.1f} s, {stats}; {replays} replays, "
-          f"wasm memory {memory / 1e6:.1f} MB for {tensor_bytes / 1e6:.1f} MB of tensors")
+          f"wasm memory {memory / 1e6:.1f} MB for {tensor_bytes / 1e6:.1f} MB of tensors "
+          f"({memory / file_bytes:.2f}x the {file_bytes / 1e6:.1f} MB file)")
     assert ids == native_ids
+    # the weights held once (issue 31): the page loaded the model twice (the request above, then
+    # the chat's own load), the second into the first one's memory
+    assert memory <= 1.2 * file_bytes, (memory, file_bytes)
     assert replays >= 16 - 3  # decoded by replaying the captured step: one `run` call a token
     errors = [e for e in demo.errors() if e in demo.console[seen:]]
     assert not errors, errors
@@ -115,3 +129,12 @@ def test_without_webgpu_whisper_transcribes_jfk_on_the_wasm_device(demo, nogpu):
     assert text == JFK_TEXT
     errors = [e for e in demo.errors() if e in demo.console[seen:]]
     assert not errors, errors
+
+
+def test_a_model_too_large_for_wasm32_is_refused_before_its_download(demo, nogpu):
+    with pytest.raises(Exception) as refused:
+        demo.request(nogpu, "load", model=TOO_LARGE, timeout_s=60)
+    message = str(refused.value)
+    # (the site has no such file: a fetch would have failed with a 404 instead)
+    assert "A 4.92 GB model (4.92 GB) is too large for this browser's WebAssembly device" in message, message
+    assert "4 GiB" in message and "smaller quantisation" in message and "WebGPU" in message, message
