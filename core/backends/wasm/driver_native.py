@@ -4,6 +4,7 @@ tests, the conformance suite and edge boxes without numba; the page's twin is dr
 
     driver = WasmtimeDriver()                      # the shipped kernels.wasm, or path=
 """
+import ctypes
 import os
 
 from ...errors import DeviceError
@@ -36,6 +37,13 @@ class WasmtimeDriver(WasmDriver):
 
     def _read(self, at, nbytes):
         return bytes(self.kernels.memory.read(self.kernels.store, at, at + nbytes))
+
+    def _zero(self, at, nbytes):
+        """A reused range zeroed in place (memset on the memory's bytes: no Python bytes object)."""
+        if at < 0 or at + nbytes > self._memory_bytes():
+            raise DeviceError(f"the wasm device cannot zero bytes [{at}, {at + nbytes}) of its memory")
+        memory = self.kernels.memory
+        ctypes.memset(ctypes.addressof(memory.data_ptr(self.kernels.store).contents) + at, 0, nbytes)
 
     def _write(self, at, data):
         self.kernels.memory.write(self.kernels.store, data, at)
