@@ -14,8 +14,11 @@ As ggml does for prompts (its Q8_K / Q8_0 activations and byte products), learnt
     sub-block's integer scale and added in pairs into 8 int32 lanes (vpmaddwd): the whole block's
     integer dot, its 8 or 16 scales included, is exact in int32, converted once and multiplied by
     d * dx in one fused multiply-add per block and (weight, activation) row pair. q4_k / q5_k's
-    mins are one more multiply-add on the activations' 32-value sums; q6_k's offset (-32) is
-    the 16-value sums times its 16 scales, subtracted in integers.
+    mins are one more multiply-add on the activations' 32-value sums, into lanes 0-7 of the same
+    accumulator (two registers a pair: 2 x 8 pairs fit AVX-512's 32 without spills); q6_k's offset
+    (-32) starts the block's integer sums from its 16 scales times -32 times the 16-value sums
+    (one more vpdpwssd). Each 32 quant bytes become the two sub-blocks' 64 values by one
+    broadcast, one variable 16-bit shift and one and.
   * 32-value formats (q4_0, q4_1, q5_0, q5_1, q8_0): a block's byte dot (kquant_ir._byte_dot:
     vpdpbusd where the CPU has VNNI, else vpmaddubsw + vpmaddwd), one multiply-add per block and
     row pair. q4_0 / q5_0's offset starts the dot from -8 / -16 times the activations' sums
@@ -116,10 +119,6 @@ def _scaled_add(builder, p16, scale, acc):
 
 def _i8s(v):
     return _const_vec(_I8, [v] * 32)
-
-
-def _zero_i32():
-    return ir.Constant(_vec(_I32, 8), [ir.Constant(_I32, 0)] * 8)
 
 
 class _Rows:
@@ -238,87 +237,131 @@ def _fma16(builder, a, b, c):
     return builder.call(cgutils.get_or_insert_function(builder.module, fnty, "llvm.fmuladd.v16f32"), [a, b, c])
 
 
-def _sub_scale(builder, sc16, lanes):
-    """<n x i16> whose lanes are sc16's lanes `lanes` (n indices)."""
-    return builder.shuffle_vector(sc16, sc16, _const_vec(_I32, lanes))
+def _c8(v, n=64):
+    return _const_vec(_I8, [v - 256 if v > 127 else v] * n)
 
 
-def _block_total(builder, isum, d, dx, acc):
-    """acc (<16 x float>) + the block's integer dot isum (<16 x i32>) times d * dx."""
-    return _fma16(builder, builder.sitofp(isum, _vec(_F32, 16)), _splat(builder, builder.fmul(d, dx), 16), acc)
+def _dup32(builder, v):
+    """<32 x i8> -> <64 x i8> (v, v): one 256-bit broadcast on x86."""
+    return builder.shuffle_vector(v, v, _const_vec(_I32, list(range(32)) * 2))
 
 
-def _body_k4(builder, code, raw, table, ps, rows, b, accs, mins):
+def _nibbles64(builder, v32, low_shift, high_shift):
+    """<32 x i8> v -> <64 x i8>: (v >> low_shift) & 15, then (v >> high_shift) & 15 (byte lanes; one
+    broadcast, one variable 16-bit shift and one and on AVX-512BW)."""
+    w = builder.bitcast(_dup32(builder, v32), _vec(_I16, 32))
+    w = builder.lshr(w, _const_vec(_I16, [low_shift] * 16 + [high_shift] * 16))
+    return builder.and_(builder.bitcast(w, _vec(_I8, 64)), _c8(15))
+
+
+def _lanes16(builder, v8):
+    """<8 x float> -> <16 x float> with zeros in lanes 8-15."""
+    zero = ir.Constant(_vec(_F32, 8), [ir.Constant(_F32, 0.0)] * 8)
+    return builder.shuffle_vector(v8, zero, _const_vec(_I32, range(16)))
+
+
+def _finish(builder, isum, d, dxv, acc):
+    """acc + float(isum) * d * dx (dxv: dx splat over 16 lanes)."""
+    t = builder.fmul(builder.sitofp(isum, _vec(_F32, 16)), _splat(builder, d, 16))
+    return _fma16(builder, t, dxv, acc)
+
+
+def _body_k4(builder, code, raw, table, ps, rows, b, accs):
     """One q4_k / q5_k block (256 values: 8 sub-blocks of 32, 6-bit scales and mins) for every pair,
-    two sub-blocks (group g's 32 quant bytes: low nibbles 2g, high 2g + 1) per 64-byte product."""
+    two sub-blocks (group g's 32 quant bytes: low nibbles 2g, high 2g + 1) per 64-byte product. The
+    mins' term (-dmin mn_j times dx S32_j, 8 lanes) goes into lanes 0-7 of the pair's one 16-lane
+    float accumulator, so a pair holds two registers (its block's int32 sums and that), not three:
+    2 x 8 pairs then fit AVX-512's 32 registers without the spills of a separate mins accumulator."""
     at = builder.mul(b, ir.Constant(_I64, 256))
-    dxs = [r.scale(b) for r in rows]
     f8 = _vec(_F32, 8)
-    sums = [builder.fmul(builder.sitofp(r.sums32(builder.mul(b, ir.Constant(_I64, 8)), 8), f8), _splat(builder, dx, 8))
-            for r, dx in zip(rows, dxs)]
+    dxv = []
+    sums = []
+    for row in rows:
+        dx = row.scale(b)
+        dxv.append(_splat(builder, dx, 16))
+        s32 = builder.sitofp(row.sums32(builder.mul(b, ir.Constant(_I64, 8)), 8), f8)
+        s = builder.fmul(s32, _splat(builder, dx, 8))
+        sums.append(_lanes16(builder, s))
     weights = []
     for p in ps:
         d = _f16_scale(builder, raw, table, p)
         dmin = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 2)))
         sc, mn = kquant_ir._scales_mins_k4(builder, raw, p)
-        sc16 = builder.trunc(builder.fptosi(sc, _vec(_I32, 8)), _vec(_I16, 8))
-        neg_mins = builder.fmul(_splat(builder, builder.fneg(dmin), 8), mn)
+        sb = builder.trunc(builder.fptosi(sc, _vec(_I32, 8)), _vec(_I8, 8))
+        neg_mins = _lanes16(builder, builder.fmul(_splat(builder, builder.fneg(dmin), 8), mn))
         qh = kquant_ir._bytes(builder, raw, p, 16) if code == 6 else None
-        weights.append((d, sc16, neg_mins, qh))
+        weights.append((d, sb, neg_mins, qh))
     isums = [[_zero_i32x16() for _ in rows] for _ in ps]
     for g in range(4):
         parts, scales = [], []
-        for p, (_d, sc16, _m, qh) in zip(ps, weights):
+        for p, (_d, sb, _m, qh) in zip(ps, weights):
             q = kquant_ir._bytes(builder, raw, p, (48 if code == 6 else 16) + 32 * g)
-            two = [builder.and_(q, _i8s(15)), builder.lshr(q, _i8s(4))]
+            u = _nibbles64(builder, q, 0, 4)
             if qh is not None:
-                for h in range(2):
-                    bit = builder.and_(builder.lshr(qh, _i8s(2 * g + h)), _i8s(1))
-                    two[h] = builder.or_(two[h], builder.shl(bit, _i8s(4)))
-            parts.append(_concat(builder, *two))
-            scales.append(_sub_scale(builder, sc16, [2 * g] * 16 + [2 * g + 1] * 16))
+                hw = builder.bitcast(_dup32(builder, qh), _vec(_I16, 32))
+                hw = builder.lshr(hw, _const_vec(_I16, [2 * g] * 16 + [2 * g + 1] * 16))
+                hb = builder.and_(builder.bitcast(hw, _vec(_I8, 64)), _c8(1))
+                u = builder.or_(u, builder.shl(hb, _c8(4)))
+            parts.append(u)
+            sc = builder.shuffle_vector(sb, sb, _const_vec(_I32, [2 * g] * 16 + [2 * g + 1] * 16))
+            scales.append(builder.zext(sc, _vec(_I16, 32)))
         for r, row in enumerate(rows):
             x = _load(builder, row.x, builder.add(at, ir.Constant(_I64, 64 * g)), _vec(_I8, 64))
             for w in range(len(ps)):
                 isums[w][r] = _scaled_add_64(builder, _prod16_64(builder, parts[w], x), scales[w], isums[w][r])
-    for w, (d, _sc, neg_mins, _qh) in enumerate(weights):
-        for r, dx in enumerate(dxs):
-            builder.store(_block_total(builder, isums[w][r], d, dx, builder.load(accs[w][r])), accs[w][r])
-            builder.store(_fmuladd(builder, neg_mins, sums[r], builder.load(mins[w][r])), mins[w][r])
+    for w, (d, _sb, neg_mins, _qh) in enumerate(weights):
+        for r in range(len(rows)):
+            acc = _finish(builder, isums[w][r], d, dxv[r], builder.load(accs[w][r]))
+            builder.store(_fma16(builder, neg_mins, sums[r], acc), accs[w][r])
 
 
 def _body_q6(builder, raw, table, ps, rows, b, accs):
     """One q6_k block (256 values, 16 int8 scales of 16 values, quants 0...63 less 32) for every pair:
-    two 32-value quarters (t, t + 1 of a half: the same 64 ql bytes, low or high nibbles) per product."""
+    two 32-value quarters (the same 64 ql bytes' low or high nibbles) per 64-byte product; the -32
+    offset is the block's int32 sums started from sum_j (-32 sc_j) S16_j (one vpdpwssd a pair:
+    |S16| <= 16 x 127 and |32 sc| <= 4096 fit int16)."""
     at = builder.mul(b, ir.Constant(_I64, 256))
-    dxs = [r.scale(b) for r in rows]
+    dxv = [_splat(builder, r.scale(b), 16) for r in rows]
     weights = []
     for p in ps:
         d = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 208)))
         sc8 = _load(builder, raw, builder.add(p, ir.Constant(_I64, 192)), _vec(_I8, 16))
-        weights.append((d, builder.sext(sc8, _vec(_I16, 16)), builder.sext(sc8, _vec(_I32, 16))))
-    isums = [[_zero_i32x16() for _ in rows] for _ in ps]
+        sc16 = builder.sext(sc8, _vec(_I16, 16))
+        neg32 = builder.mul(sc16, _const_vec(_I16, [-32] * 16))
+        zero16 = ir.Constant(_vec(_I16, 16), [ir.Constant(_I16, 0)] * 16)
+        weights.append((d, sc8, builder.shuffle_vector(neg32, zero16, _const_vec(_I32, range(32)))))
+    # the -32 offset: sum_j (-32 sc_j) S16_j as one vpdpwssd (S16 <= 16 * 127 fits int16; 32 * 128 too)
+    s16s = []
+    for row in rows:
+        s = builder.trunc(row.sums16(builder.mul(b, ir.Constant(_I64, 16))), _vec(_I16, 16))
+        zero16 = ir.Constant(_vec(_I16, 16), [ir.Constant(_I16, 0)] * 16)
+        s16s.append(builder.shuffle_vector(s, zero16, _const_vec(_I32, range(32))))
+    isums = [[_scaled_add_64(builder, weights[w][2], s16s[r], _zero_i32x16()) for r in range(len(rows))]
+             for w in range(len(ps))]
     for hf in range(2):
-        qls = [_load(builder, raw, builder.add(p, ir.Constant(_I64, 64 * hf)), _vec(_I8, 64)) for p in ps]
         qhs = [kquant_ir._bytes(builder, raw, p, 128 + 32 * hf) for p in ps]
+        qls = [_load(builder, raw, builder.add(p, ir.Constant(_I64, 64 * hf)), _vec(_I8, 64)) for p in ps]
         for t in (0, 2):
             a = 4 * hf + t
             qs, scales = [], []
-            for w, (ql, qh) in enumerate(zip(qls, qhs)):
-                low = builder.and_(builder.lshr(ql, _const_vec(_I8, [2 * t] * 64)), _const_vec(_I8, [15] * 64))
-                high = _concat(builder, *[builder.and_(builder.lshr(qh, _i8s(2 * u)), _i8s(3)) for u in (t, t + 1)])
-                qs.append(builder.or_(low, builder.shl(high, _const_vec(_I8, [4] * 64))))
-                scales.append(_sub_scale(builder, weights[w][1], [s for j in range(2 * a, 2 * a + 4) for s in [j] * 8]))
+            for w, qh in enumerate(qhs):
+                ql = builder.bitcast(qls[w], _vec(_I16, 32))
+                low = builder.and_(builder.bitcast(builder.lshr(ql, _const_vec(_I16, [2 * t] * 32)), _vec(_I8, 64)),
+                                   _c8(15))
+                hw = builder.bitcast(_dup32(builder, qh), _vec(_I16, 32))
+                hw = builder.lshr(hw, _const_vec(_I16, [2 * t] * 16 + [2 * t + 2] * 16))
+                high = builder.and_(builder.bitcast(hw, _vec(_I8, 64)), _c8(3))
+                qs.append(builder.or_(low, builder.shl(high, _c8(4))))
+                sc = builder.shuffle_vector(weights[w][1], weights[w][1],
+                                            _const_vec(_I32, [s for j in range(2 * a, 2 * a + 4) for s in [j] * 8]))
+                scales.append(builder.sext(sc, _vec(_I16, 32)))
             for r, row in enumerate(rows):
                 x = _load(builder, row.x, builder.add(at, ir.Constant(_I64, 32 * a)), _vec(_I8, 64))
                 for w in range(len(ps)):
                     isums[w][r] = _scaled_add_64(builder, _prod16_64(builder, qs[w], x), scales[w], isums[w][r])
-    for r, row in enumerate(rows):
-        s16 = row.sums16(builder.mul(b, ir.Constant(_I64, 16)))
-        for w, (d, _s16, sc32) in enumerate(weights):
-            both = builder.mul(sc32, s16)  # each 16 values' scale times their activations' sum
-            isum = builder.sub(isums[w][r], builder.shl(both, _const_vec(_I32, [5] * 16)))
-            builder.store(_block_total(builder, isum, d, dxs[r], builder.load(accs[w][r])), accs[w][r])
+    for w, (d, _s, _n) in enumerate(weights):
+        for r in range(len(rows)):
+            builder.store(_finish(builder, isums[w][r], d, dxv[r], builder.load(accs[w][r])), accs[w][r])
 
 
 def _format_loop(builder, code, raw, table, offsets, rows, blocks, block_bytes):
@@ -338,7 +381,7 @@ def _format_loop(builder, code, raw, table, offsets, rows, blocks, block_bytes):
             if code == 7:
                 _body_q6(builder, raw, table, ps, rows, b, accs)
             else:
-                _body_k4(builder, code, raw, table, ps, rows, b, accs, acc8)
+                _body_k4(builder, code, raw, table, ps, rows, b, accs)
         else:
             b2 = builder.mul(b, two)
             step = builder.mul(b2, block_bytes)
