@@ -157,10 +157,14 @@ def rope_kv_write(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_s
 
 def cache_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, position: int,
                     cos: Tensor | None = None, sin: Tensor | None = None, interleaved: bool = False,
-                    scale: float | None = None, key_start: int = 0, mask: Tensor | None = None) -> Tensor:
+                    scale: float | None = None, key_start: int = 0, mask: Tensor | None = None,
+                    window: int | None = None) -> Tensor:
     """Write k (rotary_emb(k) with cos/sin) and v into a preallocated KV cache at `position` and return
-    causal attention of q (rotated likewise) over the cache's keys [key_start, position + t), as one op."""
-    return ops.cache_attention(q, k, v, k_cache, v_cache, position, cos, sin, interleaved, scale, key_start, mask)
+    causal attention of q (rotated likewise) over the cache's keys [key_start, position + t), as one op.
+    window: a one-query step's sliding window (key_start = max(0, position + 1 - window)), which a
+    captured step slides at later positions."""
+    return ops.cache_attention(q, k, v, k_cache, v_cache, position, cos, sin, interleaved, scale, key_start, mask,
+                               window)
 
 
 

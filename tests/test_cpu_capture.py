@@ -76,6 +76,61 @@ def test_cpu_replays_give_eager_logits_across_cache_growth(tiny_qwen2, monkeypat
     assert calls["capture"] <= 8, calls
 
 
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory):
+    """Gemma 3 shape, 6 layers (5 sliding-window layers of window 6, then a global one), q/k norms,
+    norms after attention and the MLP, the embedding scaled by sqrt(width)."""
+    path = tmp_path_factory.mktemp("gemma3") / "gemma3-tiny.gguf"
+    arch = dict(maker.ARCHS["gemma3-270m"], window=6)
+    saved = maker.ARCHS["gemma3-270m"]
+    maker.ARCHS["gemma3-270m"] = arch
+    try:
+        maker.write(path, "gemma3-270m", "q4_k_m", scale=0.2, layers=6, seed=3, vocab=512)
+    finally:
+        maker.ARCHS["gemma3-270m"] = saved
+    return str(path)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("program", [True, False], ids=["one-program", "calls"])
+def test_sliding_window_steps_replay_and_slide_the_window(tiny_gemma3, monkeypatch, threads, program):
+    """Gemma 3's sliding-window layers capture on the cpu device (Backend.captures_windows): the
+    recorded attention slides its first key with the step buffer's position, so replays past the
+    window (6) and across cache growth give the eager logits bit for bit."""
+    from tallow.backends.cpu.runtime import kernel_calls
+    if threads > 1:
+        monkeypatch.setattr(kernel_calls, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("TALLOW_CPU", "auto" if program else "replay")
+    kernel_calls.set_threads(threads)
+    try:
+        model = tallow.load_model(tiny_gemma3, device="cpu")
+        assert {model.config.window(kind) for kind in model.config.layer_types} == {6, None}
+        model([1, 2])
+        calls = count_captures(monkeypatch, model.device.backend)
+        cache = _small_cache(model, 8)
+        captured = _greedy_logits(model, [5, 9, 13], 36, cache)  # the window passed at 6, growth at 8, 16, 32
+        assert bool(cache.graph[0].recording.handle[0]) == program
+        model.capture_decode = False
+        eager = _greedy_logits(model, [5, 9, 13], 36, _small_cache(model, 8))
+    finally:
+        kernel_calls.set_threads(kernel_calls.thread_count())
+    assert all((a == b).all() for a, b in zip(captured, eager))
+    assert calls["replay"] >= 18, calls
+
+
+def test_a_window_is_said_only_for_one_query_at_its_key_start(tiny_gemma3):
+    """functional.cache_attention's window: one query whose key_start is max(0, position + 1 - window)."""
+    import tallow.functional as F
+    q = tallow.ones(1, 1, 2, 4, device="cpu")
+    kc, vc = tallow.zeros(1, 1, 16, 4, device="cpu"), tallow.zeros(1, 1, 16, 4, device="cpu")
+    one = q.narrow(2, 0, 1)
+    F.cache_attention(one, one, one, kc, vc, 9, key_start=4, window=6)
+    with pytest.raises(ShapeError, match="window=6 is for one query"):
+        F.cache_attention(one, one, one, kc, vc, 9, key_start=3, window=6)
+    with pytest.raises(ShapeError, match="got 2 queries"):
+        F.cache_attention(q, q, q, kc, vc, 9, key_start=4, window=6)
+
+
 def test_generate_on_cpu_replays_and_matches_eager(tiny_qwen2, monkeypatch):
     from tallow.generation import generate_ids
     model = tallow.load_model(tiny_qwen2, device="cpu")
@@ -136,7 +191,7 @@ def test_a_step_with_unrecorded_ops_is_never_replayed(tiny_qwen2):
     model([1, 2])
     x = tallow.ones(4, device="cpu")
     with tallow.capture("cpu", position=0) as graph:
-        graph.output(x + 1.0)  # numpy's add: not a recorded kernel call
+        graph.output(x.cumsum(0))  # numpy's cumsum: not a recorded kernel call
     assert graph.recording.host_computed
     with pytest.raises(UnsupportedError, match="run it eagerly"):
         graph.replay(position=1)
@@ -159,7 +214,7 @@ def test_a_float_model_decodes_eagerly_on_cpu(tmp_path, tiny_qwen2):
 
 # Backend methods that are not compute: reads, new storages from host data, capture, helpers.
 NOT_COMPUTE = {"features", "can_capture", "begin_capture", "end_capture", "replay", "overwrite", "from_bytes",
-               "batch_rows", "to_bytes", "from_list", "to_list", "to_numpy", "from_js_buffer"}
+               "batch_rows", "to_bytes", "from_list", "to_list", "to_numpy", "from_js_buffer", "captures_windows"}
 
 
 def test_every_compute_primitive_is_recorded_or_guarded():

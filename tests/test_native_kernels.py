@@ -65,6 +65,29 @@ def test_a_strided_view_takes_the_strided_entry_and_a_non_contiguous_one_falls_b
     np.testing.assert_allclose(got[1], x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6), rtol=1e-5)
 
 
+def test_rms_norm_and_binary_kernels_match_numpy():
+    """The captured step's own rms_norm (sums in float64, one rounding) and binary_f32 (numpy's
+    float32 add/sub/mul: the same bits), as machine code and as numba's kernels."""
+    from tallow.backends.cpu.kernels.codes import BINARY_CODES
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((3, 48)) * 40).astype(np.float32)
+    w = rng.standard_normal(48).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6)
+    b = rng.standard_normal(x.size).astype(np.float32)
+    for get in (machine_code.kernel, machine_code.numba_kernel):
+        for weight, ref in ((w, want * w), (np.empty(0, np.float32), want)):
+            got = np.full_like(x, np.nan)
+            get("rms_norm")(x, weight, 1e-6, got)
+            np.testing.assert_allclose(got, ref, rtol=2e-7, atol=1e-7)
+        a = x.reshape(-1)
+        for op, fn in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply)):
+            for other in (b, b[:1]):
+                got = np.full_like(a, np.nan)
+                get("binary_f32")(a, other, BINARY_CODES[op], got)
+                np.testing.assert_array_equal(got, fn(a, other))
+
+
 def _child(code, **env):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, **env))

@@ -84,6 +84,13 @@ class Backend:
         """Whether begin_capture/end_capture/replay work here (tallow.capture falls back to eager when not)."""
         return False
 
+    def captures_windows(self):
+        """Whether a captured one-token step may hold sliding-window attention: cache_attention then
+        records its spec's window (key_start = max(0, position + 1 - window), read from the step
+        buffer's position at replay) instead of the key_start. False: a model with a window decodes
+        eagerly here."""
+        return False
+
     def begin_capture(self, position, tokens):
         """Record the launches that follow (running them too) until end_capture. position: where the
         step's `tokens` new positions start in the KV cache; kernels that depend on it read it from a

@@ -29,10 +29,14 @@ class AttentionSpec:
 @dataclass(frozen=True, slots=True)
 class CacheAttentionSpec:
     """cache_attention: the step's new positions start at `position` in the cache, and its queries
-    attend over the keys [key_start, position + t), scores times `scale`."""
+    attend over the keys [key_start, position + t), scores times `scale`. window: set on a one-query
+    step of a sliding-window layer, whose key_start is max(0, position + 1 - window): a backend that
+    captures windowed steps (Backend.captures_windows) records the window, not the key_start, so a
+    replay at a later position slides it."""
     position: int
     key_start: int
     scale: float
+    window: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,7 +54,7 @@ class Step:
     their rotary tables and the attention window over the cache."""
 
     def __init__(self, offset, length, rotary, window=None, device=None):
-        self.offset, self.length = offset, length
+        self.offset, self.length, self.window = offset, length, window
         self.cos, self.sin = rotary.tables(offset, length)
         total = offset + length
         self.key_start, self.mask = 0, None
@@ -85,14 +85,18 @@ class Step:
 
     def _cache_attention(self, q, k, v, kv_cache, scale, cos=None, sin=None, interleaved=False):
         kv_cache.reserve(k, v)  # grows the cache when the new positions do not fit
-        key_start, mask = self.key_start, self.mask
+        key_start, mask, window = self.key_start, self.mask, self.window
         if kv_cache.max_len is not None:  # a cache that keeps only its last max_len positions
             dropped = max(key_start, kv_cache.length + k.shape[2] - kv_cache.max_len) - key_start
             key_start += dropped
             if mask is not None and dropped:
                 mask = mask.narrow(-1, dropped, mask.shape[-1] - dropped)
+            window = kv_cache.max_len if window is None else min(window, kv_cache.max_len)
+        # one query with a window: key_start is max(0, position + 1 - window); saying the window lets
+        # a captured step slide it (CacheAttentionSpec)
+        window = window if k.shape[2] == 1 and mask is None else None
         out = F.cache_attention(q, k, v, kv_cache.k, kv_cache.v, kv_cache.length, cos, sin, interleaved, scale,
-                                key_start, mask)
+                                key_start, mask, window)
         kv_cache.advance(k.shape[2])
         return out
 

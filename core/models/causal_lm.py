@@ -22,9 +22,11 @@ One-token decode steps on a device that captures (tallow.capture: wgpu natively)
 captured and replayed: the first two steps on a cache run eagerly while recording their
 launches; when the two recordings match (nothing but the step buffer depends on the
 position), later steps replay the recording with the new token id and position, no
-Python per op. A step whose shape differs (a prompt, a batch, a sliding window) or that
-would grow the KV cache past the captured capacity runs eagerly; the next one-token
-steps capture again. `model.capture_decode = False` turns this off.
+Python per op. A step whose shape differs (a prompt, a batch) or that would grow the KV
+cache past the captured capacity runs eagerly; the next one-token steps capture again.
+Sliding-window layers (Gemma 3) capture where the backend slides the window at replay
+(Backend.captures_windows: the cpu device); elsewhere such a model decodes eagerly.
+`model.capture_decode = False` turns this off.
 """
 import threading
 
@@ -236,8 +238,9 @@ class CausalLM(Module):
     # ---- captured one-token decode (tallow.capture) ------------------------------------
     def _captures(self):
         cfg = self.config
-        return (self.capture_decode and self.device.backend.can_capture()
-                and all(cfg.window(kind) is None for kind in set(cfg.layer_types)))
+        backend = self.device.backend
+        return (self.capture_decode and backend.can_capture()
+                and (backend.captures_windows() or all(cfg.window(kind) is None for kind in set(cfg.layer_types))))
 
     def _fixed(self, cache, position):
         """What a recorded step bound that a later step must find unchanged: every layer's KV

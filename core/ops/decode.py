@@ -165,7 +165,7 @@ def rope_kv_write(q, k, v, cos, sin, k_slot, v_slot, interleaved=False):
 
 
 def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, interleaved=False, scale=None,
-                    key_start=0, mask=None):
+                    key_start=0, mask=None, window=None):
     """Append the new keys and values to a preallocated KV cache and attend over it, as one op.
 
     Writes k (rotated, when cos and sin are given) and v into k_cache and v_cache at positions
@@ -175,7 +175,9 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
     k_cache (b, hk, capacity, d), v_cache (b, hk, capacity, dv); cos/sin (t, d/2), full-width
     rotary (half-split, or GPT-J pairs with interleaved). scale: of the scores (default
     d**-0.5). mask: bool (True: may attend) or additive, broadcast to (b, h, t, keys), for a
-    sliding window's earlier queries. Returns (b, h, t, dv) in the cache's dtype."""
+    sliding window's earlier queries. window: a one-query step of a sliding-window layer says its
+    window, key_start then being max(0, position + 1 - window), so that a captured step slides it
+    at later positions (CacheAttentionSpec). Returns (b, h, t, dv) in the cache's dtype."""
     q, k, v = float_input(q, "cache_attention"), float_input(k, "cache_attention"), float_input(v, "cache_attention")
     check_devices("cache_attention", q, k, v, k_cache, v_cache, cos, sin, mask)
     kc_shape, vc_shape = k_cache.shape, v_cache.shape
@@ -202,6 +204,10 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
     if cos is not None and (d % 2 or cos.shape != (t, d // 2) or sin.shape != (t, d // 2)):
         raise ShapeError(f"cache_attention: cos/sin must have shape {(t, d // 2)} for q {q.shape} (an even head_dim), "
                          f"got {cos.shape} and {sin.shape}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1 or t != 1
+                               or mask is not None or key_start != max(0, position + 1 - window)):
+        raise ShapeError(f"cache_attention: window={window!r} is for one query without a mask whose key_start is "
+                         f"max(0, position + 1 - window); got {t} queries, key_start {key_start} at position {position}")
     tk = position + t - key_start
     dtype = k_cache.dtype
     q, k, v, cos, sin = _cast(dtype, q, k, v, cos, sin)
@@ -221,7 +227,7 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
     st = q.device.backend.cache_attention(_qkv(q, k, v), KVCache(operand_of(k_cache), operand_of(v_cache)),
                                           _rotary(cos, sin, interleaved),
                                           None if mask is None else Operand(mask._storage, lmask), dtype,
-                                          CacheAttentionSpec(position, key_start, scale))
+                                          CacheAttentionSpec(position, key_start, scale, window))
     return q._new(st, (b, h, t, dv), dtype)
 
 

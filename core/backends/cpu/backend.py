@@ -17,6 +17,7 @@ from ...layout import numel_of
 from .runtime import kernel_calls  # (pure Python until the kernels are asked for: they load then)
 from ...settings import settings
 from . import attention, float_steps
+from .kernels.codes import BINARY_CODES
 from .runtime import blas_rows, capture, reused_arrays
 from ..base import Backend
 from ..operand import QuantWeight, parts
@@ -206,6 +207,11 @@ class NumpyBackend(StepCapture, Backend):
         what a capture records (capture.py)."""
         return kernel_calls.decode_kernels() is not None
 
+    def captures_windows(self):
+        """cache_attention records a one-query step's window as key_start -window, which the replay
+        (capture.cache_attention, step_loop's attention) turns into max(0, position + 1 - window)."""
+        return True
+
     def _recorder(self):
         """A capture.Recorder while this thread captures, else None."""
         rec = self._capture() if self._captures else None
@@ -363,6 +369,17 @@ class NumpyBackend(StepCapture, Backend):
         return self.store(y, bool_ if op == "logical_not" else dtype)
 
     def binary(self, op, a, la, b, lb, dtype):
+        rec = self._recorder()
+        if rec is not None and op in BINARY_CODES and dtype is f32 and a.dtype == np.float32 == b.dtype \
+                and _whole(a, la) and (b.size == 1 or _whole(b, lb) and b.size == a.size) and _decode_kernels(dtype):
+            # inside a capture (a residual add, Gemma's embedding scale): a kernel the step replays
+            out = np.empty(a.shape, np.float32)
+            args = (a.reshape(-1), b.reshape(-1), BINARY_CODES[op], out.reshape(-1))
+            _decode_kernels(dtype).binary_f32(*args)
+            rec(_decode_kernels(dtype).binary_f32, *args)
+            return out
+        if rec is not None:
+            rec.refuse(f"binary {op} (not recorded on the cpu device)")
         if dtype.name in _NATIVE and op in _PLAIN and _whole(a, la) and _whole(b, lb):
             if a.dtype == np.float32 == b.dtype and a.size == b.size:  # (a residual add: reused memory)
                 return _BINARY[op](a, b, out=reused_arrays.empty(a.shape))
@@ -556,6 +573,25 @@ class NumpyBackend(StepCapture, Backend):
 
     def rms_norm(self, x, w, dtype, eps):
         (x, lx), (w, lw) = x, parts(w)
+        dec = _decode_kernels(dtype)
+        if dec is not None and lx.shape and lx.shape[-1] and (w is None or w.dtype == np.float32):
+            # the fused kernel (sums in float64): recorded inside a capture (Gemma's q/k norms per head
+            # and its norms after attention and the MLP), so the step replays
+            view = self.view(x, lx)
+            xv = np.ascontiguousarray(view.reshape(-1, lx.shape[-1]))
+            wv = self._vector(w, lw)
+            if wv.ndim == 1 and wv.flags.c_contiguous and wv.shape[0] in (0, xv.shape[1]):
+                normed = np.empty(xv.shape, np.float32)
+                args = (xv, wv, float(eps), normed)
+                dec.rms_norm(*args)
+                rec = self._recorder()
+                if rec is not None:
+                    rec.bound(xv, x, "a norm's input")
+                    rec(dec.rms_norm, *args)
+                return normed.reshape(-1)
+        rec = self._recorder()
+        if rec is not None:
+            rec.refuse("rms_norm (not recorded on the cpu device)")
         v = self.load(x, lx, dtype)
         y = v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps)
         if w is not None:
@@ -778,8 +814,10 @@ class NumpyBackend(StepCapture, Backend):
             if whole is None:
                 rec.refuse("rotary tables that are not rows of one table")
             else:
+                # a sliding window's first key moves with the position: recorded as -window (capture.py)
+                keys = key_start if spec.window is None else -spec.window
                 rec(capture.cache_attention, dec.cache_attention, rec.recording.step, whole[2], *qkv, whole[0],
-                    whole[1], *caches, key_start, np.float32(scale), bool(interleaved), out)
+                    whole[1], *caches, keys, np.float32(scale), bool(interleaved), out)
         return out.reshape(-1)
 
     def batch_cache_attention(self, qkv, caches, rotary, dtype, spec):
@@ -909,4 +947,5 @@ def _adjacent_view(arrays):
 # unreplayable (capture.py); the recorded ones mark their own other paths.
 capture.guard_unrecorded(NumpyBackend, ("qmatmul", "qmatmul_bias", "gated_qmatmul", "index_select",
                                             "add_rms_norm", "add_norm_linear", "cache_attention", "matmul",
-                                            "matmul_bias", "unary", "attention", "add_layer_norm"))
+                                            "matmul_bias", "unary", "attention", "add_layer_norm", "rms_norm",
+                                            "binary"))

@@ -61,6 +61,9 @@ class Gemma3Attention(Module):
         q = self.q_norm(split_heads(q, cfg.num_heads, cfg.head_dim))
         k = self.k_norm(split_heads(k, cfg.num_kv_heads, cfg.head_dim))
         v = split_heads(v, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.rotary_dim == cfg.head_dim:  # the rotation inside the one attention op (a captured step's kernel)
+            return self.o_proj(merge_heads(step.attend_rotary(q, k, v, kv_cache, cfg.rope_interleaved,
+                                                              scale=cfg.attention_scale)))
         q = step.rotate(q, cfg.rotary_dim, cfg.rope_interleaved)
         k = step.rotate(k, cfg.rotary_dim, cfg.rope_interleaved)
         return self.o_proj(merge_heads(step.attend(q, k, v, kv_cache, scale=cfg.attention_scale)))

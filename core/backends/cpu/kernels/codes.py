@@ -7,6 +7,7 @@ import numpy as np
 # Format codes (the kernels branch on these once per block).
 FORMATS = {"q4_0": 0, "q4_1": 1, "q5_0": 2, "q5_1": 3, "q8_0": 4, "q4_k": 5, "q5_k": 6, "q6_k": 7}
 ACT_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}  # the gated products' activations
+BINARY_CODES = {"add": 0, "sub": 1, "mul": 2}  # fused_ops.binary_f32's ops
 QK = 32  # activation values per block (one scale each)
 
 # float32 value of every f16 bit pattern (256 KB; stays in L2): f16 -> f32 by lookup.

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from .codes import ERF_P, ERF_Q, GELU_CLAMP, INV_SQRT2, entry
+from .codes import ERF_P, ERF_Q, GELU_CLAMP, INV_SQRT2, entry  # (BINARY_CODES: binary_f32's ops)
 from .numba_setup import prepare
 
 prepare()  # before any kernel loads: numba then does not import scipy's BLAS (numba_setup.py)
@@ -41,6 +41,41 @@ def add_rms_norm(x, r, w, eps, total, normed):
         for j in range(d):
             y = total[i, j] * inv
             normed[i, j] = y * w[j] if w.shape[0] else y
+
+
+@entry("f32[2]", "f32[1]", "f64", "f32[2]", step=True)
+@njit(cache=True)
+def rms_norm(x, w, eps, normed):
+    """normed = x / sqrt(mean(x^2) + eps) * w (w empty: no weight); x, normed (m, d), w (d,) or (0,).
+    (Gemma's q/k norms per head and its norms after attention and the MLP, inside a captured step.)"""
+    m, d = x.shape
+    for i in range(m):
+        ss = 0.0
+        for j in range(d):
+            v = x[i, j]
+            ss += np.float64(v) * v
+        inv = 1.0 / math.sqrt(ss / d + eps)
+        for j in range(d):
+            y = x[i, j] * inv
+            normed[i, j] = y * w[j] if w.shape[0] else y
+
+
+@entry("f32[1]", "f32[1]", "i64", "f32[1]", step=True)
+@njit(cache=True)
+def binary_f32(a, b, op, out):
+    """out = a (op) b for float32 vectors, b of a's size or one value (BINARY_CODES): numpy's own
+    float32 add, subtract or multiply, one rounding each, so the same bits. (A residual add, or
+    Gemma's embedding scale, inside a captured step.)"""
+    n = a.shape[0]
+    one = b.shape[0] == 1
+    for i in range(n):
+        y = b[0] if one else b[i]
+        if op == 0:
+            out[i] = a[i] + y
+        elif op == 1:
+            out[i] = a[i] - y
+        else:
+            out[i] = a[i] * y
 
 
 @entry("f32[2]", "f32[2]", "f32[1]", "f32[1]", "f64", "f32[2]", "f32[2]")

@@ -154,7 +154,10 @@ def run_step(prog, reals, table, step, state, tid, helper_rounds):
             v = carray(_f32_at(p[3]), (b, hk, t, dv))
             kc = carray(_f32_at(p[7]), (b, hk, cap, d))
             vc = carray(_f32_at(p[8]), (b, hk, cap, dv))
-            fused_ops.cache_attention(q, k, v, cos, sin, kc, vc, position, p[9], np.float32(reals[j]),
+            key_start = p[9]  # (< 0: a sliding window's -window, capture.cache_attention)
+            if key_start < 0:
+                key_start = max(np.int64(0), position + t + key_start)
+            fused_ops.cache_attention(q, k, v, cos, sin, kc, vc, position, key_start, np.float32(reals[j]),
                                       p[10] != 0, carray(_f32_at(p[11]), (b, h, t, dv)))
         elif code == OP_ROWS:
             k, n_ids = p[6], p[8]

@@ -114,10 +114,13 @@ def check_position(step, t, cap, rel, table_rows):
 
 def cache_attention(kernel, step, rel, q, k, v, cos_table, sin_table, kc, vc, key_start, scale, interleaved, out):
     """fused_ops.cache_attention at the step buffer's position: the rotary rows from
-    position + rel of the whole tables (rel: the captured view's row offset less its position)."""
+    position + rel of the whole tables (rel: the captured view's row offset less its position).
+    key_start < 0 is a sliding window's -window: the keys from max(0, position + t - window)."""
     t = q.shape[2]
     check_position(step, t, kc.shape[2], rel, cos_table.shape[0])
     position = int(step[0])
+    if key_start < 0:
+        key_start = max(0, position + t + key_start)
     if cos_table.shape[0]:
         cos, sin = cos_table[position + rel:position + rel + t], sin_table[position + rel:position + rel + t]
     else:
