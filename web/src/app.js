@@ -6,10 +6,11 @@ import { transcriptAs } from "./transcript.js";
 
 const $ = (id) => document.getElementById(id);
 // Options the worker reads: ?cpu, ?device=wgpu|wasm|cpu|python (overrides the automatic choice),
+// ?threads=N (the wasm device's threads where the page is cross-origin isolated),
 // and the big-model knobs ?slice_mb= / ?max_binding_mb= (tests lower them).
 const workerOptions = {};
 for (const [name, value] of new URL(location.href).searchParams) {
-  if (["cpu", "device", "slice_mb", "max_binding_mb"].includes(name)) workerOptions[name] = value || "1";
+  if (["cpu", "device", "threads", "slice_mb", "max_binding_mb"].includes(name)) workerOptions[name] = value || "1";
 }
 const client = new TallowClient({ workerOptions, onProgress: (msg) => showProgress(msg, activePanel()) });
 

@@ -15,8 +15,8 @@ import { prepareFile } from "./audio.js";
 import { transcriptAs } from "./transcript.js";
 
 // Worker options (its URL's query): cpu (no WebGPU), device (wgpu, wasm, cpu or python: overrides
-// the automatic choice), slice_mb, max_binding_mb.
-const WORKER_OPTIONS = ["cpu", "device", "slice_mb", "max_binding_mb"];
+// the automatic choice), threads (the wasm device's, where cross-origin isolated), slice_mb, max_binding_mb.
+const WORKER_OPTIONS = ["cpu", "device", "threads", "slice_mb", "max_binding_mb"];
 const FORMATS = ["json", "text", "verbose_json", "srt", "vtt"];
 
 export class APIError extends Error {

@@ -4,14 +4,24 @@ can go from a Blob's slices into it in JS (write_from_slices) as they go to GPU 
 WebGPU, and a replay is one JS call of the module's `run`.
 
     driver = await create_wasm_driver()      # the kernels.wasm this package carries
+    driver = await create_wasm_driver(threads=2)
+
+Threads (docs/wasm.md "Threads"): in a cross-origin isolated page the driver runs on
+min(navigator.hardwareConcurrency, MAX_AUTO_THREADS) threads (the page's ?threads=N, or `threads`,
+overrides), kernels_mt.wasm over a shared memory, a recorded program cut into one per thread by
+threads.py; elsewhere on one thread, kernels.wasm as before. `driver.threads` says how many run,
+`driver.threads_note` why fewer than asked (None when all did).
 """
 import sys
 from importlib import resources
 
 from ...errors import DeviceError
 from .driver import WasmDriver
+from .threads import ThreadedPrograms
 
 _FACTORY = None
+MAX_AUTO_THREADS = 8  # the automatic count's cap (more rarely helps a memory-bound decode)
+MAX_THREADS = 64  # what ?threads= may ask for
 
 
 def _js():
@@ -22,7 +32,24 @@ def _js():
     return js, ffi
 
 
-async def create_wasm_driver():
+def thread_count(requested, js=None):
+    """How many threads to ask for: `requested` (an int, or the page's ?threads= text), else the
+    worker URL's ?threads=, else min(navigator.hardwareConcurrency, MAX_AUTO_THREADS); 1 where the
+    page is not cross-origin isolated (driver.js says so in threads_note). A bad value is a clear
+    DeviceError."""
+    if requested is None and js is not None:
+        requested = js.URL.new(js.location.href).searchParams.get("threads")
+        requested = requested if isinstance(requested, str) else None  # (absent: JS null)
+    if requested in (None, ""):
+        cores = int(getattr(js.navigator, "hardwareConcurrency", 1) or 1) if js is not None else 1
+        return max(1, min(cores, MAX_AUTO_THREADS))
+    text = str(requested).strip()
+    if not text.isdigit() or not 1 <= int(text) <= MAX_THREADS:
+        raise DeviceError(f"?threads={requested} is not a thread count (1 to {MAX_THREADS})")
+    return int(text)
+
+
+async def create_wasm_driver(threads=None):
     global _FACTORY
     js, ffi = _js()
     package = resources.files("tallow.backends.wasm")
@@ -32,16 +59,25 @@ async def create_wasm_driver():
                           "build the wheel after `make wasm`")
     if _FACTORY is None:
         _FACTORY = js.Function(package.joinpath("driver.js").read_text())()
-    return BrowserWasmDriver(await _FACTORY(ffi.to_js(wasm.read_bytes())))
+    want = thread_count(threads, js)
+    threaded = package.joinpath("kernels_mt.wasm")
+    threaded_bytes = ffi.to_js(threaded.read_bytes()) if want > 1 and threaded.is_file() else None
+    driver = BrowserWasmDriver(await _FACTORY(ffi.to_js(wasm.read_bytes()), threaded_bytes, want))
+    driver.threads_asked = want
+    return driver
 
 
-class BrowserWasmDriver(WasmDriver):
+class BrowserWasmDriver(ThreadedPrograms, WasmDriver):
     name = "browser"
 
     def __init__(self, js_kernels):
         _, self._ffi = _js()
         self._js = js_kernels
         self.table = int(js_kernels.table)
+        self.threads = int(js_kernels.threads)
+        note = js_kernels.threadsNote
+        self.threads_note = note if isinstance(note, str) else None  # (JS null: all the threads asked for run)
+        self.barrier_at = int(js_kernels.barrier)
         # bytes written into the memory from Python (the Pyodide heap) and straight from JS buffers
         self.bytes_from_python = 0
         self.bytes_from_js = 0
@@ -73,6 +109,12 @@ class BrowserWasmDriver(WasmDriver):
 
     def _call(self, export, args):
         self._js.call(export, self._ffi.to_js(list(args)))
+
+    def _run_threads(self, table_at):
+        try:
+            self._js.runThreads(table_at, self.step.at)
+        except self._ffi.JsException as e:
+            raise DeviceError(f"the wasm device's threads failed: {e}") from None
 
     async def write_from_slices(self, buf, byte_offset, js_file, src_offset, nbytes):
         """nbytes of a JS sliced file (worker.mjs's SlicedFile) from src_offset into buf, in JS."""
