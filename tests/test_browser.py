@@ -61,9 +61,20 @@ def demo(dist):
         yield d
 
 
+# Chromium here has WebGPU only on SwiftShader, a software adapter, which the page's automatic
+# choice passes over for the wasm device: the shared page asks for WebGPU, to test that path.
+WGPU = "?device=wgpu"
+
+
 @pytest.fixture(scope="module")
 def demo_page(demo):
-    return demo.open()
+    return demo.open(WGPU)
+
+
+def _device_name(info):
+    """What the page calls its device in status lines (app.js's deviceName)."""
+    return {"wgpu": "WebGPU", "wasm": "the CPU (WebAssembly SIMD)", "cpu": "the CPU (numpy)"}.get(
+        info["device"], "the CPU (pure Python)")
 
 
 @pytest.fixture
@@ -240,6 +251,36 @@ def test_a_software_webgpu_adapter_gets_a_cpu_speed_estimate(demo, ui):
     assert ui.is_visible("#cpu-note") and "WebGPU here is emulated on the CPU" in note and "64-token reply takes about" in note
 
 
+def test_a_software_webgpu_adapter_is_passed_over_for_the_wasm_device_and_the_page_says_why(demo):
+    """The automatic choice (no ?device=) on SwiftShader: the wasm device, which is faster on a
+    CPU; the adapter is still shown, the device note says why it was passed over, and the speed
+    estimate is measured on the wasm device."""
+    page = demo.open()
+    try:
+        info = page.evaluate("window.tallowDemo.ready")
+        if not info.get("gpu", {}).get("cpu_emulated", True):
+            pytest.skip(f"a hardware adapter ({info['gpu']['adapter']}): WebGPU is the automatic choice")
+        assert info["device"] == "wasm" and info["requested"] == "auto" and info["wasm_error"] is None, info
+        assert info["gpu"]["cpu_emulated"] and info["gpu_error"] is None, info
+        assert info["device_note"] == (f"WebGPU's adapter here ({info['gpu']['adapter']}) is a software one that "
+                                       "computes on the CPU: running on the CPU (WebAssembly SIMD), which is "
+                                       "faster there; ?device=wgpu uses the adapter anyway")
+        assert info["measure_speed"] and info["cpu_speed"]["device"] == "wasm" and info["cpu_speed"]["flops_per_s"] > 0
+        shown = page.inner_text("#device")
+        assert "CPU (WebAssembly SIMD)" in shown and f"{info['gpu']['adapter']}" in shown, shown
+        assert "emulated on the CPU" in shown and info["device_note"] in shown and "small matmuls on the CPU (WebAssembly SIMD)" in shown
+        note = page.inner_text("#cpu-note")
+        assert page.is_visible("#cpu-note") and note.startswith(
+            "WebGPU here is emulated on the CPU, so this page computes on the CPU (WebAssembly SIMD).")
+        assert page.inner_text("#chat-status").startswith("WebGPU is emulated on the CPU here: on this CPU a 64-token")
+        # the adapter stays usable by name
+        assert demo.run(page, "import tallow\n[tallow.Device('wgpu').backend.driver.name, "
+                              "(tallow.ones(2, device='wgpu') + 1).tolist()]") == ["browser", [2, 2]]
+        assert page.is_hidden("#error")
+    finally:
+        page.close()
+
+
 def test_chromium_with_webgpu_disabled_boots_on_the_cpu(demo):
     """Chromium's --disable-webgpu (without --enable-unsafe-webgpu) keeps navigator.gpu, and its
     requestAdapter() resolves null, as on Linux without a GPU driver: the real null adapter, not a
@@ -391,7 +432,7 @@ def test_a_reload_takes_model_files_from_browser_storage(demo, dist, ui):
     entry = _model_or_skip(dist, "whisper-tiny.en")
     first = demo.request(ui, "load", model="whisper-tiny.en", timeout_s=300)
     assert first["bytes"] == entry["bytes"]
-    demo.goto(ui)  # a reload: a fresh worker and Python, the same browser profile
+    demo.goto(ui, WGPU)  # a reload: a fresh worker and Python, the same browser profile
     before = len(demo.server.requests)
     again = demo.request(ui, "load", model="whisper-tiny.en", timeout_s=300)
     fetched = [p for p in demo.server.requests[before:] if p.startswith("/models/whisper-tiny.en/")]
@@ -461,7 +502,7 @@ def test_smollm2_weights_go_from_the_js_buffer_to_the_gpu_without_entering_the_w
     below then runs on the model loaded this way)."""
     entry = _model_or_skip(dist, "smollm2-135m-instruct")
     tensor_bytes, header_bytes = _gguf_layout(dist, entry)
-    demo.goto(ui)  # a fresh worker: the wasm heap only grows, so earlier loads must not count
+    demo.goto(ui, WGPU)  # a fresh worker: the wasm heap only grows, so earlier loads must not count
     info = demo.request(ui, "load", model="smollm2-135m-instruct", timeout_s=300)
     print(f"SmolLM2 on WebGPU: loaded in {info['load_s']:.2f} s (Python part {info['seconds']:.2f} s), "
           f"wasm heap {info['heap_bytes'] / 2**20:.0f} MiB, read into Python {info['read_into_python']} bytes, "
@@ -703,9 +744,10 @@ def test_a_plain_static_server_runs_the_example_clip_with_progress_and_segments(
     assert downloads and "3 parts" in downloads[-1] and " MB of " in downloads[-1], texts
     assert "Transcribing jfk.wav…" in texts and "Loading the speech model…" in texts, texts
     # the first run on this device: an estimate up front only from a CPU speed measured at boot
-    # (WebGPU emulated on the CPU: SwiftShader), then progress inside the window
-    if page.evaluate("window.tallowDemo.ready")["gpu"]["cpu_emulated"]:
-        assert any(t.startswith("Transcribing jfk.wav (11 s of audio): about ") and t.endswith(" on WebGPU…")
+    # (the automatic choice here: the wasm device, SwiftShader passed over), then progress inside the window
+    info = page.evaluate("window.tallowDemo.ready")
+    if info["measure_speed"]:
+        assert any(t.startswith("Transcribing jfk.wav (11 s of audio): about ") and t.endswith(f" on {_device_name(info)}…")
                    for t in texts), texts
     else:
         assert "Transcribing jfk.wav (11 s of audio)…" in texts, texts
@@ -736,9 +778,10 @@ def test_the_model_table_follows_the_load_and_agrees_with_the_status_line(demo, 
     size = harness.manifest(demo.dist)["models"]["whisper-tiny.en"]["bytes"]
     assert row.locator(".storage").inner_text() == f"cached ({size / 1e6:.1f} MB)"
     import re
-    said = [m for t in texts if (m := re.match(r"Whisper tiny\.en \(speech to text\) loaded on WebGPU in ([\d.]+) s", t))]
+    where = _device_name(page.evaluate("window.tallowDemo.ready"))
+    said = [m for t in texts if (m := re.match(rf"Whisper tiny\.en \(speech to text\) loaded on {re.escape(where)} in ([\d.]+) s", t))]
     assert said, texts
-    assert row.locator(".state").inner_text() == f"loaded on WebGPU in {said[-1][1]} s"
+    assert row.locator(".state").inner_text() == f"loaded on {where} in {said[-1][1]} s"
 
 
 def test_axe_finds_no_serious_accessibility_violations_after_a_transcription(demo, example_run):
