@@ -46,7 +46,7 @@ def page(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("web") / "dist")
     harness.build_test_site(out, models=False)
     with harness.DemoBrowser(out, artifacts=os.path.join(os.path.dirname(HERE), "test-artifacts", "browser")) as demo:
-        yield demo, demo.open()
+        yield demo, demo.open("?device=wgpu")  # the wgpu case needs the adapter even where it is a software one
 
 
 @pytest.mark.parametrize("device", ["wgpu", "python"])
