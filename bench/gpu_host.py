@@ -132,7 +132,7 @@ def chromium(tokens, repeats):
             return "; ".join(f"{k}: {v}" for k, v in absent.items())
         gguf, _ = _model_paths()
         with harness.DemoBrowser(dist) as demo:
-            page = demo.open()
+            page = demo.open("?device=wgpu")  # the null driver goes over the page's WebGPU device
             llm = demo.copy_model_files(page, "smollm2-135m-instruct")
             whisper = demo.copy_model_files(page, "whisper-tiny.en")
             code = f"measure({llm + '/' + os.path.basename(gguf)!r}, {whisper!r}, {tokens})"

@@ -56,7 +56,7 @@ def browser_figures(demo, query, tokens, whisper, models=True):
         out["  requests"] = len(first_load)
     info = page.evaluate("window.tallowDemo.ready")
     out["  of which Pyodide boot"] = info["boot_s"]
-    label = "WebGPU " + info["gpu"]["adapter"] if info.get("gpu") else f"CPU fallback ({info['device']})"
+    label = "WebGPU " + info["gpu"]["adapter"] if info["device"] == "wgpu" else f"CPU fallback ({info['device']})"
     if not models:
         page.close()
         return label, out
