@@ -28,7 +28,12 @@ import numpy as np
 from .runtime.blas_rows import blas_threads, pool
 
 BLOCK = 128  # query rows per block (measured 32-512 on Whisper tiny's encoder, 1 and 2 threads: 128 best)
-MIN_QUERIES = BLOCK  # fewer queries (decoding steps, short prompts): the caller's plain path
+# Fewer queries (decoding steps: the decode kernels take up to 8 rows): the caller's plain path. Prompts of
+# 9-127 queries take the blocked path too: the plain path's batched np.matmul hands each head's small
+# product to OpenBLAS's threads (py-spy, Qwen2.5-1.5B shape, 64-token prompt, one thread, load 8-10: 36%
+# of samples in OpenBLAS's exec_blas / inner_thread, 1% in its sgemm); blocked, same run: 13.4 against
+# 5.4 tok/s wall, 2 threads (session 38, docs/cpu-kernels.md).
+MIN_QUERIES = 9
 
 
 def attention(q, k, v, mask, scale, causal):
