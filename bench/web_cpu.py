@@ -9,8 +9,10 @@ one headless Chromium on this box, in the same run.
   second tallow line is kernels.wasm's recorded programs driven from JS with no Python (the
   prompt as one `run` call, each token one call, as bench/wasm_step_chromium.py does); wllama
   runs llama.cpp's server loop in its worker (`n_gpu_layers: 0`, temperature 0,
-  `ignore_eos`), its own timings. 1 thread each, then N threads for wllama where the page is
-  cross-origin isolated (this bench serves COOP/COEP headers); tallow's kernels are one thread.
+  `ignore_eos`), its own timings. 1 thread each, then N threads each where the page is
+  cross-origin isolated (this bench serves COOP/COEP headers, as `tallow web serve` does for the
+  demo page; the page's wasm device then runs `?threads=N`, docs/wasm.md "Threads"); the
+  JS-driven kernels programs stay one thread.
 * jfk.wav with Whisper tiny.en: whisper.cpp on a ggml file converted by bench/ggml_whisper.py from
   the very safetensors tallow loads, against the tallow demo page opened with `?device=wasm` in a
   Chromium without WebGPU (the page says which device it really used). A page that has not
@@ -21,8 +23,7 @@ one headless Chromium on this box, in the same run.
 Needs /usr/bin/chromium, playwright, npm (the peers are installed from bench/web_peers/
 package-lock.json into bench/web_peers/node_modules), the models in the tallow cache.
 Last line: `wasm_vs_wllama decode=X prefill=Y whisper_vs_whispercpp=Z threads=N`, each the peer's
-time over tallow's (above 1.00 tallow is faster), at 1 thread; threads=N is what the N-thread lines
-above it used.
+time over tallow's (above 1.00 tallow is faster), both at N threads (the line above it: both at 1).
 """
 import argparse
 import functools
@@ -149,43 +150,49 @@ def open_page(browser, url, timeout_s):
     return result
 
 
-def tallow_in_page(ids, limit_s, whisper=True):
-    """The demo page itself, `?device=wasm`, in a Chromium without WebGPU: SmolLM2 on the prompt ids
-    (stream() in the page's worker on the page's loaded model: prefill and decode tok/s, the ids, the
-    device the model is on), then jfk.wav with whisper-tiny.en through the page's transcribe request
-    ((seconds or None past limit_s, text)). Returns (device the page chose, smollm2, whisper)."""
+def tallow_in_page(ids, limit_s, whisper=True, threads=(1,)):
+    """The demo page itself, `?device=wasm&threads=T`, in a Chromium without WebGPU, served cross-origin
+    isolated (tallow web serve's COOP/COEP), for each T: SmolLM2 on the prompt ids (stream() in the
+    page's worker on the page's loaded model: prefill and decode tok/s, the ids, the device the model
+    is on, the threads the wasm device ran), then jfk.wav with whisper-tiny.en through the page's
+    transcribe request ((seconds or None past limit_s, text)). Returns {T: (device the page chose,
+    smollm2, whisper)}."""
     from browser import harness
+    out = {}
     with tempfile.TemporaryDirectory() as tmp:
         dist = os.path.join(tmp, "dist")
         harness.build_test_site(dist)
         with harness.DemoBrowser(dist) as demo, \
                 demo.other_browser(["--disable-webgpu"], without=["--enable-unsafe-webgpu"]) as context:
-            page = context.new_page()
-            demo.watch(page)
-            demo.goto(page, "?device=wasm", timeout_s=300)
-            device = page.evaluate("window.tallowDemo.ready").get("device")
-            demo.request(page, "load", model="smollm2-135m-instruct", timeout_s=600)
-            smollm2 = demo.run(page, f"""import tallow_web_worker as w
+            for t in threads:
+                page = context.new_page()
+                demo.watch(page)
+                demo.goto(page, f"?device=wasm&threads={t}", timeout_s=300)
+                device = page.evaluate("window.tallowDemo.ready").get("device")
+                demo.request(page, "load", model="smollm2-135m-instruct", timeout_s=600)
+                smollm2 = demo.run(page, f"""import tallow_web_worker as w
 from tallow.generation import stream
 m = w.state['models']['smollm2-135m-instruct']
 s = stream(m, {list(ids)!r}, max_tokens={DECODE_TOKENS}, stop_tokens=[])
 s.text()
 dict(ids=list(s.token_ids), prefill_tok_s=s.prefill_tokens_per_second, tok_s=s.decode_tokens_per_second,
-     device=str(m.device), replays=m.device.backend.replays if m.device.type == 'wasm' else 0)""", timeout_s=900)
-            speech = None
-            if whisper:
-                demo.request(page, "load", model="whisper-tiny.en", timeout_s=600)
-                with open(JFK, "rb") as f:
-                    wav = list(f.read())
-                started = time.perf_counter()
-                r = page.evaluate("""async ([bytes, ms]) => await Promise.race([
-                    window.tallowDemo.request('transcribe', {model: 'whisper-tiny.en', audio: new Uint8Array(bytes),
-                                                              samples: false}),
-                    new Promise((resolve) => setTimeout(() => resolve(null), ms))])""", [wav, limit_s * 1000])
-                seconds = time.perf_counter() - started
-                speech = (None, "") if r is None else (r.get("seconds", seconds), r.get("text", ""))
-            page.close()
-    return device, smollm2, speech
+     device=str(m.device), replays=m.device.backend.replays if m.device.type == 'wasm' else 0,
+     threads=getattr(m.device.backend.driver, 'threads', 1) if m.device.type == 'wasm' else 1)""", timeout_s=900)
+                speech = None
+                if whisper:
+                    demo.request(page, "load", model="whisper-tiny.en", timeout_s=600)
+                    with open(JFK, "rb") as f:
+                        wav = list(f.read())
+                    started = time.perf_counter()
+                    r = page.evaluate("""async ([bytes, ms]) => await Promise.race([
+                        window.tallowDemo.request('transcribe', {model: 'whisper-tiny.en', audio: new Uint8Array(bytes),
+                                                                  samples: false}),
+                        new Promise((resolve) => setTimeout(() => resolve(null), ms))])""", [wav, limit_s * 1000])
+                    seconds = time.perf_counter() - started
+                    speech = (None, "") if r is None else (r.get("seconds", seconds), r.get("text", ""))
+                page.close()
+                out[t] = (device, smollm2, speech)
+    return out
 
 
 def main():
@@ -265,10 +272,13 @@ def main():
     load = os.getloadavg()[0]
     print(f"load average {load:.1f}; cross-origin isolated: {peer['isolated']}")
     print(f"SmolLM2-135M-Instruct Q4_1, {PROMPT_TOKENS}-token prompt, {DECODE_TOKENS} greedy tokens:")
-    device, page_llm, speech = tallow_in_page(ids, args.whisper_limit_s, whisper=not args.skip_whisper)
-    print(f"  tallow page ?device=wasm (ran on {device}; the model on {page_llm['device']}), 1 thread: prefill "
-          f"{page_llm['prefill_tok_s']:.1f} tok/s, decode {page_llm['tok_s']:.1f} tok/s ({page_llm['replays']} replays;"
-          f" ids equal native tallow's: {page_llm['ids'] == native['native_ids'][:len(page_llm['ids'])]})")
+    pages = tallow_in_page(ids, args.whisper_limit_s, whisper=not args.skip_whisper, threads=threads)
+    for t in threads:
+        device, page_llm, _ = pages[t]
+        print(f"  tallow page ?device=wasm&threads={t} (ran on {device}, {page_llm['threads']} thread(s); the model on "
+              f"{page_llm['device']}): prefill {page_llm['prefill_tok_s']:.1f} tok/s, decode {page_llm['tok_s']:.1f} "
+              f"tok/s ({page_llm['replays']} replays; ids equal native tallow's: "
+              f"{page_llm['ids'] == native['native_ids'][:len(page_llm['ids'])]})")
     print(f"  tallow kernels.wasm programs driven from JS, 1 thread: prefill {ours['prefill_tok_s']:.1f} tok/s, decode "
           f"{ours['tok_s']:.1f} tok/s (wasmtime in this process: {native['wasmtime_prefill_tok_s']:.1f} / "
           f"{native['wasmtime_tok_s']:.1f}; ids equal wasmtime's: {ours['ids'] == native['native_ids']})")
@@ -279,26 +289,33 @@ def main():
               f"decode {tm['predicted_per_second']:.1f} tok/s ({tm['predicted_n']} tokens)")
     print(f"  texts: tallow {model.tokenizer.decode(ours['ids'][:DECODE_TOKENS])!r}")
     print(f"         wllama {runs['1']['text']!r}")
-    w1 = runs["1"]["timings"]
-    decode = page_llm["tok_s"] / w1["predicted_per_second"]
-    prefill = page_llm["prefill_tok_s"] / w1["prompt_per_second"]
-    whisper = float("nan")
     if shout is not None:
         for t in threads:
             run = shout["runs"][str(t)]
             text = "".join(seg.get("text", "") for seg in (run["result"] or {}).get("transcription", []))
             print(f"  whisper.cpp (shout) {t} thread(s): jfk {run['seconds']:.2f} s: {text.strip()!r}")
-        seconds, text = speech
-        if seconds is None:
-            print(f"  tallow page ?device=wasm (ran on {device}): jfk not finished in {args.whisper_limit_s:.0f} s;"
-                  f" the ratio below is an upper bound")
-            seconds = args.whisper_limit_s
-        else:
-            print(f"  tallow page ?device=wasm (ran on {device}): jfk {seconds:.2f} s: {text!r}")
-        whisper = shout["runs"]["1"]["seconds"] / seconds
+        for t in threads:
+            device, _, (seconds, text) = pages[t]
+            if seconds is None:
+                print(f"  tallow page ?device=wasm&threads={t} (ran on {device}): jfk not finished in "
+                      f"{args.whisper_limit_s:.0f} s; the ratio is an upper bound")
+            else:
+                print(f"  tallow page ?device=wasm&threads={t} (ran on {device}): jfk {seconds:.2f} s: {text!r}")
+    ratios = {}
+    for t in threads:  # each at the same thread count: tallow's T threads against the peers' T threads
+        page_llm, speech, peer_t = pages[t][1], pages[t][2], runs[str(t)]["timings"]
+        whisper = float("nan")
+        if shout is not None:
+            seconds = speech[0] if speech[0] is not None else args.whisper_limit_s
+            whisper = shout["runs"][str(t)]["seconds"] / seconds
+        ratios[t] = (page_llm["tok_s"] / peer_t["predicted_per_second"],
+                     page_llm["prefill_tok_s"] / peer_t["prompt_per_second"], whisper)
+        if t != threads[-1]:
+            print(f"  at {t} thread(s): wasm_vs_wllama decode={ratios[t][0]:.2f} prefill={ratios[t][1]:.2f} "
+                  f"whisper_vs_whispercpp={ratios[t][2]:.2f}")
+    decode, prefill, whisper = ratios[threads[-1]]
     print(f"wasm_vs_wllama decode={decode:.2f} prefill={prefill:.2f} whisper_vs_whispercpp={whisper:.2f} "
           f"threads={threads[-1]}")
-
 
 if __name__ == "__main__":
     main()
