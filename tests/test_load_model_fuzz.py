@@ -96,9 +96,10 @@ def _write_folder(folder, config, weights):
 
 
 def _load_or_tallow_error(path):
-    """Load (and, if it loads, run one forward); only a tallow Error may come out."""
+    """Load (and, if it loads, build its tokenizer and run one forward); only a tallow Error may come out."""
     try:
         model = tallow.load_model(path, device="cpu")
+        model.tokenizer  # (a GGUF's is built on first use)
         model.cache.reset()
         model([[1, 2]])
     except Error as e:
@@ -134,6 +135,33 @@ def test_gguf_bad_metadata_is_named(tmp_path, smollm2_parts, key, value, match):
     with pytest.raises(Error, match=match) as e:
         tallow.load_model(path, device="cpu")
     assert str(path) in str(e.value)
+
+
+def test_a_gguf_tokenizer_is_built_on_first_use_and_names_its_errors(tmp_path, smollm2_parts, monkeypatch):
+    """load_model leaves the GGUF's tokenizer to its first use (CausalLM.tokenizer): the same
+    tokenizer as Tokenizer.from_gguf, built once. Its metadata is still checked at load; what
+    only the build finds (a merge naming tokens the vocabulary lacks) is refused, naming the
+    file, on every use."""
+    from tallow.tokenizer import Tokenizer, tokenizer as tokenizer_module
+    path = _write_gguf(tmp_path / "ok.gguf", smollm2_parts)
+    text = "The capital of France is Paris."
+    want = Tokenizer.from_gguf(str(path)).encode(text)
+    built = []
+    make = tokenizer_module._make_backend
+    monkeypatch.setattr(tokenizer_module, "_make_backend", lambda *a: built.append(1) or make(*a))
+    model = tallow.load_model(path, device="cpu")
+    assert built == []
+    assert model.tokenizer.encode(text) == want
+    assert model.tokenizer is model.tokenizer and built == [1]  # once
+    with pytest.raises(Error, match="wordpiece"):
+        tallow.load_model(_write_gguf(tmp_path / "w.gguf", smollm2_parts, **{"tokenizer.ggml.model": "wordpiece"}),
+                          device="cpu")
+    bad = _write_gguf(tmp_path / "bad.gguf", smollm2_parts, **{"tokenizer.ggml.merges": ["zzqq xxyy"]})
+    model = tallow.load_model(bad, device="cpu")
+    for _ in range(2):
+        with pytest.raises(Error, match="zzqq") as e:
+            model.tokenizer
+        assert str(bad) in str(e.value)
 
 
 def test_gguf_trimmed_copy_loads(tmp_path, smollm2_parts):

@@ -113,6 +113,7 @@ class CausalLM(Module):
         self.config = config
         self.device = device
         self.dtype = dtype
+        self._tokenizer_lock = threading.Lock()
         self.tokenizer = None
         # One rotary table per layer type (Gemma 3's sliding layers have their own base).
         self.rotaries = {kind: RotaryEmbedding(config.rotary_dim, theta, scaling, device, dtype)
@@ -121,6 +122,27 @@ class CausalLM(Module):
         self._lock = threading.RLock()
         self._cache_in_use = False
         self._weight_dtypes = None  # of the 2-D weights (batch_rows), found once
+
+    @property
+    def tokenizer(self):
+        """The model's Tokenizer, or None. A GGUF's metadata is checked at load, and the tokenizer
+        built from it on first use (load_gguf: a 151,936-token BPE's maps take ~0.4 s of CPU that
+        load_model does not wait for), so the first encode, decode or generate() pays that; an
+        error the build raises is raised on every use."""
+        if self._make_tokenizer is not None:
+            with self._tokenizer_lock:
+                if self._make_tokenizer is not None:
+                    self._tokenizer = self._make_tokenizer()
+                    self._make_tokenizer = None
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value):
+        self._tokenizer, self._make_tokenizer = value, None
+
+    def tokenizer_on_first_use(self, make):
+        """make(): the Tokenizer, called when `tokenizer` is first read."""
+        self._tokenizer, self._make_tokenizer = None, make
 
     def _finish_init(self):
         self.cache = self.new_cache()

@@ -74,9 +74,9 @@ def load_gguf(path, device=None, dtype=None):
     cfg = DecoderConfig(raw, source=path)
     load_ahead(default_device() if device is None else Device(device))  # (a cold CPU compiles here, saying so)
     model = _build(arch.model_class, GGUFWeights(reader, raw, arch), cfg, device, dtype)
-    if "tokenizer.ggml.model" in reader.metadata:
+    if "tokenizer.ggml.model" in reader.metadata:  # checked now, built on first use (CausalLM.tokenizer)
         from ..tokenizer import Tokenizer
-        model.tokenizer = Tokenizer.from_gguf(reader)
+        model.tokenizer_on_first_use(Tokenizer.gguf_builder(reader))
     return model
 
 
