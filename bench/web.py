@@ -108,6 +108,8 @@ def main(argv=None):
     parser.add_argument("--cpu-fallback", action="store_true")
     parser.add_argument("--no-native", action="store_true")
     parser.add_argument("--first-load-only", action="store_true", help="only first-load bytes and time to interactive")
+    parser.add_argument("--device", default=None, help="the page's ?device= (default: the page's own choice, which "
+                        "passes a software adapter such as SwiftShader over for wasm; wgpu measures SwiftShader)")
     args = parser.parse_args(argv)
     harness = _harness()
     missing = harness.missing_requirements()
@@ -119,7 +121,7 @@ def main(argv=None):
         dist = os.path.join(tmp, "dist")
         build.build(dist, quiet=True)
         with harness.DemoBrowser(dist) as demo:
-            for query in [""] + (["?cpu"] if args.cpu_fallback else []):
+            for query in [f"?device={args.device}" if args.device else ""] + (["?cpu"] if args.cpu_fallback else []):
                 label, figures = browser_figures(demo, query, args.tokens, args.whisper, not args.first_load_only)
                 results[f"Chromium, {label}"] = figures
     if not args.no_native and not args.first_load_only:
