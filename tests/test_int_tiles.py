@@ -70,12 +70,13 @@ def test_activation_quantiser_matches_gguf_rounding(group):
     assert not qx[0, :group].any() and np.abs(qx.view(np.int8)).max() == 127
 
 
-def _check(q, n, k, m, rng):
+def _check(q, n, k, m, rng, raw=None, x=None):
     """qmatmul of m rows (the tiles' path) against the int8 activations times the dequantised weights
-    (float32 rounding only) and against the float activations (within the 8-bit step's bound)."""
-    raw = random_blocks(q, n * k // get_dtype(q).block_size, rng)
+    (float32 rounding only) and against the float activations (within the 8-bit step's bound).
+    raw, x: the blocks and activations (default random)."""
+    raw = random_blocks(q, n * k // get_dtype(q).block_size, rng) if raw is None else raw
     w = dequantize_numpy(raw, q, n * k).reshape(n, k).astype(np.float64)
-    x = rng.standard_normal((m, k)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32) if x is None else x
     got = kernel_calls.qmatmul(x, raw, q, n, k)
     assert got.shape == (m, n) and got.dtype == np.float32
     group = _group(q)
@@ -101,6 +102,31 @@ def test_tiles_match_dequantised_numpy(q, monkeypatch):
                         (37, 5 * bs, 3 * tile_x + 3), (19, bs, int_tiles.X_CHUNK + tile_x + 1)):
             assert kernel_calls.FUSED_MAX_ROWS < m <= min(kernel_calls.TILE_MAX_ROWS, kernel_calls.TILE_32_MAX_ROWS)
             _check(q, n, k, m, rng)
+
+
+@pytest.mark.parametrize("q", ["q4_k", "q5_k", "q6_k"])
+def test_k_tiles_at_their_integer_bounds(q):
+    """The K-quant tiles' int16 and int32 intermediates at their extremes: every quant its largest
+    (q4_k 15, q5_k 31, q6_k 63), q4_k / q5_k's 6-bit scales and mins 63, q6_k's scales -128 (its
+    -32 offset: -32 x -128 x a 16-value sum of 16 x 127 in one vpdpwssd), activations all +-127
+    (constant rows, alternating signs by block, one row alternating within 16 values)."""
+    rng = np.random.default_rng(11)
+    bs = get_dtype(q).block_size
+    n, k, m = 5, 2 * bs, 2 * kernel_calls.FUSED_MAX_ROWS + 3
+    raw = random_blocks(q, n * k // bs, rng).reshape(-1, get_dtype(q).block_bytes)
+    if q == "q6_k":
+        raw[:, :192] = 255  # ql and qh: every quant 63
+        raw[:, 192:208] = 128  # int8 scales -128
+    else:
+        raw[:, 4:16] = 255  # 6-bit scales and mins 63
+        raw[:, 16 if q == "q4_k" else 48:] = 255  # quants 15 (q5_k: and the high bits, 31)
+        if q == "q5_k":
+            raw[:, 16:48] = 255
+    x = np.ones((m, k), np.float32)
+    x[1::2] = -1
+    x[2, bs:] = -1
+    x[3] = np.where(np.arange(k) % 2 == 0, 1, -1)
+    _check(q, n, k, m, rng, raw=raw.reshape(-1), x=x)
 
 
 def test_tiles_run_as_plain_python():
