@@ -177,7 +177,8 @@ s = stream(m, {list(ids)!r}, max_tokens={DECODE_TOKENS}, stop_tokens=[])
 s.text()
 dict(ids=list(s.token_ids), prefill_tok_s=s.prefill_tokens_per_second, tok_s=s.decode_tokens_per_second,
      device=str(m.device), replays=m.device.backend.replays if m.device.type == 'wasm' else 0,
-     threads=getattr(m.device.backend.driver, 'threads', 1) if m.device.type == 'wasm' else 1)""", timeout_s=900)
+     threads=getattr(m.device.backend.driver, 'threads', 1) if m.device.type == 'wasm' else 1,
+     memory=m.device.backend.driver.memory_bytes() if m.device.type == 'wasm' else 0)""", timeout_s=900)
                 speech = None
                 if whisper:
                     demo.request(page, "load", model="whisper-tiny.en", timeout_s=600)
@@ -279,6 +280,10 @@ def main():
               f"{page_llm['device']}): prefill {page_llm['prefill_tok_s']:.1f} tok/s, decode {page_llm['tok_s']:.1f} "
               f"tok/s ({page_llm['replays']} replays; ids equal native tallow's: "
               f"{page_llm['ids'] == native['native_ids'][:len(page_llm['ids'])]})")
+        if page_llm["memory"]:  # the page's own figure (docs/wasm.md "Memory"; issue 31: at most 1.2x the file)
+            memory, file_bytes = page_llm["memory"], os.path.getsize(MODEL)
+            print(f"  tallow page ?device=wasm&threads={t}: wasm memory {memory / 1e6:.1f} MB for the "
+                  f"{file_bytes / 1e6:.1f} MB model file ({memory / file_bytes:.2f}x)")
     print(f"  tallow kernels.wasm programs driven from JS, 1 thread: prefill {ours['prefill_tok_s']:.1f} tok/s, decode "
           f"{ours['tok_s']:.1f} tok/s (wasmtime in this process: {native['wasmtime_prefill_tok_s']:.1f} / "
           f"{native['wasmtime_tok_s']:.1f}; ids equal wasmtime's: {ours['ids'] == native['native_ids']})")
