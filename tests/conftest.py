@@ -28,15 +28,19 @@ DEVICES = {
     "cuda-emulator": ("cuda", "tallow_cuda.cpu_driver:CudaCpuEmulatorBackend"),
     "metal-emulator": ("metal", "tallow_metal.cpu_driver:MetalCpuEmulatorBackend"),
     "wasm": ("wasm", None),
+    "wasm-chromium": ("wasm", "chromium"),
 }
-# The wasm device (kernels.wasm under wasmtime) runs the conformance suite only, which
-# pytest_generate_tests adds it to; what it cannot run is listed in conformance/wasm_limits.py.
-ALL_DEVICES = tuple(d for d in DEVICES if d != "wasm")
+# The wasm device runs the conformance suite only, which pytest_generate_tests adds it to: "wasm" is
+# kernels.wasm under wasmtime, "wasm-chromium" the same WasmBackend with its kernels in headless
+# Chromium's V8 (tests/browser/chromium_wasm_driver.py; marked `browser`). What neither can run is
+# listed in conformance/wasm_limits.py.
+WASM_DEVICES = ("wasm", "wasm-chromium")
+ALL_DEVICES = tuple(d for d in DEVICES if d not in WASM_DEVICES)
 
 
 def pytest_generate_tests(metafunc):
     """`device` runs a test once per device of ALL_DEVICES, and in tests/conformance/ also on the
-    wasm device (whose listed limits skip there: conformance/wasm_limits.py). A test that
+    wasm device, natively and in Chromium (whose listed limits skip there: conformance/wasm_limits.py). A test that
     parametrizes "device" itself keeps its own list."""
     if "device" not in metafunc.fixturenames:
         return
@@ -48,7 +52,7 @@ def pytest_generate_tests(metafunc):
         if "device" in [n.strip() for n in names]:
             return
     conformance = metafunc.definition.path.parent.name == "conformance"
-    metafunc.parametrize("device", ALL_DEVICES + (("wasm",) if conformance else ()), indirect=True)
+    metafunc.parametrize("device", ALL_DEVICES + (WASM_DEVICES if conformance else ()), indirect=True)
 
 # Real checkpoints (Whisper tiny.en, SmolLM2-135M) take many minutes per call on these devices
 # (measured: over 5 min for jfk.wav on each emulator): tests that need one take `model_device`,
@@ -69,20 +73,21 @@ EMULATOR_LIMITS = {
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """On the wasm device, an UnsupportedError that is one of its listed limits is a skip with the
+    """On the wasm devices, an UnsupportedError that is one of its listed limits is a skip with the
     listed reason; any other error fails."""
     try:
         return (yield)
     except tallow.UnsupportedError as e:
         callspec = getattr(item, "callspec", None)
-        if callspec is None or callspec.params.get("device") != "wasm":
+        test_id = callspec.params.get("device") if callspec is not None else None
+        if test_id not in WASM_DEVICES:
             raise
         sys.path.insert(0, str(Path(__file__).parent / "conformance"))
         from wasm_limits import wasm_limit
         reason = wasm_limit(str(e))
         if reason is None:
             raise
-        pytest.skip(f"wasm: {reason} ({e})")
+        pytest.skip(f"{test_id}: {reason} ({e})")
 
 
 _emulators = {}  # test id -> the emulator backend (its kernels compile once per session) or the skip reason
@@ -127,6 +132,15 @@ def emulated(test_id):
 def device(request):
     """Each test body runs once per device; an absent device is a skip with the reason."""
     name, spec = DEVICES[request.param]
+    if spec == "chromium":
+        backend = request.getfixturevalue("chromium_wasm_backend")
+        dev = device_module.use_backend(name, backend)
+        try:
+            assert tallow.Device(name).backend is backend  # the test's kernels really run in Chromium
+            yield dev
+        finally:
+            device_module.restore_backend(name)
+        return
     if spec is None:
         reason = _probe(name)
         if reason:
@@ -143,6 +157,28 @@ def device(request):
         yield dev
     finally:
         device_module.restore_backend(name)
+
+
+@pytest.fixture(scope="session")
+def chromium_wasm_backend():
+    """The "wasm-chromium" device's backend: a WasmBackend whose kernels run in one headless
+    Chromium (WebGPU disabled) for the whole session, through tests/browser/chromium_wasm_driver.py;
+    a skip with the reason where Chromium, Playwright or kernels.wasm is missing (a failure under
+    TALLOW_REQUIRE_BROWSER=1, as for the other browser tests)."""
+    import importlib.util
+    folder = Path(__file__).parent / "browser"
+    loaded = {}
+    for name in ("harness", "chromium_wasm_driver"):
+        spec = importlib.util.spec_from_file_location(f"tallow_tests_browser_{name}_conftest", folder / f"{name}.py")
+        loaded[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded[name])
+    harness, chromium = loaded["harness"], loaded["chromium_wasm_driver"]
+    missing = chromium.missing_requirements(harness.CHROMIUM)
+    if missing:  # (require_browser(None) would ask for the page's npm packages too, which this needs not)
+        harness.require_browser(missing)
+    from tallow.backends.wasm.backend import WasmBackend
+    with chromium.ChromiumWasm(harness.CHROMIUM) as browser:
+        yield WasmBackend(browser.driver())
 
 
 @pytest.fixture
@@ -264,6 +300,8 @@ def pytest_collection_modifyitems(config, items):
         if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.models)
         params = getattr(item, "callspec", None)
+        if params is not None and params.params.get("device") == "wasm-chromium":
+            item.add_marker(pytest.mark.browser)
         if (item.get_closest_marker("emulated_model") and params is not None
                 and EMULATED.intersection(v for v in params.params.values() if isinstance(v, str))):
             item.add_marker(pytest.mark.slow)
