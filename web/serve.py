@@ -249,8 +249,25 @@ class StaticServer:
         return self
 
     def serve_until_interrupted(self):
-        """Serve in this thread until Ctrl-C or SIGTERM (the command-line servers; a service
-        manager stops with SIGTERM, and a shell script's background job cannot get SIGINT)."""
+        """Serve until Ctrl-C or SIGTERM (the command-line servers; a service manager stops with
+        SIGTERM, and a shell script's background job cannot get SIGINT).
+
+        Where the OS allows, both signals are blocked in every thread and this thread takes them
+        with sigwait while serve_forever runs in another: a Python-level handler can be lost when
+        a request thread recomputes the interpreter's eval breaker just as the signal lands (seen
+        under load: the first SIGTERM left the server in select until a second one came)."""
+        if not hasattr(signal, "sigwait"):  # Windows: the handler form
+            return self._serve_with_handlers()
+        stops = {signal.SIGINT, signal.SIGTERM}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # inherited by the threads below
+        try:
+            self.start()
+            signal.sigwait(stops)
+        finally:
+            self.close()
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def _serve_with_handlers(self):
         def stop(signum, frame):
             raise KeyboardInterrupt
         previous = signal.signal(signal.SIGTERM, stop)
