@@ -99,7 +99,7 @@ def _load_or_tallow_error(path):
     """Load (and, if it loads, build its tokenizer and run one forward); only a tallow Error may come out."""
     try:
         model = tallow.load_model(path, device="cpu")
-        model.tokenizer  # (a GGUF's is built on first use)
+        _ = model.tokenizer  # (a GGUF's is built on first use)
         model.cache.reset()
         model([[1, 2]])
     except Error as e:
@@ -160,7 +160,7 @@ def test_a_gguf_tokenizer_is_built_on_first_use_and_names_its_errors(tmp_path, s
     model = tallow.load_model(bad, device="cpu")
     for _ in range(2):
         with pytest.raises(Error, match="zzqq") as e:
-            model.tokenizer
+            _ = model.tokenizer
         assert str(bad) in str(e.value)
 
 

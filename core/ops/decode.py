@@ -27,7 +27,7 @@ from ..errors import DTypeError, ShapeError, UnsupportedError
 from .arguments import check_devices, float_input
 from .elementwise import binary, unary
 from .index import assign
-from .linalg import linear, matmul
+from .linalg import keeps_f16_weight, linear, matmul
 from .new import new_full
 from .nn import attention, layer_norm, rms_norm, rotary_emb
 from .shape import cat, narrow, reshape, t
@@ -207,7 +207,8 @@ def cache_attention(q, k, v, k_cache, v_cache, position, cos=None, sin=None, int
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1 or t != 1
                                or mask is not None or key_start != max(0, position + 1 - window)):
         raise ShapeError(f"cache_attention: window={window!r} is for one query without a mask whose key_start is "
-                         f"max(0, position + 1 - window); got {t} queries, key_start {key_start} at position {position}")
+                         f"max(0, position + 1 - window); got {t} queries, key_start {key_start} at position "
+                         f"{position}")
     tk = position + t - key_start
     dtype = k_cache.dtype
     q, k, v, cos, sin = _cast(dtype, q, k, v, cos, sin)
@@ -341,7 +342,8 @@ def add_norm_linear(x, residual, norm_weight, norm_bias, weight, bias=None, kind
     elif not weight._layout.is_contiguous() or weight._layout.offset:
         raise UnsupportedError(f"{what}: a quantised weight must be the whole stored (out, in) matrix")
     x, r, nw, nb, b = _cast(dtype, x, residual, norm_weight, norm_bias, bias)
-    w = weight if quantised else weight.to(dtype)
+    w = weight if quantised or keeps_f16_weight(x, weight, dtype, residual, norm_weight, norm_bias, bias) \
+        else weight.to(dtype)
     if needs_grad(x, r, nw, nb, w, b):
         # The same maths through differentiable ops.
         hidden = x if r is None else binary(x, r, "add")
