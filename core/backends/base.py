@@ -58,6 +58,11 @@ OPERAND_PRIMITIVES = frozenset((
 
 class Backend:
     name = "base"
+    # Whether matmul (and matmul_bias, gated_matmul, add_norm_linear) take an f16 right operand with
+    # f32 activations and dtype f32, reading the f16 values where they lie (widened exactly in the
+    # kernel) instead of a widened copy of the weight: ops.linear and add_norm_linear then pass an
+    # f16 weight as it is (ops.linalg.keeps_f16_weight). False: the weight is cast to f32 first.
+    f16_weight_products = False
 
     def _missing(self, op):
         raise UnsupportedError(f"the {self.name} backend does not implement {op}")

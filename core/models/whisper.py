@@ -254,7 +254,7 @@ class Decoder(Module):
         offset = state.length
         self.check_fits(offset, t)
         # the position rows are the first layer's pending addend: its norm adds them (one op)
-        x = self.embed_tokens(ids)
+        x = self.embed_tokens(ids).to(self.embed_positions.weight.dtype)  # an f16 table's rows widened
         if position_ids is None:
             pending = self.embed_positions.weight.narrow(0, offset, t).expand(b, t, x.shape[-1])
         else:
@@ -268,7 +268,7 @@ class Decoder(Module):
         if rows is not None and rows != list(range(t)):
             # the vocabulary projection is the biggest matmul: skip the positions nobody reads
             x = x.index_select(1, tensor(rows, device=x.device))
-        return _rows(lambda h: h @ self.embed_tokens.weight.t(), x)
+        return _rows(lambda h: F.linear(h, self.embed_tokens.weight), x)
 
 
 class DecoderState:
@@ -460,6 +460,14 @@ def resolve(path_or_name, progress=True):
                 "`tallow fetch whisper-tiny.en` downloads one")
 
 
+def _keeps_f16(name):
+    """The weights a device whose products read f16 weights (backend.f16_weight_products: the wasm
+    device) keeps as the checkpoint's f16: the projections' and the token embedding's (the tied
+    output projection's) rows, 97% of the file. The position tables (added, not multiplied), the
+    convolutions, norms and biases are small and go to f32 as elsewhere."""
+    return name.endswith(".weight") and "embed_positions" not in name
+
+
 def load(path_or_dir, device=None, dtype=None, weights=None, progress=True, quantize=None):
     """A Whisper model from a Hugging Face-layout directory (config.json,
     model.safetensors, tokenizer.json, optional mel_filters.npz) or a known name
@@ -476,7 +484,8 @@ def load(path_or_dir, device=None, dtype=None, weights=None, progress=True, quan
     source = weights if weights is not None else _weights_source(folder)
     if quantize is not None:
         source = QuantizedWeights(source, quantize)
-    vb = VarBuilder(source, device, dtype)
+    keep = _keeps_f16 if dtype is None and getattr(device.backend, "f16_weight_products", False) else None
+    vb = VarBuilder(source, device, dtype, keep_f16=keep)
     tokenizer = None
     if (folder / "tokenizer.json").is_file():
         from ..tokenizer import Tokenizer

@@ -12,17 +12,25 @@ from ..tensor import Tensor
 
 
 class VarBuilder:
-    def __init__(self, source, device=None, dtype=None, prefix=""):
+    def __init__(self, source, device=None, dtype=None, prefix="", keep_f16=None):
         """source: a dict {name: Tensor} or a tallow.io reader (anything with .keys() and .tensor(name, device)).
-        dtype: float weights are converted to it (default f32); quantised weights stay quantised."""
+        dtype: float weights are converted to it (default f32); quantised weights stay quantised.
+        keep_f16: None, or a test of a full tensor name: a 2-D f16 tensor it passes stays f16 (held
+        once, as stored, for a device whose products read f16 weights: backend.f16_weight_products)."""
         self.source = source
         self.device = default_device() if device is None else Device(device)
         self.dtype = D.get_dtype(dtype) or D.f32
         self.prefix = prefix
+        self.keep_f16 = keep_f16
 
     def pp(self, name):
         """A builder for the sub-module `name` (push prefix)."""
-        return VarBuilder(self.source, self.device, self.dtype, f"{self.prefix}{name}.")
+        return VarBuilder(self.source, self.device, self.dtype, f"{self.prefix}{name}.", self.keep_f16)
+
+    def _kept(self, t, full, dtype):
+        """Whether t, the stored tensor `full`, stays f16 (keep_f16) rather than going to the dtype."""
+        return (dtype is None and self.keep_f16 is not None and t.dtype is D.f16 and t.ndim == 2
+                and self.keep_f16(full))
 
     def _keys(self):
         return self.source.keys()
@@ -35,7 +43,8 @@ class VarBuilder:
         if hasattr(self.source, "get_or_create"):  # a VarMap: create on first use (training)
             return self.source.get_or_create(full, tuple(shape), self.device, D.get_dtype(dtype) or self.dtype,
                                              "zeros" if name.endswith("bias") else "kaiming")
-        return self._as_float(self._fetch(shape, name).to(self.device), dtype)
+        t = self._fetch(shape, name).to(self.device)
+        return t if self._kept(t, full, dtype) else self._as_float(t, dtype)
 
     def _fetch(self, shape, name, device=None):
         """The stored tensor `name` (shape checked) on `device` (default: the builder's)."""
@@ -76,4 +85,7 @@ class VarBuilder:
         if kinds and (len(kinds) > 1 or len(kinds) != len({t.dtype for t in tensors})
                       or len({t.shape[1:] for t in tensors}) > 1):
             return None
+        if not kinds and all(name is not None for _, name in parts) and all(
+                self._kept(t, self.prefix + name, dtype) for t, (_, name) in zip(tensors, parts)):
+            return cat(tensors, 0)  # f16 rows kept (keep_f16), joined as f16
         return cat(tensors if kinds else [self._as_float(t, dtype) for t in tensors], 0)

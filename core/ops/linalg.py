@@ -32,6 +32,8 @@ def linear(x, weight, bias=None):
             return x._new(st, x.shape[:-1] + (weight.shape[0],), dtype)
     else:
         dtype = D.promote(x.dtype, weight.dtype)
+        if keeps_f16_weight(x, weight, dtype, bias):
+            return _f16_weight_linear(x, weight, bias)
     if (bias is None or weight.ndim != 2 or bias.shape != (weight.shape[0],) or bias.dtype is not dtype
             or bias.device is not x.device or needs_grad(x, weight, bias)
             or (weight.dtype.is_quantized and (not weight._layout.is_contiguous() or weight._layout.offset))):
@@ -47,6 +49,30 @@ def linear(x, weight, bias=None):
     x2, wt = reshape(x.to(dtype), (-1, k)), t(weight.to(dtype))
     st = be.matmul_bias(operand_of(x2), operand_of(wt), operand_of(bias), dtype)
     return x._new(st, lead + (n,), dtype)
+
+
+def keeps_f16_weight(x, weight, dtype, *others):
+    """Whether x's device multiplies x (f32) by this 2-D f16 weight as it lies (the backend's
+    f16_weight_products: the wasm device's gemm_f16), so the weight is held once, as f16, rather
+    than cast to an f32 copy for the product; never where a gradient is wanted."""
+    return (weight.dtype is D.f16 and dtype is D.f32 and weight.ndim == 2
+            and getattr(x.device.backend, "f16_weight_products", False)
+            and not needs_grad(x, weight, *[o for o in others if o is not None]))
+
+
+def _f16_weight_linear(x, weight, bias):
+    """linear for keeps_f16_weight: one matmul (matmul_bias with an f32 bias (n,)) whose right
+    operand is the f16 weight's transposed view; the product is f32."""
+    same_device("linear", x, weight)
+    n, k = weight.shape
+    be = x.device.backend
+    x2 = reshape(x.to(D.f32), (-1, k))
+    wt = operand_of(t(weight))
+    if bias is not None and bias.shape == (n,) and bias.dtype is D.f32 and bias.device is x.device:
+        st = be.matmul_bias(operand_of(x2), wt, operand_of(bias), D.f32)
+        return x._new(st, x.shape[:-1] + (n,), D.f32)
+    y = x._new(be.matmul(operand_of(x2), wt, D.f32), x.shape[:-1] + (n,), D.f32)
+    return y if bias is None else binary(y, bias, "add")
 
 
 def matmul(a, b):

@@ -12,8 +12,10 @@ cache (cache_attention for one token, cache_attention_rows for a prompt; GQA), s
 gelu, argmax, copies of contiguous data and of row-strided views (copy_f32 per row); and on
 elementwise_ir's and gemm_ir's kernels: strided and broadcast unary/binary ops and reductions over
 views of up to 4 merged dims, f32 copies of any view, f16 <-> f32 casts, the float product
-(gemm_f32, batched), attention without a cache composed from it (scores, softmax_rows, values),
-conv1d (im2col + GEMM), softmax over rows, row lookups in f32 tables.
+(gemm_f32, batched; gemm_f16 where the right operand is an f16 weight, held as f16:
+f16_weight_products), attention without a cache composed from it (scores, softmax_rows, values),
+conv1d (im2col + GEMM), softmax over rows, row lookups in f32 tables (and f16 tables of whole
+4-byte words, copied as they lie).
 Anything else raises UnsupportedError naming the wasm device and the op: nothing is computed
 elsewhere in silence. Memory ops (from/to bytes and lists, full, arange, overwrite) are host writes
 and reads of the memory, as on every GPU backend.
@@ -115,6 +117,7 @@ class WasmBackend(GpuBackend):
     # gated products: silu(gate) * up by silu_mul after one product over [gate; up]
     activations = frozenset({"silu"})
     qmatvec_max_rows = 1 << 30  # matmul_<fmt> takes any number of rows (4-row tiles, then single rows)
+    f16_weight_products = True  # matmul by an f16 weight as it lies: gemm_f16 (the weights held once, as f16)
 
     def __init__(self, driver=None):
         if driver is None:
@@ -620,15 +623,19 @@ class WasmBackend(GpuBackend):
         return out
 
     def _index_select_kernel(self, st, layout, dtype, ids, lids, dim, shape, out):
-        """Entries along `dim` of an f32 tensor by rows_f32, one call per index of the dims before it
+        """Entries along `dim` of an f32 tensor (or f16, whole words) by rows_f32, one call per index of the dims before it
         (the tensor packed first where it is strided). Other ids than i32 (or one i64) are read on
         the host (a captured step that does this is not replayed)."""
-        if dtype is not f32:
-            self._missing(f"index_select of {dtype.name}")
-        x = self._packed(st, layout, dtype)
         size = layout.shape[dim]
         outer = _prod(layout.shape[:dim])
         inner = _prod(layout.shape[dim + 1:])
+        # f16 entries of whole 4-byte words (an f16 embedding table's rows) are copied as f32 words
+        # by the same kernel: the same bytes, half as many words (a lookup, never a computation)
+        if not (dtype is f32 or (dtype is f16 and inner % 2 == 0)):
+            self._missing(f"index_select of {dtype.name}" + (f" entries of {inner} (whole 4-byte words only)"
+                                                             if dtype is f16 else ""))
+        words_per = inner if dtype is f32 else inner // 2
+        x = self._packed(st, layout, dtype)
         n = lids.numel()
         if (ids.dtype.name == "i32" and lids.is_contiguous()) or (ids.dtype is i64 and n == 1):
             # the kernel reads the ids where they lie (one i64's low word is its i32 value; an id
@@ -640,7 +647,7 @@ class WasmBackend(GpuBackend):
                 cap.computed_on_host("row ids read on the host")
             picked = [int(i) for i in self.to_list(ids, lids, ids.dtype)]
             words = self.driver.upload(struct.pack(f"<{n}i", *picked), None)
-        self._calls([("rows_f32", (x.at(i * size * inner), size, inner, words, n, out.at(i * n * inner)))
+        self._calls([("rows_f32", (x.at(i * size * inner), size, words_per, words, n, out.at(i * n * inner)))
                      for i in range(outer)])
 
     def _gather_kernel(self, st, layout, dtype, ids, lids, dim, out):
@@ -700,9 +707,17 @@ class WasmBackend(GpuBackend):
 
     def matmul(self, a, b, dtype):
         """a (*batch, m, k) . b (*batch, k, n) by gemm_f32 (C = A . B^T for B (n, k): b's columns as
-        rows), one call per batch index; a or b is packed first where its rows are not contiguous."""
+        rows), one call per batch index; a or b is packed first where its rows are not contiguous.
+        b held as f16 (f16_weight_products: a Linear's f16 weight, a's f32 rows): gemm_f16 reads it
+        where it lies, widening each value exactly in the kernel, so the product equals gemm_f32's
+        on the widened weight and the weight is never copied to f32."""
         self._check(dtype, "matmul")
         (ast, la), (bst, lb) = a, b
+        kernel, bdtype = "gemm_f32", dtype
+        if bst.dtype is f16 and ast.dtype is f32:
+            kernel, bdtype = "gemm_f16", f16
+        elif bst.dtype is not dtype or ast.dtype is not dtype:
+            self._missing(f"matmul of {ast.dtype.name} by {bst.dtype.name} into {dtype.name}")
         *batch, m, k = la.shape
         n = lb.shape[-1]
         count = _prod(batch)
@@ -713,7 +728,7 @@ class WasmBackend(GpuBackend):
             ast, la = self._packed(ast, la, dtype), Layout(la.shape)
         bt = lb.permute(list(range(len(batch))) + [len(batch) + 1, len(batch)])  # (*batch, n, k)
         if not (bt.strides[-1] == 1 or k == 1):
-            bst, bt = self._packed(bst, bt, dtype), Layout(bt.shape)
+            bst, bt = self._packed(bst, bt, bdtype), Layout(bt.shape)
         lda = la.strides[-2] if m > 1 else k
         ldb = bt.strides[-2] if n > 1 else k
         scratch = self._scratch(4 * GEMM_NR * k)
@@ -721,7 +736,7 @@ class WasmBackend(GpuBackend):
         for i, idx in enumerate(itertools.product(*[range(d) for d in batch])):
             oa = la.offset + sum(j * s for j, s in zip(idx, la.strides))
             ob = bt.offset + sum(j * s for j, s in zip(idx, bt.strides))
-            calls.append(("gemm_f32", (ast.at(oa), lda, bst.at(ob), ldb, 0, out.at(i * m * n), n, m, n, k, scratch)))
+            calls.append((kernel, (ast.at(oa), lda, bst.at(ob), ldb, 0, out.at(i * m * n), n, m, n, k, scratch)))
         self._calls(calls)
         return out
 
