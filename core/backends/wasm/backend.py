@@ -623,9 +623,9 @@ class WasmBackend(GpuBackend):
         return out
 
     def _index_select_kernel(self, st, layout, dtype, ids, lids, dim, shape, out):
-        """Entries along `dim` of an f32 tensor (or f16, whole words) by rows_f32, one call per index of the dims before it
-        (the tensor packed first where it is strided). Other ids than i32 (or one i64) are read on
-        the host (a captured step that does this is not replayed)."""
+        """Entries along `dim` of an f32 tensor (or f16, whole words) by rows_f32, one call per index
+        of the dims before it (the tensor packed first where it is strided). Other ids than i32 (or
+        one i64) are read on the host (a captured step that does this is not replayed)."""
         size = layout.shape[dim]
         outer = _prod(layout.shape[:dim])
         inner = _prod(layout.shape[dim + 1:])
