@@ -43,7 +43,7 @@ def _data(seed, *shape):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 200, 96), (5, 37, 64), (3, 16, 384)])
+@pytest.mark.parametrize("m,n,k", [(1, 200, 96), (5, 37, 64), (3, 16, 384), (300, 24, 40)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_reads_an_f16_weight_as_it_lies_and_equals_the_widened_product(wasm, casts, m, n, k, with_bias):
     x = _data(1, m, k)
@@ -55,7 +55,9 @@ def test_linear_reads_an_f16_weight_as_it_lies_and_equals_the_widened_product(wa
     assert W16.dtype is tallow.f16
     got = F.linear(X, W16, B)
     assert got.dtype is tallow.f32 and got.shape == (m, n)
-    assert not [c for c in casts if c[2] == n * k], casts  # the weight was never widened to a copy
+    # the weight was never widened to a copy, except for more rows than a GEMM block (program.GEMM_MB),
+    # where one transient widening replaces gemm_f16's widening of every panel once per block
+    assert bool([c for c in casts if c[2] == n * k]) == (m > 128), casts
     widened = F.linear(X, W16.to(tallow.f32), B).numpy()  # today's path: a cast, then gemm_f32
     assert [c for c in casts if c[2] == n * k]  # (the fixture sees the cast where there is one)
     assert np.array_equal(got.numpy(), widened)

@@ -40,12 +40,15 @@ from ..operand import Operand
 from ..python_storage import (bf16_from_bytes, bf16_to_bytes, f16_from_bytes, f16_to_bytes, from_le_bytes, pack,
                               to_le_bytes)
 from .driver import WasmBuffer
-from .program import OPCODES, StepArg
+from .program import GEMM_MB, OPCODES, StepArg
 
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q8_0": 34, "q4_k": 144, "q5_k": 176, "q6_k": 210}
 BATCH_CALLS = 3  # eager launches of more calls than this go to the module as one program
 META_DIMS = 4  # the strided kernels' meta words (elementwise_ir.MAX_DIMS)
 GEMM_NR = 8  # a GEMM's scratch is GEMM_NR * k floats (gemm_ir.scratch_floats)
+# more rows of A than a GEMM's largest block (program.GEMM_MB; at k <= 640 its blocks are what 40 KB
+# of packed A tiles hold, 24 rows at k = 384): gemm_f16 would widen every weight panel more than once
+GEMM_ROW_BLOCK = GEMM_MB
 # What elementwise_ir's strided kernels compute (its UNARY_OPS, BINARY_OPS, REDUCE_OPS: the GPU kernels'
 # op codes, kernel/host.py); tests/test_wasm_device.py keeps these equal to the kernels' own tables.
 WASM_UNARY = ("neg", "abs", "exp", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "silu",
@@ -727,6 +730,12 @@ class WasmBackend(GpuBackend):
         if not (la.strides[-1] == 1 or k == 1):
             ast, la = self._packed(ast, la, dtype), Layout(la.shape)
         bt = lb.permute(list(range(len(batch))) + [len(batch) + 1, len(batch)])  # (*batch, n, k)
+        if kernel == "gemm_f16" and m > GEMM_ROW_BLOCK:
+            # gemm_f16 widens each weight panel again for every block of rows of A (24 rows at k = 384);
+            # with more rows one exact widening into a transient f32 copy and gemm_f32 give the same
+            # values sooner (the encoder's 1500-row products; a decoding step's rows stay on gemm_f16)
+            bst, bt = self.cast(bst, bt, f16, f32), Layout(bt.shape)
+            kernel, bdtype = "gemm_f32", f32
         if not (bt.strides[-1] == 1 or k == 1):
             bst, bt = self._packed(bst, bt, bdtype), Layout(bt.shape)
         lda = la.strides[-2] if m > 1 else k
