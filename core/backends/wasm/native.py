@@ -4,6 +4,9 @@ offsets handed out by a bump allocator (as JS will place weights in its WebAssem
 the kernels are called with those byte offsets.
 (numpy is imported where used: this module must import inside Pyodide, tests/test_pyodide.py.)
 """
+import atexit
+import weakref
+
 from ...errors import DeviceError
 
 PAGE = 65536  # bytes per wasm memory page
@@ -29,6 +32,14 @@ class Kernels:
         self._fns = {e.name: ex[e.name] for e in module.exports if e.name != "__heap_base"}
         self.table = self.alloc(65536 * 4)
         self("f16_table", self.table)
+        _LIVE.add(self)
+
+    def close(self):
+        """Free the store and its engine now. At interpreter exit (atexit) this runs before
+        wasmtime's own module is torn down: left to garbage collection then, its destructors
+        found their ffi gone and printed "Exception ignored in Managed.__del__"."""
+        self.store.close()
+        self.store.engine.close()
 
     def __call__(self, name, *args):
         return self._fns[name](self.store, *args)
@@ -59,6 +70,15 @@ class Kernels:
         dtype = np.dtype(dtype)
         n = int(np.prod(shape)) * dtype.itemsize
         return np.frombuffer(self.memory.read(self.store, at, at + n), dtype=dtype).reshape(shape).copy()
+
+
+_LIVE = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live():
+    for kernels in list(_LIVE):
+        kernels.close()
 
 
 def _aligned(at):
