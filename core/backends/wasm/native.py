@@ -72,7 +72,7 @@ class Kernels:
         return np.frombuffer(self.memory.read(self.store, at, at + n), dtype=dtype).reshape(shape).copy()
 
 
-_LIVE = weakref.WeakSet()
+_LIVE: "weakref.WeakSet[Kernels]" = weakref.WeakSet()
 
 
 @atexit.register
