@@ -15,12 +15,10 @@ import numpy as np
 from . import reused_arrays
 
 
-# Fewer rows (decoding steps, prompts of up to kernel_calls.FEW_PROMPT_ROWS): one BLAS call, BLAS's own
-# threads. Was 256; a 64-token prompt's products then met OpenBLAS's threads in every call (py-spy,
-# Qwen2.5-0.5B shape, 2 threads, load 7-9: 40% of samples in exec_blas / inner_thread) and, on a
-# busy box, some processes ran the whole prompt 5-15x slower: same process, interleaved, 7.6 against
-# 41.4 tok/s (0.5B shape), 11.7 against 185.9 (SmolLM2 Q4_1) (session 38, docs/cpu-kernels.md).
-MIN_ROWS = 33
+# Fewer rows (decoding steps, short prompts): one BLAS call, BLAS's own threads. (Session 38 tried 33:
+# at load 7-9 a 64-token prompt then ran 5x faster on some processes, but at load 3 SmolLM2 Q4_1's prompt
+# ran 176 against 252 tok/s, same process, interleaved: back to 256; docs/performance.md.)
+MIN_ROWS = 256
 
 _pool: dict[int, ThreadPoolExecutor] = {}
 _state: dict[str, object] = {}
