@@ -152,7 +152,7 @@ def softmax_path(request, monkeypatch):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("case", ["plain", "mask", "causal", "one_kv_head", "short_last_block"])
+@pytest.mark.parametrize("case", ["plain", "mask", "causal", "one_kv_head", "short_last_block", "wide_heads"])
 def test_blocked_attention_matches_torch(case, threads, softmax_path):
     from tallow.backends.cpu import attention
     rng = np.random.default_rng(2)
@@ -163,6 +163,9 @@ def test_blocked_attention_matches_torch(case, threads, softmax_path):
         tq, tk = attention.BLOCK + 5, 400
     if case == "causal":
         tq, tk = 260, 290
+    if case == "wide_heads":  # heads past attention.THREAD_MIN_MACS: shared among the threads
+        d = 64
+        assert tq * tk * d >= attention.THREAD_MIN_MACS
     q = rng.standard_normal((b, h, tq, d)).astype(np.float32)
     k = rng.standard_normal((b, hk, tk, d)).astype(np.float32)
     v = rng.standard_normal((b, hk, tk, 24)).astype(np.float32)

@@ -34,6 +34,9 @@ BLOCK = 128  # query rows per block (measured 32-512 on Whisper tiny's encoder, 
 # of samples in OpenBLAS's exec_blas / inner_thread, 1% in its sgemm); blocked, same run: 13.4 against
 # 5.4 tok/s wall, 2 threads (session 38, docs/cpu-kernels.md).
 MIN_QUERIES = 9
+# A head's q k^T multiply-adds below which the heads run on this thread (BLAS at one thread): a
+# 64-token prompt's 12 heads of 64 x 64 scores (d 128) took 1.23 ms shared by 2 threads and 0.68 ms on one
+THREAD_MIN_MACS = 1 << 21
 
 
 def attention(q, k, v, mask, scale, causal):
@@ -82,7 +85,11 @@ def attention(q, k, v, mask, scale, causal):
     blas, threads = blas_threads()
     if threads > 1 and heads > 1 and threading.current_thread() is threading.main_thread():
         with blas.limit(limits=1):
-            list(pool(min(threads, heads)).map(one_head, range(heads)))
+            if tq * tk * q.shape[-1] < THREAD_MIN_MACS:  # small heads: the GIL serialises their numpy calls
+                for h in range(heads):
+                    one_head(h)
+            else:
+                list(pool(min(threads, heads)).map(one_head, range(heads)))
     else:
         for h in range(heads):
             one_head(h)
