@@ -129,6 +129,68 @@ def test_k_tiles_at_their_integer_bounds(q):
     _check(q, n, k, m, rng, raw=raw.reshape(-1), x=x)
 
 
+@pytest.mark.parametrize("form", ["generic", "avx2", "avx512bw"])
+def test_k_tiles_other_instruction_sets(form, monkeypatch):
+    """The K-quant tile compiled as other hosts get it (the IR chosen at compile time): the generic
+    form of arm64 / wasm (bytes widened to 16 bits), AVX2 without VNNI (256-bit halves,
+    vpmaddubsw + vpmaddwd) and AVX-512BW without VNNI, each against tile_py on random and extreme
+    blocks (every quant its largest, activations +-127), every weight / activation row clamp."""
+    from numba import njit
+    from tallow.backends.cpu.kernels import codes, int_tiles, kquant_ir, vector_ir
+    if form != "generic" and not vector_ir._X86_MADD:
+        pytest.skip("not an x86 host with AVX2: only the generic form is generated here")
+    if form == "avx512bw" and not int_tiles._X86_512:
+        pytest.skip("this CPU has no AVX-512BW")
+    monkeypatch.setattr(kquant_ir, "_BYTE_DOT", None if form == "generic" else "avx2")
+    monkeypatch.setattr(int_tiles, "_X86_512", form == "avx512bw")
+    monkeypatch.setattr(int_tiles, "_VNNI_512", False)
+    tw, tx = int_tiles.K_TILE
+    tile = int_tiles._make_tile(tw, tx, (5, 6, 7))
+
+    @njit
+    def run(fmt, raw, nw, blocks, block_bytes, qx, dx, s32, s16, table, out):
+        for r in range(0, nw, tw):
+            for i in range(0, qx.shape[0], tx):
+                tile(fmt, raw, r, min(tw, nw - r), blocks, block_bytes, qx, dx, s32, s16, table, out, i)
+    rng = np.random.default_rng(5)
+    for q in ("q4_k", "q5_k", "q6_k"):
+        d = get_dtype(q)
+        n, k, m = 2 * tw + 1, 2 * d.block_size, tx + 3
+        for extreme in (False, True):
+            raw = random_blocks(q, n * k // d.block_size, rng).reshape(n * k // d.block_size, d.block_bytes)
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            if extreme:
+                raw[:, :192 if q == "q6_k" else None][:, 4 if q != "q6_k" else 0:] = 255
+                x = np.where(np.arange(k) % 3 == 0, -1.0, 1.0).astype(np.float32) * np.ones((m, 1), np.float32)
+            raw = raw.reshape(-1)
+            qx, dx = np.empty((m, k), np.uint8), np.empty((m, k // 256), np.float32)
+            s32, s16 = np.empty((m, k // 32), np.int32), np.empty((m, k // 16), np.int32)
+            int_tiles.quantize_k(x, qx, dx, s32, s16)
+            got, want = np.full((m, n), np.nan, np.float32), np.zeros((m, n), np.float32)
+            fmt = int_tiles.NAMES.index(q)
+            run(fmt, raw, n, k // 256, d.block_bytes, qx, dx, s32, s16, codes.F16_TABLE, got)
+            for i0 in range(0, m, tx):
+                int_tiles.tile_py(fmt, raw, 0, n, k // 256, d.block_bytes, qx, dx, s32, s16, codes.F16_TABLE, want,
+                                  i0, tx)
+            w = dequantize_numpy(raw, q, n * k).reshape(n, k).astype(np.float64)
+            scale = int_tiles.activations(int_tiles.natural_order(qx), dx, 256).__abs__() @ np.abs(w).T
+            assert np.all(np.abs(got - want) <= 2e-6 * scale + 1e-6), (q, form, extreme)
+
+
+def test_k_order_round_trip():
+    """quantize_k equals quantize_i8(x, 256, ...) with each block's values in K_ORDER."""
+    from tallow.backends.cpu.kernels import int_tiles
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 768)).astype(np.float32)
+    qx, dx, s32, s16, _ = _quantised(x, 256)
+    got = [np.empty_like(a) for a in (qx, dx, s32, s16)]
+    int_tiles.quantize_k(x, *got)
+    assert np.array_equal(got[0].reshape(3, 3, 256), qx.reshape(3, 3, 256)[:, :, int_tiles.K_ORDER])
+    assert np.array_equal(int_tiles.natural_order(got[0]), qx)
+    for a, b in zip(got[1:], (dx, s32, s16)):
+        assert np.array_equal(a, b)
+
+
 def test_tiles_run_as_plain_python():
     """NUMBA_DISABLE_JIT=1 (a child process): tile_py in place of the IR, the same products."""
     code = (

@@ -9,16 +9,16 @@ As ggml does for prompts (its Q8_K / Q8_0 activations and byte products), learnt
     weight block, ggml's Q8_K) or 32 (the 32-value formats: ggml's Q8_0), value round(x / d),
     d = amax / 127; with every 16 and every 32 values' integer sums (the mins' and offsets'
     share, in integers).
-  * K-quants (q4_k, q5_k, q6_k): a sub-block's 32 unsigned quants times 32 int8 activations are
-    16 int16 pair sums (x86: vpmaddubsw; no saturation: 2 * 63 * 127 < 2^15), multiplied by the
-    sub-block's integer scale and added in pairs into 8 int32 lanes (vpmaddwd): the whole block's
-    integer dot, its 8 or 16 scales included, is exact in int32, converted once and multiplied by
-    d * dx in one fused multiply-add per block and (weight, activation) row pair. q4_k / q5_k's
-    mins are one more multiply-add on the activations' 32-value sums, into lanes 0-7 of the same
-    accumulator (two registers a pair: 2 x 8 pairs fit AVX-512's 32 without spills); q6_k's offset
-    (-32) starts the block's integer sums from its 16 scales times -32 times the 16-value sums
-    (one more vpdpwssd). Each 32 quant bytes become the two sub-blocks' 64 values by one
-    broadcast, one variable 16-bit shift and one and.
+  * K-quants (q4_k, q5_k, q6_k): `quantize_k` stores each 256-value block's int8 values in the
+    K order (K_ORDER: value 16 s + 4 t + j at byte 64 t + 4 s + j), and each weight block's
+    unsigned quants are permuted alike (one dword permute, one variable 16-bit shift and one and
+    per 64 values), so the block's four 64-byte byte products (vpdpbusd with AVX-512 VNNI: one
+    multiply instruction per 64 values and row pair) add into one 16-lane int32 accumulator
+    whose lane s holds the 16-value group s's dot, inside one sub-block (q6_k's 16 values, q4_k
+    / q5_k's 32), exact. Then float(lanes) times the weight row's 16 scales d sc, times dx, in
+    one multiply and one fused multiply-add per block and pair; q4_k / q5_k's mins one more
+    (-dmin mn times the activations' 16-value sums times dx), q6_k's -32 offset starts the
+    integer dot from -32 times those sums (shared by the weight rows).
   * 32-value formats (q4_0, q4_1, q5_0, q5_1, q8_0): a block's byte dot (kquant_ir._byte_dot:
     vpdpbusd where the CPU has VNNI, else vpmaddubsw + vpmaddwd), one multiply-add per block and
     row pair. q4_0 / q5_0's offset starts the dot from -8 / -16 times the activations' sums
@@ -45,7 +45,7 @@ from numba.extending import intrinsic
 from . import atomics, kquant_ir, vector_ir
 from .codes import entry
 from .int_dot import _roundf
-from .vector_ir import _const_vec, _f16_scale, _fmuladd, _hsum, _load, _pair_madd, _splat, _vec
+from .vector_ir import _const_vec, _f16_scale, _fmuladd, _hsum, _load, _splat, _vec
 
 # (weight rows, activation rows) per tile: the K-quants (byte products of 64 values, 16 int32 lanes
 # a row pair) and the 32-value formats; measured best of 1-4 x 2-8 on the AVX-512 box (docs/cpu-kernels.md)
@@ -92,29 +92,35 @@ def quantize_i8(x, group, qx, dx, s32, s16):
             s32[i, c] = s16[i, 2 * c] + s16[i, 2 * c + 1]
 
 
+@entry("f32[2]", "u8[2]", "f32[2]", "i32[2]", "i32[2]")
+@njit(cache=True, nogil=True)
+def quantize_k(x, qx, dx, s32, s16):
+    """quantize_i8(x, 256, ...) for the K-quant tiles: the same values, scales and sums, each
+    256-value block's values stored in the K order (K_ORDER: value 16 s + 4 t + j at byte
+    64 t + 4 s + j)."""
+    m, k = x.shape
+    for i in range(m):
+        for g in range(k // 256):
+            amax = np.float32(0.0)
+            for j in range(256):
+                amax = max(amax, abs(x[i, g * 256 + j]))
+            d = amax / np.float32(127.0)
+            dx[i, g] = d
+            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            for s in range(16):
+                total = np.int32(0)
+                for t in range(4):
+                    for j in range(4):
+                        q = np.int32(_roundf(x[i, g * 256 + 16 * s + 4 * t + j] * inv))
+                        qx[i, g * 256 + 64 * t + 4 * s + j] = np.uint8(q & 255)
+                        total += q
+                s16[i, g * 16 + s] = total
+        for c in range(k // 32):
+            s32[i, c] = s16[i, 2 * c] + s16[i, 2 * c + 1]
+
+
 def _x86(builder):
     return kquant_ir._BYTE_DOT is not None and not builder.module.triple.startswith("wasm")
-
-
-def _prod16(builder, u, s):
-    """<32 x i8> u (unsigned, <= 63) times <32 x i8> s (signed, |s| <= 127) -> <16 x i16>, lane i
-    u[2i] s[2i] + u[2i+1] s[2i+1] (x86: vpmaddubsw; elsewhere both widened)."""
-    v16 = _vec(_I16, 16)
-    if _x86(builder):
-        return kquant_ir._x86(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [u, s])
-    prod = builder.mul(builder.zext(u, _vec(_I16, 32)), builder.sext(s, _vec(_I16, 32)))
-    return builder.add(builder.shuffle_vector(prod, prod, _const_vec(_I32, range(0, 32, 2))),
-                       builder.shuffle_vector(prod, prod, _const_vec(_I32, range(1, 32, 2))))
-
-
-def _scaled_add(builder, p16, scale, acc):
-    """acc (<8 x i32>) + the pairs of p16 (<16 x i16>) times scale (<16 x i16>) added in pairs
-    (VNNI: one vpdpwssd; else vpmaddwd and an add)."""
-    if kquant_ir._BYTE_DOT == "vnni" and _x86(builder):
-        i32x8 = _vec(_I32, 8)
-        return kquant_ir._x86(builder, "llvm.x86.avx512.vpdpwssd.256", i32x8,
-                              [acc, builder.bitcast(p16, i32x8), builder.bitcast(scale, i32x8)])
-    return builder.add(acc, _pair_madd(builder, p16, scale))
 
 
 def _i8s(v):
@@ -208,26 +214,6 @@ def _half(builder, v, h):
     return builder.shuffle_vector(v, v, _const_vec(_I32, range(h * n, h * n + n)))
 
 
-def _prod16_64(builder, u, s):
-    """_prod16 on <64 x i8> -> <32 x i16> (two sub-blocks: vpmaddubsw on 512 bits where the CPU has it)."""
-    if _wide(builder):
-        return kquant_ir._x86(builder, "llvm.x86.avx512.pmaddubs.w.512", _vec(_I16, 32), [u, s])
-    return _concat(builder, *[_prod16(builder, _half(builder, u, h), _half(builder, s, h)) for h in (0, 1)])
-
-
-def _scaled_add_64(builder, p32, scale, acc):
-    """_scaled_add on <32 x i16> pairs and scales into <16 x i32> acc (vpdpwssd on 512 bits with
-    AVX-512 VNNI, vpmaddwd + add with AVX-512BW alone, else halves)."""
-    i32x16 = _vec(_I32, 16)
-    if _wide(builder) and _VNNI_512:
-        return kquant_ir._x86(builder, "llvm.x86.avx512.vpdpwssd.512", i32x16,
-                              [acc, builder.bitcast(p32, i32x16), builder.bitcast(scale, i32x16)])
-    if _wide(builder):
-        return builder.add(acc, kquant_ir._x86(builder, "llvm.x86.avx512.pmaddw.d.512", i32x16, [p32, scale]))
-    return _concat(builder, *[_scaled_add(builder, _half(builder, p32, h), _half(builder, scale, h),
-                                          _half(builder, acc, h)) for h in (0, 1)])
-
-
 def _zero_i32x16():
     return ir.Constant(_vec(_I32, 16), [ir.Constant(_I32, 0)] * 16)
 
@@ -241,127 +227,92 @@ def _c8(v, n=64):
     return _const_vec(_I8, [v - 256 if v > 127 else v] * n)
 
 
-def _dup32(builder, v):
-    """<32 x i8> -> <64 x i8> (v, v): one 256-bit broadcast on x86."""
-    return builder.shuffle_vector(v, v, _const_vec(_I32, list(range(32)) * 2))
+# The K-quants' activation order (quantize_k): within each 256-value block, byte 64 t + 4 s + j holds
+# value 16 s + 4 t + j (t 0-3, s 0-15, j 0-3), so int32 lane s of every 64-byte step's byte product
+# sums values of one 16-value group s only: the whole block's dot stays in one accumulator per pair,
+# each lane within one sub-block (q6_k's 16 values, q4_k / q5_k's 32: lanes 2c and 2c + 1)
+K_ORDER = np.array([16 * s + 4 * t + j for t in range(4) for s in range(16) for j in range(4)], dtype=np.int64)
 
 
-def _nibbles64(builder, v32, low_shift, high_shift):
-    """<32 x i8> v -> <64 x i8>: (v >> low_shift) & 15, then (v >> high_shift) & 15 (byte lanes; one
-    broadcast, one variable 16-bit shift and one and on AVX-512BW)."""
-    w = builder.bitcast(_dup32(builder, v32), _vec(_I16, 32))
-    w = builder.lshr(w, _const_vec(_I16, [low_shift] * 16 + [high_shift] * 16))
-    return builder.and_(builder.bitcast(w, _vec(_I8, 64)), _c8(15))
+def _natural(t, pos):
+    """The block's value index at byte pos of step t of the K order."""
+    return 16 * (pos // 4) + 4 * t + pos % 4
 
 
-def _lanes16(builder, v8):
-    """<8 x float> -> <16 x float> with zeros in lanes 8-15."""
-    zero = ir.Constant(_vec(_F32, 8), [ir.Constant(_F32, 0.0)] * 8)
-    return builder.shuffle_vector(v8, zero, _const_vec(_I32, range(16)))
+def _weights_k(builder, code, raw, p, t):
+    """Step t of a q4_k / q5_k / q6_k block's unsigned quants in the K order (<64 x i8>): one permute
+    of the quant bytes (vpermt2b with AVX-512 VBMI), one variable 16-bit shift (the nibble: a 4-byte
+    lane keeps one sub-block, so both bytes of a word shift alike) and one and; q5_k / q6_k's high
+    bits the same way from their 32 / 64 bytes."""
+    v = [_natural(t, pos) for pos in range(64)]
+    i16x32 = _vec(_I16, 32)
+
+    def shifted(vec, shifts, mask):
+        w = builder.lshr(builder.bitcast(vec, i16x32), _const_vec(_I16, shifts[::2]))
+        return builder.and_(builder.bitcast(w, _vec(_I8, 64)), _c8(mask))
+    if code == 7:  # q6_k: ql at 0 (128 bytes), qh at 128 (64), value v: half h, quarter qq, l
+        ql = [_load(builder, raw, builder.add(p, ir.Constant(_I64, 64 * i)), _vec(_I8, 64)) for i in (0, 1)]
+        qh = _load(builder, raw, builder.add(p, ir.Constant(_I64, 128)), _vec(_I8, 64))
+        low = builder.shuffle_vector(ql[0], ql[1], _const_vec(
+            _I32, [64 * (x // 128) + 32 * ((x % 128) // 32 % 2) + x % 32 for x in v]))
+        low = shifted(low, [4 * ((x % 128) // 64) for x in v], 15)
+        high = builder.shuffle_vector(qh, qh, _const_vec(_I32, [32 * (x // 128) + x % 32 for x in v]))
+        high = shifted(high, [2 * ((x % 128) // 32) for x in v], 3)
+        return builder.or_(low, builder.shl(high, _c8(4)))
+    at = 16 if code == 5 else 48  # q4_k / q5_k: quant byte 32 (v // 64) + v % 32, nibble (v // 32) % 2
+    qs = [_load(builder, raw, builder.add(p, ir.Constant(_I64, at + 64 * i)), _vec(_I8, 64)) for i in (0, 1)]
+    u = builder.shuffle_vector(qs[0], qs[1], _const_vec(_I32, [32 * (x // 64) + x % 32 for x in v]))
+    u = shifted(u, [4 * ((x // 32) % 2) for x in v], 15)
+    if code == 6:  # q5_k: bit v // 32 of qh byte v % 32 (at 16) is the value's bit 4
+        qh = kquant_ir._bytes(builder, raw, p, 16)
+        hb = builder.shuffle_vector(qh, qh, _const_vec(_I32, [x % 32 for x in v]))
+        hb = shifted(hb, [x // 32 for x in v], 1)
+        u = builder.or_(u, builder.shl(hb, _c8(4)))
+    return u
 
 
-def _finish(builder, isum, d, dxv, acc):
-    """acc + float(isum) * d * dx (dxv: dx splat over 16 lanes)."""
-    t = builder.fmul(builder.sitofp(isum, _vec(_F32, 16)), _splat(builder, d, 16))
-    return _fma16(builder, t, dxv, acc)
-
-
-def _body_k4(builder, code, raw, table, ps, rows, b, accs):
-    """One q4_k / q5_k block (256 values: 8 sub-blocks of 32, 6-bit scales and mins) for every pair,
-    two sub-blocks (group g's 32 quant bytes: low nibbles 2g, high 2g + 1) per 64-byte product. The
-    mins' term (-dmin mn_j times dx S32_j, 8 lanes) goes into lanes 0-7 of the pair's one 16-lane
-    float accumulator, so a pair holds two registers (its block's int32 sums and that), not three:
-    2 x 8 pairs then fit AVX-512's 32 registers without the spills of a separate mins accumulator."""
+def _body_k(builder, code, raw, table, ps, rows, b, accs):
+    """One q4_k / q5_k / q6_k block for every (weight, activation) row pair, the activations in the
+    K order (quantize_k): four 64-byte byte products (vpdpbusd: unsigned quants times int8
+    activations, exact in int32) into one 16-lane accumulator a pair, lane s the 16-value group s's
+    dot; then float(lanes) times the weight row's 16 scales d sc (sub-block of lane s), times dx, added
+    to the pair's float accumulator. q4_k / q5_k's mins: -dmin mn times the activations' 16-value sums
+    times dx (one more fused multiply-add a pair); q6_k's -32 offset starts the dot from -32 times
+    those sums (integers, shared by the weight rows)."""
     at = builder.mul(b, ir.Constant(_I64, 256))
-    f8 = _vec(_F32, 8)
-    dxv = []
-    sums = []
+    f16 = _vec(_F32, 16)
+    xs, dxv, extra = [], [], []
     for row in rows:
+        xs.append([_load(builder, row.x, builder.add(at, ir.Constant(_I64, 64 * t)), _vec(_I8, 64)) for t in range(4)])
         dx = row.scale(b)
         dxv.append(_splat(builder, dx, 16))
-        s32 = builder.sitofp(row.sums32(builder.mul(b, ir.Constant(_I64, 8)), 8), f8)
-        s = builder.fmul(s32, _splat(builder, dx, 8))
-        sums.append(_lanes16(builder, s))
-    weights = []
-    for p in ps:
-        d = _f16_scale(builder, raw, table, p)
-        dmin = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 2)))
-        sc, mn = kquant_ir._scales_mins_k4(builder, raw, p)
-        sb = builder.trunc(builder.fptosi(sc, _vec(_I32, 8)), _vec(_I8, 8))
-        neg_mins = _lanes16(builder, builder.fmul(_splat(builder, builder.fneg(dmin), 8), mn))
-        qh = kquant_ir._bytes(builder, raw, p, 16) if code == 6 else None
-        weights.append((d, sb, neg_mins, qh))
-    isums = [[_zero_i32x16() for _ in rows] for _ in ps]
-    for g in range(4):
-        parts, scales = [], []
-        for p, (_d, sb, _m, qh) in zip(ps, weights):
-            q = kquant_ir._bytes(builder, raw, p, (48 if code == 6 else 16) + 32 * g)
-            u = _nibbles64(builder, q, 0, 4)
-            if qh is not None:
-                hw = builder.bitcast(_dup32(builder, qh), _vec(_I16, 32))
-                hw = builder.lshr(hw, _const_vec(_I16, [2 * g] * 16 + [2 * g + 1] * 16))
-                hb = builder.and_(builder.bitcast(hw, _vec(_I8, 64)), _c8(1))
-                u = builder.or_(u, builder.shl(hb, _c8(4)))
-            parts.append(u)
-            sc = builder.shuffle_vector(sb, sb, _const_vec(_I32, [2 * g] * 16 + [2 * g + 1] * 16))
-            scales.append(builder.zext(sc, _vec(_I16, 32)))
-        for r, row in enumerate(rows):
-            x = _load(builder, row.x, builder.add(at, ir.Constant(_I64, 64 * g)), _vec(_I8, 64))
-            for w in range(len(ps)):
-                isums[w][r] = _scaled_add_64(builder, _prod16_64(builder, parts[w], x), scales[w], isums[w][r])
-    for w, (d, _sb, neg_mins, _qh) in enumerate(weights):
+        s16 = row.sums16(builder.mul(b, ir.Constant(_I64, 16)))
+        if code == 7:
+            extra.append(builder.mul(s16, _const_vec(_I32, [-32] * 16)))
+        else:
+            extra.append(builder.fmul(builder.sitofp(s16, f16), dxv[-1]))
+    for w, p in enumerate(ps):
+        if code == 7:
+            d = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 208)))
+            sc8 = _load(builder, raw, builder.add(p, ir.Constant(_I64, 192)), _vec(_I8, 16))
+            wsc = builder.fmul(builder.sitofp(sc8, f16), _splat(builder, d, 16))
+            neg_mins = None
+        else:
+            d = _f16_scale(builder, raw, table, p)
+            dmin = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 2)))
+            sc, mn = kquant_ir._scales_mins_k4(builder, raw, p)
+            pairs = _const_vec(_I32, [s // 2 for s in range(16)])
+            wsc = builder.fmul(builder.shuffle_vector(sc, sc, pairs), _splat(builder, d, 16))
+            neg_mins = builder.fmul(builder.shuffle_vector(mn, mn, pairs), _splat(builder, builder.fneg(dmin), 16))
+        us = [_weights_k(builder, code, raw, p, t) for t in range(4)]
         for r in range(len(rows)):
-            acc = _finish(builder, isums[w][r], d, dxv[r], builder.load(accs[w][r]))
-            builder.store(_fma16(builder, neg_mins, sums[r], acc), accs[w][r])
-
-
-def _body_q6(builder, raw, table, ps, rows, b, accs):
-    """One q6_k block (256 values, 16 int8 scales of 16 values, quants 0...63 less 32) for every pair:
-    two 32-value quarters (the same 64 ql bytes' low or high nibbles) per 64-byte product; the -32
-    offset is the block's int32 sums started from sum_j (-32 sc_j) S16_j (one vpdpwssd a pair:
-    |S16| <= 16 x 127 and |32 sc| <= 4096 fit int16)."""
-    at = builder.mul(b, ir.Constant(_I64, 256))
-    dxv = [_splat(builder, r.scale(b), 16) for r in rows]
-    weights = []
-    for p in ps:
-        d = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 208)))
-        sc8 = _load(builder, raw, builder.add(p, ir.Constant(_I64, 192)), _vec(_I8, 16))
-        sc16 = builder.sext(sc8, _vec(_I16, 16))
-        neg32 = builder.mul(sc16, _const_vec(_I16, [-32] * 16))
-        zero16 = ir.Constant(_vec(_I16, 16), [ir.Constant(_I16, 0)] * 16)
-        weights.append((d, sc8, builder.shuffle_vector(neg32, zero16, _const_vec(_I32, range(32)))))
-    # the -32 offset: sum_j (-32 sc_j) S16_j as one vpdpwssd (S16 <= 16 * 127 fits int16; 32 * 128 too)
-    s16s = []
-    for row in rows:
-        s = builder.trunc(row.sums16(builder.mul(b, ir.Constant(_I64, 16))), _vec(_I16, 16))
-        zero16 = ir.Constant(_vec(_I16, 16), [ir.Constant(_I16, 0)] * 16)
-        s16s.append(builder.shuffle_vector(s, zero16, _const_vec(_I32, range(32))))
-    isums = [[_scaled_add_64(builder, weights[w][2], s16s[r], _zero_i32x16()) for r in range(len(rows))]
-             for w in range(len(ps))]
-    for hf in range(2):
-        qhs = [kquant_ir._bytes(builder, raw, p, 128 + 32 * hf) for p in ps]
-        qls = [_load(builder, raw, builder.add(p, ir.Constant(_I64, 64 * hf)), _vec(_I8, 64)) for p in ps]
-        for t in (0, 2):
-            a = 4 * hf + t
-            qs, scales = [], []
-            for w, qh in enumerate(qhs):
-                ql = builder.bitcast(qls[w], _vec(_I16, 32))
-                low = builder.and_(builder.bitcast(builder.lshr(ql, _const_vec(_I16, [2 * t] * 32)), _vec(_I8, 64)),
-                                   _c8(15))
-                hw = builder.bitcast(_dup32(builder, qh), _vec(_I16, 32))
-                hw = builder.lshr(hw, _const_vec(_I16, [2 * t] * 16 + [2 * t + 2] * 16))
-                high = builder.and_(builder.bitcast(hw, _vec(_I8, 64)), _c8(3))
-                qs.append(builder.or_(low, builder.shl(high, _c8(4))))
-                sc = builder.shuffle_vector(weights[w][1], weights[w][1],
-                                            _const_vec(_I32, [s for j in range(2 * a, 2 * a + 4) for s in [j] * 8]))
-                scales.append(builder.sext(sc, _vec(_I16, 32)))
-            for r, row in enumerate(rows):
-                x = _load(builder, row.x, builder.add(at, ir.Constant(_I64, 32 * a)), _vec(_I8, 64))
-                for w in range(len(ps)):
-                    isums[w][r] = _scaled_add_64(builder, _prod16_64(builder, qs[w], x), scales[w], isums[w][r])
-    for w, (d, _s, _n) in enumerate(weights):
-        for r in range(len(rows)):
-            builder.store(_finish(builder, isums[w][r], d, dxv[r], builder.load(accs[w][r])), accs[w][r])
+            isum = extra[r] if code == 7 else None
+            for t in range(4):
+                isum = _byte_dot_64(builder, us[t], xs[r][t], isum)
+            acc = _fma16(builder, builder.fmul(builder.sitofp(isum, f16), wsc), dxv[r], builder.load(accs[w][r]))
+            if neg_mins is not None:
+                acc = _fma16(builder, neg_mins, extra[r], acc)
+            builder.store(acc, accs[w][r])
 
 
 def _format_loop(builder, code, raw, table, offsets, rows, blocks, block_bytes):
@@ -378,10 +329,7 @@ def _format_loop(builder, code, raw, table, offsets, rows, blocks, block_bytes):
         if code >= 5:
             step = builder.mul(b, block_bytes)
             ps = [builder.add(o, step) for o in offsets]
-            if code == 7:
-                _body_q6(builder, raw, table, ps, rows, b, accs)
-            else:
-                _body_k4(builder, code, raw, table, ps, rows, b, accs)
+            _body_k(builder, code, raw, table, ps, rows, b, accs)
         else:
             b2 = builder.mul(b, two)
             step = builder.mul(b2, block_bytes)
@@ -549,6 +497,14 @@ def activations(qx, dx, group):
     return (x * dx.astype(np.float64)[..., None]).reshape(m, k)
 
 
+def natural_order(qx):
+    """quantize_k's int8 values (m, k) in the K order back in the natural order (a copy)."""
+    m, k = qx.shape
+    out = np.empty_like(qx)
+    out.reshape(m, k // 256, 256)[:, :, K_ORDER] = qx.reshape(m, k // 256, 256)
+    return out
+
+
 def tile_py(fmt, raw, r0, nw, blocks, block_bytes, qx, dx, s32, s16, table, out, i0, tile_x):
     """tile in numpy, for NUMBA_DISABLE_JIT=1 and as the tests' reference: the weight rows
     dequantised (dequant_numpy, bit-exact with ggml) times the int8 activations dequantised."""
@@ -556,7 +512,7 @@ def tile_py(fmt, raw, r0, nw, blocks, block_bytes, qx, dx, s32, s16, table, out,
     m = qx.shape[0]
     rows = list(range(i0, min(m, i0 + tile_x)))
     k = qx.shape[1]
-    x = activations(qx[rows], dx[rows], group_of(fmt))
+    x = activations(natural_order(qx[rows]) if fmt >= 5 else qx[rows], dx[rows], group_of(fmt))
     row_bytes = blocks * block_bytes
     for r in range(r0, r0 + nw):
         w = dequantize_numpy(raw[r * row_bytes:(r + 1) * row_bytes], NAMES[fmt], k).astype(np.float64)

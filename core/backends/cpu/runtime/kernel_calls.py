@@ -289,7 +289,10 @@ def _tile_product(x2, arr, d, fmt, n, k):
     dx = np.empty((m, k // group), dtype=np.float32)
     s32 = np.empty((m, k // 32), dtype=np.int32)
     s16 = np.empty((m, k // 16), dtype=np.int32)
-    tiles.quantize_i8(x2, group, qx, dx, s32, s16)
+    if group == 256:  # (the K-quant tiles read each block's values in their own order)
+        tiles.quantize_k(x2, qx, dx, s32, s16)
+    else:
+        tiles.quantize_i8(x2, group, qx, dx, s32, s16)
     out = np.empty((m, n), dtype=np.float32)
     args = (fmt, d.block_bytes, arr, qx, dx, s32, s16, _state["module"].F16_TABLE, out)
     pool = _state["pool"]
