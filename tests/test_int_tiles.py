@@ -145,13 +145,16 @@ def test_k_tiles_other_instruction_sets(form, monkeypatch):
     monkeypatch.setattr(int_tiles, "_X86_512", form == "avx512bw")
     monkeypatch.setattr(int_tiles, "_VNNI_512", False)
     tw, tx = int_tiles.K_TILE
-    tile = int_tiles._make_tile(tw, tx, (5, 6, 7))
+    tile = int_tiles._make_tile(tw, tx, (5, 6, 7), scratch=True)
+    unpack = int_tiles._make_unpack(tw)
 
     @njit
     def run(fmt, raw, nw, blocks, block_bytes, qx, dx, s32, s16, table, out):
+        wk = np.empty(tw * blocks * int_tiles.K_UNPACKED, np.uint8)
         for r in range(0, nw, tw):
+            unpack(fmt, raw, r, min(tw, nw - r), blocks, block_bytes, table, wk)
             for i in range(0, qx.shape[0], tx):
-                tile(fmt, raw, r, min(tw, nw - r), blocks, block_bytes, qx, dx, s32, s16, table, out, i)
+                tile(fmt, wk, r, min(tw, nw - r), blocks, block_bytes, qx, dx, s32, s16, table, out, i)
     rng = np.random.default_rng(5)
     for q in ("q4_k", "q5_k", "q6_k"):
         d = get_dtype(q)

@@ -271,51 +271,67 @@ def _weights_k(builder, code, raw, p, t):
     return u
 
 
-def _body_k(builder, code, raw, table, ps, rows, b, accs):
+def _unpacked_k(builder, code, raw, table, p):
+    """A q4_k / q5_k / q6_k block at raw + p as the tiles use it: its quants in the K order (four
+    <64 x i8>), the 16 lanes' scales d sc (<16 x float>) and q4_k / q5_k's -dmin mn (else None)."""
+    f16 = _vec(_F32, 16)
+    if code == 7:
+        d = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 208)))
+        sc8 = _load(builder, raw, builder.add(p, ir.Constant(_I64, 192)), _vec(_I8, 16))
+        wsc = builder.fmul(builder.sitofp(sc8, f16), _splat(builder, d, 16))
+        neg_mins = None
+    else:
+        d = _f16_scale(builder, raw, table, p)
+        dmin = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 2)))
+        sc, mn = kquant_ir._scales_mins_k4(builder, raw, p)
+        pairs = _const_vec(_I32, [s // 2 for s in range(16)])
+        wsc = builder.fmul(builder.shuffle_vector(sc, sc, pairs), _splat(builder, d, 16))
+        neg_mins = builder.fmul(builder.shuffle_vector(mn, mn, pairs), _splat(builder, builder.fneg(dmin), 16))
+    return [_weights_k(builder, code, raw, p, t) for t in range(4)], wsc, neg_mins
+
+
+K_UNPACKED = 384  # bytes of a block unpacked (unpack_k): 256 quants in the K order, 16 scales, 16 mins
+
+
+def _load_unpacked(builder, code, wk, p):
+    """_unpacked_k's values as unpack_k stored them at wk + p."""
+    def at(off, ty):
+        return _load(builder, wk, builder.add(p, ir.Constant(_I64, off)), ty)
+    f16 = _vec(_F32, 16)
+    return ([at(64 * t, _vec(_I8, 64)) for t in range(4)], at(256, f16),
+            at(320, f16) if code != 7 else None)
+
+
+def _body_k(builder, code, weights, rows, b, accs):
     """One q4_k / q5_k / q6_k block for every (weight, activation) row pair, the activations in the
-    K order (quantize_k): four 64-byte byte products (vpdpbusd: unsigned quants times int8
-    activations, exact in int32) into one 16-lane accumulator a pair, lane s the 16-value group s's
-    dot; then float(lanes) times the weight row's 16 scales d sc (sub-block of lane s), times dx, added
-    to the pair's float accumulator. q4_k / q5_k's mins: -dmin mn times the activations' 16-value sums
-    times dx (one more fused multiply-add a pair); q6_k's -32 offset starts the dot from -32 times
-    those sums (integers, shared by the weight rows)."""
+    K order (quantize_k), weights [(quants, scales, mins)] as _unpacked_k gives them: four 64-byte
+    byte products (vpdpbusd: unsigned quants times int8 activations, exact in int32) into one
+    16-lane accumulator a pair, lane s the 16-value group s's dot; then float(lanes) times the
+    weight row's 16 scales d sc (sub-block of lane s), times dx, added to the pair's float
+    accumulator. q4_k / q5_k's mins: -dmin mn times the activations' 16-value sums times dx (one
+    more fused multiply-add a pair); q6_k's -32 offset starts the dot from -32 times those sums
+    (integers, shared by the weight rows)."""
     at = builder.mul(b, ir.Constant(_I64, 256))
     f16 = _vec(_F32, 16)
-    xs, dxv, extra = [], [], []
-    for row in rows:
-        xs.append([_load(builder, row.x, builder.add(at, ir.Constant(_I64, 64 * t)), _vec(_I8, 64)) for t in range(4)])
-        dx = row.scale(b)
-        dxv.append(_splat(builder, dx, 16))
+    for r, row in enumerate(rows):  # (a row at a time: its values live only while its pairs are made)
+        xs = [_load(builder, row.x, builder.add(at, ir.Constant(_I64, 64 * t)), _vec(_I8, 64)) for t in range(4)]
+        dxv = _splat(builder, row.scale(b), 16)
         s16 = row.sums16(builder.mul(b, ir.Constant(_I64, 16)))
         if code == 7:
-            extra.append(builder.mul(s16, _const_vec(_I32, [-32] * 16)))
+            extra = builder.mul(s16, _const_vec(_I32, [-32] * 16))
         else:
-            extra.append(builder.fmul(builder.sitofp(s16, f16), dxv[-1]))
-    for w, p in enumerate(ps):
-        if code == 7:
-            d = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 208)))
-            sc8 = _load(builder, raw, builder.add(p, ir.Constant(_I64, 192)), _vec(_I8, 16))
-            wsc = builder.fmul(builder.sitofp(sc8, f16), _splat(builder, d, 16))
-            neg_mins = None
-        else:
-            d = _f16_scale(builder, raw, table, p)
-            dmin = _f16_scale(builder, raw, table, builder.add(p, ir.Constant(_I64, 2)))
-            sc, mn = kquant_ir._scales_mins_k4(builder, raw, p)
-            pairs = _const_vec(_I32, [s // 2 for s in range(16)])
-            wsc = builder.fmul(builder.shuffle_vector(sc, sc, pairs), _splat(builder, d, 16))
-            neg_mins = builder.fmul(builder.shuffle_vector(mn, mn, pairs), _splat(builder, builder.fneg(dmin), 16))
-        us = [_weights_k(builder, code, raw, p, t) for t in range(4)]
-        for r in range(len(rows)):
-            isum = extra[r] if code == 7 else None
+            extra = builder.fmul(builder.sitofp(s16, f16), dxv)
+        for w, (us, wsc, neg_mins) in enumerate(weights):
+            isum = extra if code == 7 else None
             for t in range(4):
-                isum = _byte_dot_64(builder, us[t], xs[r][t], isum)
-            acc = _fma16(builder, builder.fmul(builder.sitofp(isum, f16), wsc), dxv[r], builder.load(accs[w][r]))
+                isum = _byte_dot_64(builder, us[t], xs[t], isum)
+            acc = _fma16(builder, builder.fmul(builder.sitofp(isum, f16), wsc), dxv, builder.load(accs[w][r]))
             if neg_mins is not None:
-                acc = _fma16(builder, neg_mins, extra[r], acc)
+                acc = _fma16(builder, neg_mins, extra, acc)
             builder.store(acc, accs[w][r])
 
 
-def _format_loop(builder, code, raw, table, offsets, rows, blocks, block_bytes):
+def _format_loop(builder, code, raw, table, offsets, rows, blocks, block_bytes, scratch=False):
     """[[weight row w times activation row r, for r] for w] of one format, as float32 values. The
     32-value formats take two blocks per 64-byte product (_body_32_pair), a last odd block alone."""
     zero16 = ir.Constant(_vec(_F32, 16), [ir.Constant(_F32, 0.0)] * 16)
@@ -329,7 +345,11 @@ def _format_loop(builder, code, raw, table, offsets, rows, blocks, block_bytes):
         if code >= 5:
             step = builder.mul(b, block_bytes)
             ps = [builder.add(o, step) for o in offsets]
-            _body_k(builder, code, raw, table, ps, rows, b, accs)
+            if scratch:  # (raw: unpack_k's rows, K_UNPACKED bytes a block)
+                weights = [_load_unpacked(builder, code, raw, p) for p in ps]
+            else:
+                weights = [_unpacked_k(builder, code, raw, table, p) for p in ps]
+            _body_k(builder, code, weights, rows, b, accs)
         else:
             b2 = builder.mul(b, two)
             step = builder.mul(b2, block_bytes)
@@ -427,8 +447,10 @@ def _arrays_fit(arrays, dtypes, ndims):
                for a, d, n in zip(arrays, dtypes, ndims))
 
 
-def _make_tile(tile_w, tile_x, formats):
-    """The tile kernel of tile_w weight rows times tile_x activation rows for the format codes `formats`."""
+def _make_tile(tile_w, tile_x, formats, scratch=False):
+    """The tile kernel of tile_w weight rows times tile_x activation rows for the format codes `formats`.
+    scratch (K-quants): raw holds unpack_k's tile_w rows (K_UNPACKED bytes a block; block_bytes is
+    not read), r0 and nw name their columns of out."""
     @intrinsic
     def tile(typingctx, fmt, raw, r0, nw, blocks, block_bytes, qx, dx, s32, s16, table, out, i0):
         """out[i, r] for the tile_x activation rows i from i0 and the tile_w weight rows r from r0 (each
@@ -459,6 +481,9 @@ def _make_tile(tile_w, tile_x, formats):
             last_w = builder.sub(i64(3), ir.Constant(_I64, 1))
             weight_rows = [builder.add(i64(2), smin(ir.Constant(_I64, w), last_w)) for w in range(tile_w)]
             offsets = [builder.mul(r, row_bytes) for r in weight_rows]
+            if scratch:
+                unpacked = builder.mul(i64(4), ir.Constant(_I64, K_UNPACKED))
+                offsets = [builder.mul(ir.Constant(_I64, w), unpacked) for w in range(tile_w)]
             last_x = builder.sub(m, ir.Constant(_I64, 1))
             x_rows = [smin(builder.add(i64(12), ir.Constant(_I64, r)), last_x) for r in range(tile_x)]
             widths = [builder.extract_value(arys[i].shape, 1) for i in (7, 8, 9)]
@@ -472,7 +497,8 @@ def _make_tile(tile_w, tile_x, formats):
             for code, block in cases.items():
                 switch.add_case(ir.Constant(_I64, code), block)
                 builder.position_at_end(block)
-                values = _format_loop(builder, code, raw_p, arys[10].data, offsets, rows, i64(4), i64(5))
+                values = _format_loop(builder, code, raw_p, arys[10].data, offsets, rows, i64(4),
+                                      ir.Constant(_I64, K_UNPACKED) if scratch else i64(5), scratch)
                 for wr, by_x in zip(weight_rows, values):
                     for xr, v in zip(x_rows, by_x):
                         builder.store(v, builder.gep(arys[11].data, [builder.add(builder.mul(xr, n_out), wr)]))
@@ -483,7 +509,59 @@ def _make_tile(tile_w, tile_x, formats):
     return tile
 
 
-tile_k = _make_tile(*K_TILE, (5, 6, 7))
+def _make_unpack(tile_w):
+    """unpack_k for tiles of tile_w weight rows."""
+    @intrinsic
+    def unpack(typingctx, fmt, raw, r0, nw, blocks, block_bytes, table, wk):
+        """wk (uint8, at least tile_w * blocks * K_UNPACKED bytes) = weight rows r0...r0 + tile_w - 1
+        (each `blocks` K-quant blocks of `block_bytes` in raw; rows from r0 + nw clamped to the last)
+        as _unpacked_k gives them: per row and block, 256 quant bytes in the K order, then 16 float32
+        scales d sc and 16 mins -dmin mn (q6_k: not written). fmt 5, 6 or 7."""
+        if not _arrays_fit((raw, table, wk), (types.uint8, types.float32, types.uint8), (1, 1, 1)):
+            return None
+        sig = types.void(fmt, raw, r0, nw, blocks, block_bytes, table, wk)
+
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            arys = {i: context.make_array(t[i])(context, builder, args[i]) for i in (1, 6, 7)}
+
+            def i64(i):
+                return context.cast(builder, args[i], t[i], types.int64)
+            raw_p = builder.bitcast(arys[1].data, _I8.as_pointer())
+            wk_p = builder.bitcast(arys[7].data, _I8.as_pointer())
+            blocks_, block_bytes_ = i64(4), i64(5)
+            last_w = builder.sub(i64(3), ir.Constant(_I64, 1))
+            done = builder.append_basic_block("unpack_done")
+            cases = {code: builder.append_basic_block(f"unpack_{code}") for code in (5, 6, 7)}
+            switch = builder.switch(i64(0), cases[7])
+            for code, block in cases.items():
+                switch.add_case(ir.Constant(_I64, code), block)
+                builder.position_at_end(block)
+                for w in range(tile_w):
+                    row = builder.add(i64(2), builder.select(builder.icmp_signed("<", ir.Constant(_I64, w), last_w),
+                                                             ir.Constant(_I64, w), last_w))
+                    first = builder.mul(row, builder.mul(blocks_, block_bytes_))
+                    dst0 = builder.mul(builder.mul(ir.Constant(_I64, w), blocks_), ir.Constant(_I64, K_UNPACKED))
+                    with cgutils.for_range(builder, blocks_) as loop:
+                        b = loop.index
+                        us, wsc, neg_mins = _unpacked_k(builder, code, raw_p, arys[6].data,
+                                                        builder.add(first, builder.mul(b, block_bytes_)))
+                        dst = builder.add(dst0, builder.mul(b, ir.Constant(_I64, K_UNPACKED)))
+                        for off, v in [(64 * t_, u) for t_, u in enumerate(us)] + [(256, wsc), (320, neg_mins)]:
+                            if v is not None:
+                                ptr = builder.bitcast(builder.gep(wk_p, [builder.add(dst, ir.Constant(_I64, off))]),
+                                                      v.type.as_pointer())
+                                builder.store(v, ptr).align = 1
+                builder.branch(done)
+            builder.position_at_end(done)
+            return context.get_dummy_value()
+        return sig, codegen
+    return unpack
+
+
+tile_k = _make_tile(*K_TILE, (5, 6, 7), scratch=True)  # (reads unpack_k's rows)
+unpack_k = _make_unpack(K_TILE[0])
+_SCRATCH = not config.DISABLE_JIT  # type: ignore[attr-defined]
 tile_32 = _make_tile(*TILE_32, (0, 1, 2, 3, 4))
 
 
@@ -520,7 +598,7 @@ def tile_py(fmt, raw, r0, nw, blocks, block_bytes, qx, dx, s32, s16, table, out,
 
 
 if config.DISABLE_JIT:  # type: ignore[attr-defined]  # (set at import) IR cannot run as Python: numpy instead
-    tile_k = functools.partial(tile_py, tile_x=K_TILE[1])
+    tile_k = functools.partial(tile_py, tile_x=K_TILE[1])  # (raw itself: tile_rows unpacks nothing)
     tile_32 = functools.partial(tile_py, tile_x=TILE_32[1])
 
 
@@ -531,13 +609,19 @@ def tile_rows(fmt, block_bytes, raw, qx, dx, s32, s16, table, out, start, stop):
     each tile's weight rows pass, a tile's activation rows at a time."""
     m = qx.shape[0]
     blocks = qx.shape[1] // (K_GROUP if fmt >= 5 else 32)
+    wk = np.empty(K_TILE[0] * blocks * K_UNPACKED if fmt >= 5 and _SCRATCH else 0, dtype=np.uint8)
     for x0 in range(0, m, X_CHUNK):
         x1 = min(m, x0 + X_CHUNK)
         if fmt >= 5:
             for r in range(start, stop, K_TILE[0]):
                 nw = min(K_TILE[0], stop - r)
-                for i in range(x0, x1, K_TILE[1]):
-                    tile_k(fmt, raw, r, nw, blocks, block_bytes, qx, dx, s32, s16, table, out, i)
+                if _SCRATCH:  # the tile's weight rows unpacked once for all the chunk's activation rows
+                    unpack_k(fmt, raw, r, nw, blocks, block_bytes, table, wk)
+                    for i in range(x0, x1, K_TILE[1]):
+                        tile_k(fmt, wk, r, nw, blocks, block_bytes, qx, dx, s32, s16, table, out, i)
+                else:
+                    for i in range(x0, x1, K_TILE[1]):
+                        tile_k(fmt, raw, r, nw, blocks, block_bytes, qx, dx, s32, s16, table, out, i)
         else:
             for r in range(start, stop, TILE_32[0]):
                 nw = min(TILE_32[0], stop - r)
