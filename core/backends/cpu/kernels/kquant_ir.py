@@ -29,6 +29,8 @@ import numpy as np
 from llvmlite import ir
 from numba.core import cgutils
 
+from . import arm_ir  # aarch64's sdot, where the target has dotprod
+
 _I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 # vector_ir's IR helpers, bound by vector_ir as it loads (bind below): it chooses this module's
 # loop for the K-quants, so this module does not import it back (no import cycle).
@@ -45,6 +47,7 @@ _vec: Any = None
 _X86_PHADD: Any = None
 _X86_WIDE: Any = None  # AVX-512BW: the requantisation on 32 lanes at once
 _BYTE_DOT: Any = None  # "vnni", "avx2" or None (the generic form): how x86 hosts multiply bytes (bind)
+_ARM_DOT = False  # the target has aarch64 dotprod: _byte_dot(..., below_128=True) is sdot (arm_ir; bind)
 _BLOCK_BYTES = {5: 144, 6: 176, 7: 210}  # q4_k, q5_k, q6_k (what _prefetch_ahead asks for each block)
 X8_MUL = 127  # x8 = (X8_MUL * x16 + 2^14) >> 15: int16 activations (|x16| <= 32767) to int8
 X8_SCALE = 32768.0 / X8_MUL  # x8 * dx * X8_SCALE ~= x16 * dx
@@ -65,6 +68,8 @@ def bind(v):
     global _X86_PHADD, _BYTE_DOT
     features = v._cpu_features() if v._X86_MADD else set()
     _X86_PHADD = "llvm.x86.avx2.phadd.d" if v._X86_MADD else None
+    global _ARM_DOT
+    _ARM_DOT = arm_ir.has_dotprod(v._cpu_features())
     global _X86_WIDE
     _X86_WIDE = "+avx512bw" in features
     if "+avxvnni" in features or {"+avx512vnni", "+avx512vl"} <= features:
@@ -107,9 +112,10 @@ def _int8_block(builder, x, a):
     return builder.trunc(scaled, _vec(_I8, 32))
 
 
-def _byte_dot(builder, u, s, acc=None):
+def _byte_dot(builder, u, s, acc=None, below_128=False):
     """<32 x i8> u (unsigned, <= 63) times <32 x i8> s (signed, |s| <= 127) -> <8 x i32>, lane i the
-    sum of products 4i...4i + 3 (plus acc's lane i)."""
+    sum of products 4i...4i + 3 (plus acc's lane i). below_128: the caller knows u <= 127 (aarch64's
+    signed sdot then takes it: arm_ir; a u of 128-255 needs the other forms)."""
     i32x8 = _vec(_I32, 8)
     if _BYTE_DOT == "vnni" and _x86_host(builder):
         start = acc if acc is not None else ir.Constant(i32x8, [ir.Constant(_I32, 0)] * 8)
@@ -118,6 +124,8 @@ def _byte_dot(builder, u, s, acc=None):
     if _BYTE_DOT == "avx2" and _x86_host(builder):  # pairs: |u s + u' s'| <= 2 * 63 * 127, no saturation
         pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_I16, 16), [u, s])
         sums = _pair_madd(builder, pairs, _const_vec(_I16, [1] * 16))
+    elif _ARM_DOT and below_128 and (dot := arm_ir.byte_dot(builder, u, s, acc)) is not None:
+        return dot
     else:
         lo_u, hi_u = _widen(builder, u)
         lo_s, hi_s = _widen(builder, s, signed=True)
@@ -198,7 +206,7 @@ def _activation_vectors(builder, x, x8, with_sums):
     dx8 = builder.fmul(dx, _const_vec(_F32, [X8_SCALE] * 8))
     if not with_sums:
         return dx8, None
-    sums = _sums_by_lane(builder, [_byte_dot(builder, _i8s(1), v) for v in x8])
+    sums = _sums_by_lane(builder, [_byte_dot(builder, _i8s(1), v, below_128=True) for v in x8])
     return dx8, builder.fmul(dx8, sums)
 
 
@@ -217,7 +225,7 @@ def kernel_body(builder, code, rows, raw_p, table_p, x_rows, oa, ob, blocks, blo
         xv = [_activation_vectors(builder, x, row, code != 7) for x, row in zip(xs, x8)]
         offsets = None
         if code == 7:  # -32 * (sums of 4 values), q6_k's offset: also shared (each dot starts from it)
-            offsets = [[_byte_dot(builder, _i8s(32), builder.neg(v)) for v in row] for row in x8]
+            offsets = [[_byte_dot(builder, _i8s(32), builder.neg(v), below_128=True) for v in row] for row in x8]
         step = builder.mul(b, block_bytes)
         for w, base in enumerate((oa, ob)):
             p = builder.add(base, step)
@@ -257,7 +265,7 @@ def _k4_sums(builder, code, raw, p, x8):
                 bit = builder.and_(builder.lshr(qh, _i8s(j)), _i8s(1))
                 parts[h] = builder.or_(parts[h], builder.shl(bit, _i8s(4)))
             for r, row in enumerate(x8):
-                sums[r].append(_byte_dot(builder, parts[h], row[j]))
+                sums[r].append(_byte_dot(builder, parts[h], row[j], below_128=True))
     return sums
 
 
@@ -276,7 +284,7 @@ def _q6_sums(builder, raw, p, x8, offsets):
             q = builder.or_(low, builder.shl(high, _i8s(4)))  # 0...63
             a = 4 * hf + t
             for r, row in enumerate(x8):
-                sums[r].append(_byte_dot(builder, q, row[a], offsets[r][a]))
+                sums[r].append(_byte_dot(builder, q, row[a], offsets[r][a], below_128=True))
     return sums
 
 
