@@ -30,6 +30,7 @@ def _kernels_on(monkeypatch):
         pytest.skip("CPU kernels unavailable")
     # the 32-value formats' tiles are off by default (kernel_calls.TILE_32_MAX_ROWS): tested on as well
     monkeypatch.setattr(kernel_calls, "TILE_32_MAX_ROWS", kernel_calls.TILE_MAX_ROWS)
+    monkeypatch.setattr(kernel_calls, "TILE_MIN_32_MAX_ROWS", kernel_calls.TILE_MAX_ROWS)  # (q4_1 / q5_1)
     yield
     monkeypatch.undo()
     kernel_calls.set_threads(kernel_calls.thread_count())
@@ -185,6 +186,10 @@ def test_k_order_round_trip():
     from tallow.backends.cpu.kernels import int_tiles
     rng = np.random.default_rng(2)
     x = rng.standard_normal((3, 768)).astype(np.float32)
+    x[0, :256] = 0  # an all-zero block (d = 0)
+    x[1, 256:512] = -0.0
+    x[1, 300] = -1e-30
+    x[2, 512:] = (np.arange(256) - 127.5).astype(np.float32)  # many exact halves
     qx, dx, s32, s16, _ = _quantised(x, 256)
     got = [np.empty_like(a) for a in (qx, dx, s32, s16)]
     int_tiles.quantize_k(x, *got)

@@ -97,24 +97,39 @@ def quantize_i8(x, group, qx, dx, s32, s16):
 def quantize_k(x, qx, dx, s32, s16):
     """quantize_i8(x, 256, ...) for the K-quant tiles: the same values, scales and sums, each
     256-value block's values stored in the K order (K_ORDER: value 16 s + 4 t + j at byte
-    64 t + 4 s + j)."""
+    64 t + 4 s + j, i.e. 4-byte word 16 t + s holds the natural word 4 s + t). In loops LLVM
+    vectorises: amax as the largest of the values' bit patterns without the sign (their order is
+    the floats' order), the values into a natural-order buffer, then the words transposed."""
     m, k = x.shape
+    bits = x.view(np.int32)
+    top = np.empty(1, np.int32)
+    top_f = top.view(np.float32)
+    q = np.empty(256, np.int32)
+    q8 = np.empty(256, np.uint8)
+    words = q8.view(np.int32)
     for i in range(m):
+        row = qx[i].view(np.int32)
         for g in range(k // 256):
-            amax = np.float32(0.0)
+            at = g * 256
+            t = np.int32(0)
             for j in range(256):
-                amax = max(amax, abs(x[i, g * 256 + j]))
-            d = amax / np.float32(127.0)
+                t = max(t, bits[i, at + j] & np.int32(0x7FFFFFFF))
+            top[0] = t
+            d = top_f[0] / np.float32(127.0)
             dx[i, g] = d
             inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-            for s in range(16):
+            for j in range(256):
+                q[j] = np.int32(_roundf(x[i, at + j] * inv))
+            for j in range(256):
+                q8[j] = np.uint8(q[j] & 255)
+            for c in range(16):
                 total = np.int32(0)
-                for t in range(4):
-                    for j in range(4):
-                        q = np.int32(_roundf(x[i, g * 256 + 16 * s + 4 * t + j] * inv))
-                        qx[i, g * 256 + 64 * t + 4 * s + j] = np.uint8(q & 255)
-                        total += q
-                s16[i, g * 16 + s] = total
+                for j in range(16):
+                    total += q[16 * c + j]
+                s16[i, g * 16 + c] = total
+            for t4 in range(4):
+                for c in range(16):
+                    row[g * 64 + 16 * t4 + c] = words[4 * c + t4]
         for c in range(k // 32):
             s32[i, c] = s16[i, 2 * c] + s16[i, 2 * c + 1]
 
