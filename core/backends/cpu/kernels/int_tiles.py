@@ -18,7 +18,9 @@ As ggml does for prompts (its Q8_K / Q8_0 activations and byte products), learnt
     / q5_k's 32), exact. Then float(lanes) times the weight row's 16 scales d sc, times dx, in
     one multiply and one fused multiply-add per block and pair; q4_k / q5_k's mins one more
     (-dmin mn times the activations' 16-value sums times dx), q6_k's -32 offset starts the
-    integer dot from -32 times those sums (shared by the weight rows).
+    integer dot from -32 times those sums (shared by the weight rows). `unpack_k` writes a tile's
+    weight rows in that form (K_UNPACKED bytes a block: permuted quants, scales, mins) once per
+    chunk of activation rows, into a scratch the tile only loads from.
   * 32-value formats (q4_0, q4_1, q5_0, q5_1, q8_0): a block's byte dot (kquant_ir._byte_dot:
     vpdpbusd where the CPU has VNNI, else vpmaddubsw + vpmaddwd), one multiply-add per block and
     row pair. q4_0 / q5_0's offset starts the dot from -8 / -16 times the activations' sums
@@ -48,7 +50,8 @@ from .int_dot import _roundf
 from .vector_ir import _const_vec, _f16_scale, _fmuladd, _hsum, _load, _splat, _vec
 
 # (weight rows, activation rows) per tile: the K-quants (byte products of 64 values, 16 int32 lanes
-# a row pair) and the 32-value formats; measured best of 1-4 x 2-8 on the AVX-512 box (docs/cpu-kernels.md)
+# a row pair) and the 32-value formats; measured best of 1-4 x 2-8 on the AVX-512 box (docs/cpu-kernels.md;
+# session 39's K-quant tiles again: 2x8 no worse than 1x16, 2x4, 2x6, 3x4, 3x8, 4x4, 4x6 within the noise)
 K_TILE = (2, 8)
 TILE_32 = (2, 8)
 X_CHUNK = 64  # activation rows a chunk of weight rows passes over before the next chunk of them
@@ -360,11 +363,8 @@ def _format_loop(builder, code, raw, table, offsets, rows, blocks, block_bytes, 
         if code >= 5:
             step = builder.mul(b, block_bytes)
             ps = [builder.add(o, step) for o in offsets]
-            if scratch:  # (raw: unpack_k's rows, K_UNPACKED bytes a block)
-                weights = [_load_unpacked(builder, code, raw, p) for p in ps]
-            else:
-                weights = [_unpacked_k(builder, code, raw, table, p) for p in ps]
-            _body_k(builder, code, weights, rows, b, accs)
+            assert scratch, "the K-quant tiles read unpack_k's rows"  # (raw: K_UNPACKED bytes a block)
+            _body_k(builder, code, [_load_unpacked(builder, code, raw, p) for p in ps], rows, b, accs)
         else:
             b2 = builder.mul(b, two)
             step = builder.mul(b2, block_bytes)
@@ -472,7 +472,7 @@ def _make_tile(tile_w, tile_x, formats, scratch=False):
         `blocks` blocks of `block_bytes` in raw, uint8): rows past the last one (i0 + ... >= m, or
         r0 + w >= r0 + nw) are clamped to it and store its own value again. qx (m, k) uint8 int8
         values, dx (m, k / group_of(fmt)) float32, s32 (m, k / 32) and s16 (m, k / 16) int32 (from
-        quantize_i8), table float32 f16 values, out (m, n) float32; fmt a FORMATS code."""
+        quantize_i8; K-quants: quantize_k), table float32 f16 values, out (m, n) float32; fmt a FORMATS code."""
         if not _arrays_fit((raw, qx, dx, s32, s16, table, out),
                            (types.uint8, types.uint8, types.float32, types.int32, types.int32, types.float32,
                             types.float32), (1, 2, 2, 2, 2, 1, 2)):
@@ -619,9 +619,10 @@ if config.DISABLE_JIT:  # type: ignore[attr-defined]  # (set at import) IR canno
 
 @njit(cache=True, nogil=True)
 def tile_rows(fmt, block_bytes, raw, qx, dx, s32, s16, table, out, start, stop):
-    """Columns start...stop-1 of out (m, n) = the int8 activations (quantize_i8) times the
-    transpose of the (n, k) block matrix in raw: X_CHUNK activation rows at a time, over which
-    each tile's weight rows pass, a tile's activation rows at a time."""
+    """Columns start...stop-1 of out (m, n) = the int8 activations (quantize_k on K-quant
+    matrices, else quantize_i8) times the transpose of the (n, k) block matrix in raw: X_CHUNK
+    activation rows at a time, over which each tile's weight rows pass (K-quants: unpacked once
+    for them), a tile's activation rows at a time."""
     m = qx.shape[0]
     blocks = qx.shape[1] // (K_GROUP if fmt >= 5 else 32)
     wk = np.empty(K_TILE[0] * blocks * K_UNPACKED if fmt >= 5 and _SCRATCH else 0, dtype=np.uint8)
