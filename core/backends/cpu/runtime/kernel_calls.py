@@ -29,12 +29,15 @@ FUSED_MAX_ROWS = 8  # rows of x up to which the fused kernel beats dequantise-th
 KQUANT_FUSED_MAX_ROWS = 64
 K_QUANTS = ("q4_k", "q5_k", "q6_k")
 # A prompt's product of more than FUSED_MAX_ROWS and up to this many rows runs as integer GEMM tiles
-# (kernels/int_tiles.py: activations quantised to int8 once), above it dequantise-then-BLAS: on K-quant
-# matrices (TILE_MAX_ROWS; measured in docs/cpu-kernels.md) and on the 32-value formats
-# (TILE_32_MAX_ROWS): 0, off, since their 8 bits per 32 changed SmolLM2 Q4_1's greedy answer to
-# "What is the capital of France?" against transformers (test_llm_models); the kernels stay tested
+# (activations quantised to int8 once), above it dequantise-then-BLAS: on K-quant matrices
+# (TILE_MAX_ROWS, kernels/int_tiles.py; measured in docs/cpu-kernels.md), on q4_0 / q5_0 / q8_0
+# (TILE_32_MAX_ROWS, kernels/int_tiles_32.py: 1.7-2.7x BLAS's speed at 64 rows, session 39) and on q4_1 /
+# q5_1 (TILE_MIN_32_MAX_ROWS): 0, off, since int8 activations per 32 changed SmolLM2 Q4_1's greedy
+# answer to "What is the capital of France?" against transformers (test_llm_models); those tiles stay tested
 TILE_MAX_ROWS = 128
-TILE_32_MAX_ROWS = 0
+TILE_32_MAX_ROWS = 128
+TILE_MIN_32_MAX_ROWS = 0
+TILE_32_FORMATS = ("q4_0", "q5_0", "q8_0")  # int_tiles_32's formats
 ACTIVATION_MAX = 32767  # decoding steps quantise x to int16 (see int_dot.py)
 # Weight bytes from which a decoding-step product is shared among the threads (threads.py);
 # smaller ones run on the calling thread, where handing out chunks costs about what it saves.
@@ -71,6 +74,7 @@ def kernels():
         _state["step"] = KernelModule("step_loop")
         _state["batch"] = KernelModule("batch_attention")
         _state["tiles"] = KernelModule("int_tiles")
+        _state["tiles_32"] = KernelModule("int_tiles_32")
         _state["no_bias"] = np.empty(0, dtype=np.float32)
         from ..kernels import machine_code
         machine_code.load_all()  # before any weight is read: LLVM's page spike at low RSS (see there)
@@ -204,7 +208,8 @@ def qmatmul(x, raw, qtype, n, k, record=None):
         return _int_product(x, x2, arr, d, fmt, n, k, record=record).reshape(lead + (n,))
     if record is not None:
         record.refuse(f"a quantised product of {m} rows (a prompt)")
-    if m <= (TILE_MAX_ROWS if d.name in K_QUANTS else TILE_32_MAX_ROWS):
+    if m <= (TILE_MAX_ROWS if d.name in K_QUANTS else TILE_32_MAX_ROWS if d.name in TILE_32_FORMATS
+             else TILE_MIN_32_MAX_ROWS):
         return _tile_product(x2, arr, d, fmt, n, k).reshape(lead + (n,))
     if d.name in K_QUANTS and m <= KQUANT_FUSED_MAX_ROWS:
         return _int_product(x, x2, arr, d, fmt, n, k).reshape(lead + (n,))
@@ -279,27 +284,40 @@ def _int_product(x, x2, arr, d, fmt, n, k, bias=None, act=None, record=None):
 
 
 def _tile_product(x2, arr, d, fmt, n, k):
-    """A prompt's product on the blocks: x2 (m, k) quantised to int8 once, then int_tiles'
-    integer GEMM tiles over the n weight rows, shared by the pool's threads -> (m, n)."""
+    """A prompt's product on the blocks: x2 (m, k) quantised to int8 once, then integer GEMM tiles
+    over the n weight rows (int_tiles_32's on q4_0 / q5_0 / q8_0, else int_tiles'), shared by the
+    pool's threads -> (m, n)."""
     import numpy as np
-    tiles = _state["tiles"]
     m = x2.shape[0]
-    group = 256 if d.block_size == 256 else 32
-    qx = np.empty((m, k), dtype=np.uint8)
-    dx = np.empty((m, k // group), dtype=np.float32)
-    s32 = np.empty((m, k // 32), dtype=np.int32)
-    s16 = np.empty((m, k // 16), dtype=np.int32)
-    if group == 256:  # (the K-quant tiles read each block's values in their own order)
-        tiles.quantize_k(x2, qx, dx, s32, s16)
+    if d.name in TILE_32_FORMATS:
+        tiles = _state["tiles_32"]
+        nbp = -(-(k // 32) // 4) * 4  # int_tiles_32.padded_blocks
+        xp = np.empty((m, nbp * 32), dtype=np.uint8)
+        dx = np.empty((m, nbp), dtype=np.float32)
+        st = np.empty((m, nbp), dtype=np.int32)
+        tiles.quantize_32(x2, fmt, xp, dx, st)
+        out = np.empty((m, n), dtype=np.float32)
+        args = (fmt, d.block_bytes, arr, xp, dx, st, _state["module"].F16_TABLE, out)
+        kernel = tiles.tile32_shared
     else:
-        tiles.quantize_i8(x2, group, qx, dx, s32, s16)
-    out = np.empty((m, n), dtype=np.float32)
-    args = (fmt, d.block_bytes, arr, qx, dx, s32, s16, _state["module"].F16_TABLE, out)
+        tiles = _state["tiles"]
+        group = 256 if d.block_size == 256 else 32
+        qx = np.empty((m, k), dtype=np.uint8)
+        dx = np.empty((m, k // group), dtype=np.float32)
+        s32 = np.empty((m, k // 32), dtype=np.int32)
+        s16 = np.empty((m, k // 16), dtype=np.int32)
+        if group == 256:  # (the K-quant tiles read each block's values in their own order)
+            tiles.quantize_k(x2, qx, dx, s32, s16)
+        else:
+            tiles.quantize_i8(x2, group, qx, dx, s32, s16)
+        out = np.empty((m, n), dtype=np.float32)
+        args = (fmt, d.block_bytes, arr, qx, dx, s32, s16, _state["module"].F16_TABLE, out)
+        kernel = tiles.tile_shared
     pool = _state["pool"]
     if pool is not None:
-        pool.run(tiles.tile_shared, args, n)
+        pool.run(kernel, args, n)
     else:
-        tiles.tile_shared(*args, n, 1, np.zeros(2, dtype=np.int64))
+        kernel(*args, n, 1, np.zeros(2, dtype=np.int64))
     return out
 
 
