@@ -226,6 +226,7 @@ def test_prompt_products_take_these_tiles(monkeypatch):
     """q4_0 / q5_0 / q8_0 products of FUSED_MAX_ROWS + 1 to TILE_32_MAX_ROWS rows run quantize_32 and
     tile32_shared; q4_1 / q5_1 not (TILE_MIN_32_MAX_ROWS = 0: dequantise-then-BLAS, exact)."""
     rng = np.random.default_rng(9)
+    kernel_calls.set_threads(1)  # (on a pool every thread calls the kernel)
     calls = []
     mod = kernel_calls._state["tiles_32"]
     real = mod.tile32_shared
