@@ -651,7 +651,10 @@ def tile_rows(fmt, block_bytes, raw, qx, dx, s32, s16, table, out, start, stop):
     for them), a tile's activation rows at a time."""
     m = qx.shape[0]
     blocks = qx.shape[1] // (K_GROUP if fmt >= 5 else 32)
-    wk = np.empty(K_TILE[0] * blocks * K_UNPACKED if fmt >= 5 and _SCRATCH else 0, dtype=np.uint8)
+    size = K_TILE[0] * blocks * K_UNPACKED if fmt >= 5 and _SCRATCH else 0
+    wk = np.empty(size + 64, dtype=np.uint8)  # (its 64-byte loads each on one cache line)
+    at = (64 - wk.ctypes.data % 64) % 64
+    wk = wk[at:at + size]
     for x0 in range(0, m, X_CHUNK):
         x1 = min(m, x0 + X_CHUNK)
         if fmt >= 5:
