@@ -23,8 +23,9 @@ from random_blocks import random_blocks  # noqa: E402
 
 FORMATS = ("q4_0", "q5_0", "q8_0")
 CODE = {"q4_0": 0, "q5_0": 2, "q8_0": 4}
-# k / 32 blocks: 1-3 (padded to 4), 4, 8 + 4, 16 + 4 (Gemma-3-270M's 640), 16 + 8 + 4 (Qwen2.5-0.5B's 896), 45
-BLOCKS = (1, 3, 4, 12, 20, 28, 45)
+# k / 32 blocks: 1-3 (padded to 4), 4, 8, 12 (padded to 16), 16 + 4 (Gemma-3-270M's 640), 16 + 8, 28 (Qwen2.5-0.5B's
+# 896: padded to 32), 45 (to 48)
+BLOCKS = (1, 3, 4, 8, 12, 20, 24, 28, 45)
 
 
 @pytest.fixture(autouse=True)
@@ -83,18 +84,20 @@ def test_activations_are_quantize_i8s_in_lanes(blocks):
 
 def test_lane_layout():
     """Group of L blocks from block g: vector j (4L bytes) holds values 4j...4j + 3 of block g + l at bytes
-    4l...4l + 3 (written out here for 28 blocks: 16, 8, 4)."""
+    4l...4l + 3 (written out here for rows of 16 + 4, 16 + 8 and 32 blocks); rows padded as said."""
     t32 = _t32()
-    nbp = 28
-    values = np.arange(nbp * 32).reshape(nbp, 32)  # block b's value v is 32 b + v
-    packed = np.empty(nbp * 32, np.int64)
-    at = 0
-    for g, lanes in ((0, 16), (16, 8), (24, 4)):
-        for j in range(8):
-            for lane in range(lanes):
-                packed[at:at + 4] = values[g + lane, 4 * j:4 * j + 4]
-                at += 4
-    assert np.array_equal(t32.layout_rows(packed, nbp), values.reshape(-1))
+    assert [t32.padded_blocks(32 * b) for b in (1, 4, 5, 8, 12, 20, 24, 28, 29, 45)] == \
+        [4, 4, 8, 8, 16, 20, 24, 32, 32, 48]
+    for nbp, groups in ((20, ((0, 16), (16, 4))), (24, ((0, 16), (16, 8))), (32, ((0, 16), (16, 16)))):
+        values = np.arange(nbp * 32).reshape(nbp, 32)  # block b's value v is 32 b + v
+        packed = np.empty(nbp * 32, np.int64)
+        at = 0
+        for g, lanes in groups:
+            for j in range(8):
+                for lane in range(lanes):
+                    packed[at:at + 4] = values[g + lane, 4 * j:4 * j + 4]
+                    at += 4
+        assert np.array_equal(t32.layout_rows(packed, nbp), values.reshape(-1))
 
 
 @pytest.mark.parametrize("q", FORMATS)

@@ -291,7 +291,8 @@ def _tile_product(x2, arr, d, fmt, n, k):
     m = x2.shape[0]
     if d.name in TILE_32_FORMATS:
         tiles = _state["tiles_32"]
-        nbp = -(-(k // 32) // 4) * 4  # int_tiles_32.padded_blocks
+        nbp = (k // 32 + 3) // 4 * 4  # int_tiles_32.padded_blocks (as there: no numba import here)
+        nbp += 4 if nbp % 16 == 12 else 0
         xp = np.empty((m, nbp * 32), dtype=np.uint8)
         dx = np.empty((m, nbp), dtype=np.float32)
         st = np.empty((m, nbp), dtype=np.int32)
