@@ -417,7 +417,10 @@ def tile_rows(fmt, block_bytes, raw, xp, dx, st, table, out, start, stop):
     m, nbp = dx.shape
     n = out.shape[1]
     nb = raw.size // (n * block_bytes)
-    wp = np.empty(CHUNK_ROWS * nbp * 32, dtype=np.uint8)
+    size = CHUNK_ROWS * nbp * 32
+    buf = np.empty(size + 64, dtype=np.uint8)  # 64-byte aligned: each 64-byte load on one cache line
+    at = (64 - buf.ctypes.data % 64) % 64
+    wp = buf[at:at + size]
     ws = np.empty(CHUNK_ROWS * nbp, dtype=np.float32)
     for c0 in range(start, stop, CHUNK_ROWS):
         c1 = min(stop, c0 + CHUNK_ROWS)

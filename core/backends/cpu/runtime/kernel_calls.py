@@ -293,7 +293,9 @@ def _tile_product(x2, arr, d, fmt, n, k):
         tiles = _state["tiles_32"]
         nbp = (k // 32 + 3) // 4 * 4  # int_tiles_32.padded_blocks (as there: no numba import here)
         nbp += 4 if nbp % 16 == 12 else 0
-        xp = np.empty((m, nbp * 32), dtype=np.uint8)
+        xp = np.empty(m * nbp * 32 + 64, dtype=np.uint8)  # 64-byte aligned, as below (rows of 128n bytes)
+        at = -xp.ctypes.data % 64
+        xp = xp[at:at + m * nbp * 32].reshape(m, nbp * 32)
         dx = np.empty((m, nbp), dtype=np.float32)
         st = np.empty((m, nbp), dtype=np.int32)
         tiles.quantize_32(x2, fmt, xp, dx, st)
