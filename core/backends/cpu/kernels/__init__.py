@@ -17,6 +17,7 @@ code's cache key (machine_code.py).
   kquant_ir.py    the K-quants' (q4_k, q5_k, q6_k) dot loop: activations requantised to int8 as read,
                   byte dots (vpdpbusd / vpmaddubsw), one float op per block and row; vector_ir's
                   kernel uses it and hands it its IR helpers (bind)
+  arm_ir.py       aarch64's byte dots for kquant_ir: sdot (ARMv8.2 dotprod) where the target has it
   atomics.py      atomic loads/adds and a spin hint as numba intrinsics (threads share chunks of rows)
   machine_code.py the kernels compiled once as C-callable objects in $TALLOW_HOME/cpu_kernels/<key>/,
                   loaded with llvmlite alone (`tallow warmup` fills it)
