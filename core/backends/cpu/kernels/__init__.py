@@ -9,6 +9,8 @@ code's cache key (machine_code.py).
   int_dot.py      decoding-step products: activations quantised to int16, integer dots on the blocks
   int_tiles.py    prompt products: activations quantised to int8 once, integer GEMM tiles (weight rows x
                   activation rows per inner loop, byte products) on every block format, threads split rows
+  int_tiles_32.py q4_0 / q5_0 / q8_0 prompt products: weight rows unpacked once per product, 512-bit
+                  lanes that are blocks (8 byte products, then 3 float ops per 16 blocks and row pair)
   fused_ops.py    the fused decode ops (add+norm, rope+cache write, cache attention), GELU, softmax rows
   step_loop.py    run_step: a captured decode step's whole program in one nogil call per thread
   batch_attention.py  one call a layer for a batched decoding step: each row's fused_ops.cache_attention
