@@ -8,10 +8,11 @@ and (weight, activation) row pair, where int_tiles' 32-value tiles spend them pe
   * Weights (`pack_rows`): a chunk of CHUNK_ROWS weight rows at a time is unpacked once per product
     into this thread's scratch: unsigned bytes ready for the byte product (q4_0 w + 8, q5_0 w + 16 with
     its fifth bits spread, q8_0 w + 128), the same lane layout, and the blocks' f16 scales as float32.
-  * Lane layout: a row's blocks in groups of 16 (then one of 8, then groups of 4: the row padded with
-    zero blocks to a multiple of 4), group of L blocks from block g as 8 vectors of 4L bytes, vector j
-    holding values 4j...4j + 3 of block g + l in bytes 4l...4l + 3. So 8 byte products (vpdpbusd with
-    AVX-512 VNNI; generic IR elsewhere) leave lane l the whole integer dot of block g + l, started from
+  * Lane layout: a row's blocks in groups of 16 (then one of 8, then one of 4: the row padded with
+    zero blocks to a multiple of 4, and from 12 past a multiple of 16 to the next: padded_blocks),
+    group of L blocks from block g as 8 vectors of 4L bytes, vector j holding values 4j...4j + 3 of
+    block g + l in bytes 4l...4l + 3. So 8 byte products (vpdpbusd with AVX-512 VNNI; generic IR
+    elsewhere) leave lane l the whole integer dot of block g + l, started from
     the activations' -offset x sum: the weights' offset, exact in int32 (|dot| <= 32 x 255 x 128).
     Then float(dot) x (d_w x dx) per lane into the pair's float accumulator.
   * Tiles: TILE = (weight rows, activation rows) per inner loop; the tile's weight rows stay in L1
@@ -19,7 +20,8 @@ and (weight, activation) row pair, where int_tiles' 32-value tiles spend them pe
 
 The product equals the int8 activations (dequantised) times the dequantised weights up to float32
 rounding; `tile_py` (numpy, from the packed arrays) runs in the IR's place under NUMBA_DISABLE_JIT=1.
-learnt from ggml's Q8_0 prompt path and int_tiles.py; not copied.
+Learnt from ggml's Q8_0 prompt path and int_tiles.py; not copied. numba's on-disk cache keys a compiled
+function on its own file: after editing vector_ir.py (whose helpers this inlines), touch this file.
 """
 import functools
 
