@@ -139,6 +139,9 @@ DECODE_ATTENTION_MAX_ROWS = 8
 DECODE_ATTENTION_MAX_KEYS = 1024
 
 
+_GATE_ROWS_ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}  # fused_ops.gate_rows' (codes.ACT_CODES)
+
+
 def _decode_kernels(dtype):
     """backends/cpu/kernels/fused_ops.py for float32 operands once numba's CPU kernels are in use (a
     quantised model loaded them), else None."""
@@ -367,6 +370,19 @@ class NumpyBackend(StepCapture, Backend):
         else:
             y = _UNARY[op](x)
         return self.store(y, bool_ if op == "logical_not" else dtype)
+
+    def _gate(self, y, m, n, dtype, act):
+        """act(gate) * up over the (m, 2n) product y ([gate | up] per row) in one kernel call for
+        every gate activation (fused_ops.gate_rows): as numpy passes, Gemma 3's gelu_tanh took ~18%
+        of its 64-token prompt (py-spy, 2 threads)."""
+        code = _GATE_ROWS_ACTS.get(act)
+        dec = _decode_kernels(dtype)
+        if (code is None or dec is None or self._recorder() is not None or not isinstance(y, np.ndarray)
+                or y.dtype != np.float32 or y.size != 2 * m * n or not y.flags.c_contiguous):
+            return super()._gate(y, m, n, dtype, act)
+        out = np.empty((m, n), np.float32)
+        dec.gate_rows(y.reshape(m, 2 * n), code, out)
+        return out.reshape(-1)
 
     def binary(self, op, a, la, b, lb, dtype):
         rec = self._recorder()

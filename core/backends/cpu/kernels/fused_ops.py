@@ -16,7 +16,8 @@ import math
 
 import numpy as np
 
-from .codes import ERF_P, ERF_Q, GELU_CLAMP, INV_SQRT2, entry  # (BINARY_CODES: binary_f32's ops)
+from .codes import (  # (BINARY_CODES: binary_f32's ops)
+    ERF_P, ERF_Q, GELU_CLAMP, INV_SQRT2, TANH_CLAMP, TANH_P, TANH_Q, entry)
 from .numba_setup import prepare
 
 prepare()  # before any kernel loads: numba then does not import scipy's BLAS (numba_setup.py)
@@ -237,6 +238,51 @@ def gelu(x, out):
     """out = GELU(x) (exact, erf form), both 1-d float32, not overlapping."""
     for i in range(x.size):  # one flat loop: LLVM vectorises it
         out[i] = _gelu_one(x[i])
+
+
+_T = tuple(np.float32(c) for c in TANH_P)
+_U = tuple(np.float32(c) for c in TANH_Q)
+_TLIM, _GC0, _GC1, _ZERO = (np.float32(TANH_CLAMP), np.float32(0.7978845608028654), np.float32(0.044715),
+                            np.float32(0.0))
+
+
+@njit(inline="always", error_model="numpy")
+def _tanh_one(v):
+    """tanh in float32 by the rational form of codes.TANH_P / TANH_Q, branch-free so LLVM
+    vectorises the loops that call it (numba's np.tanh / np.exp stay scalar library calls)."""
+    z = _TLIM if v > _TLIM else v
+    z = -_TLIM if z < -_TLIM else z
+    z2 = z * z
+    p = ((((((_T[6] * z2 + _T[5]) * z2 + _T[4]) * z2 + _T[3]) * z2 + _T[2]) * z2 + _T[1]) * z2 + _T[0]) * z
+    q = ((_U[3] * z2 + _U[2]) * z2 + _U[1]) * z2 + _U[0]
+    return p / q
+
+
+@entry("f32[2]", "i64", "f32[2]")
+@njit(cache=True, error_model="numpy")
+def gate_rows(y, act, out):
+    """out (m, n) = act(y[:, :n]) * y[:, n:] for y (m, 2n) ([gate | up] per row, a prompt's gated
+    product): act (codes.ACT_CODES) 0 SiLU as v/2 (1 + tanh(v/2)), 1 GELU (erf form, as gelu), 2
+    GELU's tanh form, 3 ReLU; one pass where numpy makes a temporary per operation. (SiLU's tanh
+    form is within ~3e-6 of v / (1 + e^-v) where v << 0, where numpy's exp gives the tiny exact
+    value; the prompt's next product quantises these values to 8 bits per 256 anyway.)"""
+    m, n = out.shape
+    for i in range(m):
+        if act == 0:
+            for j in range(n):
+                v = y[i, j]
+                out[i, j] = (_HALF * v) * (_ONE + _tanh_one(_HALF * v)) * y[i, n + j]
+        elif act == 3:
+            for j in range(n):
+                v = y[i, j]
+                out[i, j] = (v if v > _ZERO else _ZERO) * y[i, n + j]
+        elif act == 1:
+            for j in range(n):
+                out[i, j] = _gelu_one(y[i, j]) * y[i, n + j]
+        else:
+            for j in range(n):
+                v = y[i, j]
+                out[i, j] = (_HALF * v) * (_ONE + _tanh_one(_GC0 * (v + _GC1 * v * v * v))) * y[i, n + j]
 
 
 # In place gets its own loop over one array: with out and x the same memory, the loop above

@@ -288,6 +288,8 @@ def _tile_product(x2, arr, d, fmt, n, k):
     over the n weight rows (int_tiles_32's on q4_0 / q5_0 / q8_0, else int_tiles'), shared by the
     pool's threads -> (m, n)."""
     import numpy as np
+
+    from . import reused_arrays  # (results from 1 MB, e.g. a 1.5B model's gate/up: not faulted in again each product)
     m = x2.shape[0]
     if d.name in TILE_32_FORMATS:
         tiles = _state["tiles_32"]
@@ -299,7 +301,7 @@ def _tile_product(x2, arr, d, fmt, n, k):
         dx = np.empty((m, nbp), dtype=np.float32)
         st = np.empty((m, nbp), dtype=np.int32)
         tiles.quantize_32(x2, fmt, xp, dx, st)
-        out = np.empty((m, n), dtype=np.float32)
+        out = reused_arrays.empty((m, n))
         args = (fmt, d.block_bytes, arr, xp, dx, st, _state["module"].F16_TABLE, out)
         kernel = tiles.tile32_shared
     else:
@@ -315,7 +317,7 @@ def _tile_product(x2, arr, d, fmt, n, k):
             tiles.quantize_k(x2, qx, dx, s32, s16)
         else:
             tiles.quantize_i8(x2, group, qx, dx, s32, s16)
-        out = np.empty((m, n), dtype=np.float32)
+        out = reused_arrays.empty((m, n))
         args = (fmt, d.block_bytes, arr, qx, dx, s32, s16, _state["module"].F16_TABLE, out)
         kernel = tiles.tile_shared
     pool = _state["pool"]
