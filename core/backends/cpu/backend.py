@@ -377,11 +377,15 @@ class NumpyBackend(StepCapture, Backend):
         of its 64-token prompt (py-spy, 2 threads)."""
         code = _GATE_ROWS_ACTS.get(act)
         dec = _decode_kernels(dtype)
-        if (code is None or dec is None or self._recorder() is not None or not isinstance(y, np.ndarray)
-                or y.dtype != np.float32 or y.size != 2 * m * n or not y.flags.c_contiguous):
+        if (code is None or dec is None or not isinstance(y, np.ndarray) or y.dtype != np.float32
+                or y.size != 2 * m * n or not y.flags.c_contiguous):
             return super()._gate(y, m, n, dtype, act)
         out = np.empty((m, n), np.float32)
-        dec.gate_rows(y.reshape(m, 2 * n), code, out)
+        y2 = y.reshape(m, 2 * n)
+        dec.gate_rows(y2, code, out)
+        rec = self._recorder()
+        if rec is not None:  # (a float model's captured step: the same kernel, so the same bits)
+            rec(dec.gate_rows, rec.bound(y2, y, "a gate's input"), code, out)
         return out.reshape(-1)
 
     def binary(self, op, a, la, b, lb, dtype):

@@ -258,7 +258,7 @@ def _tanh_one(v):
     return p / q
 
 
-@entry("f32[2]", "i64", "f32[2]")
+@entry("f32[2]", "i64", "f32[2]", step=True)
 @njit(cache=True, error_model="numpy")
 def gate_rows(y, act, out):
     """out (m, n) = act(y[:, :n]) * y[:, n:] for y (m, 2n) ([gate | up] per row, a prompt's gated
