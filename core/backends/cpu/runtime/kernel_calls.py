@@ -295,9 +295,7 @@ def _tile_product(x2, arr, d, fmt, n, k):
         tiles = _state["tiles_32"]
         nbp = (k // 32 + 3) // 4 * 4  # int_tiles_32.padded_blocks (as there: no numba import here)
         nbp += 4 if nbp % 16 == 12 else 0
-        xp = np.empty(m * nbp * 32 + 64, dtype=np.uint8)  # 64-byte aligned, as below (rows of 128n bytes)
-        at = -xp.ctypes.data % 64
-        xp = xp[at:at + m * nbp * 32].reshape(m, nbp * 32)
+        xp = _aligned_bytes(m, nbp * 32)
         dx = np.empty((m, nbp), dtype=np.float32)
         st = np.empty((m, nbp), dtype=np.int32)
         tiles.quantize_32(x2, fmt, xp, dx, st)
@@ -307,9 +305,7 @@ def _tile_product(x2, arr, d, fmt, n, k):
     else:
         tiles = _state["tiles"]
         group = 256 if d.block_size == 256 else 32
-        qx = np.empty(m * k + 64, dtype=np.uint8)  # 64-byte aligned: the tiles' 64-byte loads each on one
-        at = -qx.ctypes.data % 64  # cache line (1.05-1.2x the K-quant tiles' speed, docs/cpu-kernels.md)
-        qx = qx[at:at + m * k].reshape(m, k)
+        qx = _aligned_bytes(m, k)
         dx = np.empty((m, k // group), dtype=np.float32)
         s32 = np.empty((m, k // 32), dtype=np.int32)
         s16 = np.empty((m, k // 16), dtype=np.int32)
@@ -326,6 +322,15 @@ def _tile_product(x2, arr, d, fmt, n, k):
     else:
         kernel(*args, n, 1, np.zeros(2, dtype=np.int64))
     return out
+
+
+def _aligned_bytes(m, k):
+    """An uninitialised (m, k) uint8 array starting on a 64-byte boundary: the tiles' 64-byte loads
+    each on one cache line (1.05-1.2x the tiles' speed, docs/cpu-kernels.md; numpy's start was 16 past one)."""
+    import numpy as np
+    buf = np.empty(m * k + 64, dtype=np.uint8)
+    at = -buf.ctypes.data % 64
+    return buf[at:at + m * k].reshape(m, k)
 
 
 def run_product(args, n, shared):
